@@ -1,0 +1,306 @@
+"""Typed Hydra configs: one dataclass schema per config group, registered in the ConfigStore.
+
+YAML files in ``conf/<group>/`` are merged onto these schemas, so a misspelt key or a value of the
+wrong type fails at composition time. Semantic checks (positive sizes, known names, matching dims)
+live in :func:`validate` and run before any training starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+MODEL_NAMES = ("dlrm", "dcn")
+TOWER_MODULES = ("passthrough", "dlrm", "dcn")
+PARTITION_KINDS = ("none", "naive", "tp", "per_feature", "explicit")
+SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "adam", "sgd")
+DENSE_OPTIMIZERS = ("adagrad", "adam", "sgd")
+LR_DECAYS = ("none", "linear", "cosine")
+POOLINGS = ("sum", "mean")
+DATA_KINDS = ("synthetic", "criteo")
+SYNTHETIC_MODES = ("planted", "random")
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+@dataclass
+class TowerConfig:
+    """Tower module of every tower of a DMT model (paper §4, Listings 1-2): ``(B, F_t, N) -> (B, V_t, D)``."""
+
+    module: str = "passthrough"  # "passthrough" (SPTT alone, D = N), "dlrm" (Listing 1) or "dcn" (Listing 2)
+    dim: int = 64  # D: size of every output vector (dlrm, dcn; passthrough keeps N)
+    c: int = 1  # dlrm: output vectors per feature (projection N -> c*D of each embedding)
+    p: int = 0  # dlrm: output vectors per tower (linear F_t*N -> p*D of the flattened embeddings)
+    dcn_num_layers: int | None = None  # dcn: cross layers of the tower's CrossNet (None: model.dcn_num_layers)
+    dcn_low_rank: int | None = None  # dcn: rank of the tower's cross layers (None: model.dcn_low_rank)
+
+
+@dataclass
+class PartitionConfig:
+    """How the sparse features are grouped into towers; kind "none" builds the base model."""
+
+    kind: str = "none"  # "none" (no towers), "naive" (strided), "tp" (YAML file), "per_feature", "explicit"
+    num_towers: int | None = None  # T: naive: required; other kinds: checked against the partition if set
+    path: str | None = None  # tp: partition YAML (``towers: [[feature names...], ...]``, e.g. from dmt-partition)
+    towers: list[list[str]] | None = None  # explicit: feature names of each tower
+
+
+@dataclass
+class ModelConfig:
+    """Base model (DLRM or DCNv2) over one embedding table per sparse feature, or its DMT form
+    (``partition.kind != "none"``: per-tower tables and tower modules, then the same global arch)."""
+
+    name: str = MISSING  # "dlrm" (dot interaction) or "dcn" (low-rank CrossNet)
+    embedding_dim: int = 16  # N: embedding dimension of every table
+    num_embeddings_per_feature: list[int] | None = None  # rows per table; None: from the data
+    bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])  # dense arch sizes; DLRM: last == embedding_dim
+    top_mlp: list[int] = field(default_factory=lambda: [256, 128, 1])  # over arch sizes; last must be 1
+    bottom_final_activation: bool = False  # ReLU after the last bottom layer (TorchRec's default; can kill dense outputs)
+    dcn_num_layers: int = 3  # DCN: number of low-rank cross layers
+    dcn_low_rank: int = 64  # DCN: rank of each cross layer
+    pooling: str = "sum"  # multi-hot pooling: "sum" or "mean"
+    tower: TowerConfig = field(default_factory=TowerConfig)  # DMT: tower module of every tower
+    partition: PartitionConfig = field(default_factory=PartitionConfig)  # DMT: features of each tower
+
+
+@dataclass
+class SyntheticConfig:
+    """dmt's own click-log generator (Criteo schema by default) with planted feature groups."""
+
+    mode: str = "planted"  # "planted" (known click function, oracle AUC) or "random" (throughput runs)
+    num_dense: int = 13  # dense features
+    num_sparse: int = 26  # categorical features
+    cardinality: int = 100  # rows per categorical feature (used when cardinalities is None)
+    cardinalities: list[int] | None = None  # per-feature cardinalities (overrides cardinality)
+    multi_hot: int = 1  # ids per bag (pooling factor) of every feature
+    skew: float = 1.1  # Zipf exponent of background (untied) ids; 0 = uniform
+    num_groups: int = 4  # planted latent feature groups (interactions only inside a group)
+    num_clusters: int = 16  # latent states per group
+    tie_prob: float = 0.8  # probability that a feature's id follows its group's latent state
+    latent_dim: int = 4  # dimension of the planted interaction vectors
+    signal_scale: float = 1.0  # scale of the in-group interaction part of the logit
+    dense_scale: float = 0.5  # scale of the dense part of the logit
+    click_rate: float = 0.25  # target mean click rate (sets the logit bias)
+    num_train: int = 500_000  # training samples
+    num_val: int = 20_000  # validation samples
+    num_test: int = 20_000  # test samples
+    seed: int = 0  # generator seed (the world: groups, tables, weights, samples)
+
+
+@dataclass
+class DataConfig:
+    """Which data to train on and how it is batched."""
+
+    kind: str = "synthetic"  # "synthetic" or "criteo"
+    batch_size: int = 512  # global training batch size (split evenly over ranks)
+    eval_batch_size: int = 8192  # global evaluation batch size
+    shuffle: bool = True  # reshuffle the training set every epoch (by trainer.seed and epoch)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)  # used when kind == synthetic
+    criteo: Any = None  # used when kind == criteo (dmt.data.criteo_config.CriteoConfig)
+
+
+@dataclass
+class OptimConfig:
+    """Sparse (fused, in-backward) and dense optimizers and the LR schedule."""
+
+    sparse: str = "rowwise_adagrad"  # fused embedding optimizer: rowwise_adagrad, adagrad, adam, sgd
+    sparse_lr: float = 0.1  # learning rate of the embedding tables
+    dense: str = "adam"  # dense optimizer: adagrad, adam, sgd
+    lr: float = 0.003  # learning rate of the dense parameters
+    eps: float = 1e-8  # epsilon of Adagrad/Adam
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam betas
+    weight_decay: float = 0.0  # dense weight decay
+    warmup_steps: int = 0  # linear warmup from 0 over this many steps
+    decay: str = "none"  # LR decay after decay_start: none, linear, cosine
+    decay_start: int = 0  # step at which decay starts
+    decay_steps: int = 0  # steps to decay over (0: until the end of training)
+    min_lr_ratio: float = 0.0  # final LR as a fraction of the peak
+
+
+@dataclass
+class TrainerConfig:
+    """Training loop settings."""
+
+    epochs: int = 1  # passes over the training set
+    max_steps: int = -1  # stop after this many steps (<= 0: run all epochs)
+    eval_every: int = 0  # evaluate on validation every N steps (0: only at the end)
+    log_every: int = 50  # log training loss every N steps
+    checkpoint_every: int = 0  # save a checkpoint every N steps (0: only at the end if checkpoint is on)
+    checkpoint: bool = False  # save a checkpoint at the end of training
+    checkpoint_dir: str = "checkpoints"  # relative to the run's output directory, or absolute
+    resume_from: str | None = None  # checkpoint directory (step_N) or its parent (latest step) to resume from
+    seed: int = 0  # seed of weights init and data order
+    progress_bar: bool = True  # tqdm progress bar on rank 0
+    device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"
+    optimize_metric: str = "val_auc"  # metric returned to a Hydra sweeper
+    eval_max_batches: int = -1  # cap evaluation batches (<= 0: all)
+
+
+@dataclass
+class LoggerConfig:
+    """Weights & Biases logging (rank 0 only)."""
+
+    mode: str = "offline"  # online, offline or disabled
+    project: str = "dmt"  # wandb project
+    entity: str | None = None  # wandb entity (team)
+    name: str | None = None  # run name (default: wandb's)
+    tags: list[str] = field(default_factory=list)  # run tags
+
+
+@dataclass
+class Config:
+    """Root config: one field per config group."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+def register_configs() -> None:
+    """Register the schemas: the root as ``base_config`` and each group's as ``base_<group>``."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="tower", name="base_tower", node=TowerConfig, package="model.tower")
+    cs.store(group="partition", name="base_partition", node=PartitionConfig, package="model.partition")
+    cs.store(group="data", name="base_data", node=DataConfig)
+    cs.store(group="optim", name="base_optim", node=OptimConfig)
+    cs.store(group="trainer", name="base_trainer", node=TrainerConfig)
+    cs.store(group="logger", name="base_logger", node=LoggerConfig)
+
+
+def _choice(setting: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{setting}={value!r} is not supported; expected one of {list(allowed)}")
+
+
+def _positive(setting: str, value: Any) -> None:
+    if isinstance(value, list | tuple):
+        if len(value) == 0:
+            raise ValueError(f"{setting} must be a non-empty list of positive integers, got []")
+        for i, v in enumerate(value):
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{setting}[{i}]={v!r} must be a positive integer (got {list(value)})")
+    elif value is None or value <= 0:
+        raise ValueError(f"{setting}={value!r} must be positive")
+
+
+def validate_towers(m: ModelConfig) -> None:
+    """Check ``model.tower`` and ``model.partition`` (the features themselves are checked when the
+    model is built, against the data's feature names)."""
+    t, p = m.tower, m.partition
+    _choice("model.partition.kind", p.kind, PARTITION_KINDS)
+    _choice("model.tower.module", t.module, TOWER_MODULES)
+    if p.kind == "none":
+        if t.module != "passthrough":
+            raise ValueError(
+                f"model.tower.module={t.module!r} needs towers, but model.partition.kind='none'; "
+                "pick a partition (partition=naive|tp|per_feature)"
+            )
+        return
+    if p.num_towers is not None:
+        _positive("model.partition.num_towers", p.num_towers)
+    if p.kind == "naive" and p.num_towers is None:
+        raise ValueError("model.partition.kind='naive' needs model.partition.num_towers")
+    if p.kind == "tp" and not p.path:
+        raise ValueError("model.partition.kind='tp' needs model.partition.path (a partition YAML)")
+    if p.kind == "explicit" and not p.towers:
+        raise ValueError("model.partition.kind='explicit' needs model.partition.towers (lists of feature names)")
+    if t.module == "passthrough":
+        return
+    _positive("model.tower.dim", t.dim)
+    if t.module == "dlrm":
+        if t.c < 0 or t.p < 0 or t.c + t.p == 0:
+            raise ValueError(
+                f"model.tower.c={t.c} and model.tower.p={t.p} must be >= 0 with c + p >= 1 "
+                "(the DLRM tower module outputs c vectors per feature plus p per tower)"
+            )
+    if t.module == "dcn":
+        if t.dcn_num_layers is not None:
+            _positive("model.tower.dcn_num_layers", t.dcn_num_layers)
+        if t.dcn_low_rank is not None:
+            _positive("model.tower.dcn_low_rank", t.dcn_low_rank)
+
+
+def validate(cfg: Config) -> None:
+    """Check semantics the schema cannot express. Raises ValueError naming the setting."""
+    m = cfg.model
+    _choice("model.name", m.name, MODEL_NAMES)
+    _choice("model.pooling", m.pooling, POOLINGS)
+    _positive("model.embedding_dim", m.embedding_dim)
+    _positive("model.bottom_mlp", list(m.bottom_mlp))
+    _positive("model.top_mlp", list(m.top_mlp))
+    if m.top_mlp[-1] != 1:
+        raise ValueError(f"model.top_mlp must end in 1 (one logit), got {list(m.top_mlp)}")
+    validate_towers(m)
+    dmt = m.partition.kind != "none"
+    towers_project = dmt and m.tower.module != "passthrough"
+    if m.name == "dlrm" and not towers_project and m.bottom_mlp[-1] != m.embedding_dim:
+        raise ValueError(
+            f"model.bottom_mlp[-1]={m.bottom_mlp[-1]} must equal model.embedding_dim={m.embedding_dim} "
+            "for DLRM (the dense output joins the dot interaction)"
+        )
+    if m.name == "dlrm" and towers_project and m.bottom_mlp[-1] != m.tower.dim:
+        raise ValueError(
+            f"model.bottom_mlp[-1]={m.bottom_mlp[-1]} must equal model.tower.dim={m.tower.dim} for "
+            "DMT-DLRM (the dense output joins the dot interaction of the towers' D-sized vectors); "
+            f"set the bottom MLP's last size to {m.tower.dim}"
+        )
+    if m.name == "dcn":
+        _positive("model.dcn_num_layers", m.dcn_num_layers)
+        _positive("model.dcn_low_rank", m.dcn_low_rank)
+    if m.num_embeddings_per_feature is not None:
+        _positive("model.num_embeddings_per_feature", list(m.num_embeddings_per_feature))
+
+    d = cfg.data
+    _choice("data.kind", d.kind, DATA_KINDS)
+    _positive("data.batch_size", d.batch_size)
+    _positive("data.eval_batch_size", d.eval_batch_size)
+    if d.kind == "synthetic":
+        s = d.synthetic
+        _choice("data.synthetic.mode", s.mode, SYNTHETIC_MODES)
+        for name in ("num_dense", "num_sparse", "cardinality", "multi_hot", "num_groups",
+                     "num_clusters", "latent_dim", "num_train", "num_val", "num_test"):
+            _positive(f"data.synthetic.{name}", getattr(s, name))
+        if s.cardinalities is not None:
+            _positive("data.synthetic.cardinalities", list(s.cardinalities))
+            if len(s.cardinalities) != s.num_sparse:
+                raise ValueError(
+                    f"data.synthetic.cardinalities has {len(s.cardinalities)} entries but "
+                    f"data.synthetic.num_sparse={s.num_sparse}"
+                )
+        if s.num_groups > s.num_sparse:
+            raise ValueError(
+                f"data.synthetic.num_groups={s.num_groups} exceeds num_sparse={s.num_sparse}"
+            )
+        if not 0.0 <= s.tie_prob <= 1.0:
+            raise ValueError(f"data.synthetic.tie_prob={s.tie_prob} must be in [0, 1]")
+        if not 0.0 < s.click_rate < 1.0:
+            raise ValueError(f"data.synthetic.click_rate={s.click_rate} must be in (0, 1)")
+        if s.skew < 0:
+            raise ValueError(f"data.synthetic.skew={s.skew} must be >= 0")
+    elif d.criteo is None:
+        raise ValueError("data.kind=criteo needs a data.criteo section (use data=criteo_kaggle, criteo_1tb or criteo_sample)")
+
+    o = cfg.optim
+    _choice("optim.sparse", o.sparse, SPARSE_OPTIMIZERS)
+    _choice("optim.dense", o.dense, DENSE_OPTIMIZERS)
+    _choice("optim.decay", o.decay, LR_DECAYS)
+    _positive("optim.lr", o.lr)
+    _positive("optim.sparse_lr", o.sparse_lr)
+    if o.warmup_steps < 0 or o.decay_start < 0 or o.decay_steps < 0:
+        raise ValueError("optim.warmup_steps, optim.decay_start and optim.decay_steps must be >= 0")
+    if not 0.0 <= o.min_lr_ratio <= 1.0:
+        raise ValueError(f"optim.min_lr_ratio={o.min_lr_ratio} must be in [0, 1]")
+
+    t = cfg.trainer
+    _positive("trainer.epochs", t.epochs)
+    _choice("trainer.device", t.device, ("auto", "cpu", "cuda"))
+    _positive("trainer.log_every", t.log_every)
+    if t.eval_every < 0 or t.checkpoint_every < 0:
+        raise ValueError("trainer.eval_every and trainer.checkpoint_every must be >= 0")
+    _choice("logger.mode", cfg.logger.mode, WANDB_MODES)

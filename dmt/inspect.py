@@ -1,0 +1,68 @@
+"""``dmt-inspect <hydra overrides>``: parameters and training MFLOPs/sample of a model config;
+for DMT models also the towers' output sizes ``O_t`` and the compression ratio ``|F| N / sum_t O_t``.
+
+The model is built on the meta device, so paper-sized models (22G parameters) cost no memory.
+Writes ``inspect.json`` in the Hydra output directory.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from dmt.config import Config, register_configs
+from dmt.data.synthetic import cardinalities
+from dmt.models import build_model
+from dmt.models.accounting import model_stats
+from dmt.train import CONF_DIR, to_config
+
+register_configs()
+
+
+def schema(conf: Config) -> tuple[list[str], list[int], int]:
+    """Feature names, table sizes and dense count, without loading any data."""
+    d = conf.data
+    if d.kind == "synthetic":
+        names = [f"cat_{i}" for i in range(d.synthetic.num_sparse)]
+        return names, cardinalities(d.synthetic), d.synthetic.num_dense
+    from dmt.data.criteo_dataset import criteo_schema  # noqa: PLC0415
+
+    return criteo_schema(d)
+
+
+def inspect_config(conf: Config) -> dict[str, Any]:
+    names, cards, num_dense = schema(conf)
+    model = build_model(conf.model, feature_names=names, cardinalities=cards, num_dense=num_dense,
+                        table_device="meta", dense_device="meta")
+    report: dict[str, Any] = {"model": conf.model.name, "num_features": len(names)}
+    if conf.model.partition.kind != "none":
+        report["tower_module"] = conf.model.tower.module
+        report["partition"] = conf.model.partition.kind
+    report.update({k: v for k, v in asdict(model_stats(model)).items() if v is not None})
+    report["num_parameters_g"] = report["num_parameters"] / 1e9
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"{k:28s} {v:,.4f}" if isinstance(v, float) else f"{k:28s} {v}" for k, v in report.items()]
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> None:
+    report = inspect_config(to_config(cfg))
+    out = Path(HydraConfig.get().runtime.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "inspect.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(format_report(report))
+    print(f"written to {out / 'inspect.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Model accounting: parameter count and training FLOPs per sample, on the meta device.
+
+Training FLOPs count the dense part (everything after the embedding lookup: bottom MLP,
+interaction, tower modules, top MLP), forward plus backward, as PyTorch's FLOP counter sees them.
+The dense input needs no gradient, so the first bottom layer's backward computes only its weight
+gradient; embeddings do need one. Embedding pooling (additions) is not counted, as in the paper's
+profiler numbers.
+
+DMT models also report their towers' output sizes ``O_t = V_t D`` and the compression ratio of
+the embeddings that cross hosts, ``CR = |F| N / sum_t O_t`` (paper Table 5: ``D = 64, 32, 16, 8``
+on 8 DLRM towers with ``c=1, p=0`` give 2, 4, 8, 16; pass-through towers give 1). The paper's §4
+writes the inverse fraction; Table 5 reports this one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from dmt.models.dmt import DMTModel
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    """What ``dmt-inspect`` reports (the tower fields stay ``None`` for base models)."""
+
+    num_parameters: int
+    num_embedding_parameters: int
+    num_dense_parameters: int
+    train_mflops_per_sample: float
+    forward_mflops_per_sample: float
+    num_towers: int | None = None  # DMT models only
+    tower_output_sizes: list[int] | None = None  # DMT: O_t of every tower
+    compression_ratio: float | None = None  # DMT: |F| N / sum_t O_t
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """``(embedding parameters, other parameters)``; works on meta tensors."""
+    emb = dense = 0
+    for name, p in model.named_parameters():
+        if "embedding_bag_collection" in name or "embedding_bags" in name:
+            emb += p.numel()
+        else:
+            dense += p.numel()
+    return emb, dense
+
+
+def dense_flops(model: nn.Module, batch_size: int = 4) -> tuple[float, float]:
+    """``(forward FLOPs, forward + backward FLOPs)`` per sample of ``model.dense_forward``
+    (for DMT models: tower modules, global interaction and MLPs).
+
+    ``model``'s dense part may live on the meta device; inputs are made where it lives.
+    """
+    first = model.bottom[0]  # a dense layer: the tables may sit on meta while the rest is real
+    device, num_dense = first.weight.device, first.in_features
+    dense = torch.zeros(batch_size, num_dense, device=device)
+    pooled = torch.zeros(
+        batch_size, model.num_features, model.embedding_dim, device=device, requires_grad=True
+    )
+    fwd = FlopCounterMode(display=False)
+    with fwd:
+        out = model.dense_forward(dense, pooled)
+    total = FlopCounterMode(display=False)
+    with total:
+        out = model.dense_forward(dense, pooled)
+        out.sum().backward()
+    return fwd.get_total_flops() / batch_size, total.get_total_flops() / batch_size
+
+
+def tower_output_sizes(model: DMTModel) -> list[int]:
+    """``O_t = V_t D`` of every tower: values per sample that leave tower ``t``."""
+    return [v * d for v, d in model.tower_output_dims]
+
+
+def compression_ratio(model: DMTModel) -> float:
+    """``|F| N / sum_t O_t``: pooled embedding values per sample over what the towers send."""
+    return model.num_features * model.embedding_dim / sum(tower_output_sizes(model))
+
+
+def model_stats(model: nn.Module) -> ModelStats:
+    emb, dense = count_parameters(model)
+    fwd, train = dense_flops(model)
+    towers: dict[str, Any] = {}
+    if isinstance(model, DMTModel):
+        towers = {
+            "num_towers": model.num_towers,
+            "tower_output_sizes": tower_output_sizes(model),
+            "compression_ratio": compression_ratio(model),
+        }
+    return ModelStats(
+        num_parameters=emb + dense,
+        num_embedding_parameters=emb,
+        num_dense_parameters=dense,
+        train_mflops_per_sample=train / 1e6,
+        forward_mflops_per_sample=fwd / 1e6,
+        **towers,
+    )

@@ -1,0 +1,229 @@
+"""The training loop: build data and model, shard with TorchRec, train, evaluate, checkpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.datasets.utils import Batch
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from tqdm import tqdm
+
+from dmt import checkpoint
+from dmt.config import Config
+from dmt.data import BatchSource, DataBundle, build_data
+from dmt.metrics import click_metrics
+from dmt.models import build_model, embedding_parameters
+from dmt.optim import (
+    LRSchedule,
+    apply_sparse_optimizer,
+    build_optimizer,
+    check_sparse_optimizer,
+    set_lr,
+)
+from dmt.runtime import Runtime
+from dmt.sharding import shard_model
+
+log = logging.getLogger(__name__)
+
+
+class TrainTask(nn.Module):
+    """Model plus loss: ``forward(batch) -> (loss, logits)`` (the module TorchRec shards)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = nn.BCEWithLogitsLoss()
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model(batch.dense_features, batch.sparse_features)
+        return self.loss_fn(logits, batch.labels), logits
+
+
+@dataclass
+class TrainResult:
+    metrics: dict[str, float]
+    losses: list[float] = field(default_factory=list)  # training loss of every step run here
+
+
+class Trainer:
+    """Reads top to bottom: ``fit()`` = setup, loop over steps, final evaluation."""
+
+    def __init__(self, cfg: Config, runtime: Runtime, output_dir: Path, logger: Any = None) -> None:
+        self.cfg = cfg
+        self.rt = runtime
+        self.output_dir = Path(output_dir)
+        self.logger = logger
+        check_sparse_optimizer(cfg.optim, runtime.device.type)
+        torch.manual_seed(cfg.trainer.seed)
+        np.random.seed(cfg.trainer.seed)
+        self.data: DataBundle = build_data(
+            cfg.data, rank=runtime.rank, world_size=runtime.world_size, seed=cfg.trainer.seed
+        )
+        plain = build_model(
+            cfg.model,
+            feature_names=self.data.feature_names,
+            cardinalities=self.data.cardinalities,
+            num_dense=self.data.num_dense,
+            table_device="meta",
+            dense_device=runtime.device,
+        )
+        apply_sparse_optimizer(embedding_parameters(plain), cfg.optim)
+        self.model = shard_model(TrainTask(plain), runtime, batch_size=cfg.data.batch_size)
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.peak_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        per_epoch = self.data.train.num_batches()
+        self.total_steps = per_epoch * cfg.trainer.epochs
+        if cfg.trainer.max_steps > 0:
+            self.total_steps = min(self.total_steps, cfg.trainer.max_steps)
+        self.schedule = LRSchedule(cfg.optim, self.total_steps)
+        self.step = 0
+
+    # -- evaluation ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, source: BatchSource) -> dict[str, float]:
+        self.model.eval()
+        probs, labels = [], []
+        cap = self.cfg.trainer.eval_max_batches
+        for i, batch in enumerate(source.batches(0)):
+            if 0 < cap <= i:
+                break
+            _, logits = self.model(batch.to(self.rt.device))
+            probs.append(torch.sigmoid(logits).cpu())
+            labels.append(batch.labels)
+        self.model.train()
+        p = torch.cat(probs) if probs else torch.empty(0)
+        y = torch.cat(labels) if labels else torch.empty(0)
+        if self.rt.world_size > 1:
+            gathered: list[Any] = [None] * self.rt.world_size
+            dist.all_gather_object(gathered, (p, y))
+            p = torch.cat([g[0] for g in gathered])
+            y = torch.cat([g[1] for g in gathered])
+        return click_metrics(p, y)
+
+    def oracle_auc(self, source: BatchSource) -> float | None:
+        """AUC of the true click probabilities on the samples ``evaluate`` scores (synthetic)."""
+        local = getattr(source, "local_true_probs", lambda: None)()
+        if local is None or self.cfg.trainer.eval_max_batches > 0:
+            return None
+        labels = np.concatenate([b.labels.numpy() for b in source.batches(0)])
+        probs, ys = torch.from_numpy(local), torch.from_numpy(labels)
+        if self.rt.world_size > 1:
+            gathered: list[Any] = [None] * self.rt.world_size
+            dist.all_gather_object(gathered, (probs, ys))
+            probs = torch.cat([g[0] for g in gathered])
+            ys = torch.cat([g[1] for g in gathered])
+        return click_metrics(probs, ys)["auc"]
+
+    # -- training -----------------------------------------------------------------------------
+    def train_step(self, batch: Batch) -> float:
+        set_lr(self.optimizer, self.peak_lrs, self.schedule(self.step))
+        self.optimizer.zero_grad()  # also pushes the LR into the fused embedding kernels
+        loss, _ = self.model(batch.to(self.rt.device))
+        loss.backward()  # the fused sparse optimizer updates the tables here
+        self.optimizer.step()
+        self.step += 1
+        return float(loss.detach())
+
+    def fit(self) -> TrainResult:
+        t = self.cfg.trainer
+        start_epoch, start_batch = 0, 0
+        if t.resume_from:
+            state = checkpoint.load(Path(t.resume_from), self.model, self.optimizer, rank=self.rt.rank)
+            self.step = state["step"]
+            start_epoch, start_batch = state["epoch"], state["batch_in_epoch"]
+            log.info("resumed from %s at step %d", t.resume_from, self.step)
+
+        per_epoch = self.data.train.num_batches()
+        losses: list[float] = []
+        metrics: dict[str, float] = {}
+        train_time, train_samples = 0.0, 0
+        bar = tqdm(total=self.total_steps, initial=self.step, disable=not (t.progress_bar and self.rt.is_main),
+                   desc="train", dynamic_ncols=True)
+        done = self.step >= self.total_steps
+        for epoch in range(start_epoch, t.epochs):
+            if done:
+                break
+            it = self.data.train.batches(epoch, start_batch if epoch == start_epoch else 0)
+            tick = time.perf_counter()
+            for batch in it:
+                loss = self.train_step(batch)
+                train_samples += batch.labels.numel() * self.rt.world_size
+                losses.append(loss)
+                bar.update(1)
+                if self.step % t.log_every == 0:
+                    bar.set_postfix(loss=f"{loss:.4f}")
+                    self._log({"train/loss": loss, "train/lr_factor": self.schedule(self.step - 1)})
+                batch_in_epoch = self.step - epoch * per_epoch
+                if t.eval_every and self.step % t.eval_every == 0:
+                    train_time += time.perf_counter() - tick
+                    val = self.evaluate(self.data.val)
+                    self._log({f"val/{k}": v for k, v in val.items()})
+                    tick = time.perf_counter()
+                if t.checkpoint_every and self.step % t.checkpoint_every == 0:
+                    train_time += time.perf_counter() - tick
+                    self.save(epoch, batch_in_epoch)
+                    tick = time.perf_counter()
+                if self.step >= self.total_steps:
+                    done = True
+                    break
+            train_time += time.perf_counter() - tick
+        bar.close()
+        last_epoch, last_batch = divmod(self.step, per_epoch)
+        if t.checkpoint and not (t.checkpoint_every and self.step % t.checkpoint_every == 0):
+            self.save(last_epoch, last_batch)
+
+        val = self.evaluate(self.data.val)
+        test = self.evaluate(self.data.test)
+        metrics.update({f"val_{k}": v for k, v in val.items()})
+        metrics.update({f"test_{k}": v for k, v in test.items()})
+        metrics["train_samples_per_s"] = train_samples / train_time if train_time > 0 else 0.0
+        metrics["num_train_samples"] = float(train_samples)
+        metrics["num_steps"] = float(self.step)
+        metrics["train_loss_last"] = float(np.mean(losses[-50:])) if losses else float("nan")
+        oracle = self.oracle_auc(self.data.test)
+        if oracle is not None:
+            metrics["oracle_test_auc"] = oracle
+        oracle_val = self.oracle_auc(self.data.val)
+        if oracle_val is not None:
+            metrics["oracle_val_auc"] = oracle_val
+        self._log({f"final/{k}": v for k, v in metrics.items()})
+        if self.rt.is_main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            (self.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        return TrainResult(metrics, losses)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def checkpoint_root(self) -> Path:
+        p = Path(self.cfg.trainer.checkpoint_dir)
+        return p if p.is_absolute() else self.output_dir / p
+
+    def save(self, epoch: int, batch_in_epoch: int) -> Path:
+        if batch_in_epoch >= self.data.train.num_batches():
+            epoch, batch_in_epoch = epoch + 1, 0
+        return checkpoint.save(
+            self.checkpoint_root(), self.model, self.optimizer,
+            step=self.step, epoch=epoch, batch_in_epoch=batch_in_epoch, rank=self.rt.rank,
+            world_size=self.rt.world_size,
+        )
+
+    def _log(self, values: dict[str, float]) -> None:
+        if self.logger is not None and self.rt.is_main:
+            self.logger.log(values, step=self.step)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside a sharded ``TrainTask``."""
+    if isinstance(model, DistributedModelParallel):
+        model = model.module
+    if isinstance(model, TrainTask):
+        model = model.model
+    return model

@@ -1,0 +1,129 @@
+"""The Hydra training app end to end (single process, TorchRec DMP on gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dmt.runtime import close_runtime, init_runtime
+from dmt.train import to_config, train
+from dmt.trainer import Trainer, unwrap
+from tests.conftest import REPO, compose_config
+
+REQUIRED = [
+    "val_auc",
+    "test_auc",
+    "test_ne",
+    "test_logloss",
+    "train_samples_per_s",
+    "num_train_samples",
+    "oracle_test_auc",
+]
+TINY = [
+    "logger=disabled",
+    "trainer.progress_bar=false",
+    "data.synthetic.num_train=4096",
+    "data.synthetic.num_val=1024",
+    "data.synthetic.num_test=1024",
+    "data.batch_size=256",
+]
+
+
+@pytest.mark.parametrize("model", ["dlrm", "dcn"])
+def test_two_step_smoke_writes_metrics(tmp_path, model):
+    metrics = train(
+        compose_config(*TINY, f"model={model}", "trainer=smoke", "trainer.eval_max_batches=-1"),
+        tmp_path,
+    )
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    for key in REQUIRED:
+        assert key in written, key
+    assert written["num_steps"] == 2 and written["num_train_samples"] == 512
+    assert written == pytest.approx(metrics, nan_ok=True)
+
+
+def test_default_dlrm_gets_within_003_of_the_oracle(tmp_path):
+    """The README's main job (default config, planted synthetic data)."""
+    m = train(compose_config("logger=disabled", "trainer.progress_bar=false"), tmp_path)
+    assert m["oracle_test_auc"] > 0.75
+    assert m["test_auc"] >= m["oracle_test_auc"] - 0.03, m
+
+
+def _run(overrides: list[str], out) -> tuple[list[float], dict[str, torch.Tensor]]:
+    conf = to_config(compose_config(*TINY, *overrides))
+    rt = init_runtime("cpu")
+    try:
+        trainer = Trainer(conf, rt, out)
+        losses = trainer.fit().losses
+        state = {}
+        for k, v in trainer.model.state_dict().items():
+            t = v.local_shards()[0].tensor if hasattr(v, "local_shards") else v
+            state[k] = t.detach().clone()
+        assert unwrap(trainer.model).embedding_dim == 16
+    finally:
+        close_runtime()
+    return losses, state
+
+
+def test_resume_reproduces_an_uninterrupted_run(tmp_path):
+    common = ["optim.warmup_steps=5", "data.shuffle=true", "trainer.epochs=2"]  # 16 steps/epoch
+    full_losses, full_state = _run([*common, "trainer.max_steps=24"], tmp_path / "full")
+    first, _ = _run([*common, "trainer.max_steps=12", "trainer.checkpoint=true"], tmp_path / "a")
+    ckpt = tmp_path / "a" / "checkpoints"
+    assert (ckpt / "step_12" / "meta.json").exists()
+    second, resumed_state = _run(
+        [*common, "trainer.max_steps=24", f"trainer.resume_from={ckpt}"], tmp_path / "b"
+    )
+    assert len(first) == 12 and len(second) == 12
+    assert first + second == full_losses  # bit-identical loss sequence across the epoch boundary
+    assert resumed_state.keys() == full_state.keys()
+    for k in full_state:
+        torch.testing.assert_close(resumed_state[k], full_state[k], rtol=0, atol=0, msg=k)
+
+
+def test_resume_from_a_directory_without_checkpoints_fails_clearly(tmp_path):
+    with pytest.raises(ValueError, match=r"trainer.resume_from=.*no complete checkpoint"):
+        train(compose_config(*TINY, "trainer=smoke", f"trainer.resume_from={tmp_path}"), tmp_path)
+
+
+def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    exe = os.path.join(os.path.dirname(sys.executable), args[0])
+    return subprocess.run([exe, *args[1:]], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_run_and_multirun_sweep(tmp_path):
+    run = _cli("dmt-train", *TINY, "trainer=smoke", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "val_auc=" in run.stdout and (tmp_path / "run" / "metrics.json").exists()
+    sweep = _cli(
+        "dmt-train",
+        "-m",
+        *TINY,
+        "trainer=smoke",
+        "model=dlrm,dcn",
+        "optim.lr=1e-3,2e-3",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+        cwd=tmp_path,
+    )
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    assert len(list((tmp_path / "sweep").glob("*/metrics.json"))) == 4
+
+
+def test_inspect_cli_writes_inspect_json(tmp_path):
+    res = _cli("dmt-inspect", "experiment=paper_dlrm", f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((tmp_path / "inspect.json").read_text())
+    assert report["num_parameters"] == 22_779_236_097
+    assert abs(report["train_mflops_per_sample"] - 14.74) < 0.01
+
+
+def test_bad_config_fails_before_training(tmp_path):
+    res = _cli("dmt-train", "model.name=resnet", f"hydra.run.dir={tmp_path}", cwd=REPO)
+    assert res.returncode != 0
+    assert "model.name='resnet' is not supported; expected one of ['dlrm', 'dcn']" in res.stderr
+    assert not (tmp_path / "metrics.json").exists()

@@ -1,0 +1,93 @@
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from dmt.inspect import inspect_config
+from tests.conftest import REPO, compose_config, typed_config
+
+GROUPS = ["model", "data", "optim", "trainer", "logger"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_group_option_composes(group):
+    opts = options(group)
+    assert opts, group
+    for opt in opts:
+        overrides = [f"{group}={opt}"]
+        if group == "data" and opt.startswith("criteo") and "synthetic" not in opt:
+            continue  # needs the data set; covered by the Criteo tests
+        typed_config(*overrides)
+
+
+EXPERIMENTS = options("experiment")
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_composes_and_inspects(name):
+    conf = typed_config(f"experiment={name}")
+    if conf.data.kind != "synthetic":
+        pytest.skip("Criteo experiments are inspected in the Criteo tests")
+    report = inspect_config(conf)
+    assert report["num_parameters"] > 0 and report["train_mflops_per_sample"] > 0
+
+
+def test_paper_configs_match_the_paper_accounting():
+    dlrm = inspect_config(typed_config("experiment=paper_dlrm"))
+    dcn = inspect_config(typed_config("experiment=paper_dcn"))
+    assert round(dlrm["num_parameters"] / 1e9, 2) == 22.78  # paper Table 3
+    assert abs(dlrm["train_mflops_per_sample"] - 14.74) < 0.01
+    assert round(dcn["num_parameters"] / 1e9, 2) == 22.79
+    assert abs(dcn["train_mflops_per_sample"] - 96.22) < 0.1
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["model.name=transformer"],
+            r"model.name='transformer' is not supported; expected one of \['dlrm', 'dcn'\]",
+        ),
+        (["model.embedding_dim=0"], r"model.embedding_dim=0 must be positive"),
+        (["model.top_mlp=[64,-1,1]"], r"model.top_mlp\[1\]=-1 must be a positive integer"),
+        (["model.top_mlp=[64,2]"], r"model.top_mlp must end in 1"),
+        (
+            ["model.bottom_mlp=[64,32]"],
+            r"model.bottom_mlp\[-1\]=32 must equal model.embedding_dim=16 for DLRM",
+        ),
+        (["data.batch_size=0"], r"data.batch_size=0 must be positive"),
+        (["data.synthetic.num_groups=40"], r"data.synthetic.num_groups=40 exceeds num_sparse=26"),
+        (
+            ["data.synthetic.cardinalities=[5,5]"],
+            r"data.synthetic.cardinalities has 2 entries but data.synthetic.num_sparse=26",
+        ),
+        (["optim.sparse=adamw"], r"optim.sparse='adamw' is not supported"),
+        (["optim.lr=-1"], r"optim.lr=-1.0 must be positive"),
+        (["logger.mode=loud"], r"logger.mode='loud' is not supported"),
+    ],
+)
+def test_bad_configs_raise_clear_errors(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        typed_config(*overrides)
+
+
+def test_unknown_config_key_is_rejected_at_composition():
+    with pytest.raises(
+        (ConfigCompositionException, ConfigKeyError, ValidationError), match="embeding_dim"
+    ):
+        compose_config("model.embeding_dim=8")
+
+
+def test_wrong_type_is_rejected_at_composition():
+    with pytest.raises((ConfigCompositionException, ValidationError), match="embedding_dim"):
+        compose_config("model.embedding_dim=big")
+
+
+def test_sparse_adam_on_cpu_is_rejected():
+    from dmt.optim import check_sparse_optimizer
+
+    with pytest.raises(ValueError, match=r"optim.sparse='adam' needs a CUDA device"):
+        check_sparse_optimizer(typed_config("optim=adam").optim, "cpu")
