@@ -27,14 +27,15 @@ WANDB_MODES = ("online", "offline", "disabled")
 
 @dataclass
 class TowerConfig:
-    """Tower module of every tower of a DMT model (paper §4, Listings 1-2): ``(B, F_t, N) -> (B, V_t, D)``."""
+    """Tower module of every tower of a DMT model (paper §4, Listings 1-2):
+    ``(B, F_t, N) -> (B, V_t, D)``."""
 
     module: str = "passthrough"  # "passthrough" (SPTT alone, D = N), "dlrm" (Listing 1) or "dcn" (Listing 2)
     dim: int = 64  # D: size of every output vector (dlrm, dcn; passthrough keeps N)
     c: int = 1  # dlrm: output vectors per feature (projection N -> c*D of each embedding)
     p: int = 0  # dlrm: output vectors per tower (linear F_t*N -> p*D of the flattened embeddings)
-    dcn_num_layers: int | None = None  # dcn: cross layers of the tower's CrossNet (None: model.dcn_num_layers)
-    dcn_low_rank: int | None = None  # dcn: rank of the tower's cross layers (None: model.dcn_low_rank)
+    dcn_num_layers: int | None = None  # dcn: tower CrossNet layers (None: model.dcn_num_layers)
+    dcn_low_rank: int | None = None  # dcn: tower CrossNet rank (None: model.dcn_low_rank)
 
 
 @dataclass
@@ -43,7 +44,7 @@ class PartitionConfig:
 
     kind: str = "none"  # "none" (no towers), "naive" (strided), "tp" (YAML file), "per_feature", "explicit"
     num_towers: int | None = None  # T: naive: required; other kinds: checked against the partition if set
-    path: str | None = None  # tp: partition YAML (``towers: [[feature names...], ...]``, e.g. from dmt-partition)
+    path: str | None = None  # tp: partition YAML with ``towers: [[feature names...], ...]`` (dmt-partition)
     towers: list[list[str]] | None = None  # explicit: feature names of each tower
 
 
@@ -89,6 +90,106 @@ class SyntheticConfig:
     seed: int = 0  # generator seed (the world: groups, tables, weights, samples)
 
 
+# --- Criteo data (preprocessing and loaders) ---
+
+#: Default Kaggle split: the first 85% of the lines train, then 7.5% validation, 7.5% test.
+DEFAULT_SPLIT_FRACTIONS = (0.85, 0.075, 0.075)
+#: Default Terabyte split: days 0..22 train, day 23 is cut in halves for validation and test.
+DEFAULT_TRAIN_DAYS = tuple(range(23))
+DEFAULT_EVAL_DAY = 23
+CATEGORICAL_MODES = ("vocab", "hash")
+
+
+@dataclass
+class CriteoConfig:
+    """Where the Criteo data lives, how it is preprocessed and how it is read.
+
+    Batch sizes, training shuffle on/off and the seed come from ``DataConfig`` and the trainer.
+    """
+
+    raw_path: str | None = None
+    """Raw TSV for ``dmt-preprocess`` (loaders need only ``preprocessed_dir``): one file (Kaggle ``train.txt``, plain or gzip) or a directory of ``day_<d>`` files."""
+    preprocessed_dir: str = MISSING
+    """Directory of the preprocessed arrays: written by ``dmt-preprocess``, read by the loaders."""
+    split_fractions: list[float] = field(default_factory=lambda: list(DEFAULT_SPLIT_FRACTIONS))
+    """Single-file input: chronological train/val/test fractions of the lines (sum to 1)."""
+    train_days: list[int] = field(default_factory=lambda: list(DEFAULT_TRAIN_DAYS))
+    """Directory input: the days whose rows form the training split."""
+    eval_day: int = DEFAULT_EVAL_DAY
+    """Directory input: the day cut in halves, first half validation, second half test."""
+    categorical_mode: str = "vocab"
+    """``vocab``: ids fitted on train with a frequency threshold; ``hash``: stable hashing."""
+    frequency_threshold: int = 3
+    """vocab mode: training occurrences a value needs for its own id (rarer ones share id 0)."""
+    hash_sizes: list[int] = field(default_factory=list)
+    """hash mode: rows per categorical table, one value for all 26 features or 26 values."""
+    skip_bad_rows: bool = False
+    """Drop and count malformed rows (and keep a truncated gzip's complete lines) instead of failing."""
+    num_workers: int = 0
+    """Preprocessing processes; 0 means one per available CPU core."""
+    test_path: str | None = None
+    """Extra raw TSV used as the test split, mapped through the training vocabularies."""
+    shuffle_window_rows: int | None = None
+    """Rows shuffled together: None shuffles the whole split, N permutes N-row windows and the rows inside each."""
+    in_memory: bool = False
+    """Load the arrays into RAM; False memory-maps them and reads batch by batch (bounded memory)."""
+    prefetch_batches: int = 4
+    """Batches prepared ahead by a background thread (0 disables the thread)."""
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` on settings that cannot work."""
+        if len(self.split_fractions) != 3 or any(f < 0 for f in self.split_fractions):
+            raise ValueError(
+                f"split_fractions must be 3 non-negative numbers (train, val, test); "
+                f"got {list(self.split_fractions)}"
+            )
+        if abs(sum(self.split_fractions) - 1.0) > 1e-6:
+            raise ValueError(
+                f"split_fractions must sum to 1; got {list(self.split_fractions)} "
+                f"(sum {sum(self.split_fractions)})"
+            )
+        if self.split_fractions[0] <= 0:
+            raise ValueError(
+                "split_fractions[0] (train) must be > 0: vocabularies are fitted on train"
+            )
+        if self.eval_day in self.train_days:
+            raise ValueError(
+                f"eval_day {self.eval_day} is also in train_days {list(self.train_days)}; "
+                "validation and test rows must not be trained on"
+            )
+        if not self.train_days:
+            raise ValueError("train_days must name at least one day")
+        if self.categorical_mode not in CATEGORICAL_MODES:
+            raise ValueError(
+                f"categorical_mode must be one of {CATEGORICAL_MODES}; got {self.categorical_mode!r}"
+            )
+        if self.frequency_threshold < 1:
+            raise ValueError(f"frequency_threshold must be >= 1; got {self.frequency_threshold}")
+        if self.categorical_mode == "hash":
+            if len(self.hash_sizes) not in (1, 26):
+                raise ValueError(
+                    "hash mode needs hash_sizes: one table size for every feature or 26 sizes; "
+                    f"got {list(self.hash_sizes)}"
+                )
+            if any(s < 2 for s in self.hash_sizes):
+                raise ValueError(
+                    f"hash_sizes must be >= 2 (id 0 is the empty bucket); got {list(self.hash_sizes)}"
+                )
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0; got {self.num_workers}")
+        if self.shuffle_window_rows is not None and self.shuffle_window_rows < 1:
+            raise ValueError(
+                f"shuffle_window_rows must be None or >= 1; got {self.shuffle_window_rows}"
+            )
+        if self.prefetch_batches < 0:
+            raise ValueError(f"prefetch_batches must be >= 0; got {self.prefetch_batches}")
+
+    def table_hash_sizes(self) -> list[int]:
+        """hash mode: the 26 table sizes."""
+        sizes = list(self.hash_sizes)
+        return sizes * 26 if len(sizes) == 1 else sizes
+
+
 @dataclass
 class DataConfig:
     """Which data to train on and how it is batched."""
@@ -98,7 +199,7 @@ class DataConfig:
     eval_batch_size: int = 8192  # global evaluation batch size
     shuffle: bool = True  # reshuffle the training set every epoch (by trainer.seed and epoch)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)  # used when kind == synthetic
-    criteo: Any = None  # used when kind == criteo (dmt.data.criteo_config.CriteoConfig)
+    criteo: CriteoConfig | None = None  # used when kind == criteo (see dmt/data/criteo_config.py)
 
 
 @dataclass
@@ -150,6 +251,17 @@ class LoggerConfig:
 
 
 @dataclass
+class SPTTConfig:
+    """SPTT (paper §3.1): train a DMT model with towers on hosts instead of flat TorchRec sharding."""
+
+    enabled: bool = False  # sptt=on: shard with dmt.sptt.dmt_sharding.shard_dmt (needs a DMT model)
+    hosts_per_tower: int = 1  # K: hosts per tower; T = G / (K L) must equal the model's towers
+    local_world_size: int | None = None  # L: ranks per host (None: torchrun's LOCAL_WORLD_SIZE); set to emulate hosts
+    sharding_type: str = "table_wise"  # tables inside a tower: table_wise, column_wise or row_wise
+    timeout_s: float = 300.0  # timeout of the SPTT process groups (a failing rank fails the job)
+
+
+@dataclass
 class Config:
     """Root config: one field per config group."""
 
@@ -158,6 +270,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    sptt: SPTTConfig = field(default_factory=SPTTConfig)
 
 
 def register_configs() -> None:
@@ -171,6 +284,7 @@ def register_configs() -> None:
     cs.store(group="optim", name="base_optim", node=OptimConfig)
     cs.store(group="trainer", name="base_trainer", node=TrainerConfig)
     cs.store(group="logger", name="base_logger", node=LoggerConfig)
+    cs.store(group="sptt", name="base_sptt", node=SPTTConfig, package="sptt")
 
 
 def _choice(setting: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -209,7 +323,9 @@ def validate_towers(m: ModelConfig) -> None:
     if p.kind == "tp" and not p.path:
         raise ValueError("model.partition.kind='tp' needs model.partition.path (a partition YAML)")
     if p.kind == "explicit" and not p.towers:
-        raise ValueError("model.partition.kind='explicit' needs model.partition.towers (lists of feature names)")
+        raise ValueError(
+            "model.partition.kind='explicit' needs model.partition.towers (lists of feature names)"
+        )
     if t.module == "passthrough":
         return
     _positive("model.tower.dim", t.dim)
@@ -304,3 +420,13 @@ def validate(cfg: Config) -> None:
     if t.eval_every < 0 or t.checkpoint_every < 0:
         raise ValueError("trainer.eval_every and trainer.checkpoint_every must be >= 0")
     _choice("logger.mode", cfg.logger.mode, WANDB_MODES)
+    sp = cfg.sptt
+    if sp.enabled:
+        if cfg.model.partition.kind == "none":
+            raise ValueError(
+                "sptt=on needs a DMT model: set model.partition (e.g. +partition=naive model.partition.num_towers=T)"
+            )
+        _positive("sptt.hosts_per_tower", sp.hosts_per_tower)
+        if sp.local_world_size is not None:
+            _positive("sptt.local_world_size", sp.local_world_size)
+        _choice("sptt.sharding_type", sp.sharding_type, ("table_wise", "column_wise", "row_wise"))

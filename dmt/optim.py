@@ -52,6 +52,11 @@ def check_sparse_optimizer(cfg: OptimConfig, device_type: str) -> None:
         )
 
 
+def sparse_optimizer_spec(cfg: OptimConfig) -> tuple[type, dict[str, Any]]:
+    """The optimizer class and kwargs a sharder fuses into the embedding kernels."""
+    return _SPARSE[cfg.sparse], _sparse_kwargs(cfg)
+
+
 def apply_sparse_optimizer(embedding_params: list[nn.Parameter], cfg: OptimConfig) -> None:
     """Attach the sparse optimizer to the tables before sharding, so the sharder fuses it."""
     apply_optimizer_in_backward(_SPARSE[cfg.sparse], embedding_params, _sparse_kwargs(cfg))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from datetime import timedelta
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from dmt.optim import (
 )
 from dmt.runtime import Runtime
 from dmt.sharding import shard_model
+from dmt.sptt.dmt_sharding import shard_dmt, topology_from
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +78,18 @@ class Trainer:
             table_device="meta",
             dense_device=runtime.device,
         )
-        apply_sparse_optimizer(embedding_parameters(plain), cfg.optim)
-        self.model = shard_model(TrainTask(plain), runtime, batch_size=cfg.data.batch_size)
-        self.optimizer = build_optimizer(self.model, cfg.optim)
+        if cfg.sptt.enabled:
+            topology = topology_from(runtime, hosts_per_tower=cfg.sptt.hosts_per_tower,
+                                     local_world_size=cfg.sptt.local_world_size)
+            self.model, self.optimizer = shard_dmt(
+                TrainTask(plain), runtime, topology=topology, optim_cfg=cfg.optim,
+                sharding_type=cfg.sptt.sharding_type, init_seed=cfg.trainer.seed,
+                timeout=timedelta(seconds=cfg.sptt.timeout_s),
+            )
+        else:
+            apply_sparse_optimizer(embedding_parameters(plain), cfg.optim)
+            self.model = shard_model(TrainTask(plain), runtime, batch_size=cfg.data.batch_size)
+            self.optimizer = build_optimizer(self.model, cfg.optim)
         self.peak_lrs = [g["lr"] for g in self.optimizer.param_groups]
         per_epoch = self.data.train.num_batches()
         self.total_steps = per_epoch * cfg.trainer.epochs

@@ -99,8 +99,10 @@ def build_tower_module(
     if cfg.module == "dlrm":
         return DLRMTowerModule(num_features, embedding_dim, cfg.dim, c=cfg.c, p=cfg.p)
     if cfg.module == "dcn":
-        layers = cfg.dcn_num_layers if cfg.dcn_num_layers is not None else model.dcn_num_layers if model else None
-        rank = cfg.dcn_low_rank if cfg.dcn_low_rank is not None else model.dcn_low_rank if model else None
+        layers, rank = cfg.dcn_num_layers, cfg.dcn_low_rank
+        if model is not None:
+            layers = model.dcn_num_layers if layers is None else layers
+            rank = model.dcn_low_rank if rank is None else rank
         if layers is None or rank is None:
             raise ValueError("a dcn tower module needs dcn_num_layers and dcn_low_rank")
         return DCNTowerModule(num_features, embedding_dim, cfg.dim, num_cross_layers=layers, low_rank=rank)

@@ -1,0 +1,1048 @@
+"""Preprocess raw Criteo TSV into memory-mappable numpy arrays (the ``dmt-preprocess`` command).
+
+Output directory layout::
+
+    manifest.json                 rows, click rates, cardinalities, sources, settings, bad rows
+    vocab/cat_<f>.npy             vocab mode: sorted uint32 raw values; value i has id i + 1
+    vocab/cat_<f>_counts.npy      vocab mode: their training counts (int64)
+    <split>/dense.npy             float32 (R, 13): log(max(x, 0) + 1), empty -> 0
+    <split>/sparse.npy            int32 (R, 26): categorical ids (see :mod:`dmt.data.criteo_vocab`)
+    <split>/labels.npy            int8 (R,): 0 or 1
+
+for ``split`` in train, val, test. Rows keep their order in the raw files.
+
+Splits:
+
+* a single input **file** (Kaggle ``train.txt``) is cut chronologically by line:
+  ``split_fractions`` (default 85% / 7.5% / 7.5%);
+* an input **directory** of ``day_<d>`` files (Terabyte) is cut by day: ``train_days`` (default
+  0..22) train; ``eval_day`` (default 23) is halved, first ``ceil(n/2)`` lines validation, the
+  rest test (as TorchRec does).
+
+Fractions and halves count raw lines; a skipped bad row leaves its split one row shorter.
+
+How it runs (each step parallel over line-aligned byte ranges of the files, ``num_workers``
+processes; gzip files are read whole, one per process):
+
+0. count the lines of every file (to place every row before parsing anything);
+1. parse every row once: labels and dense values go straight to their final place; raw
+   categorical values are written into ``sparse.npy`` and counted over the training rows
+   (hash mode maps them right away and skips step 2);
+2. fit the vocabularies (ids for values seen ``frequency_threshold`` times in train) and map
+   ``sparse.npy`` in place, chunk by chunk.
+
+Memory is bounded by the block size times the processes, plus the vocabulary counts
+(12 bytes per distinct training value and feature). Everything is written into a hidden
+``.<name>.partial-<pid>`` sibling directory that is renamed to the output directory at the
+end, so an interrupted run never leaves a complete-looking output; the next run removes
+partial directories of processes that no longer exist. A run whose output already exists with
+the same settings and sources (``settings_hash`` in the manifest) does nothing.
+
+Sources are identified by path, size, modification time and a partial hash: sha256 over the
+size, the first MiB and the last MiB (not a full-file hash, which would cost a full read).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import math
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_all_start_methods, get_context
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from tqdm import tqdm
+
+from dmt.data.criteo_config import CriteoConfig
+from dmt.data.criteo_parse import (
+    DEFAULT_BLOCK_BYTES,
+    MAX_BAD_EXAMPLES,
+    NUM_DENSE,
+    NUM_SPARSE,
+    CriteoFormatError,
+    ReadInfo,
+    count_lines,
+    is_gzip,
+    iter_line_blocks,
+    line_aligned_offsets,
+    parse_block,
+    slice_lines,
+)
+from dmt.data.criteo_vocab import (
+    KeyCounter,
+    KeyIndex,
+    count_keys,
+    fit_vocabulary,
+    hash_ids,
+    vocab_path,
+)
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "dmt-criteo-preprocessed"
+FORMAT_VERSION = 1
+SPLITS = ("train", "val", "test")
+DENSE_NAMES = [f"int_{i}" for i in range(NUM_DENSE)]
+SPARSE_NAMES = [f"cat_{i}" for i in range(NUM_SPARSE)]
+ARRAY_FILES = {"dense": "dense.npy", "sparse": "sparse.npy", "labels": "labels.npy"}
+MANIFEST = "manifest.json"
+DEFAULT_UNIT_BYTES = 64 << 20
+DEFAULT_MAP_ROWS = 1 << 20
+#: Seconds each worker sleeps after a task; a debugging aid to interrupt runs on purpose.
+PAUSE_ENV = "DMT_PREPROCESS_PAUSE_S"
+_PRESENT = "present.npy"  # step 1 -> 2 only: which categorical fields were non-empty (bits)
+_FINGERPRINT_BYTES = 1 << 20
+_DAY_FILE_NAMES = ("day_{d}", "day_{d}.tsv", "day_{d}.txt", "day_{d}.gz", "day_{d}.tsv.gz")
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+
+
+def preprocess_criteo(
+    cfg: CriteoConfig,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    unit_bytes: int = DEFAULT_UNIT_BYTES,
+) -> Path:
+    """Preprocess ``cfg.raw_path`` into ``cfg.preprocessed_dir`` (see the module docstring).
+
+    Args:
+        cfg (CriteoConfig): input, output, split, categorical and bad-row settings.
+        overwrite (bool): replace an existing output made with other settings.
+        progress (bool): show tqdm progress bars.
+        block_bytes (int): bytes parsed at a time per process.
+        unit_bytes (int): size of the byte ranges of a plain file handed to one process.
+
+    Returns:
+        Path: the output directory.
+
+    Raises:
+        ValueError: bad settings, missing inputs, a malformed row or file (a
+            :class:`~dmt.data.criteo_parse.CriteoFormatError` naming file and line), or an
+            existing output with other settings when ``overwrite`` is False.
+    """
+    cfg.validate()
+    if cfg.raw_path is None:
+        raise ValueError("raw_path is not set; expected the raw Criteo file or directory of days")
+    raw = Path(cfg.raw_path)
+    if raw.is_dir():
+        days = sorted(set(cfg.train_days) | {cfg.eval_day})
+        paths = [_find_day_file(raw, d) for d in days]
+        layout: dict[str, Any] = {
+            "kind": "days",
+            "train_days": sorted(cfg.train_days),
+            "eval_day": cfg.eval_day,
+        }
+        split_of_day = {d: "train" for d in cfg.train_days}
+        day_of_path = dict(zip(paths, days))
+
+        def plan(lines: list[int]) -> list[_Assignment]:
+            out = []
+            for i, p in enumerate(paths):
+                if split_of_day.get(day_of_path[p]) == "train":
+                    out.append(_Assignment(i, 0, lines[i], "train"))
+                else:
+                    half = math.ceil(lines[i] / 2)
+                    out += [_Assignment(i, 0, half, "val"), _Assignment(i, half, lines[i], "test")]
+            return out
+
+    elif raw.is_file():
+        paths = [raw]
+        layout = {"kind": "fractions", "split_fractions": [float(f) for f in cfg.split_fractions]}
+
+        def plan(lines: list[int]) -> list[_Assignment]:
+            total = lines[0]
+            b1 = round(total * cfg.split_fractions[0])
+            b2 = max(b1, round(total * (cfg.split_fractions[0] + cfg.split_fractions[1])))
+            return [
+                _Assignment(0, 0, b1, "train"),
+                _Assignment(0, b1, b2, "val"),
+                _Assignment(0, b2, total, "test"),
+            ]
+
+    else:
+        raise ValueError(f"raw_path {str(raw)!r} is neither a file nor a directory")
+
+    settings = {
+        "layout": layout,
+        "categorical": _categorical_settings(cfg),
+        "skip_bad_rows": cfg.skip_bad_rows,
+    }
+    job = _Job(
+        sources=[_describe_source(p) for p in paths],
+        settings=settings,
+        plan=plan,
+        vocab_from=None,
+        out_dir=Path(cfg.preprocessed_dir),
+        num_workers=cfg.num_workers,
+        skip_bad_rows=cfg.skip_bad_rows,
+        block_bytes=block_bytes,
+        unit_bytes=unit_bytes,
+        progress=progress,
+        overwrite=overwrite,
+    )
+    return _run(job)
+
+
+def transform_tsv(
+    vocab_dir: str | os.PathLike[str],
+    tsv: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    skip_bad_rows: bool = False,
+    num_workers: int = 0,
+    overwrite: bool = False,
+    progress: bool = True,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    unit_bytes: int = DEFAULT_UNIT_BYTES,
+) -> Path:
+    """Preprocess any raw Criteo TSV as a ``test`` split, through the vocabularies of ``vocab_dir``.
+
+    Nothing is fitted: categorical values get the ids of the training vocabularies (or the same
+    hashing), unseen values id 0, so the arrays fit the tables of a model trained on
+    ``vocab_dir``. Like :func:`preprocess_criteo`, atomic and a no-op when already done.
+
+    Args:
+        vocab_dir: a directory written by :func:`preprocess_criteo`.
+        tsv: the raw file (plain or gzip).
+        out_dir: output directory; default ``<vocab_dir>.<tsv name>-<hash>`` beside ``vocab_dir``.
+        skip_bad_rows, num_workers, overwrite, progress, block_bytes, unit_bytes: as for
+            :func:`preprocess_criteo`.
+
+    Returns:
+        Path: the output directory; its ``test`` split holds all rows of ``tsv``.
+    """
+    vocab_dir = Path(vocab_dir)
+    parent = read_manifest(vocab_dir)
+    source = _describe_source(Path(tsv))
+    settings = {
+        "layout": {"kind": "transform"},
+        "vocab_from": {"dir": str(vocab_dir.resolve()), "settings_hash": parent["settings_hash"]},
+        "categorical": parent["settings"]["categorical"],
+        "skip_bad_rows": skip_bad_rows,
+    }
+    if out_dir is None:
+        digest = _settings_hash(settings, [source])[:10]
+        out_dir = vocab_dir.parent / f"{vocab_dir.name}.{Path(tsv).name}-{digest}"
+    job = _Job(
+        sources=[source],
+        settings=settings,
+        plan=lambda lines: [_Assignment(0, 0, lines[0], "test")],
+        vocab_from=vocab_dir,
+        out_dir=Path(out_dir),
+        num_workers=num_workers,
+        skip_bad_rows=skip_bad_rows,
+        block_bytes=block_bytes,
+        unit_bytes=unit_bytes,
+        progress=progress,
+        overwrite=overwrite,
+        cardinalities=parent["cardinalities"],
+    )
+    return _run(job)
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of a complete preprocessed directory.
+
+    Raises:
+        ValueError: the directory has no complete manifest of this format.
+    """
+    path = Path(directory) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(
+            f"{str(directory)!r} is not a preprocessed Criteo directory (no {MANIFEST}); "
+            "run dmt-preprocess first"
+        ) from None
+    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: expected format {FORMAT!r} version {FORMAT_VERSION}; got "
+            f"{manifest.get('format')!r} version {manifest.get('format_version')!r}"
+        )
+    return manifest
+
+
+def split_dir(directory: str | os.PathLike[str], split: str) -> Path:
+    """Directory of one split's arrays."""
+    return Path(directory) / split
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Source:
+    path: str
+    size: int
+    mtime_ns: int
+    fingerprint: str
+    gzip: bool
+
+    def identity(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class _Assignment:
+    """Lines ``[line_lo, line_hi)`` of source ``source`` belong to ``split`` (in this order)."""
+
+    source: int
+    line_lo: int
+    line_hi: int
+    split: str
+
+
+@dataclass(frozen=True)
+class _Segment:
+    split: str
+    line_lo: int
+    line_hi: int
+    out_row: int  # row in the split's arrays of line ``line_lo`` (before bad-row compaction)
+    count: bool  # count categorical values (training rows, vocab mode)
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One process's share of step 1: a line-aligned byte range of one file."""
+
+    path: str
+    byte_start: int
+    byte_end: int | None
+    first_line: int
+    segments: tuple[_Segment, ...]
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What every step-1 task needs besides its range."""
+
+    out_dir: str
+    mode: str
+    hash_sizes: tuple[int, ...]
+    skip_bad_rows: bool
+    block_bytes: int
+
+
+@dataclass
+class _SegmentResult:
+    rows: int = 0
+    clicks: int = 0
+    bad_rows: int = 0
+    bad_examples: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _TaskResult:
+    segments: list[_SegmentResult]
+    counts: list[tuple[np.ndarray, np.ndarray]] | None  # per feature, training rows only
+    bytes_read: int
+
+
+@dataclass
+class _Job:
+    sources: list[_Source]
+    settings: dict[str, Any]
+    plan: Callable[[list[int]], list[_Assignment]]
+    vocab_from: Path | None
+    out_dir: Path
+    num_workers: int
+    skip_bad_rows: bool
+    block_bytes: int
+    unit_bytes: int
+    progress: bool
+    overwrite: bool
+    cardinalities: list[int] | None = None
+
+
+def _find_day_file(directory: Path, day: int) -> Path:
+    for pattern in _DAY_FILE_NAMES:
+        candidate = directory / pattern.format(d=day)
+        if candidate.is_file():
+            return candidate
+    raise ValueError(
+        f"{directory}: no file for day {day}; expected one of "
+        f"{[p.format(d=day) for p in _DAY_FILE_NAMES]}"
+    )
+
+
+def _describe_source(path: Path) -> _Source:
+    if not path.is_file():
+        raise ValueError(f"input file {str(path)!r} does not exist")
+    st = path.stat()
+    digest = hashlib.sha256(str(st.st_size).encode())
+    with open(path, "rb") as f:
+        digest.update(f.read(_FINGERPRINT_BYTES))
+        if st.st_size > _FINGERPRINT_BYTES:
+            f.seek(max(_FINGERPRINT_BYTES, st.st_size - _FINGERPRINT_BYTES))
+            digest.update(f.read())
+    return _Source(
+        path=str(path.resolve()),
+        size=st.st_size,
+        mtime_ns=st.st_mtime_ns,
+        fingerprint=digest.hexdigest(),
+        gzip=st.st_size > 0 and is_gzip(path),
+    )
+
+
+def _categorical_settings(cfg: CriteoConfig) -> dict[str, Any]:
+    if cfg.categorical_mode == "hash":
+        return {"mode": "hash", "hash_sizes": cfg.table_hash_sizes()}
+    return {"mode": "vocab", "frequency_threshold": cfg.frequency_threshold}
+
+
+def _settings_hash(settings: dict[str, Any], sources: Sequence[_Source]) -> str:
+    blob = json.dumps(
+        {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "settings": settings,
+            "sources": [s.identity() for s in sources],
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------------
+
+
+def _run(job: _Job) -> Path:
+    out_dir = job.out_dir
+    settings_hash = _settings_hash(job.settings, job.sources)
+    if out_dir.exists():
+        existing = _existing_hash(out_dir)
+        if existing == settings_hash:
+            logger.info("%s is up to date (settings hash %s)", out_dir, settings_hash[:12])
+            return out_dir
+        if not job.overwrite:
+            why = (
+                "was made with other settings or sources"
+                if existing
+                else "is not a complete preprocessed directory"
+            )
+            raise ValueError(
+                f"output directory {str(out_dir)!r} exists and {why}; "
+                "pass overwrite=True (--overwrite) or choose another directory"
+            )
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(out_dir)
+    tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    start = time.perf_counter()
+    try:
+        with _Executor(job.num_workers) as ex:
+            manifest = _build(job, tmp, ex)
+        manifest["settings_hash"] = settings_hash
+        _write_json(tmp / MANIFEST, manifest)
+        _fsync_tree(tmp)
+        if _existing_hash(out_dir) == settings_hash:  # a concurrent run finished the same job
+            shutil.rmtree(tmp)
+            return out_dir
+        if out_dir.exists():
+            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+            out_dir.rename(old)
+            tmp.rename(out_dir)
+            shutil.rmtree(old)
+        else:
+            try:
+                tmp.rename(out_dir)
+            except OSError:
+                if _existing_hash(out_dir) != settings_hash:
+                    raise
+                shutil.rmtree(tmp)  # a concurrent run finished the same job just before us
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    rows = {s: manifest["splits"][s]["rows"] for s in manifest["splits"]}
+    logger.info("wrote %s in %.1f s: %s", out_dir, time.perf_counter() - start, rows)
+    return out_dir
+
+
+def _build(job: _Job, tmp: Path, ex: _Executor) -> dict[str, Any]:
+    sources = job.sources
+    mode = job.settings["categorical"]["mode"]
+
+    # Step 0: count lines per byte range.
+    ranges: list[tuple[int, int, int | None]] = []  # (source, byte_start, byte_end)
+    for i, s in enumerate(sources):
+        if s.gzip or s.size == 0:
+            ranges.append((i, 0, None))
+        else:
+            offsets = line_aligned_offsets(s.path, job.unit_bytes)
+            ranges += [(i, a, b) for a, b in zip(offsets[:-1], offsets[1:])]
+    counted = ex.map(
+        _count_range,
+        [(sources[i].path, a, b, job.skip_bad_rows, job.block_bytes) for i, a, b in ranges],
+        desc="count lines",
+        total_bytes=sum(s.size for s in sources),
+        progress=job.progress,
+        weight=lambda args: (args[2] or os.path.getsize(args[0])) - args[1],
+    )
+    lines = [0] * len(sources)
+    range_first_line = []
+    for (i, _, _), (n, _) in zip(ranges, counted):
+        range_first_line.append(lines[i])
+        lines[i] += n
+    truncated = [
+        {"path": sources[i].path, "complete_lines": lines[i]}
+        for (i, _, _), (_, cut) in zip(ranges, counted)
+        if cut
+    ]
+    empty_files = [s.path for s, n in zip(sources, lines) if n == 0]
+    for path in empty_files:
+        if not job.skip_bad_rows:
+            raise CriteoFormatError(
+                path, 1, "the file is empty; expected rows of 40 tab-separated fields"
+            )
+        logger.warning("%s is empty; skipped", path)
+
+    # Place every line: split and row.
+    assignments = [a for a in job.plan(lines) if a.line_hi > a.line_lo]
+    split_lines = {s: 0 for s in SPLITS}
+    placed: list[tuple[_Assignment, int]] = []
+    for a in assignments:
+        placed.append((a, split_lines[a.split]))
+        split_lines[a.split] += a.line_hi - a.line_lo
+    if job.vocab_from is None and split_lines["train"] == 0:
+        raise ValueError("the training split is empty; nothing to fit the vocabularies on")
+    count = mode == "vocab" and job.vocab_from is None
+    tasks = []
+    for (i, a, b), first, (n, _) in zip(ranges, range_first_line, counted):
+        lo, hi = first, first + n
+        segments = tuple(
+            _Segment(
+                split=asg.split,
+                line_lo=max(lo, asg.line_lo),
+                line_hi=min(hi, asg.line_hi),
+                out_row=row + max(lo, asg.line_lo) - asg.line_lo,
+                count=count and asg.split == "train",
+            )
+            for asg, row in placed
+            if asg.source == i and asg.line_lo < hi and lo < asg.line_hi
+        )
+        if segments:
+            tasks.append(_Task(sources[i].path, a, b, first, segments))
+
+    # Step 1: parse every row into its final place.
+    for split, n in split_lines.items():
+        _create_arrays(tmp / split, n, with_present=mode == "vocab")
+    ctx = _Context(
+        out_dir=str(tmp),
+        mode=mode,
+        hash_sizes=tuple(job.settings["categorical"].get("hash_sizes", ())),
+        skip_bad_rows=job.skip_bad_rows,
+        block_bytes=job.block_bytes,
+    )
+    counters = [KeyCounter() for _ in range(NUM_SPARSE)] if count else None
+    results: list[_TaskResult] = []
+
+    def absorb(result: _TaskResult) -> None:
+        if counters is not None and result.counts is not None:
+            for counter, (keys, counts) in zip(counters, result.counts):
+                counter.add(keys, counts)
+            result.counts = None
+
+    results = ex.map(
+        _parse_task,
+        [(t, ctx) for t in tasks],
+        desc="parse",
+        total_bytes=sum(s.size for s in sources),
+        progress=job.progress,
+        weight=lambda args: _task_bytes(args[0]),
+        on_result=absorb,
+    )
+
+    # Step 2: vocabularies and ids.
+    vocab_dir = job.vocab_from if job.vocab_from is not None else tmp
+    if mode == "vocab":
+        if counters is not None:
+            cardinalities = []
+            for f, counter in enumerate(counters):
+                keys, counts = counter.result()
+                vocab = fit_vocabulary(
+                    keys, counts, job.settings["categorical"]["frequency_threshold"]
+                )
+                path = vocab_path(tmp, f)
+                path.parent.mkdir(exist_ok=True)
+                np.save(path, vocab)
+                np.save(path.with_name(f"cat_{f}_counts.npy"), counts[np.isin(keys, vocab)])
+                cardinalities.append(len(vocab) + 1)
+            del counters
+        else:
+            assert job.cardinalities is not None
+            cardinalities = list(job.cardinalities)
+        run_id = uuid.uuid4().hex  # keys the workers' index cache to this run's vocabularies
+        chunks = [
+            (str(tmp / split), lo, min(lo + DEFAULT_MAP_ROWS, n), str(vocab_dir), run_id)
+            for split, n in split_lines.items()
+            for lo in range(0, n, DEFAULT_MAP_ROWS)
+        ]
+        ex.map(
+            _map_chunk,
+            chunks,
+            desc="map ids",
+            total_bytes=sum(c[2] - c[1] for c in chunks),
+            progress=job.progress,
+            weight=lambda args: args[2] - args[1],
+            unit="rows",
+        )
+        _INDEX_CACHE.clear()
+        for split in SPLITS:
+            (tmp / split / _PRESENT).unlink()
+    else:
+        cardinalities = list(job.settings["categorical"]["hash_sizes"])
+
+    # Close the gaps left by skipped rows; summarize.
+    per_split: dict[str, list[tuple[_Segment, _SegmentResult]]] = {s: [] for s in SPLITS}
+    for task, result in zip(tasks, results):
+        for seg, seg_result in zip(task.segments, result.segments):
+            per_split[seg.split].append((seg, seg_result))
+    splits_out: dict[str, Any] = {}
+    all_examples: list[str] = []
+    for split in SPLITS:
+        pieces = sorted(per_split[split], key=lambda p: p[0].out_row)
+        rows = sum(r.rows for _, r in pieces)
+        if rows < split_lines[split]:
+            _compact(tmp / split, [(seg.out_row, r.rows) for seg, r in pieces], rows)
+        clicks = sum(r.clicks for _, r in pieces)
+        bad = sum(r.bad_rows for _, r in pieces)
+        all_examples += [e for _, r in pieces for e in r.bad_examples]
+        splits_out[split] = {
+            "rows": rows,
+            "clicks": clicks,
+            "click_rate": clicks / rows if rows else None,
+            "bad_rows": bad,
+            "source_lines": [
+                {
+                    "path": sources[a.source].path,
+                    "first_line": a.line_lo + 1,
+                    "last_line": a.line_hi,
+                }
+                for a in assignments
+                if a.split == split
+            ],
+            "files": {k: f"{split}/{v}" for k, v in ARRAY_FILES.items()},
+        }
+    total_bad = sum(s["bad_rows"] for s in splits_out.values())
+    if total_bad:
+        logger.warning("skipped %d malformed rows; first: %s", total_bad, all_examples[:1])
+
+    categorical: dict[str, Any] = dict(job.settings["categorical"])
+    if mode == "vocab":
+        threshold = categorical["frequency_threshold"]
+        categorical["id_0"] = (
+            f"empty fields, values seen fewer than {threshold} times in train, "
+            "and values never seen in train"
+        )
+        categorical["ids"] = "1..V: kept values in increasing raw order (vocab/cat_<f>.npy)"
+    else:
+        categorical["id_0"] = "empty fields"
+        categorical["ids"] = "1 + splitmix64(value | feature << 32) mod (size - 1)"
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "settings": job.settings,
+        "settings_hash": None,
+        "sources": [
+            {
+                **s.identity(),
+                "fingerprint_kind": "sha256(size, first MiB, last MiB)",
+                "lines": n,
+            }
+            for s, n in zip(sources, lines)
+        ],
+        "splits": splits_out,
+        "num_dense": NUM_DENSE,
+        "dense_features": DENSE_NAMES,
+        "sparse_features": SPARSE_NAMES,
+        "cardinalities": cardinalities,
+        "dense_transform": "float32 log(max(x, 0) + 1); empty -> 0",
+        "categorical": categorical,
+        "bad_rows": {"total": total_bad, "examples": all_examples[:MAX_BAD_EXAMPLES]},
+        "truncated_files": truncated,
+        "empty_files": empty_files,
+    }
+    return manifest
+
+
+def _task_bytes(task: _Task) -> int:
+    end = task.byte_end if task.byte_end is not None else os.path.getsize(task.path)
+    return end - task.byte_start
+
+
+def _existing_hash(out_dir: Path) -> str | None:
+    try:
+        return str(read_manifest(out_dir)["settings_hash"])
+    except (ValueError, KeyError, json.JSONDecodeError):
+        return None
+
+
+def _remove_stale_partials(out_dir: Path) -> None:
+    for p in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            logger.info("removing %s, left by an interrupted run", p)
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrays
+# ---------------------------------------------------------------------------------------------
+
+
+def _array_specs(with_present: bool) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    specs: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
+        ARRAY_FILES["dense"]: (np.dtype(np.float32), (NUM_DENSE,)),
+        ARRAY_FILES["sparse"]: (np.dtype(np.int32), (NUM_SPARSE,)),
+        ARRAY_FILES["labels"]: (np.dtype(np.int8), ()),
+    }
+    if with_present:
+        specs[_PRESENT] = (np.dtype(np.uint8), ((NUM_SPARSE + 7) // 8,))
+    return specs
+
+
+def _create_arrays(directory: Path, rows: int, *, with_present: bool) -> None:
+    directory.mkdir()
+    for name, (dtype, tail) in _array_specs(with_present).items():
+        if rows:
+            np.lib.format.open_memmap(directory / name, "w+", dtype, (rows, *tail)).flush()
+        else:
+            np.save(directory / name, np.empty((0, *tail), dtype))
+
+
+def open_array(path: str | os.PathLike[str], mode: str = "r") -> np.ndarray:
+    """Memory-map a ``.npy`` array (``mode`` "r" or "r+"); an empty array is read normally."""
+    with open(path, "rb") as f:
+        shape, _, _ = _read_npy_header(f)
+    if math.prod(shape) == 0:
+        return np.load(path)
+    return np.load(path, mmap_mode=mode)  # type: ignore[no-any-return]
+
+
+def _compact(directory: Path, pieces: list[tuple[int, int]], rows: int) -> None:
+    """Move pieces ``(start_row, num_rows)`` (in order) together and shrink the files to ``rows``."""
+    for name in ARRAY_FILES.values():
+        arr = open_array(directory / name, "r+")
+        dst = 0
+        for start, n in pieces:
+            if start != dst:
+                for a in range(0, n, DEFAULT_MAP_ROWS):
+                    b = min(n, a + DEFAULT_MAP_ROWS)
+                    arr[dst + a : dst + b] = arr[start + a : start + b]
+            dst += n
+        assert dst == rows
+        if isinstance(arr, np.memmap):
+            arr.flush()
+        del arr
+        _truncate_npy(directory / name, rows)
+
+
+def _truncate_npy(path: Path, rows: int) -> None:
+    """Rewrite a ``.npy`` header for fewer rows and cut the file after them."""
+    with open(path, "r+b") as f:
+        shape, fortran, dtype = _read_npy_header(f)
+        data_start = f.tell()
+        new_shape = (rows, *shape[1:])
+        assert not fortran and rows <= shape[0]
+        header = _npy_header(dtype, new_shape)
+        assert len(header) == data_start, "npy headers are padded for growth of axis 0"
+        f.seek(0)
+        f.write(header)
+        f.truncate(data_start + rows * math.prod(shape[1:]) * dtype.itemsize)
+
+
+def _read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(f)  # type: ignore[no-any-return]
+    return np.lib.format.read_array_header_2_0(f)  # type: ignore[no-any-return]
+
+
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    )
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker functions (module level: they run in other processes)
+# ---------------------------------------------------------------------------------------------
+
+
+def _pause() -> None:
+    seconds = float(os.environ.get(PAUSE_ENV, "0") or 0)
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+def _count_range(args: tuple[str, int, int | None, bool, int]) -> tuple[int, bool]:
+    path, start, end, allow_truncated, block_bytes = args
+    return count_lines(
+        path,
+        byte_start=start,
+        byte_end=end,
+        allow_truncated=allow_truncated,
+        block_bytes=block_bytes,
+    )
+
+
+def _parse_task(args: tuple[_Task, _Context]) -> _TaskResult:
+    task, ctx = args
+    out = Path(ctx.out_dir)
+    arrays: dict[str, dict[str, np.ndarray]] = {}
+    for seg in task.segments:
+        if seg.split not in arrays:
+            arrays[seg.split] = {
+                name: open_array(out / seg.split / name, "r+")
+                for name in _array_specs(ctx.mode == "vocab")
+            }
+    results = [_SegmentResult() for _ in task.segments]
+    cursors = [seg.out_row for seg in task.segments]
+    counted: list[list[np.ndarray]] = [[] for _ in range(NUM_SPARSE)]
+    count_any = any(seg.count for seg in task.segments)
+    last_line = max(seg.line_hi for seg in task.segments)
+    for block, first, num_lines in iter_line_blocks(
+        task.path,
+        byte_start=task.byte_start,
+        byte_end=task.byte_end,
+        first_line=task.first_line,
+        block_bytes=ctx.block_bytes,
+        allow_truncated=ctx.skip_bad_rows,
+        info=ReadInfo(),
+    ):
+        for k, seg in enumerate(task.segments):
+            lo, hi = max(first, seg.line_lo), min(first + num_lines, seg.line_hi)
+            if lo >= hi:
+                continue
+            part = (
+                block
+                if (lo, hi) == (first, first + num_lines)
+                else slice_lines(block, lo - first, hi - first)
+            )
+            rows = parse_block(part, path=task.path, first_line=lo, skip_bad_rows=ctx.skip_bad_rows)
+            n = len(rows)
+            r = cursors[k]
+            split_arrays = arrays[seg.split]
+            split_arrays[ARRAY_FILES["labels"]][r : r + n] = rows.labels
+            split_arrays[ARRAY_FILES["dense"]][r : r + n] = rows.dense
+            sparse = split_arrays[ARRAY_FILES["sparse"]]
+            if ctx.mode == "hash":
+                ids = np.empty((n, NUM_SPARSE), np.int32)
+                for f in range(NUM_SPARSE):
+                    ids[:, f] = hash_ids(rows.keys[:, f], rows.present[:, f], f, ctx.hash_sizes[f])
+                sparse[r : r + n] = ids
+            else:
+                sparse[r : r + n] = rows.keys.view(np.int32)
+                split_arrays[_PRESENT][r : r + n] = np.packbits(rows.present, axis=1)
+                if seg.count:
+                    for f in range(NUM_SPARSE):
+                        counted[f].append(rows.keys[rows.present[:, f], f])
+            cursors[k] += n
+            res = results[k]
+            res.rows += n
+            res.clicks += int(np.count_nonzero(rows.labels))
+            res.bad_rows += rows.num_bad
+            res.bad_examples += rows.bad_examples[: MAX_BAD_EXAMPLES - len(res.bad_examples)]
+        if first + num_lines >= last_line:
+            break
+    del arrays  # written through shared mappings; _fsync_tree makes them durable at the end
+    counts = None
+    if count_any:
+        counts = [count_keys(np.concatenate(c) if c else np.empty(0, np.uint32)) for c in counted]
+    _pause()
+    return _TaskResult(segments=results, counts=counts, bytes_read=_task_bytes(task))
+
+
+_INDEX_CACHE: dict[str, list[KeyIndex]] = {}
+
+
+def _vocab_indexes(vocab_dir: str, run_id: str) -> list[KeyIndex]:
+    if run_id not in _INDEX_CACHE:
+        _INDEX_CACHE.clear()
+        _INDEX_CACHE[run_id] = [
+            KeyIndex(np.load(vocab_path(vocab_dir, f))) for f in range(NUM_SPARSE)
+        ]
+    return _INDEX_CACHE[run_id]
+
+
+def _map_chunk(args: tuple[str, int, int, str, str]) -> int:
+    directory, lo, hi, vocab_dir, run_id = args
+    indexes = _vocab_indexes(vocab_dir, run_id)
+    sparse = open_array(Path(directory) / ARRAY_FILES["sparse"], "r+")
+    present_bits = open_array(Path(directory) / _PRESENT, "r")
+    step = 1 << 16
+    for a in range(lo, hi, step):
+        b = min(hi, a + step)
+        keys = np.ascontiguousarray(sparse[a:b]).view(np.uint32)
+        present = np.unpackbits(present_bits[a:b], axis=1, count=NUM_SPARSE).view(bool)
+        ids = np.empty(keys.shape, np.int32)
+        for f, index in enumerate(indexes):
+            ids[:, f] = np.where(present[:, f], index.lookup(keys[:, f]), 0)
+        sparse[a:b] = ids
+    del sparse
+    _pause()
+    return hi - lo
+
+
+# ---------------------------------------------------------------------------------------------
+# Parallel map with progress
+# ---------------------------------------------------------------------------------------------
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+class _Executor:
+    """Runs tasks in worker processes (or in this process when there is one worker)."""
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers or _available_cpus()
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> _Executor:
+        if self.num_workers > 1:
+            # Workers only run numpy and file I/O, so forking is safe, and it skips re-importing
+            # the package (torch, torchrec) in every worker, which costs seconds under spawn.
+            method = "fork" if "fork" in get_all_start_methods() else "spawn"
+            self._pool = ProcessPoolExecutor(
+                self.num_workers,
+                mp_context=get_context(method),
+                initializer=_exit_with_parent,
+                initargs=(os.getpid(),),
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def map(
+        self,
+        fn: Callable[[_T], _R],
+        items: Iterable[_T],
+        *,
+        desc: str,
+        total_bytes: int,
+        progress: bool,
+        weight: Callable[[_T], int],
+        on_result: Callable[[_R], None] | None = None,
+        unit: str = "B",
+    ) -> list[_R]:
+        """``[fn(x) for x in items]`` in order, with a progress bar weighted by ``weight(x)``."""
+        items = list(items)
+        results: list[Any] = [None] * len(items)
+        start = time.perf_counter()
+        try:
+            self._map(fn, items, results, desc, total_bytes, progress, weight, on_result, unit)
+        finally:
+            logger.info("%s: %.2f s", desc, time.perf_counter() - start)
+        return results
+
+    def _map(
+        self,
+        fn: Callable[[Any], Any],
+        items: list[Any],
+        results: list[Any],
+        desc: str,
+        total_bytes: int,
+        progress: bool,
+        weight: Callable[[Any], int],
+        on_result: Callable[[Any], None] | None,
+        unit: str,
+    ) -> None:
+        bar = tqdm(
+            total=total_bytes,
+            desc=desc,
+            unit=unit,
+            unit_scale=True,
+            disable=not progress,
+            leave=False,
+        )
+        with bar:
+            if self._pool is None:
+                for k, item in enumerate(items):
+                    results[k] = fn(item)
+                    if on_result is not None:
+                        on_result(results[k])
+                    bar.update(weight(item))
+                return
+            futures: dict[Future[_R], int] = {
+                self._pool.submit(fn, item): k for k, item in enumerate(items)
+            }
+            try:
+                for fut in as_completed(futures):
+                    k = futures[fut]
+                    results[k] = fut.result()
+                    if on_result is not None:
+                        on_result(results[k])
+                    bar.update(weight(items[k]))
+            except BaseException:
+                for fut in futures:
+                    fut.cancel()
+                raise
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Worker initializer: exit when the parent dies (e.g. killed), instead of idling forever."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

@@ -1,0 +1,178 @@
+"""``dmt-preprocess``: raw Criteo TSV to the arrays the loaders read.
+
+Examples::
+
+    # Kaggle: first 85% of train.txt for training, then 7.5% validation, 7.5% test
+    dmt-preprocess /data/criteo-kaggle/train.txt /data/criteo-kaggle-prep
+
+    # Terabyte: day_0..day_22 train, day_23 halved into validation and test; 40M-row tables
+    dmt-preprocess /data/criteo-1tb /data/criteo-1tb-prep --categorical-mode hash --hash-sizes 40000000
+
+    # any other raw file, through the vocabularies of a preprocessed directory
+    dmt-preprocess /data/extra_day.tsv /data/extra-prep --vocab-from /data/criteo-kaggle-prep
+
+See :mod:`dmt.data.criteo_preprocess` for the output layout and the id schemes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from dmt.data.criteo_config import DEFAULT_EVAL_DAY, DEFAULT_SPLIT_FRACTIONS, CriteoConfig
+from dmt.data.criteo_preprocess import (
+    DEFAULT_BLOCK_BYTES,
+    DEFAULT_UNIT_BYTES,
+    preprocess_criteo,
+    read_manifest,
+    transform_tsv,
+)
+
+
+def _days(text: str) -> list[int]:
+    """``"0-22"``, ``"0,3,5-7"`` -> list of days."""
+    days: list[int] = []
+    for part in text.replace(" ", ",").split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            days += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a list of days like '0-22' or '0,1,5-7'"
+            ) from None
+    return days
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dmt-preprocess",
+        description="Convert raw Criteo TSV (plain or .gz) into memory-mappable numpy arrays.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("raw", help="Kaggle train.txt (one file) or a directory of day_<d> files")
+    p.add_argument("output", help="output directory")
+    p.add_argument(
+        "--split-fractions",
+        type=float,
+        nargs=3,
+        default=list(DEFAULT_SPLIT_FRACTIONS),
+        metavar=("TRAIN", "VAL", "TEST"),
+        help="one input file: chronological fractions of the lines",
+    )
+    p.add_argument(
+        "--train-days", type=_days, default="0-22", help="directory input: training days"
+    )
+    p.add_argument(
+        "--eval-day",
+        type=int,
+        default=DEFAULT_EVAL_DAY,
+        help="directory input: day halved into validation (first half) and test",
+    )
+    p.add_argument("--categorical-mode", choices=("vocab", "hash"), default="vocab")
+    p.add_argument(
+        "--frequency-threshold",
+        type=int,
+        default=3,
+        help="vocab mode: training occurrences needed for an own id (rarer: id 0)",
+    )
+    p.add_argument(
+        "--hash-sizes",
+        type=int,
+        nargs="+",
+        default=[],
+        help="hash mode: rows per table, one value for all features or 26 values",
+    )
+    p.add_argument(
+        "--vocab-from",
+        metavar="PREPROCESSED_DIR",
+        help="map RAW (one file) through the vocabularies of PREPROCESSED_DIR into a test split",
+    )
+    p.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="drop and count malformed rows (and keep a truncated gzip's complete lines)",
+    )
+    p.add_argument("--num-workers", type=int, default=0, help="processes; 0: one per CPU core")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an output made with other settings"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--block-mib",
+        type=float,
+        default=DEFAULT_BLOCK_BYTES / 2**20,
+        help="MiB parsed at a time per process",
+    )
+    p.add_argument(
+        "--unit-mib",
+        type=float,
+        default=DEFAULT_UNIT_BYTES / 2**20,
+        help="MiB of a plain file handed to one process at a time",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``dmt-preprocess``; returns the exit status (0 success, 1 bad input, 2 bad usage)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True
+    )
+    block_bytes = max(1 << 16, int(args.block_mib * 2**20))
+    unit_bytes = max(1 << 16, int(args.unit_mib * 2**20))
+    try:
+        if args.vocab_from is not None:
+            out = transform_tsv(
+                args.vocab_from,
+                args.raw,
+                args.output,
+                skip_bad_rows=args.skip_bad_rows,
+                num_workers=args.num_workers,
+                overwrite=args.overwrite,
+                progress=not args.no_progress,
+                block_bytes=block_bytes,
+                unit_bytes=unit_bytes,
+            )
+        else:
+            cfg = CriteoConfig(
+                raw_path=args.raw,
+                preprocessed_dir=args.output,
+                split_fractions=list(args.split_fractions),
+                train_days=args.train_days
+                if isinstance(args.train_days, list)
+                else _days(args.train_days),
+                eval_day=args.eval_day,
+                categorical_mode=args.categorical_mode,
+                frequency_threshold=args.frequency_threshold,
+                hash_sizes=list(args.hash_sizes),
+                skip_bad_rows=args.skip_bad_rows,
+                num_workers=args.num_workers,
+            )
+            out = preprocess_criteo(
+                cfg,
+                overwrite=args.overwrite,
+                progress=not args.no_progress,
+                block_bytes=block_bytes,
+                unit_bytes=unit_bytes,
+            )
+    except ValueError as e:
+        print(f"dmt-preprocess: error: {e}", file=sys.stderr)
+        return 1
+    manifest = read_manifest(out)
+    for split, info in manifest["splits"].items():
+        rate = info["click_rate"]
+        print(
+            f"{split:5s} {info['rows']:>13,d} rows  click rate "
+            + (f"{rate:.4f}" if rate is not None else "-")
+            + f"  bad rows {info['bad_rows']:,d}"
+        )
+    print(f"cardinalities: {manifest['cardinalities']}")
+    print(f"output: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

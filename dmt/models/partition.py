@@ -1,0 +1,124 @@
+"""Feature-to-tower partitions of a DMT model: lists of feature names, one list per tower.
+
+Sources: :func:`naive_partition` (the paper's strided baseline, §5.2.3), :func:`per_feature_partition`
+(one tower per feature, Table 3), :func:`load_partition_file` (a Tower Partitioner YAML,
+``towers: [[feature names...], ...]``, as ``dmt-partition`` writes it) or explicit lists.
+:func:`check_partition` says what is wrong with one; :func:`resolve_partition` turns a
+:class:`~dmt.config.PartitionConfig` into one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from dmt.config import PartitionConfig
+
+
+def describe_features(names: Sequence[str]) -> str:
+    """``cat_0..cat_25`` for a numbered run of names, else the list."""
+    match = re.fullmatch(r"(.*?)0", names[0]) if names else None
+    if match and len(names) > 2 and list(names) == [f"{match[1]}{i}" for i in range(len(names))]:
+        return f"{names[0]}..{names[-1]}"
+    return ", ".join(names)
+
+
+def check_partition(partition: Sequence[Sequence[str]], feature_names: Sequence[str]) -> None:
+    """Raise ``ValueError`` unless every feature of ``feature_names`` is in exactly one non-empty tower."""
+    if len(partition) == 0:
+        raise ValueError("partition has no towers")
+    known = set(feature_names)
+    tower_of: dict[str, int] = {}
+    for t, tower in enumerate(partition):
+        if isinstance(tower, str):
+            raise ValueError(
+                f"partition tower {t} is the string {tower!r}, not a list of feature names"
+            )
+        if len(tower) == 0:
+            raise ValueError(f"partition tower {t} is empty")
+        for f in tower:
+            if f not in known:
+                raise ValueError(
+                    f"feature {f!r} is not a sparse feature of the data (expected one of "
+                    f"{describe_features(feature_names)}); it is in partition tower {t}"
+                )
+            if f in tower_of:
+                raise ValueError(f"feature {f!r} appears in towers {tower_of[f]} and {t}")
+            tower_of[f] = t
+    missing = [f for f in feature_names if f not in tower_of]
+    if missing:
+        raise ValueError(
+            f"partition misses feature(s) {missing}: every sparse feature must be in exactly one tower"
+        )
+
+
+def naive_partition(feature_names: Sequence[str], num_towers: int) -> list[list[str]]:
+    """The paper's naive baseline: tower ``t`` gets features ``t, t + T, t + 2T, ...``.
+
+    Example::
+
+        >>> [len(t) for t in naive_partition([f"cat_{i}" for i in range(26)], 8)]
+        [4, 4, 3, 3, 3, 3, 3, 3]
+    """
+    F = len(feature_names)
+    if not isinstance(num_towers, int) or not 1 <= num_towers <= F:
+        raise ValueError(
+            f"num_towers={num_towers!r} must be an integer in [1, {F}] for {F} sparse features "
+            "(more towers than features would leave towers empty)"
+        )
+    return [list(feature_names[t::num_towers]) for t in range(num_towers)]
+
+
+def per_feature_partition(feature_names: Sequence[str]) -> list[list[str]]:
+    """One tower per feature, in feature order (paper Table 3: SPTT with pass-through towers)."""
+    return [[f] for f in feature_names]
+
+
+def load_partition_file(path: str | Path) -> list[list[str]]:
+    """The ``towers`` of a partition YAML (other keys, e.g. TP's provenance, are ignored)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"partition file {str(path)!r} does not exist")
+    document = yaml.safe_load(path.read_text())
+    towers = document.get("towers") if isinstance(document, dict) else None
+    if not isinstance(towers, list) or not all(isinstance(t, list) for t in towers):
+        raise ValueError(
+            f"partition file {str(path)!r} needs a 'towers' list of lists of feature names, "
+            "e.g. towers: [[cat_0, cat_3], [cat_1, cat_2]]"
+        )
+    return [[str(f) for f in tower] for tower in towers]
+
+
+def resolve_partition(cfg: PartitionConfig, feature_names: Sequence[str]) -> list[list[str]]:
+    """The checked partition ``cfg`` describes, over ``feature_names``."""
+    names = list(feature_names)
+    if cfg.kind == "naive":
+        if cfg.num_towers is None:
+            raise ValueError("model.partition.kind='naive' needs model.partition.num_towers")
+        partition = naive_partition(names, cfg.num_towers)
+    elif cfg.kind == "per_feature":
+        partition = per_feature_partition(names)
+    elif cfg.kind == "tp":
+        if not cfg.path:
+            raise ValueError(
+                "model.partition.kind='tp' needs model.partition.path (a partition YAML)"
+            )
+        partition = load_partition_file(cfg.path)
+    elif cfg.kind == "explicit":
+        partition = [list(t) for t in cfg.towers or []]
+    else:
+        raise ValueError(
+            f"model.partition.kind={cfg.kind!r} does not describe towers; expected one of "
+            "['naive', 'tp', 'per_feature', 'explicit']"
+        )
+    check_partition(partition, names)
+    if cfg.num_towers is not None and len(partition) != cfg.num_towers:
+        source = f" in {cfg.path!r}" if cfg.kind == "tp" else ""
+        raise ValueError(
+            f"model.partition.num_towers={cfg.num_towers} but the {cfg.kind} partition{source} "
+            f"has {len(partition)} towers"
+        )
+    return partition

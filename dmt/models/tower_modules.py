@@ -1,0 +1,162 @@
+"""Tower modules (paper §4, Listings 1-2): the dense module each tower applies to its features.
+
+A tower module maps the pooled embeddings of its tower's ``F_t`` features, ``(B, F_t, N)``, to
+``V_t`` vectors of size ``D``, ``(B, V_t, D)``. Its *output size* ``O_t = V_t D`` is what leaves
+the tower (SPTT step f), so ``sum_t O_t`` against ``|F| N`` is the compression ratio of the
+cross-host traffic (:func:`dmt.models.accounting.compression_ratio`).
+
+Shape legend: ``B`` batch, ``F_t`` features of the tower, ``N`` embedding dim, ``V_t`` output
+vectors, ``D`` their size.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchrec.modules.crossnet import LowRankCrossNet
+
+
+def _check_positive(module: str, **values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{module}: {name}={value!r} must be a positive integer")
+
+
+class TowerModule(nn.Module):
+    """Base class: ``forward(embs (B, F_t, N)) -> (B, V_t, D)``.
+
+    Attributes:
+        num_features: ``F_t``, the tower's features.
+        embedding_dim: ``N``, their embedding dim.
+        num_vectors: ``V_t``, output vectors per sample.
+        dim: ``D``, the size of each output vector.
+    """
+
+    num_features: int
+    embedding_dim: int
+    num_vectors: int
+    dim: int
+
+    @property
+    def output_size(self) -> int:
+        """``O_t = V_t D``: values per sample that leave the tower."""
+        return self.num_vectors * self.dim
+
+    def _check_input(self, embs: torch.Tensor) -> None:
+        if embs.dim() != 3 or embs.shape[1:] != (self.num_features, self.embedding_dim):
+            raise ValueError(
+                f"{type(self).__name__} expects (B, {self.num_features}, {self.embedding_dim}) "
+                f"embeddings, got {tuple(embs.shape)}"
+            )
+
+
+class PassThrough(TowerModule):
+    """Identity: SPTT alone (paper §5.2.1, Table 3). ``V_t = F_t``, ``D = N``."""
+
+    def __init__(self, num_features: int, embedding_dim: int) -> None:
+        super().__init__()
+        _check_positive("PassThrough", num_features=num_features, embedding_dim=embedding_dim)
+        self.num_features = self.num_vectors = num_features
+        self.embedding_dim = self.dim = embedding_dim
+
+    def forward(self, embs: torch.Tensor) -> torch.Tensor:
+        self._check_input(embs)
+        return embs
+
+
+class DLRMTowerModule(TowerModule):
+    """Listing 1: ``cat([Linear(F_t N -> p D)(flatten(embs)), Linear(N -> c D)(embs)])``.
+
+    ``p`` vectors mix all the tower's features (a linear combination, like DLRM's over arch);
+    ``c`` vectors per feature project each embedding on its own. Output
+    ``(B, p + c F_t, D)``: the ``p`` tower vectors first, then feature by feature its ``c``
+    vectors. ``O_t = D (c F_t + p)``.
+
+    Args:
+        num_features: ``F_t``.
+        embedding_dim: ``N``.
+        dim: ``D``.
+        c: output vectors per feature (``>= 0``).
+        p: output vectors per tower (``>= 0``); ``c + p >= 1``.
+
+    Example::
+
+        tm = DLRMTowerModule(num_features=4, embedding_dim=128, dim=64, c=1, p=0)
+        tm(torch.randn(32, 4, 128)).shape  # (32, 4, 64); tm.output_size == 256
+    """
+
+    def __init__(self, num_features: int, embedding_dim: int, dim: int, *, c: int, p: int) -> None:
+        super().__init__()
+        _check_positive(
+            "DLRMTowerModule", num_features=num_features, embedding_dim=embedding_dim, dim=dim
+        )
+        if not (isinstance(c, int) and isinstance(p, int)) or c < 0 or p < 0 or c + p == 0:
+            raise ValueError(
+                f"DLRMTowerModule: c={c!r} and p={p!r} must be integers >= 0 with c + p >= 1 "
+                "(c vectors per feature plus p per tower)"
+            )
+        self.num_features, self.embedding_dim, self.dim = num_features, embedding_dim, dim
+        self.c, self.p = c, p
+        self.num_vectors = p + c * num_features
+        # Absent rather than zero-width when c or p is 0, so no empty layer shows up in accounting.
+        self.tower_linear = nn.Linear(num_features * embedding_dim, p * dim) if p else None
+        self.feature_linear = nn.Linear(embedding_dim, c * dim) if c else None
+
+    def forward(self, embs: torch.Tensor) -> torch.Tensor:
+        self._check_input(embs)
+        B = embs.size(0)
+        parts = []
+        if self.tower_linear is not None:
+            parts.append(self.tower_linear(embs.flatten(1)).view(B, self.p, self.dim))
+        if self.feature_linear is not None:
+            parts.append(self.feature_linear(embs).view(B, self.c * self.num_features, self.dim))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+class DCNTowerModule(TowerModule):
+    """Listing 2: a small CrossNet over the tower's ``F_t N`` flattened embeddings, then
+    ``Linear(F_t N -> F_t D)``, viewed ``(B, F_t, D)``. ``O_t = F_t D``.
+
+    The CrossNet is TorchRec's ``LowRankCrossNet`` (``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``),
+    the same operator as DCN's global interaction, as the paper builds tower modules from the
+    model's own interaction operators. A rank of at least ``F_t N`` is as expressive as the
+    full-rank CrossNet.
+
+    Args:
+        num_features: ``F_t``.
+        embedding_dim: ``N``.
+        dim: ``D``.
+        num_cross_layers: cross layers of the tower's CrossNet.
+        low_rank: rank of each cross layer.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        embedding_dim: int,
+        dim: int,
+        *,
+        num_cross_layers: int,
+        low_rank: int,
+    ) -> None:
+        super().__init__()
+        _check_positive(
+            "DCNTowerModule",
+            num_features=num_features,
+            embedding_dim=embedding_dim,
+            dim=dim,
+            num_cross_layers=num_cross_layers,
+            low_rank=low_rank,
+        )
+        self.num_features, self.embedding_dim, self.dim = num_features, embedding_dim, dim
+        self.num_vectors = num_features
+        width = num_features * embedding_dim
+        self.crossnet = LowRankCrossNet(
+            in_features=width, num_layers=num_cross_layers, low_rank=low_rank
+        )
+        self.projection = nn.Linear(width, num_features * dim)
+
+    def forward(self, embs: torch.Tensor) -> torch.Tensor:
+        self._check_input(embs)
+        out = self.projection(self.crossnet(embs.flatten(1)))
+        return out.view(embs.size(0), self.num_features, self.dim)

@@ -1,0 +1,301 @@
+"""Feature affinity ``I`` (TP step 0, paper §3.3).
+
+``I(i, j) = mean over samples of |cos(F_i, F_j)|`` where ``F_i`` is the pooled embedding of sparse
+feature ``i`` in one sample. Averaging per-sample cosine similarities (``mean(R R^T, dim=0)`` with
+``R`` the L2-normalized ``(B, F, N)`` pooled embeddings) is what the paper prescribes: averaging the
+embeddings themselves over the batch has no meaning, since each sample looks up different rows.
+
+A feature whose pooled embedding is exactly zero in a sample (for instance an empty bag) has no
+direction; it contributes a cosine of 0 to every pair in that sample. The diagonal of the result is
+set to exactly 1 (a feature is fully related to itself).
+
+Files: :func:`save_affinity` writes the matrix as ``<name>.npy`` (float64, ``(F, F)``) and the
+feature names, in row order, as the JSON sidecar ``<name>.features.json``
+(``{"feature_names": [...]}``). :func:`load_affinity` reads both back.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as nnf
+
+__all__ = [
+    "AffinityAccumulator",
+    "check_affinity",
+    "compute_affinity",
+    "default_feature_names",
+    "load_affinity",
+    "model_affinity",
+    "save_affinity",
+    "sidecar_path",
+]
+
+# Elements of the (samples, rows, F) similarity block computed at once; bounds peak memory.
+_CHUNK_ELEMENTS = 1 << 22
+_SYMMETRY_ATOL = 1e-6
+_CHECK_ROWS = 1024
+
+
+class AffinityAccumulator:
+    """Streaming ``F x F`` feature affinity with memory independent of the number of samples.
+
+    Keeps one float64 ``(F, F)`` running sum of ``|cos(F_i, F_j)|`` and a sample count; each
+    update is processed in chunks of at most ``chunk_elements`` similarity entries.
+
+    Args:
+        feature_names: optional names used in error messages (and checked against the count).
+        chunk_elements: size of the similarity block computed at once.
+
+    Example::
+
+        >>> acc = AffinityAccumulator()
+        >>> for pooled in batches:  # each (B, F, N)
+        ...     acc.update(pooled)
+        >>> affinity = acc.result()  # (F, F) float64, symmetric, diagonal 1
+    """
+
+    def __init__(
+        self,
+        feature_names: Sequence[str] | None = None,
+        *,
+        chunk_elements: int = _CHUNK_ELEMENTS,
+    ) -> None:
+        self.feature_names = list(feature_names) if feature_names is not None else None
+        self.chunk_elements = chunk_elements
+        self._sum: torch.Tensor | None = None
+        self.num_samples = 0
+
+    @property
+    def num_features(self) -> int | None:
+        """``F``, known after the first update (or from ``feature_names``)."""
+        if self._sum is not None:
+            return self._sum.shape[0]
+        return len(self.feature_names) if self.feature_names is not None else None
+
+    def _name(self, index: int) -> str:
+        if self.feature_names is not None and index < len(self.feature_names):
+            return f"feature {index} ({self.feature_names[index]!r})"
+        return f"feature {index}"
+
+    def update(self, pooled: torch.Tensor | Sequence[torch.Tensor]) -> None:
+        """Add a batch of per-sample pooled embeddings.
+
+        Args:
+            pooled: a ``(B, F, N)`` tensor, or a sequence of ``F`` tensors ``(B, N_i)`` (one per
+                feature, as from ``KeyedTensor.to_dict()``); all ``N_i`` must be equal.
+        """
+        if isinstance(pooled, torch.Tensor):
+            if pooled.dim() != 3:
+                raise ValueError(
+                    f"pooled embeddings must have shape (B, F, N), got {tuple(pooled.shape)}"
+                )
+            stacked = pooled
+        else:
+            stacked = self._stack(list(pooled))
+        num_features = stacked.shape[1]
+        expected = self.num_features
+        if expected is not None and num_features != expected:
+            raise ValueError(
+                f"expected pooled embeddings of {expected} features, got {num_features}"
+            )
+        if self._sum is None:
+            self._sum = torch.zeros(num_features, num_features, dtype=torch.float64)
+        units = nnf.normalize(stacked.detach().float(), dim=-1)  # zero vectors stay zero
+        self._accumulate(units)
+        self.num_samples += stacked.shape[0]
+
+    def _stack(self, per_feature: list[torch.Tensor]) -> torch.Tensor:
+        if not per_feature:
+            raise ValueError("pooled embeddings list is empty; expected one (B, N) per feature")
+        for index, tensor in enumerate(per_feature):
+            if tensor.dim() != 2:
+                raise ValueError(
+                    f"{self._name(index)}: pooled embedding must have shape (B, N), "
+                    f"got {tuple(tensor.shape)}"
+                )
+        batch, dim = per_feature[0].shape
+        for index, tensor in enumerate(per_feature[1:], start=1):
+            if tensor.shape[1] != dim:
+                raise ValueError(
+                    f"{self._name(0)} has embedding dim {dim} but {self._name(index)} has "
+                    f"embedding dim {tensor.shape[1]}; cosine affinity needs one embedding dim "
+                    "for all features"
+                )
+            if tensor.shape[0] != batch:
+                raise ValueError(
+                    f"{self._name(0)} has batch size {batch} but {self._name(index)} has "
+                    f"batch size {tensor.shape[0]}"
+                )
+        return torch.stack(per_feature, dim=1)
+
+    def _accumulate(self, units: torch.Tensor) -> None:
+        assert self._sum is not None
+        batch, num_features, _ = units.shape
+        rows = min(num_features, max(1, self.chunk_elements // num_features))
+        samples = max(1, self.chunk_elements // (rows * num_features))
+        for b0 in range(0, batch, samples):
+            block = units[b0 : b0 + samples]
+            block_t = block.transpose(1, 2)
+            for r0 in range(0, num_features, rows):
+                cos = torch.matmul(block[:, r0 : r0 + rows], block_t)  # (b, rows, F)
+                self._sum[r0 : r0 + rows] += cos.abs_().sum(0, dtype=torch.float64)
+
+    def result(self) -> np.ndarray:
+        """The mean ``|cos|`` affinity: float64 ``(F, F)``, symmetric, values in [0, 1], diag 1."""
+        if self._sum is None or self.num_samples == 0:
+            raise ValueError("no samples accumulated; call update() with at least one batch")
+        mean = self._sum / self.num_samples
+        mean = (mean + mean.T) / 2
+        mean.clamp_(0.0, 1.0).fill_diagonal_(1.0)
+        return mean.numpy()
+
+
+def compute_affinity(batches: Iterable[torch.Tensor | Sequence[torch.Tensor]]) -> np.ndarray:
+    """Affinity over all samples of ``batches`` (each ``(B, F, N)`` or a list of ``(B, N)``)."""
+    accumulator = AffinityAccumulator()
+    for pooled in batches:
+        accumulator.update(pooled)
+    return accumulator.result()
+
+
+def model_affinity(
+    model: torch.nn.Module, batches: Iterable[Any], max_batches: int | None = None
+) -> tuple[np.ndarray, list[str]]:
+    """Affinity of a trained model's pooled sparse embeddings.
+
+    Args:
+        model: any module with ``embedding_bag_collection`` (a TorchRec
+            ``EmbeddingBagCollection``).
+        batches: TorchRec ``Batch`` objects; only ``batch.sparse_features`` (a KJT) is used.
+        max_batches: stop after this many batches (all when ``None``).
+
+    Returns:
+        ``(affinity, feature_names)``. The order is the EBC output order, ``KeyedTensor.keys()``:
+        tables in config order, then each table's ``feature_names`` (for dmt models, one table
+        per feature in model order).
+    """
+    ebc = model.embedding_bag_collection
+    accumulator: AffinityAccumulator | None = None
+    with torch.no_grad():
+        for index, batch in enumerate(batches):
+            if max_batches is not None and index >= max_batches:
+                break
+            pooled = ebc(batch.sparse_features)
+            names = list(pooled.keys())
+            if accumulator is None:
+                accumulator = AffinityAccumulator(names)
+            per_feature = pooled.to_dict()
+            accumulator.update([per_feature[name] for name in names])
+    if accumulator is None:
+        raise ValueError("no batches given; model_affinity needs at least one batch")
+    assert accumulator.feature_names is not None
+    return accumulator.result(), accumulator.feature_names
+
+
+def check_affinity(affinity: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Validate an affinity matrix and return it as a float64 array.
+
+    Raises:
+        ValueError: if it is not a square ``(F, F)`` matrix with ``F >= 1``, holds NaN or inf,
+            has values outside [0, 1], or is not symmetric (atol 1e-6).
+    """
+    if isinstance(affinity, torch.Tensor):
+        affinity = affinity.detach().cpu().numpy()
+    matrix = np.asarray(affinity, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1] or matrix.shape[0] == 0:
+        raise ValueError(
+            f"affinity must be a non-empty square (F, F) matrix, got shape {matrix.shape}"
+        )
+    num_features = matrix.shape[0]
+    # Row blocks keep the temporaries small for F in the tens of thousands.
+    for start in range(0, num_features, _CHECK_ROWS):
+        block = matrix[start : start + _CHECK_ROWS]
+        finite = np.isfinite(block)
+        if not finite.all():
+            i, j = np.argwhere(~finite)[0]
+            raise ValueError(
+                f"affinity contains NaN or infinite values (first at [{start + i}, {j}] = "
+                f"{block[i, j]}); expected finite values in [0, 1]"
+            )
+        outside = (block < 0.0) | (block > 1.0)
+        if outside.any():
+            i, j = np.argwhere(outside)[0]
+            raise ValueError(
+                f"affinity values must lie in [0, 1] (|cosine similarity|), got "
+                f"{block[i, j]} at [{start + i}, {j}]"
+            )
+        gap = np.abs(block - matrix[:, start : start + _CHECK_ROWS].T)
+        if (gap > _SYMMETRY_ATOL).any():
+            i, j = np.unravel_index(np.argmax(gap), gap.shape)
+            raise ValueError(
+                f"affinity must be symmetric, but affinity[{start + i}, {j}] = {block[i, j]} "
+                f"and affinity[{j}, {start + i}] = {matrix[j, start + i]} "
+                f"(difference {gap[i, j]:.3g} > {_SYMMETRY_ATOL})"
+            )
+    return matrix
+
+
+def default_feature_names(num_features: int) -> list[str]:
+    """Sparse feature names ``cat_0 .. cat_{F-1}`` (the dmt/TorchRec Criteo convention)."""
+    return [f"cat_{i}" for i in range(num_features)]
+
+
+def sidecar_path(path: str | Path) -> Path:
+    """``<name>.features.json`` next to ``<name>.npy``."""
+    return Path(path).with_suffix(".features.json")
+
+
+def save_affinity(path: str | Path, affinity: np.ndarray, feature_names: Sequence[str]) -> Path:
+    """Write ``affinity`` to ``path`` (must end in ``.npy``) and names to the JSON sidecar.
+
+    Returns:
+        The sidecar path.
+    """
+    path = Path(path)
+    if path.suffix != ".npy":
+        raise ValueError(f"affinity path must end in .npy, got {str(path)!r}")
+    matrix = check_affinity(affinity)
+    names = [str(name) for name in feature_names]
+    if len(names) != matrix.shape[0]:
+        raise ValueError(
+            f"got {len(names)} feature names for a {matrix.shape[0]} x {matrix.shape[0]} affinity"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError("feature names must be unique")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, matrix)
+    sidecar = sidecar_path(path)
+    sidecar.write_text(json.dumps({"feature_names": names}, indent=1) + "\n")
+    return sidecar
+
+
+def load_affinity(path: str | Path) -> tuple[np.ndarray, list[str]]:
+    """Read an affinity written by :func:`save_affinity` (or any ``(F, F)`` ``.npy``).
+
+    Returns:
+        ``(affinity, feature_names)``, validated with :func:`check_affinity`. Without a sidecar
+        the names default to ``cat_0 .. cat_{F-1}`` (with a warning).
+    """
+    path = Path(path)
+    matrix = check_affinity(np.load(path))
+    sidecar = sidecar_path(path)
+    if not sidecar.exists():
+        warnings.warn(
+            f"no feature-name sidecar {str(sidecar)!r}; naming features cat_0..cat_{len(matrix) - 1}",
+            stacklevel=2,
+        )
+        return matrix, default_feature_names(len(matrix))
+    names = json.loads(sidecar.read_text())["feature_names"]
+    if len(names) != len(matrix):
+        raise ValueError(
+            f"{str(sidecar)!r} lists {len(names)} feature names but the affinity in "
+            f"{str(path)!r} has {len(matrix)} features"
+        )
+    return matrix, [str(name) for name in names]

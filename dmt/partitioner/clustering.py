@@ -1,0 +1,131 @@
+"""Balanced clustering of embedded features into towers (TP step 3, paper §3.3).
+
+Constrained K-Means (Bradley et al., 2000; ``k_means_constrained.KMeansConstrained``) assigns
+every feature to a tower subject to a minimum and maximum tower size.
+
+Tower sizes: with ``max_size_ratio`` ``K``, the largest tower holds at most ``K`` times as many
+features as the smallest. ``K = 1`` asks for the most balanced split possible: sizes
+``floor(F / T)`` and ``ceil(F / T)`` (they differ by one when ``T`` does not divide ``F``; no split
+does better). For ``K > 1`` we choose the bounds ``[size_min, size_max]`` with
+``size_max <= K * size_min`` that leave the clustering the most freedom (the widest range that
+can still hold ``F`` features in ``T`` towers). If no such bounds exist, the ratio ``K`` is finer
+than the unavoidable ``ceil / floor``; the most balanced split is used and a warning says so.
+
+Cost: every K-Means iteration solves a min-cost-flow problem with ``F * T`` arcs (about 0.6 s at
+10,000 features x 64 towers on one CPU core). ``n_init`` and ``max_iter`` default to values
+scaled to that size (see :func:`default_kmeans_budget`); the embedded points are low-dimensional
+and usually converge in a few tens of iterations.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+from k_means_constrained import KMeansConstrained
+
+__all__ = ["balanced_kmeans", "check_num_towers", "default_kmeans_budget", "tower_size_bounds"]
+
+
+def check_num_towers(num_features: int, num_towers: int) -> None:
+    """Raise ``ValueError`` unless ``1 <= num_towers <= num_features``."""
+    if not 1 <= num_towers <= num_features:
+        raise ValueError(
+            f"num_towers must be between 1 and the number of features ({num_features}), "
+            f"got {num_towers}"
+        )
+
+
+def tower_size_bounds(
+    num_features: int, num_towers: int, max_size_ratio: float = 1.0
+) -> tuple[int, int]:
+    """``(size_min, size_max)`` for ``num_towers`` towers over ``num_features`` features.
+
+    Args:
+        num_features: ``F``.
+        num_towers: ``T``, between 1 and ``F``.
+        max_size_ratio: ``K >= 1`` (``math.inf`` allowed): largest tower / smallest tower.
+
+    Returns:
+        Bounds such that ``T * size_min <= F <= T * size_max`` and, when the ratio can be met at
+        all, ``size_max <= K * size_min``.
+    """
+    check_num_towers(num_features, num_towers)
+    if math.isnan(max_size_ratio) or max_size_ratio < 1.0:
+        raise ValueError(
+            f"max_size_ratio must be >= 1 (largest tower / smallest tower), got {max_size_ratio}"
+        )
+    smallest_max = -(-num_features // num_towers)  # ceil(F / T)
+    largest_min = num_features // num_towers  # floor(F / T)
+    best = (largest_min, smallest_max)
+    best_width = -1
+    # Larger size_min first, so ties keep the more balanced bounds.
+    for size_min in range(largest_min, 0, -1):
+        # The other T - 1 towers need at least size_min features each.
+        size_max = num_features - (num_towers - 1) * size_min
+        if max_size_ratio * size_min < size_max:
+            size_max = math.floor(max_size_ratio * size_min + 1e-9)
+        if size_max < smallest_max:
+            continue
+        if size_max - size_min > best_width:
+            best, best_width = (size_min, size_max), size_max - size_min
+    if best_width < 0 and max_size_ratio != 1.0:
+        warnings.warn(
+            f"max_size_ratio={max_size_ratio} cannot be met for {num_features} features in "
+            f"{num_towers} towers (the most balanced split has sizes {largest_min} and "
+            f"{smallest_max}); using the most balanced split",
+            stacklevel=2,
+        )
+    return best
+
+
+def default_kmeans_budget(num_features: int, num_towers: int) -> tuple[int, int]:
+    """``(n_init, max_iter)`` scaled to the problem size ``F * T`` (min-cost-flow arcs)."""
+    arcs = num_features * num_towers
+    if arcs <= 100_000:
+        return 10, 300
+    if arcs <= 1_000_000:
+        return 2, 100
+    return 1, 50
+
+
+def balanced_kmeans(
+    coords: np.ndarray,
+    num_towers: int,
+    *,
+    max_size_ratio: float = 1.0,
+    seed: int = 0,
+    n_init: int | None = None,
+    max_iter: int | None = None,
+) -> np.ndarray:
+    """Assign ``F`` points to ``num_towers`` clusters with bounded cluster sizes.
+
+    Args:
+        coords: ``(F, n)`` embedded feature coordinates.
+        num_towers: ``T``, between 1 and ``F``.
+        max_size_ratio: see the module docstring.
+        seed: K-Means random state; equal seeds give equal labels.
+        n_init, max_iter: K-Means restarts and iterations (default: :func:`default_kmeans_budget`).
+
+    Returns:
+        int64 ``(F,)`` tower label of every feature, labels in ``range(T)``.
+    """
+    coords = np.asarray(coords, dtype=np.float64)
+    num_features = coords.shape[0]
+    size_min, size_max = tower_size_bounds(num_features, num_towers, max_size_ratio)
+    if num_towers == 1:
+        return np.zeros(num_features, dtype=np.int64)
+    if num_towers == num_features:
+        return np.arange(num_features, dtype=np.int64)
+    default_n_init, default_max_iter = default_kmeans_budget(num_features, num_towers)
+    kmeans = KMeansConstrained(
+        n_clusters=num_towers,
+        size_min=size_min,
+        size_max=size_max,
+        n_init=default_n_init if n_init is None else n_init,
+        max_iter=default_max_iter if max_iter is None else max_iter,
+        random_state=seed,
+    )
+    labels = kmeans.fit_predict(coords)
+    return np.asarray(labels, dtype=np.int64)

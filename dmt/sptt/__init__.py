@@ -1,0 +1,17 @@
+"""Semantic-preserving tower transform (SPTT): topology math and the sharded embedding dataflow.
+
+* :mod:`dmt.sptt.topology`: hosts, towers, peers, peer order (pure).
+* :mod:`dmt.sptt.plan`: table shards inside towers and the feature layouts of steps a-f (pure).
+* :mod:`dmt.sptt.process_groups`: the world, intra-tower and peer process groups.
+* :mod:`dmt.sptt.dataflow`: steps a-f of one rank, with the tower-module hook.
+* :mod:`dmt.sptt.collectives`: autograd all-to-all and reduce-scatter with exact backward.
+* :mod:`dmt.sptt.comm_stats`: bytes per step and group, and how many cross hosts.
+* :mod:`dmt.sptt.dmt_sharding`: ``DMTSharder`` / ``ShardedDMT``: a DMT model trained with SPTT
+  (tower modules replicated inside their tower, the rest data-parallel), and ``shard_dmt``,
+  the trainer's entry point.
+"""
+
+from dmt.sptt.plan import SPTTPlan, TableShard, build_plan
+from dmt.sptt.topology import Topology
+
+__all__ = ["SPTTPlan", "TableShard", "Topology", "build_plan"]

@@ -1,0 +1,512 @@
+"""The SPTT embedding dataflow of one rank: paper Figure 7, steps a-f.
+
+Shape legend: ``B`` local batch (the same on every rank), ``F`` sparse features, ``N`` embedding
+dim, ``T`` towers, ``K L`` ranks per tower, ``G = T K L`` world size, ``W_r`` pooled columns of
+this rank's table- and column-wise shards, ``R_t`` row-wise features of this rank's tower,
+``F_t`` features of the tower, ``(V_t, D_t)`` tower ``t``'s module output.
+
+=====  =====================================================================  ==================
+step   what                                                                   group (size)
+=====  =====================================================================  ==================
+a      KJT all-to-all: every feature of the local batch goes to the           world (``G``)
+       rank(s) of its tower holding its table's shards; row-wise ids are
+       first bucketed by row block (TorchRec ``KJTAllToAll``)
+b      pooled lookup of this rank's shards for the global batch,              --
+       ``(G B, W_r + R_t N)``, samples by source rank (TorchRec EBC)
+c      peer permute: sample blocks into peer order, so the block of peer      --
+       group ``p`` (``T B`` samples) is contiguous
+d      table/column-wise columns: all-to-all, block ``p`` to the tower        tower (``K L``)
+       rank at position ``p``; row-wise partial sums: reduce-scatter of
+       the same blocks. Every rank then holds, for its ``T`` peers'
+       samples, the tower's features, by source
+e      shuffle ``(features, peers)`` to ``(peers, features)``: glue the       --
+       received columns into the tower's feature order, ``(T B, F_t, N)``
+TM     tower module, ``(T B, F_t, N) -> (T B, V_t, D_t)`` (hook; identity     --
+       by default), replicated inside the tower
+f      peer all-to-all: the ``B`` rows of peer ``t'`` go back to it; every    peer (``T``)
+       rank receives each tower's output for its own samples
+=====  =====================================================================  ==================
+
+The backward runs the same collectives in reverse through autograd
+(:mod:`dmt.sptt.collectives`), unscaled: a table's gradient equals that of the single-process
+model on the concatenated global batch for the sum of the per-rank losses.
+
+Each rank keeps one TorchRec module with one table per shard it holds, named like the unsharded
+table (``t_<feature>``) and shaped like the shard: a plain ``EmbeddingBagCollection`` (gradients
+in ``.grad``), or, given ``sparse_optimizer``, a ``FusedEmbeddingBagCollection`` (FBGEMM TBE that
+applies the optimizer inside the backward, like TorchRec's sharded tables; no ``.grad``).
+:meth:`SPTTDataflow.load_tables_from` copies the shards out of the unsharded tables,
+:meth:`SPTTDataflow.reset_tables` initializes them where no unsharded copy exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torchrec.distributed.dist_data import KJTAllToAll
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
+from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
+
+from dmt.sptt.collectives import all_to_all_single, reduce_scatter
+from dmt.sptt.comm_stats import CommStats
+from dmt.sptt.plan import SPTTPlan, TableShard
+from dmt.sptt.process_groups import SPTTProcessGroups
+
+TowerModule = Callable[[torch.Tensor], torch.Tensor]
+SparseOptimizer = tuple[type[torch.optim.Optimizer], Mapping[str, Any]]
+"""``(optimizer class, kwargs)`` as for ``apply_optimizer_in_backward``: ``torch.optim.SGD``,
+``torch.optim.Adagrad``, ``torchrec.optim.RowWiseAdagrad`` or ``torch.optim.Adam`` (CUDA)."""
+
+
+class SPTTDataflow(nn.Module):
+    """Steps a-f of SPTT for one rank, with a tower-module hook between e and f.
+
+    Args:
+        plan: table sharding and feature layout; the same on every rank.
+        tables: one ``EmbeddingBagConfig`` per feature, in model order, each reading exactly that
+            feature, shaped as in the plan. Only this rank's shards are built. Row-wise tables
+            need SUM pooling.
+        groups: this rank's world, tower and peer groups, built from ``plan.topology``.
+        tower_output_dims: ``(V_t, D_t)`` of every tower's module output, by tower; ``None`` means
+            pass-through towers, ``(F_t, N)``. Every rank must know all towers' dims (step f).
+        stats: optional counter filled with the bytes of steps a, d and f (forward and backward).
+        device: device of this rank's shards and buffers.
+        sparse_optimizer: ``(optimizer class, kwargs)``; when given, this rank's shards live in
+            TorchRec ``FusedEmbeddingBagCollection`` s (FBGEMM TBE) that apply the optimizer
+            to the rows a batch touched during the backward (:attr:`fused_optimizer` exposes
+            its LR and state). ``None``: a plain ``EmbeddingBagCollection`` with ``.grad``.
+
+    Example::
+
+        groups = create_process_groups(Topology(world_size=4, local_world_size=2))
+        plan = build_plan(groups.topology, names, [[0, 2], [1, 3]], embedding_dim=N,
+                          num_embeddings=rows)
+        dataflow = SPTTDataflow(plan, tables, groups=groups)
+        dataflow.load_tables_from(model_ebc)            # copy this rank's shards
+        tower_outputs = dataflow(local_kjt)             # T tensors (B, F_t, N)
+        pooled = dataflow.pooled_embeddings(local_kjt)  # (B, F, N), model order
+    """
+
+    def __init__(
+        self,
+        plan: SPTTPlan,
+        tables: Sequence[EmbeddingBagConfig],
+        *,
+        groups: SPTTProcessGroups,
+        tower_output_dims: Sequence[tuple[int, int]] | None = None,
+        stats: CommStats | None = None,
+        device: torch.device | None = None,
+        sparse_optimizer: SparseOptimizer | None = None,
+    ) -> None:
+        super().__init__()
+        topo = plan.topology
+        if groups.topology != topo:
+            raise ValueError(f"groups were built for {groups.topology}, the plan for {topo}")
+        _check_tables(plan, tables)
+        self.plan = plan
+        self.groups = groups
+        self.stats = stats
+        self.embedding_dim = plan.embedding_dim
+        self.rank = groups.rank
+        self.tower = topo.tower_of(self.rank)
+
+        self.shards: tuple[TableShard, ...] = plan.rank_shards(self.rank)
+        self._table_names = tuple(tables[s.feature].name for s in self.shards)
+        shard_tables = [_shard_table(tables[s.feature], s) for s in self.shards]
+        self.embedding_bag_collection: EmbeddingBagCollection | _FusedShards | None = None
+        if shard_tables and sparse_optimizer is None:
+            self.embedding_bag_collection = EmbeddingBagCollection(shard_tables, device=device)
+        elif shard_tables:
+            self.embedding_bag_collection = _FusedShards(shard_tables, sparse_optimizer, device)
+        if tower_output_dims is None:
+            tower_output_dims = [(len(fs), self.embedding_dim) for fs in plan.tower_features]
+        if len(tower_output_dims) != topo.num_towers:
+            raise ValueError(
+                f"tower_output_dims has {len(tower_output_dims)} entries for "
+                f"{topo.num_towers} towers"
+            )
+        self.tower_output_dims: tuple[tuple[int, int], ...] = tuple(
+            (int(v), int(d)) for v, d in tower_output_dims
+        )
+
+        self._input_dist = KJTAllToAll(groups.world, list(plan.input_splits))
+        self._row_wise = [f for f in range(plan.num_features) if plan.is_row_wise(f)]
+        for f in self._row_wise:
+            starts = [s.row_start for s in plan.feature_shards(f)]
+            self.register_buffer(
+                f"_row_starts_{f}", torch.tensor(starts, device=device), persistent=False
+            )
+        self.register_buffer(
+            "_peer_order", torch.tensor(topo.peer_order, device=device), persistent=False
+        )
+        column_index = plan.tower_column_index(self.tower)
+        self._identity_columns = column_index == tuple(range(len(column_index)))
+        self.register_buffer(
+            "_column_index", torch.tensor(column_index, device=device), persistent=False
+        )
+        self.register_buffer(
+            "_output_permutation",
+            torch.tensor(plan.output_permutation, device=device),
+            persistent=False,
+        )
+
+    # ---- weights -----------------------------------------------------------------------------
+
+    def shard_parameters(self) -> list[tuple[TableShard, nn.Parameter]]:
+        """This rank's shards and their weights ``(rows, cols)``, in lookup order."""
+        if self.embedding_bag_collection is None:
+            return []
+        bags = self.embedding_bag_collection.embedding_bags
+        return [(s, bags[name].weight) for s, name in zip(self.shards, self._table_names)]
+
+    def load_tables_from(self, source: EmbeddingBagCollection) -> None:
+        """Copy this rank's shards out of an EBC holding the whole tables under the same names."""
+        self.load_table_weights(
+            {
+                name.removeprefix("embedding_bags.").removesuffix(".weight"): weight
+                for name, weight in source.state_dict().items()
+            }
+        )
+
+    def load_table_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copy this rank's shards out of whole tables ``{table name: (rows, N)}``."""
+        with torch.no_grad():
+            for (shard, param), table in zip(self.shard_parameters(), self._table_names):
+                if table not in weights:
+                    raise ValueError(f"no weights for table {table!r} (got {sorted(weights)})")
+                param.copy_(
+                    weights[table][
+                        shard.row_start : shard.row_stop, shard.col_start : shard.col_stop
+                    ]
+                )
+
+    def reset_tables(self, seed: int) -> None:
+        """Initialize this rank's shards with their tables' ``init_fn`` (TorchRec's default:
+        uniform in ``+-sqrt(1 / rows of the whole table)``), from a random stream per shard.
+
+        The stream of a shard is seeded by ``(seed, feature, first row, first column)``, so
+        shards are decorrelated (ranks usually share one global seed) and the result depends on
+        ``seed`` and the plan only. It is not the single-process model's initialization; use
+        :meth:`load_table_weights` for that.
+        """
+        with torch.no_grad():
+            for (shard, param), table in zip(self.shard_parameters(), self._shard_configs):
+                entropy = [seed, shard.feature, shard.row_start, shard.col_start]
+                shard_seed = int(np.random.SeedSequence(entropy).generate_state(1)[0])
+                devices = [param.device] if param.device.type == "cuda" else []
+                with torch.random.fork_rng(devices=devices):
+                    torch.manual_seed(shard_seed)
+                    assert table.init_fn is not None
+                    table.init_fn(param)
+
+    @property
+    def _shard_configs(self) -> list[EmbeddingBagConfig]:
+        ebc = self.embedding_bag_collection
+        if ebc is None:
+            return []
+        by_name = {t.name: t for t in ebc.embedding_bag_configs()}
+        return [by_name[name] for name in self._table_names]
+
+    @property
+    def fused_optimizer(self) -> KeyedOptimizer | None:
+        """The in-backward optimizer of this rank's shards (``None`` without ``sparse_optimizer``
+        or shards). Its ``param_groups[0]["lr"]`` reaches the kernel at ``zero_grad``/``step``."""
+        ebc = self.embedding_bag_collection
+        return ebc.fused_optimizer() if isinstance(ebc, _FusedShards) else None
+
+    # ---- steps -------------------------------------------------------------------------------
+
+    def distribute_input(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """Step a: one jagged feature per shard of this rank, ``G B`` samples by source rank."""
+        plan, topo = self.plan, self.plan.topology
+        if sorted(features.keys()) != sorted(plan.feature_names):
+            raise ValueError(
+                f"features have keys {features.keys()}, the plan {list(plan.feature_names)}"
+            )
+        if features.weights_or_none() is not None:
+            raise ValueError("weighted features are not supported")
+        jagged = features.to_dict()
+        buckets = {
+            f: self._bucket_row_wise(f, jagged[plan.feature_names[f]]) for f in self._row_wise
+        }
+        keys: list[str] = []
+        lengths: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        bytes_per_dst: list[int] = []
+        for rank in range(topo.world_size):
+            nbytes = 0
+            for shard in plan.rank_shards(rank):
+                name = plan.feature_names[shard.feature]
+                if shard.feature in buckets:
+                    shard_lengths, shard_values = buckets[shard.feature][topo.position_of(rank)]
+                else:
+                    shard_lengths, shard_values = jagged[name].lengths(), jagged[name].values()
+                keys.append(name)
+                lengths.append(shard_lengths)
+                values.append(shard_values)
+                nbytes += _nbytes(shard_lengths) + _nbytes(shard_values)
+            bytes_per_dst.append(nbytes)
+        kjt = KeyedJaggedTensor(
+            keys=keys,
+            values=torch.cat(values),
+            lengths=torch.cat(lengths),
+            stride=features.stride(),
+        )
+        if self.stats is not None:
+            self.stats.record("a", "world", topo.world_ranks, bytes_per_dst)
+        received = self._input_dist(kjt).wait().wait()
+        expected = features.stride() * topo.world_size
+        if received.stride() != expected:
+            raise ValueError(
+                f"rank {self.rank}: received a global batch of {received.stride()} samples, "
+                f"expected G*B = {expected}; every rank must use the same local batch size"
+            )
+        return received
+
+    def _bucket_row_wise(
+        self, feature: int, jagged: JaggedTensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Split a row-wise feature's bags by row block: ``(lengths, local ids)`` per position."""
+        starts = getattr(self, f"_row_starts_{feature}")
+        ids, lengths = jagged.values(), jagged.lengths()
+        num_blocks, B = starts.numel(), lengths.numel()
+        block = torch.bucketize(ids, starts[1:], right=True)
+        key = block * B + torch.repeat_interleave(torch.arange(B, device=ids.device), lengths)
+        order = torch.argsort(key, stable=True)
+        counts = torch.bincount(key, minlength=num_blocks * B).view(num_blocks, B)
+        local = (ids - starts[block]).to(ids.dtype)[order]
+        per_block = local.split(counts.sum(1).tolist())
+        return [(counts[p].to(lengths.dtype), per_block[p]) for p in range(num_blocks)]
+
+    def lookup(self, received: KeyedJaggedTensor) -> torch.Tensor:
+        """Step b: pooled embeddings of this rank's shards, ``(G B, W_r + R_t N)``."""
+        if self.embedding_bag_collection is None:
+            # requires_grad keeps the backward collectives of steps d and f in step with the
+            # tower-mates that do hold tables.
+            return torch.zeros(
+                received.stride(), 0, device=self._peer_order.device, requires_grad=True
+            )
+        if isinstance(self.embedding_bag_collection, _FusedShards):
+            return self.embedding_bag_collection(received)
+        return self.embedding_bag_collection(received).values()
+
+    def peer_permute(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Step c: sample blocks from source-rank order into peer order, same shape."""
+        G = self.plan.topology.world_size
+        blocks = pooled.view(G, pooled.size(0) // G, pooled.size(1))
+        return blocks.index_select(0, self._peer_order).view(pooled.shape)
+
+    def intra_tower_exchange(self, pooled: torch.Tensor) -> list[torch.Tensor]:
+        """Step d: all-to-all of the table/column-wise columns and reduce-scatter of the row-wise
+        partial sums inside the tower.
+
+        Returns:
+            ``(T B, W_q)`` from each tower-mate ``q`` by position, then ``(T B, R_t N)`` summed
+            row-wise features if the tower has any.
+        """
+        plan, topo = self.plan, self.plan.topology
+        TB = pooled.size(0) // topo.tower_size
+        mates = topo.tower_ranks(self.tower)
+        widths = [plan.all_to_all_width(q) for q in mates]
+        width = widths[topo.position_of(self.rank)]
+        sharded = pooled[:, :width].reshape(-1)
+        received = all_to_all_single(
+            sharded,
+            output_split_sizes=[TB * w for w in widths],
+            input_split_sizes=[TB * width] * topo.tower_size,
+            group=self.groups.tower,
+            record=self._recorder("d", "tower", mates),
+        )
+        blocks = [
+            chunk.view(TB, w) for chunk, w in zip(received.split([TB * w for w in widths]), widths)
+        ]
+        if plan.row_wise_features(self.tower):
+            summed = reduce_scatter(
+                pooled[:, width:].reshape(-1),
+                group=self.groups.tower,
+                record=self._recorder("d", "tower", mates),
+            )
+            blocks.append(summed.view(TB, -1))
+        return blocks
+
+    def shuffle_to_tower_layout(self, blocks: list[torch.Tensor]) -> torch.Tensor:
+        """Step e: ``(features, peers)`` to ``(peers, features)`` in tower order, ``(T B, F_t, N)``."""
+        received = torch.cat(blocks, dim=1)
+        if not self._identity_columns:
+            received = received.index_select(1, self._column_index)
+        return received.view(received.size(0), -1, self.embedding_dim)
+
+    def peer_exchange(self, tower_output: torch.Tensor) -> list[torch.Tensor]:
+        """Step f: all-to-all among peers; returns every tower's ``(B, V_t, D_t)``, by tower."""
+        topo = self.plan.topology
+        T = topo.num_towers
+        V, D = self.tower_output_dims[self.tower]
+        if tower_output.dim() != 3 or tower_output.shape[1:] != (V, D):
+            raise ValueError(
+                f"tower {self.tower}'s module returned shape {tuple(tower_output.shape)}, "
+                f"expected (T*B, {V}, {D}) from tower_output_dims"
+            )
+        B = tower_output.size(0) // T
+        sizes = [B * v * d for v, d in self.tower_output_dims]
+        received = all_to_all_single(
+            tower_output.reshape(-1),
+            output_split_sizes=sizes,
+            input_split_sizes=[B * V * D] * T,
+            group=self.groups.peer,
+            record=self._recorder("f", "peer", topo.peers_of(self.rank)),
+        )
+        return [
+            chunk.view(B, v, d)
+            for chunk, (v, d) in zip(received.split(sizes), self.tower_output_dims)
+        ]
+
+    # ---- composition -------------------------------------------------------------------------
+
+    def forward(
+        self, features: KeyedJaggedTensor, tower_module: TowerModule | None = None
+    ) -> list[torch.Tensor]:
+        """Steps a-f on this rank's local batch.
+
+        Args:
+            features: KJT of the ``F`` sparse features of the local batch (``B`` samples).
+            tower_module: this rank's replica of its tower's module, applied after step e,
+                ``(T B, F_t, N) -> (T B, V_t, D_t)``; ``None`` passes embeddings through.
+
+        Returns:
+            ``T`` tensors ``(B, V_t, D_t)``: every tower's output for the local samples.
+        """
+        pooled = self.lookup(self.distribute_input(features))
+        blocks = self.intra_tower_exchange(self.peer_permute(pooled))
+        tower_input = self.shuffle_to_tower_layout(blocks)
+        tower_output = tower_input if tower_module is None else tower_module(tower_input)
+        return self.peer_exchange(tower_output)
+
+    def pooled_embeddings(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        """Pass-through towers: the pooled embeddings ``(B, F, N)`` of all features, model order.
+
+        Equal to the unsharded EBC's lookup of the local batch.
+        """
+        if self.tower_output_dims != tuple(
+            (len(fs), self.embedding_dim) for fs in self.plan.tower_features
+        ):
+            raise ValueError("pooled_embeddings needs pass-through tower_output_dims")
+        by_tower = torch.cat(self(features), dim=1)
+        return by_tower.index_select(1, self._output_permutation)
+
+    # ---- accounting --------------------------------------------------------------------------
+
+    def _recorder(
+        self, step: str, group: str, dst_ranks: Sequence[int]
+    ) -> Callable[[list[int], str], None] | None:
+        stats = self.stats
+        if stats is None:
+            return None
+
+        def record(bytes_per_dst: list[int], direction: str) -> None:
+            stats.record(step, group, dst_ranks, bytes_per_dst, direction=direction)
+
+        return record
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _check_tables(plan: SPTTPlan, tables: Sequence[EmbeddingBagConfig]) -> None:
+    if len(tables) != plan.num_features:
+        raise ValueError(f"got {len(tables)} tables for {plan.num_features} features")
+    for f, (name, table) in enumerate(zip(plan.feature_names, tables)):
+        if list(table.feature_names) != [name]:
+            raise ValueError(
+                f"table {table.name!r} reads features {table.feature_names}; SPTT needs one "
+                f"table per feature, in model order (expected [{name!r}])"
+            )
+        if (table.num_embeddings, table.embedding_dim) != (
+            plan.num_embeddings[f],
+            plan.embedding_dim,
+        ):
+            raise ValueError(
+                f"table {table.name!r} is {table.num_embeddings} x {table.embedding_dim}, the "
+                f"plan says {plan.num_embeddings[f]} x {plan.embedding_dim}"
+            )
+        if plan.is_row_wise(f) and table.pooling != PoolingType.SUM:
+            raise ValueError(
+                f"row-wise table {table.name!r} needs SUM pooling (step d adds partial sums), "
+                f"got {table.pooling}"
+            )
+
+
+def _shard_table(table: EmbeddingBagConfig, shard: TableShard) -> EmbeddingBagConfig:
+    """The config of one shard; the init range stays that of the whole table."""
+    return dataclasses.replace(
+        table,
+        num_embeddings=shard.num_rows,
+        embedding_dim=shard.num_cols,
+        weight_init_min=table.get_weight_init_min(),
+        weight_init_max=table.get_weight_init_max(),
+    )
+
+
+class _FusedShards(nn.Module):
+    """This rank's shards in TorchRec ``FusedEmbeddingBagCollection`` s, one per pooling type.
+
+    ``FusedEmbeddingBagCollection`` batches its tables by pooling type and concatenates the
+    batches' outputs, so with mixed pooling its columns are not in table order. Handing it the
+    tables grouped by pooling (first appearance first) makes its column order that grouped
+    order, which one ``index_select`` maps back to shard order.
+
+    Parameters are named ``embedding_bags.<table>.weight`` like a plain EBC's.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingBagConfig],
+        sparse_optimizer: SparseOptimizer,
+        device: torch.device | None,
+    ) -> None:
+        super().__init__()
+        optimizer_class, kwargs = sparse_optimizer
+        poolings = list(dict.fromkeys(t.pooling for t in tables))
+        grouped = sorted(range(len(tables)), key=lambda i: poolings.index(tables[i].pooling))
+        self._configs = [tables[i] for i in grouped]
+        self.fused = FusedEmbeddingBagCollection(
+            self._configs,
+            optimizer_type=optimizer_class,
+            optimizer_kwargs=dict(kwargs),
+            device=device,
+        )
+        # columns of table i in the fused output, in shard order
+        starts, start = {}, 0
+        for i in grouped:
+            starts[i] = start
+            start += tables[i].embedding_dim
+        columns = [
+            starts[i] + c for i in range(len(tables)) for c in range(tables[i].embedding_dim)
+        ]
+        self._in_order = columns == list(range(len(columns)))
+        self.register_buffer("_columns", torch.tensor(columns, device=device), persistent=False)
+
+    @property
+    def embedding_bags(self) -> nn.ModuleDict:
+        return self.fused.embedding_bags
+
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        return list(self._configs)
+
+    def fused_optimizer(self) -> KeyedOptimizer:
+        optimizer = self.fused.fused_optimizer()
+        assert isinstance(optimizer, CombinedOptimizer | KeyedOptimizer)
+        return optimizer
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        """Pooled embeddings ``(samples, sum of shard columns)``, in shard order."""
+        values = self.fused(features).values()
+        return values if self._in_order else values.index_select(1, self._columns)

@@ -1,0 +1,681 @@
+"""A DMT model in its distributed form: SPTT for the towers, data parallelism for the rest.
+
+:class:`DMTSharder` turns a plain DMT model (``dmt.models.dmt.DMTModel``: ``feature_names``,
+``partition``, ``towers[t].embedding_bag_collection``, ``towers[t].tower_module``,
+``interact``) into a :class:`ShardedDMT`; :func:`shard_dmt` is the trainer's entry point.
+
+Shape legend: ``B`` local batch, ``F_t`` features of tower ``t``, ``N`` embedding dim, ``(V_t,
+D_t)`` tower ``t``'s module output, ``T`` towers, ``K L`` ranks per tower, ``G = T K L``.
+
+What runs where (paper sections 3.1-3.2):
+
+* the tables of tower ``t`` are sharded over the ``K L`` ranks of tower ``t``
+  (:func:`dmt.sptt.plan.build_plan`); each rank looks up its shards with FBGEMM TBE kernels that
+  apply the sparse optimizer in the backward (TorchRec ``FusedEmbeddingBagCollection``);
+* steps a-e (:class:`~dmt.sptt.dataflow.SPTTDataflow`) bring every rank the tower's embeddings of
+  its ``T`` peers' samples, ``(T B, F_t, N)``;
+* the tower module, replicated on the ``K L`` ranks of the tower, maps them to ``(T B, V_t,
+  D_t)``; its gradients are averaged over the tower group only (DDP on the tower group);
+* step f returns every tower's output for the rank's own ``B`` samples;
+* ``interact`` (bottom MLP, interaction, top MLP) runs data-parallel over the world (DDP).
+
+Gradients. Each rank's loss is the mean over its local batch, as under DDP. The SPTT
+collectives' backward is unscaled (:mod:`dmt.sptt.collectives`), so the module scales the
+gradient at two points to give every parameter the gradient of the mean loss over the global
+batch, exactly as the single-process model on the concatenated batch would:
+
+* the tower output (entering step f) by ``1 / T``: tower-module replica ``q`` then holds
+  ``1/T`` times the summed gradient of its ``T`` peers' losses, and DDP's average over the
+  ``K L`` replicas gives ``1/(T K L) = 1/G`` times the sum over all ranks, i.e. the gradient of
+  the global mean;
+* the tower input (leaving step e) by ``1 / (K L)``, so that the tables get ``1/G`` in total.
+
+Towers without trainable parameters (pass-through) get the ``1/G`` at once.
+
+Optimizers. The tables' optimizer (SGD, Adagrad or row-wise Adagrad on CPU; Adam too on CUDA)
+is fused into the lookup's backward and touches only the rows a batch used, exactly as in the
+flat TorchRec model. Row-wise Adagrad keeps one accumulator per row *and shard*: for
+column-wise shards its statistics cover the shard's columns only (TorchRec's column-wise
+sharding behaves the same), so only table- and row-wise sharding match the single-process model
+exactly there.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.optim import RowWiseAdagrad
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dmt.config import OptimConfig
+from dmt.optim import check_sparse_optimizer, dense_optimizer, sparse_optimizer_spec
+from dmt.runtime import Runtime
+from dmt.sptt.comm_stats import CommStats
+from dmt.sptt.dataflow import SparseOptimizer, SPTTDataflow
+from dmt.sptt.plan import SHARDING_KINDS, SPTTPlan, build_plan
+from dmt.sptt.process_groups import DEFAULT_TIMEOUT, SPTTProcessGroups, create_process_groups
+from dmt.sptt.topology import Topology
+
+__all__ = [
+    "DMTSharder",
+    "ShardedDMT",
+    "check_dmt_model",
+    "build_sptt_optimizer",
+    "shard_dmt",
+    "sparse_optimizer_spec",
+    "topology_from",
+]
+
+
+# ---- validation (pure, before any collective) ----------------------------------------------
+
+
+def check_dmt_model(model: nn.Module, topology: Topology) -> None:
+    """Raise ``ValueError`` if ``model`` cannot be trained with SPTT on ``topology``.
+
+    Checks that the model has one tower per SPTT tower (``T = G / (K L)``), that its partition
+    is a partition of its features that matches its towers, that every tower's embedding
+    tables read exactly the tower's features, one table per feature, all of one dim ``N``, that
+    no tables sit outside the towers and that only tables are on the meta device.
+    Pure and the same on every rank, so every rank fails alike before any collective.
+    """
+    for attr in ("feature_names", "partition", "towers", "interact"):
+        if not hasattr(model, attr):
+            raise TypeError(
+                f"{type(model).__name__} is not a DMT model: it has no {attr!r} (SPTT needs "
+                "feature_names, partition, towers and interact; see dmt.models.dmt.DMTModel)"
+            )
+    T = topology.num_towers
+    partition = [list(p) for p in model.partition]
+    where = (
+        f"G={topology.world_size} ranks, L={topology.local_world_size} per host, "
+        f"K={topology.hosts_per_tower} hosts per tower"
+    )
+    if len(partition) != T:
+        fix = "more" if len(partition) > T else "fewer"
+        raise ValueError(
+            f"the model's partition has {len(partition)} towers but the topology has T={T} "
+            f"towers ({where}: T = G / (K L)); SPTT needs exactly one model tower per "
+            f"topology tower. Partition the features into {T} towers, or use {fix} ranks or "
+            f"change sptt.hosts_per_tower so that G / (K L) = {len(partition)}"
+        )
+    if len(model.towers) != len(partition):
+        raise ValueError(
+            f"the model has {len(model.towers)} towers but its partition has {len(partition)}"
+        )
+    features = list(model.feature_names)
+    flat = [f for p in partition for f in p]
+    duplicates = sorted({f for f in flat if flat.count(f) > 1})
+    missing = [f for f in features if f not in flat]
+    unknown = sorted(set(flat) - set(features))
+    if duplicates or missing or unknown or len(set(features)) != len(features):
+        raise ValueError(
+            "the model's partition does not match its features: "
+            f"in several towers {duplicates}, in no tower {missing}, unknown {unknown} "
+            f"(feature_names {features}, partition {partition})"
+        )
+    if any(not p for p in partition):
+        raise ValueError(f"every tower needs at least one feature, got partition {partition}")
+    dims: set[int] = set()
+    for t, (tower, names) in enumerate(zip(model.towers, partition)):
+        if list(tower.feature_names) != names:
+            raise ValueError(
+                f"tower {t} has features {list(tower.feature_names)}, the partition says {names}"
+            )
+        ebc = tower.embedding_bag_collection
+        if not isinstance(ebc, EmbeddingBagCollection):
+            raise TypeError(
+                f"tower {t}'s embedding_bag_collection is a {type(ebc).__name__}, expected a "
+                "torchrec EmbeddingBagCollection (shard the plain model, not a sharded one)"
+            )
+        read = [f for table in ebc.embedding_bag_configs() for f in table.feature_names]
+        if read != names or any(
+            len(table.feature_names) != 1 for table in ebc.embedding_bag_configs()
+        ):
+            raise ValueError(
+                f"tower {t}'s tables read {read}; SPTT needs one table per feature, in the "
+                f"tower's order {names}"
+            )
+        dims.update(table.embedding_dim for table in ebc.embedding_bag_configs())
+        if ebc.is_weighted():
+            raise ValueError(f"tower {t}'s EBC is weighted; SPTT supports unweighted features")
+    if len(dims) != 1:
+        raise ValueError(f"all tables need one embedding dim N, got {sorted(dims)}")
+    for name, module in [
+        *_dense_children(model),
+        *((f"towers.{t}", tw) for t, tw in enumerate(model.towers)),
+    ]:
+        tables = {
+            id(p)
+            for m in module.modules()
+            if isinstance(m, EmbeddingBagCollection)
+            for p in m.parameters()
+        }
+        if any(p.is_meta for p in module.parameters() if id(p) not in tables):
+            raise ValueError(
+                f"the model's {name} has dense parameters on the meta device; build dense "
+                "modules on the training device (only tables may be on meta)"
+            )
+
+
+def _dense_children(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's children outside ``towers`` that hold its dense part (bottom, interaction,
+    top), skipping aliases of tower modules. Raises if tables or tower parameters hide there."""
+    tower_params = {id(p) for p in model.towers.parameters()}
+    children = []
+    for name, child in model.named_children():
+        if name == "towers":
+            continue
+        if any(isinstance(m, EmbeddingBagCollection) for m in child.modules()):
+            raise ValueError(
+                f"the model's {name!r} holds embedding tables outside its towers; SPTT shards "
+                "only towers[t].embedding_bag_collection"
+            )
+        params = list(child.parameters())
+        if params and all(id(p) in tower_params for p in params):
+            continue  # an alias of tower modules
+        if any(id(p) in tower_params for p in params):
+            raise ValueError(f"the model's {name!r} shares some parameters with its towers")
+        children.append((name, child))
+    return children
+
+
+def _tables(model: nn.Module) -> list[EmbeddingBagConfig]:
+    """One config per feature, in the model's feature order."""
+    by_feature = {
+        table.feature_names[0]: table
+        for tower in model.towers
+        for table in tower.embedding_bag_collection.embedding_bag_configs()
+    }
+    return [by_feature[f] for f in model.feature_names]
+
+
+def _tower_output_dims(tower: nn.Module, num_features: int, dim: int) -> tuple[int, int]:
+    """``(V_t, D_t)`` of a tower's module, from a forward of a copy on the meta device."""
+    module = tower.tower_module
+    if module is None:
+        return num_features, dim
+    probe = copy.deepcopy(module).to("meta").eval()
+    with torch.no_grad():
+        out = probe(torch.zeros(2, num_features, dim, device="meta"))
+    if out.dim() != 3 or out.size(0) != 2:
+        raise ValueError(
+            f"a tower module must map (B, F_t, N) to (B, V_t, D_t); {type(module).__name__} "
+            f"maps (2, {num_features}, {dim}) to {tuple(out.shape)}"
+        )
+    return int(out.size(1)), int(out.size(2))
+
+
+def _has_trainable(module: nn.Module | None) -> bool:
+    return module is not None and any(p.requires_grad for p in module.parameters())
+
+
+# ---- gradient scaling and accounting -------------------------------------------------------
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; multiplies the gradient by ``scale`` in the backward."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, input: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        ctx.scale = scale  # type: ignore[attr-defined]
+        return input.view_as(input)
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None  # type: ignore[attr-defined]
+
+
+def _scale_grad(input: torch.Tensor, scale: float) -> torch.Tensor:
+    if scale == 1.0:
+        return input
+    out = _ScaleGrad.apply(input, scale)
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+@dataclass
+class _AllReduceRecord:
+    """State of the DDP comm hook that counts a gradient all-reduce in :class:`CommStats`.
+
+    Bytes follow the ring model: each of the ``n`` group ranks sends ``2 (n - 1) / n`` times the
+    bucket to its successor in the group (whatever algorithm the backend runs).
+    """
+
+    group: dist.ProcessGroup
+    stats: CommStats
+    step: str
+    group_name: str
+    successor: int
+    size: int
+
+    def __call__(
+        self, bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:  # pragma: no cover - called by DDP
+        nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
+        sent = 2 * (self.size - 1) * nbytes // self.size
+        self.stats.record(
+            self.step, self.group_name, [self.successor], [sent], direction="backward"
+        )
+        return allreduce_hook(self.group, bucket)
+
+
+def _record_hook(state, bucket):  # type: ignore[no-untyped-def]
+    # Unannotated on purpose: DDP compares the annotations with dist.GradBucket and Future, which
+    # `from __future__ import annotations` would turn into strings.
+    return state(bucket)
+
+
+def _data_parallel(
+    module: nn.Module,
+    group: dist.ProcessGroup,
+    device: torch.device,
+    stats: CommStats | None,
+    step: str,
+    group_name: str,
+) -> DistributedDataParallel:
+    ddp = DistributedDataParallel(
+        module,
+        device_ids=[device] if device.type == "cuda" else None,
+        process_group=group,
+        forward_sync_buffers=False,
+    )
+    if stats is not None:
+        ranks = dist.get_process_group_ranks(group)
+        me = ranks.index(stats.rank)
+        state = _AllReduceRecord(
+            group, stats, step, group_name, ranks[(me + 1) % len(ranks)], len(ranks)
+        )
+        ddp.register_comm_hook(state, _record_hook)
+    return ddp
+
+
+# ---- the sharded model ---------------------------------------------------------------------
+
+
+class _DenseArch(nn.Module):
+    """The DMT model's parameters outside its towers (bottom, interaction, top) and its
+    ``interact``, as one module that DDP can wrap.
+
+    Shares the model's submodules; keeps a reference to the model for ``interact``.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        for name, child in _dense_children(model):
+            self.add_module(name, child)
+        for name, param in model.named_parameters(recurse=False):
+            self.register_parameter(name, param)
+        # The model's own buffers stay the model's: interact reads them, DDP does not sync them.
+        self._interact: Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor] = model.interact
+
+    def forward(self, dense_features: torch.Tensor, tower_outputs: list[torch.Tensor]) -> Any:
+        return self._interact(dense_features, tower_outputs)
+
+
+class ShardedDMT(nn.Module):
+    """A DMT model trained with SPTT on this rank; build with :class:`DMTSharder`.
+
+    ``forward(dense_features (B, num_dense), sparse_features: KJT of the F features) -> logits
+    (B,)`` on this rank's local batch, like the plain model's. Every rank must call it in step
+    (it runs collectives); ``B`` may differ between ranks (see :meth:`forward`).
+
+    Submodules: ``dataflow`` (this rank's table shards and steps a-f), ``tower_module`` (this
+    rank's replica of its tower's module; DDP over the tower group when it has parameters,
+    ``None`` for a pass-through tower) and ``dense_arch`` (DDP over the world of everything
+    outside the towers).
+
+    Args:
+        model: the plain DMT model; checked with :func:`check_dmt_model`. Its dense modules are
+            shared, not copied. Tables may be on ``meta``: the shards are then initialized by
+            :meth:`SPTTDataflow.reset_tables` (``init_seed``); otherwise they are copied.
+        plan: table shards of every rank (:meth:`DMTSharder.plan`).
+        groups: this rank's SPTT process groups, built from ``plan.topology``.
+        sparse_optimizer: ``(class, kwargs)`` of the fused table optimizer; ``None`` keeps plain
+            tables whose gradients land in ``.grad`` (scaled as described in the module doc).
+        device: device of the shards (dense modules must already be there).
+        stats: optional :class:`CommStats`; counts steps a, d, f and, with the ring model, the
+            tower-module (``"tm"``/``"tower"``) and dense (``"dense"``/``"world"``) all-reduces.
+        init_seed: seed of :meth:`SPTTDataflow.reset_tables` for ``meta`` tables.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        plan: SPTTPlan,
+        *,
+        groups: SPTTProcessGroups,
+        sparse_optimizer: SparseOptimizer | None = None,
+        device: torch.device | None = None,
+        stats: CommStats | None = None,
+        init_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        topo = plan.topology
+        check_dmt_model(model, topo)
+        device = device if device is not None else torch.device("cpu")
+        self.topology = topo
+        self._world = groups.world
+        self.tower = topo.tower_of(groups.rank)
+        dims = getattr(model, "tower_output_dims", None) or [
+            _tower_output_dims(tower, len(names), plan.embedding_dim)
+            for tower, names in zip(model.towers, model.partition)
+        ]
+        self.dataflow = SPTTDataflow(
+            plan,
+            _tables(model),
+            groups=groups,
+            tower_output_dims=dims,
+            stats=stats,
+            device=device,
+            sparse_optimizer=sparse_optimizer,
+        )
+        weights = {
+            name.removeprefix("embedding_bags.").removesuffix(".weight"): weight
+            for tower in model.towers
+            for name, weight in tower.embedding_bag_collection.state_dict().items()
+        }
+        if all(w.is_meta for w in weights.values()):
+            self.dataflow.reset_tables(init_seed)
+        elif any(w.is_meta for w in weights.values()):
+            raise ValueError("either all or none of the model's tables may be on meta")
+        else:
+            self.dataflow.load_table_weights(weights)
+
+        dense_arch = _DenseArch(model)
+        own = model.towers[self.tower].tower_module
+        self.tower_module: nn.Module | None = None
+        self._trainable_tower = _has_trainable(own)
+        if self._trainable_tower:
+            assert own is not None
+            self.tower_module = _data_parallel(own, groups.tower, device, stats, "tm", "tower")
+        elif own is not None:
+            self.tower_module = own
+        self.dense_arch = _data_parallel(dense_arch, groups.world, device, stats, "dense", "world")
+
+    @property
+    def fused_optimizer(self) -> KeyedOptimizer | None:
+        """The tables' in-backward optimizer on this rank (``None`` if it holds no shard)."""
+        return self.dataflow.fused_optimizer
+
+    def named_dense_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """Parameters a dense optimizer updates: this rank's tower-module replica and the dense
+        arch (after their gradient all-reduces). Excludes the tables."""
+        fused = {id(p) for _, p in self.dataflow.shard_parameters()}
+        return [
+            (name, p)
+            for name, p in self.named_parameters()
+            if p.requires_grad and id(p) not in fused and not name.startswith("dataflow.")
+        ]
+
+    def _apply_tower_module(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """``(T B, F_t, N) -> (T B, V_t, D_t)`` with the gradient scales of the module doc."""
+        topo = self.topology
+        if not self._trainable_tower:
+            out = embeddings if self.tower_module is None else self.tower_module(embeddings)
+            return _scale_grad(out, 1.0 / topo.world_size)
+        assert self.tower_module is not None
+        out = self.tower_module(_scale_grad(embeddings, 1.0 / topo.tower_size))
+        return _scale_grad(out, 1.0 / topo.num_towers)
+
+    def tower_outputs(self, sparse_features: KeyedJaggedTensor) -> list[torch.Tensor]:
+        """Every tower's output for the local samples, ``T`` tensors ``(B, V_t, D_t)``; every
+        rank must pass the same ``B``."""
+        return self.dataflow(sparse_features, tower_module=self._apply_tower_module)
+
+    def forward(
+        self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
+    ) -> torch.Tensor:
+        """Logits ``(B,)`` of the local batch. Ranks may hold different ``B`` (the last,
+        partial batch of an evaluation split): smaller batches are padded with empty samples
+        to the largest (one scalar all-reduce per call), whose outputs are dropped."""
+        size = dense_features.size(0)
+        largest = torch.tensor([size], device=dense_features.device)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self._world)
+        padded = int(largest.item())
+        if padded != size:
+            dense_features, sparse_features = _pad_batch(dense_features, sparse_features, padded)
+        logits = self.dense_arch(dense_features, self.tower_outputs(sparse_features))
+        return logits[:size] if padded != size else logits
+
+
+def _pad_batch(
+    dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor, size: int
+) -> tuple[torch.Tensor, KeyedJaggedTensor]:
+    """Append ``size - B`` samples with zero dense features and empty bags."""
+    B = dense_features.size(0)
+    F = len(sparse_features.keys())
+    lengths = sparse_features.lengths().view(F, B)
+    padded_lengths = torch.cat([lengths, lengths.new_zeros(F, size - B)], dim=1).view(-1)
+    padded_dense = torch.cat(
+        [dense_features, dense_features.new_zeros(size - B, *dense_features.shape[1:])]
+    )
+    if sparse_features.weights_or_none() is not None:
+        raise ValueError("weighted features are not supported")
+    return padded_dense, KeyedJaggedTensor(
+        keys=sparse_features.keys(),
+        values=sparse_features.values(),
+        lengths=padded_lengths,
+        stride=size,
+    )
+
+
+class DMTSharder:
+    """Plans and builds the :class:`ShardedDMT` of a DMT model on a topology.
+
+    Args:
+        topology: hosts, towers and peers; ``topology.num_towers`` must equal the model's.
+        sharding_type: how tables are sharded inside their tower: one of ``"table_wise"``,
+            ``"column_wise"``, ``"row_wise"`` for all, or ``{feature: kind}`` (others table-wise).
+        sparse_optimizer: ``(class, kwargs)`` of the fused table optimizer, or ``None``.
+        init_seed: seed for tables built on ``meta``.
+
+    Example::
+
+        sharder = DMTSharder(Topology(8, 2), sparse_optimizer=(RowWiseAdagrad, {"lr": 0.1}))
+        plan = sharder.plan(model)              # validates; no collective
+        groups = create_process_groups(plan.topology)
+        sharded = sharder.shard(model, groups)  # ShardedDMT
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        sharding_type: str | Mapping[str, str] = "table_wise",
+        sparse_optimizer: SparseOptimizer | None = None,
+        init_seed: int = 0,
+    ) -> None:
+        if isinstance(sharding_type, str) and sharding_type not in SHARDING_KINDS:
+            raise ValueError(
+                f"sptt sharding_type={sharding_type!r} is not one of {list(SHARDING_KINDS)}"
+            )
+        self.topology = topology
+        self.sharding_type = sharding_type
+        self.sparse_optimizer = sparse_optimizer
+        self.init_seed = init_seed
+
+    def plan(self, model: nn.Module) -> SPTTPlan:
+        """Validate ``model`` and place its tables (pure; the same on every rank)."""
+        check_dmt_model(model, self.topology)
+        tables = _tables(model)
+        names = list(model.feature_names)
+        kinds = (
+            dict.fromkeys(names, self.sharding_type)
+            if isinstance(self.sharding_type, str)
+            else dict(self.sharding_type)
+        )
+        kinds = {f: k for f, k in kinds.items() if k != "table_wise"}
+        if (
+            self.sparse_optimizer is not None
+            and self.sparse_optimizer[0] is RowWiseAdagrad
+            and "column_wise" in kinds.values()
+        ):
+            warnings.warn(
+                "row-wise Adagrad on column-wise shards keeps one accumulator per row and "
+                "shard, not per row of the whole table (as in TorchRec); training differs "
+                "slightly from the unsharded model",
+                stacklevel=2,
+            )
+        index = {f: i for i, f in enumerate(names)}
+        N = tables[0].embedding_dim
+        fused = self.sparse_optimizer is not None
+        if fused and N % 4:
+            raise ValueError(
+                f"embedding_dim N={N} must be a multiple of 4 for FBGEMM's fused embedding "
+                "kernels (the sparse optimizer runs in them)"
+            )
+        return build_plan(
+            self.topology,
+            names,
+            [[index[f] for f in p] for p in model.partition],
+            embedding_dim=N,
+            num_embeddings=[t.num_embeddings for t in tables],
+            sharding_types=kinds,
+            costs=[float(t.num_embeddings * N) for t in tables],
+            column_multiple=4 if fused else 1,
+        )
+
+    def shard(
+        self,
+        model: nn.Module,
+        groups: SPTTProcessGroups,
+        *,
+        plan: SPTTPlan | None = None,
+        device: torch.device | None = None,
+        stats: CommStats | None = None,
+    ) -> ShardedDMT:
+        """Build this rank's :class:`ShardedDMT` (collective over the groups' ranks)."""
+        if groups.topology != self.topology:
+            raise ValueError(f"groups were built for {groups.topology}, not {self.topology}")
+        return ShardedDMT(
+            model,
+            plan if plan is not None else self.plan(model),
+            groups=groups,
+            sparse_optimizer=self.sparse_optimizer,
+            device=device,
+            stats=stats,
+            init_seed=self.init_seed,
+        )
+
+
+# ---- the trainer's entry point -------------------------------------------------------------
+
+
+
+def _is_dmt_model(module: Any) -> bool:
+    return isinstance(module, nn.Module) and all(
+        hasattr(module, a) for a in ("feature_names", "partition", "towers", "interact")
+    )
+
+
+def build_sptt_optimizer(module: ShardedDMT, cfg: OptimConfig) -> CombinedOptimizer:
+    """The fused table optimizer plus ``cfg.dense`` over the tower-module replica and dense arch.
+
+    Mirrors ``dmt.optim.build_optimizer``: ``zero_grad`` pushes the fused optimizer's LR (from
+    its ``param_groups``) into the kernels.
+    """
+    dense = dict(module.named_dense_parameters())
+    optimizers: list[KeyedOptimizer] = [
+        KeyedOptimizerWrapper(dense, lambda ps: dense_optimizer(list(ps), cfg))
+    ]
+    fused = module.fused_optimizer
+    return CombinedOptimizer([fused, *optimizers] if fused is not None else optimizers)
+
+
+def shard_dmt(
+    task_or_model: nn.Module,
+    runtime: Runtime,
+    *,
+    topology: Topology,
+    optim_cfg: OptimConfig,
+    groups: SPTTProcessGroups | None = None,
+    sharding_type: str | Mapping[str, str] = "table_wise",
+    stats: CommStats | None = None,
+    init_seed: int = 0,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+) -> tuple[nn.Module, CombinedOptimizer]:
+    """Shard a DMT model (or the DMT model inside a task module) with SPTT and build its
+    optimizer.
+
+    Everything that can be wrong with the model, the topology or the optimizer is checked
+    before the first collective, identically on every rank.
+
+    Args:
+        task_or_model: a DMT model, or a module whose ``model`` attribute is one (the trainer's
+            ``TrainTask``); the latter's ``model`` is replaced by the :class:`ShardedDMT`.
+        runtime: this process's rank, world and device.
+        topology: ``Topology(G, L, K)``; ``G`` must be ``runtime.world_size``.
+        optim_cfg: ``optim.sparse``/``sparse_lr`` for the fused tables, ``optim.dense`` and the
+            rest for the tower modules and dense arch.
+        groups: SPTT process groups of ``topology``; ``None`` creates them (collective).
+        sharding_type: see :class:`DMTSharder`.
+        stats: optional :class:`CommStats` to count bytes.
+        init_seed: seed for tables built on ``meta``.
+        timeout: timeout of the process groups created here.
+
+    Returns:
+        ``(module, optimizer)``: ``task_or_model`` with its DMT model sharded (or the
+        :class:`ShardedDMT`), and a ``CombinedOptimizer`` (fused tables + dense).
+    """
+    if _is_dmt_model(task_or_model):
+        model, task = task_or_model, None
+    elif _is_dmt_model(getattr(task_or_model, "model", None)):
+        model, task = task_or_model.model, task_or_model
+    else:
+        raise TypeError(
+            f"shard_dmt needs a DMT model or a module with one in .model, got "
+            f"{type(task_or_model).__name__}"
+        )
+    if topology.world_size != runtime.world_size:
+        raise ValueError(
+            f"the SPTT topology has G={topology.world_size} ranks, the job has {runtime.world_size}"
+        )
+    check_sparse_optimizer(optim_cfg, runtime.device.type)
+    sharder = DMTSharder(
+        topology,
+        sharding_type=sharding_type,
+        sparse_optimizer=sparse_optimizer_spec(optim_cfg),
+        init_seed=init_seed,
+    )
+    plan = sharder.plan(model)
+    if groups is None:
+        groups = create_process_groups(topology, timeout=timeout)
+    sharded = sharder.shard(model, groups, plan=plan, device=runtime.device, stats=stats)
+    optimizer = build_sptt_optimizer(sharded, optim_cfg)
+    if task is None:
+        return sharded, optimizer
+    task.model = sharded
+    return task, optimizer
+
+
+def topology_from(
+    runtime: Runtime, *, hosts_per_tower: int = 1, local_world_size: int | None = None
+) -> Topology:
+    """The SPTT topology of a job: ``L`` from ``local_world_size`` or torchrun's
+    ``LOCAL_WORLD_SIZE`` (``runtime.local_world_size``), ``K = hosts_per_tower``.
+
+    Raises ``ValueError`` (no collective) when ``G`` is not a multiple of ``K L``.
+    """
+    return Topology(
+        world_size=runtime.world_size,
+        local_world_size=local_world_size or runtime.local_world_size,
+        hosts_per_tower=hosts_per_tower,
+    )

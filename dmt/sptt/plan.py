@@ -1,0 +1,365 @@
+"""Placement of embedding tables inside towers, and the feature layouts of SPTT steps a-f.
+
+Pure functions of integers and names (no ``torch``, no process groups), unit tested in
+milliseconds.
+
+Every feature has one table (``N`` columns), sharded inside the feature's tower in one of three
+ways (paper section 3.1.3 and section 4; the names are TorchRec's ``ShardingType`` values):
+
+* ``"table_wise"``: the whole table on one rank of the tower;
+* ``"column_wise"``: column blocks on distinct ranks of the tower; every block sees all of the
+  feature's ids, step d moves the blocks like small tables and step e glues the columns back;
+* ``"row_wise"``: one row block on every rank of the tower; step a sends each id to the rank of
+  its row, the lookups give partial sums, and step d adds them up with one reduce-scatter over the
+  tower (so SUM pooling only).
+
+A :class:`SPTTPlan` holds the shards and derives the orders the dataflow needs:
+
+* step a sends, to each rank in turn, one jagged feature per shard it holds
+  (:meth:`SPTTPlan.rank_shards`; :attr:`SPTTPlan.input_splits` counts them);
+* step b looks up those shards; their pooled columns come out in the same order, the table- and
+  column-wise ones (:meth:`SPTTPlan.all_to_all_width` columns) before the row-wise ones;
+* step d sends the table/column-wise columns by all-to-all and reduce-scatters the row-wise ones;
+* step e picks, for every feature of the tower in tower order and every embedding column, its
+  column in what step d received (:meth:`SPTTPlan.tower_column_index`);
+* step f returns the towers' outputs by tower; for pass-through towers
+  :attr:`SPTTPlan.output_permutation` puts the concatenated features back into model order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+from dmt.sptt.topology import Topology
+
+ShardingKind = Literal["table_wise", "column_wise", "row_wise"]
+SHARDING_KINDS: tuple[str, ...] = ("table_wise", "column_wise", "row_wise")
+
+
+@dataclass(frozen=True)
+class TableShard:
+    """Rows ``[row_start, row_stop)`` and columns ``[col_start, col_stop)`` of one feature's table."""
+
+    feature: int
+    """Index of the feature (model order)."""
+    rank: int
+    """Global rank holding the shard."""
+    row_start: int
+    row_stop: int
+    col_start: int
+    col_stop: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.row_stop - self.row_start
+
+    @property
+    def num_cols(self) -> int:
+        return self.col_stop - self.col_start
+
+
+@dataclass(frozen=True)
+class SPTTPlan:
+    """Shards of ``F`` features' tables on the ranks of their towers.
+
+    Build with :func:`build_plan`; the constructor validates a hand-made plan.
+
+    Args:
+        topology: hosts, towers and peers.
+        feature_names: the ``F`` sparse feature names, in model order (the KJT key order).
+        tower_features: ``T`` tuples of feature indices, a partition of ``range(F)``; tower
+            ``t``'s order is the order its tower module sees.
+        embedding_dim: ``N``, the columns of every table.
+        num_embeddings: rows of each feature's table.
+        sharding_types: each feature's sharding kind (see the module docstring).
+        shards: every shard of every table.
+    """
+
+    topology: Topology
+    feature_names: tuple[str, ...]
+    tower_features: tuple[tuple[int, ...], ...]
+    embedding_dim: int
+    num_embeddings: tuple[int, ...]
+    sharding_types: tuple[str, ...]
+    shards: tuple[TableShard, ...]
+
+    def __post_init__(self) -> None:
+        topo = self.topology
+        F = len(self.feature_names)
+        if len(set(self.feature_names)) != F:
+            raise ValueError(f"feature_names has duplicates: {list(self.feature_names)}")
+        if len(self.tower_features) != topo.num_towers:
+            raise ValueError(
+                f"tower_features has {len(self.tower_features)} towers, the topology has "
+                f"T={topo.num_towers} (G={topo.world_size} / (K={topo.hosts_per_tower} * "
+                f"L={topo.local_world_size}))"
+            )
+        flat = [f for tower in self.tower_features for f in tower]
+        if sorted(flat) != list(range(F)):
+            raise ValueError(
+                f"tower_features must partition range({F}) (every feature in exactly one "
+                f"tower), got {[list(t) for t in self.tower_features]}"
+            )
+        if any(len(tower) == 0 for tower in self.tower_features):
+            raise ValueError(
+                "every tower needs at least one feature, got "
+                f"{[list(t) for t in self.tower_features]}"
+            )
+        if self.embedding_dim <= 0:
+            raise ValueError(f"embedding_dim must be positive, got {self.embedding_dim}")
+        if len(self.num_embeddings) != F or any(n <= 0 for n in self.num_embeddings):
+            raise ValueError(f"need {F} positive num_embeddings, got {list(self.num_embeddings)}")
+        if len(self.sharding_types) != F or any(
+            s not in SHARDING_KINDS for s in self.sharding_types
+        ):
+            raise ValueError(
+                f"need {F} sharding_types out of {SHARDING_KINDS}, got {list(self.sharding_types)}"
+            )
+        if any(not 0 <= s.feature < F for s in self.shards):
+            raise ValueError(f"shards name features outside range({F})")
+        for f in range(F):
+            self._check_shards(f, self.feature_shards(f))
+
+    def _check_shards(self, f: int, shards: tuple[TableShard, ...]) -> None:
+        topo, N, rows = self.topology, self.embedding_dim, self.num_embeddings[f]
+        kind, tower = self.sharding_types[f], self.tower_of_feature(f)
+        what = f"feature {self.feature_names[f]!r} ({kind}, tower {tower})"
+        if not shards:
+            raise ValueError(f"{what} has no shard")
+        for s in shards:
+            if s.rank not in topo.tower_ranks(tower):
+                raise ValueError(
+                    f"{what} has a shard on rank {s.rank}, which is not in its tower "
+                    f"(ranks {topo.tower_ranks(tower)})"
+                )
+        ranks = [s.rank for s in shards]
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"{what} has two shards on one rank: {ranks}")
+        full_rows = all((s.row_start, s.row_stop) == (0, rows) for s in shards)
+        full_cols = all((s.col_start, s.col_stop) == (0, N) for s in shards)
+        if kind == "table_wise" and not (len(shards) == 1 and full_rows and full_cols):
+            raise ValueError(f"{what} needs one shard of the whole table, got {shards}")
+        if kind == "column_wise" and not (
+            full_rows and _tiles([(s.col_start, s.col_stop) for s in shards], N)
+        ):
+            raise ValueError(f"{what} needs all rows and columns tiling [0, {N}), got {shards}")
+        if kind == "row_wise":
+            if self.num_embeddings[f] < topo.tower_size:
+                raise ValueError(
+                    f"{what} has {rows} rows, fewer than the K*L={topo.tower_size} ranks of a tower"
+                )
+            if not (
+                full_cols
+                and ranks == list(topo.tower_ranks(tower))
+                and _tiles([(s.row_start, s.row_stop) for s in shards], rows)
+            ):
+                raise ValueError(
+                    f"{what} needs one row block on every rank of its tower, by position, "
+                    f"tiling [0, {rows}), got {shards}"
+                )
+
+    # ---- features and shards -----------------------------------------------------------------
+
+    @property
+    def num_features(self) -> int:
+        """``F``."""
+        return len(self.feature_names)
+
+    @cached_property
+    def _feature_tower(self) -> tuple[int, ...]:
+        out = [0] * self.num_features
+        for t, tower in enumerate(self.tower_features):
+            for f in tower:
+                out[f] = t
+        return tuple(out)
+
+    def tower_of_feature(self, feature: int) -> int:
+        """Tower of feature index ``feature``."""
+        return self._feature_tower[feature]
+
+    def feature_shards(self, feature: int) -> tuple[TableShard, ...]:
+        """The shards of ``feature``'s table, by rank."""
+        return tuple(sorted((s for s in self.shards if s.feature == feature), key=_by_rank))
+
+    @cached_property
+    def _rank_shards(self) -> tuple[tuple[TableShard, ...], ...]:
+        held: list[list[TableShard]] = [[] for _ in range(self.topology.world_size)]
+        order = {f: i for tower in self.tower_features for i, f in enumerate(tower)}
+        for s in self.shards:
+            held[s.rank].append(s)
+        return tuple(
+            tuple(sorted(h, key=lambda s: (self.is_row_wise(s.feature), order[s.feature])))
+            for h in held
+        )
+
+    def rank_shards(self, rank: int) -> tuple[TableShard, ...]:
+        """Shards ``rank`` holds, in lookup order: table/column-wise ones first, each group in
+        tower order. At most one shard per feature."""
+        return self._rank_shards[rank]
+
+    def is_row_wise(self, feature: int) -> bool:
+        return self.sharding_types[feature] == "row_wise"
+
+    @property
+    def input_splits(self) -> tuple[int, ...]:
+        """Jagged features (one per shard) sent to each rank in step a."""
+        return tuple(len(s) for s in self._rank_shards)
+
+    def all_to_all_width(self, rank: int) -> int:
+        """Pooled columns of ``rank``'s table- and column-wise shards (moved by step d's a2a)."""
+        return sum(s.num_cols for s in self.rank_shards(rank) if not self.is_row_wise(s.feature))
+
+    def row_wise_features(self, tower: int) -> tuple[int, ...]:
+        """Row-wise features of ``tower``, in tower order (reduce-scattered in step d)."""
+        return tuple(f for f in self.tower_features[tower] if self.is_row_wise(f))
+
+    def tower_column_index(self, tower: int) -> tuple[int, ...]:
+        """Step e: for each feature of ``tower`` (tower order) and each of its ``N`` columns, the
+        column of the received row ``[a2a columns from each tower-mate by position | row-wise
+        features]`` that holds it."""
+        where: dict[tuple[int, int], int] = {}
+        col = 0
+        for rank in self.topology.tower_ranks(tower):
+            for s in self.rank_shards(rank):
+                if not self.is_row_wise(s.feature):
+                    for c in range(s.col_start, s.col_stop):
+                        where[(s.feature, c)] = col
+                        col += 1
+        for f in self.row_wise_features(tower):
+            for c in range(self.embedding_dim):
+                where[(f, c)] = col
+                col += 1
+        return tuple(
+            where[(f, c)] for f in self.tower_features[tower] for c in range(self.embedding_dim)
+        )
+
+    @property
+    def output_permutation(self) -> tuple[int, ...]:
+        """Indices into the towers' features concatenated by tower that give model order."""
+        index = {f: i for i, f in enumerate(f for tower in self.tower_features for f in tower)}
+        return tuple(index[f] for f in range(self.num_features))
+
+
+def _by_rank(shard: TableShard) -> int:
+    return shard.rank
+
+
+def _tiles(ranges: list[tuple[int, int]], size: int) -> bool:
+    """Whether non-empty ``[start, stop)`` ranges tile ``[0, size)``."""
+    position = 0
+    for start, stop in sorted(ranges):
+        if start != position or stop <= start:
+            return False
+        position = stop
+    return position == size
+
+
+def _least_loaded(load: list[float]) -> int:
+    return min(range(len(load)), key=lambda p: (load[p], p))
+
+
+def _blocks(size: int, parts: int) -> list[tuple[int, int]]:
+    """``[0, size)`` split into ``parts`` contiguous blocks whose sizes differ by at most one."""
+    q, r = divmod(size, parts)
+    bounds = [0]
+    for i in range(parts):
+        bounds.append(bounds[-1] + q + (1 if i < r else 0))
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def build_plan(
+    topology: Topology,
+    feature_names: Sequence[str],
+    tower_features: Sequence[Sequence[int]],
+    *,
+    embedding_dim: int,
+    num_embeddings: Sequence[int],
+    sharding_types: Mapping[str, str] | None = None,
+    costs: Sequence[float] | None = None,
+    column_multiple: int = 1,
+) -> SPTTPlan:
+    """Shard every feature's table inside its tower, balancing ``costs``.
+
+    Row-wise tables get one near-equal row block per tower rank. Column-wise tables get
+    ``min(K L, N / column_multiple)`` near-equal column blocks, each a multiple of
+    ``column_multiple`` wide, on consecutive positions starting at the least loaded one. Table-wise tables then go, in decreasing cost, to the least loaded rank of the tower
+    (ties: lowest position). A shard's load is the table's cost times its share of the table.
+    Deterministic, so every rank computes the same plan.
+
+    Args:
+        topology: hosts, towers and peers.
+        feature_names: the ``F`` sparse feature names in model order.
+        tower_features: ``T`` sequences of feature indices partitioning ``range(F)``.
+        embedding_dim: ``N``.
+        num_embeddings: rows of each feature's table.
+        sharding_types: ``{feature name: kind}`` for features that are not table-wise.
+        costs: per-feature cost (e.g. rows x N, or lookups per sample); ``None`` counts tables.
+        column_multiple: width unit of column-wise blocks (FBGEMM's kernels need 4); must
+            divide ``N``.
+
+    Returns:
+        The plan.
+    """
+    F = len(feature_names)
+    kinds = ["table_wise"] * F
+    index = {name: f for f, name in enumerate(feature_names)}
+    for name, kind in (sharding_types or {}).items():
+        if name not in index:
+            raise ValueError(f"sharding_types names unknown feature {name!r}")
+        if kind not in SHARDING_KINDS:
+            raise ValueError(f"sharding type {kind!r} of {name!r} is not one of {SHARDING_KINDS}")
+        kinds[index[name]] = kind
+    costs = [1.0] * F if costs is None else list(costs)
+    if len(costs) != F or len(num_embeddings) != F:
+        raise ValueError(
+            f"costs ({len(costs)}) and num_embeddings ({len(num_embeddings)}) need {F} entries"
+        )
+    towers = tuple(tuple(int(f) for f in tower) for tower in tower_features)
+    if len(towers) != topology.num_towers:
+        raise ValueError(
+            f"tower_features has {len(towers)} towers, the topology has T={topology.num_towers}"
+        )
+    KL, N = topology.tower_size, embedding_dim
+    if column_multiple <= 0 or N % column_multiple:
+        raise ValueError(
+            f"column_multiple={column_multiple} must be positive and divide embedding_dim={N}"
+        )
+    shards: list[TableShard] = []
+    for t, tower in enumerate(towers):
+        if any(not 0 <= f < F for f in tower):
+            raise ValueError(f"tower {t} has feature indices outside range({F})")
+        load = [0.0] * KL
+        for f in (f for f in tower if kinds[f] == "row_wise"):
+            rows = num_embeddings[f]
+            for p, (start, stop) in enumerate(_blocks(rows, KL)):
+                load[p] += costs[f] * (stop - start) / rows
+                shards.append(TableShard(f, topology.rank_at(t, p), start, stop, 0, N))
+        for f in (f for f in tower if kinds[f] == "column_wise"):
+            first = _least_loaded(load)
+            units = N // column_multiple
+            for i, (start, stop) in enumerate(
+                (column_multiple * a, column_multiple * b)
+                for a, b in _blocks(units, min(KL, units))
+            ):
+                p = (first + i) % KL
+                load[p] += costs[f] * (stop - start) / N
+                shards.append(
+                    TableShard(f, topology.rank_at(t, p), 0, num_embeddings[f], start, stop)
+                )
+        table_wise = [f for f in tower if kinds[f] == "table_wise"]
+        for f in sorted(table_wise, key=lambda f: (-costs[f], tower.index(f))):
+            p = _least_loaded(load)
+            load[p] += costs[f]
+            shards.append(TableShard(f, topology.rank_at(t, p), 0, num_embeddings[f], 0, N))
+    return SPTTPlan(
+        topology=topology,
+        feature_names=tuple(feature_names),
+        tower_features=towers,
+        embedding_dim=embedding_dim,
+        num_embeddings=tuple(num_embeddings),
+        sharding_types=tuple(kinds),
+        shards=tuple(shards),
+    )

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Emulate H hosts on one machine: one network namespace per host, joined by a bridge in a switch
+# namespace, every host link throttled to RATE (default 1 Gbit/s) in each direction with tc tbf.
+# Ranks on the same host talk over that namespace's loopback (unlimited); ranks on different
+# hosts cross the throttled links. Runs COMMAND once per host, inside the host's namespace, with
+#
+#   DMT_NNODES=H  DMT_NODE_RANK=h  DMT_INIT_FILE=<shared rendezvous file>
+#   GLOO_SOCKET_IFNAME=<the host's link>   (gloo advertises the host's address)
+#
+# and removes every namespace, link and qdisc it made when the commands end (or on Ctrl-C).
+# Needs root (ip netns, tc). Touches no interface outside the namespaces it creates.
+#
+# Example (8 ranks, 4 hosts of 2, benchmark reads DMT_* as defaults of --nnodes/--node-rank/--init-file):
+#   sudo scripts/netns_throttle.sh --hosts 4 -- \
+#       .venv/bin/python benchmarks/bench_sptt.py --world-size 8 --local-world-size 2
+set -euo pipefail
+
+HOSTS=2
+RATE=1gbit
+BURST=512kb
+usage() {
+    echo "usage: $0 [--hosts H] [--rate RATE] [--burst BURST] -- COMMAND [ARGS...]" >&2
+    exit 2
+}
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --hosts) HOSTS="$2"; shift 2 ;;
+        --rate) RATE="$2"; shift 2 ;;
+        --burst) BURST="$2"; shift 2 ;;
+        --) shift; break ;;
+        *) usage ;;
+    esac
+done
+[[ $# -gt 0 ]] || usage
+[[ "$HOSTS" =~ ^[0-9]+$ && "$HOSTS" -ge 1 && "$HOSTS" -le 200 ]] || { echo "--hosts must be 1..200" >&2; exit 2; }
+[[ $(id -u) -eq 0 ]] || { echo "$0 needs root (ip netns, tc)" >&2; exit 1; }
+
+TAG="dmt$$"                     # unique per invocation: parallel runs do not collide
+SWITCH="${TAG}sw"
+RUNDIR="$(mktemp -d /tmp/${TAG}.XXXX)"
+INIT_FILE="$RUNDIR/rendezvous"
+PIDS=()
+
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    for ((h = 0; h < HOSTS; h++)); do ip netns del "${TAG}h$h" 2>/dev/null || true; done
+    ip netns del "$SWITCH" 2>/dev/null || true   # removes the bridge and the switch-side links
+    rm -rf "$RUNDIR"
+}
+trap cleanup EXIT INT TERM
+
+ip netns add "$SWITCH"
+ip -n "$SWITCH" link set lo up
+ip -n "$SWITCH" link add br0 type bridge
+ip -n "$SWITCH" link set br0 up
+for ((h = 0; h < HOSTS; h++)); do
+    ns="${TAG}h$h"
+    ip netns add "$ns"
+    ip -n "$ns" link set lo up
+    # host side "eth0" in the host's namespace, switch side in the switch's, created in place
+    ip link add "eth$h" netns "$ns" type veth peer name "sw$h" netns "$SWITCH"
+    ip -n "$ns" addr add "10.213.$((h / 250)).$((h % 250 + 1))/16" dev "eth$h"
+    ip -n "$ns" link set "eth$h" up
+    ip -n "$SWITCH" link set "sw$h" master br0
+    ip -n "$SWITCH" link set "sw$h" up
+    # host -> switch (egress of the host) and switch -> host (its ingress)
+    ip netns exec "$ns" tc qdisc add dev "eth$h" root tbf rate "$RATE" burst "$BURST" latency 100ms
+    ip netns exec "$SWITCH" tc qdisc add dev "sw$h" root tbf rate "$RATE" burst "$BURST" latency 100ms
+done
+echo "emulating $HOSTS hosts at $RATE per link (namespaces ${TAG}h0..${TAG}h$((HOSTS - 1)))" >&2
+
+for ((h = 0; h < HOSTS; h++)); do
+    ip netns exec "${TAG}h$h" env DMT_NNODES="$HOSTS" DMT_NODE_RANK="$h" DMT_INIT_FILE="$INIT_FILE" \
+        GLOO_SOCKET_IFNAME="eth$h" "$@" &
+    PIDS+=("$!")
+done
+status=0
+for pid in "${PIDS[@]}"; do wait "$pid" || status=$?; done
+PIDS=()
+exit "$status"

@@ -1,0 +1,96 @@
+"""Run a function on ``G`` gloo processes (CPU) and collect what each rank returns.
+
+Processes start from a ``forkserver`` that has imported torch and torchrec once, so a test pays
+a fork, not a fresh interpreter and a torchrec import, per rank (that matters with 8 ranks on 2
+cores). The default group rendezvouses through a file, so no port is picked; every collective
+has a timeout, and the whole run has a deadline after which the parent kills its children.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+_START_METHOD = "forkserver"
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torchrec",
+    "dmt.sptt.dataflow",
+    "dmt.sptt.dmt_sharding",
+    "dmt.trainer",
+]
+mp.get_context(_START_METHOD).set_forkserver_preload(_PRELOAD)
+
+COLLECTIVE_TIMEOUT = timedelta(seconds=30)
+
+
+def _entry(
+    rank: int,
+    world_size: int,
+    init_file: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    results: Any,
+) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world_size,
+        timeout=COLLECTIVE_TIMEOUT,
+    )
+    try:
+        results.put((rank, fn(rank, world_size, *args)))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_on_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0
+) -> list[Any]:
+    """Call ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank.
+
+    ``fn`` must be a module-level function (it is pickled by name) and runs with the default
+    process group initialized. A failure on any rank is re-raised here with its traceback.
+    """
+    ctx = mp.get_context(_START_METHOD)
+    results = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        context = mp.start_processes(
+            _entry,
+            args=(world_size, init_file, fn, args, results),
+            nprocs=world_size,
+            join=False,
+            start_method=_START_METHOD,
+        )
+        by_rank: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                while not results.empty():
+                    rank, value = results.get()
+                    by_rank[rank] = value
+                if context.join(timeout=0.05):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{world_size} ranks did not finish in {timeout_s} s")
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+        while not results.empty():
+            rank, value = results.get()
+            by_rank[rank] = value
+    assert sorted(by_rank) == list(range(world_size)), sorted(by_rank)
+    return [by_rank[r] for r in range(world_size)]

@@ -1,0 +1,186 @@
+"""``dmt-preprocess`` end to end: CLI, interrupted runs, and the shared Criteo samples."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dmt.data.criteo_config import CriteoConfig
+from dmt.data.criteo_dataset import CriteoSource
+from dmt.data.criteo_preprocess import PAUSE_ENV, preprocess_criteo, read_manifest
+from dmt.data.preprocess_cli import main
+
+REPO = Path(__file__).parents[2]
+SHARED = REPO / ".." / "shared" / "data"
+KAGGLE = SHARED / "criteo-kaggle-sample" / "train.tsv"
+TB_HEAD = SHARED / "criteo-1tb-day0-head" / "day_0.tsv"
+
+
+def raw_rows(n: int, seed: int) -> str:
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n):
+        ints = [rng.choice(["", "-1", str(rng.randrange(10_000))]) for _ in range(13)]
+        cats = [
+            rng.choice(["", f"{rng.randrange(40) * 2654435761 % 2**32:08x}"]) for _ in range(26)
+        ]
+        lines.append("\t".join([str(int(rng.random() < 0.25)), *ints, *cats]))
+    return "\n".join(lines) + "\n"
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "dmt.data.preprocess_cli", *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_cli_writes_output_and_reports_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = tmp_path / "train.txt"
+    raw.write_text(raw_rows(200, seed=1))
+    assert main([str(raw), str(tmp_path / "out"), "--no-progress", "--num-workers", "1"]) == 0
+    assert "train" in capsys.readouterr().out
+    assert read_manifest(tmp_path / "out")["splits"]["train"]["rows"] == 170
+    bad = tmp_path / "bad.txt"
+    bad.write_text(raw_rows(5, seed=2) + "1\t2\n")
+    assert main([str(bad), str(tmp_path / "out2"), "--no-progress"]) == 1
+    assert f"{bad.resolve()}:6: found 2 tab-separated field" in capsys.readouterr().err
+    assert main([str(bad), str(tmp_path / "out2"), "--no-progress", "--skip-bad-rows"]) == 0
+    assert read_manifest(tmp_path / "out2")["bad_rows"]["total"] == 1
+    with pytest.raises(SystemExit):
+        main([str(raw), str(tmp_path / "o3"), "--categorical-mode", "nope"])
+
+
+def test_interrupted_run_then_rerun_equals_clean_run(tmp_path: Path) -> None:
+    raw = tmp_path / "train.txt"
+    raw.write_text(raw_rows(6000, seed=3))  # ~0.9 MB, cut into ~18 ranges below
+    small = ["--block-mib", "0.02", "--unit-mib", "0.05", "--no-progress"]
+    clean = preprocess_criteo(
+        CriteoConfig(raw_path=str(raw), preprocessed_dir=str(tmp_path / "clean"), num_workers=1),
+        progress=False,
+    )
+
+    out = tmp_path / "out"
+    proc = cli(str(raw), str(out), "--num-workers", "2", *small, env={PAUSE_ENV: "0.5"})
+    partial = tmp_path / f".out.partial-{proc.pid}"
+    deadline = time.monotonic() + 60
+    while not (partial / "train" / "dense.npy").exists():
+        assert proc.poll() is None, proc.communicate()[0].decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(1.0)  # some ranges parsed, most not
+    workers = children(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists() and partial.exists()  # nothing that looks complete
+    time.sleep(1.5)
+    assert not [w for w in workers if alive(w)], "workers outlived their parent"
+
+    rerun = cli(str(raw), str(out), "--num-workers", "2", *small)
+    log = rerun.communicate(timeout=120)[0].decode()
+    assert rerun.returncode == 0, log
+    assert not partial.exists()
+    assert files(out) == files(clean)
+
+
+# -- the shared Criteo samples (skipped where ../shared/data is absent) -------------------------
+
+
+def direct_counts(path: Path) -> tuple[int, int]:
+    rows = clicks = 0
+    with open(path, "rb") as f:
+        for line in f:
+            rows += 1
+            clicks += line.startswith(b"1\t")
+    return rows, clicks
+
+
+def split_counts(path: Path, bounds: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    labels = [line.startswith(b"1\t") for line in path.read_bytes().splitlines()]
+    return [(hi - lo, sum(labels[lo:hi])) for lo, hi in bounds]
+
+
+@pytest.mark.criteo
+@pytest.mark.skipif(not KAGGLE.is_file(), reason="needs ../shared/data/criteo-kaggle-sample")
+def test_kaggle_sample(tmp_path: Path) -> None:
+    n, clicks = direct_counts(KAGGLE)
+    cfg = CriteoConfig(raw_path=str(KAGGLE), preprocessed_dir=str(tmp_path / "kaggle"))
+    out = preprocess_criteo(cfg, progress=False)
+    m = read_manifest(out)
+    b1, b2 = round(n * 0.85), round(n * 0.925)
+    expected = split_counts(KAGGLE, [(0, b1), (b1, b2), (b2, n)])
+    for split, (rows, c) in zip(("train", "val", "test"), expected):
+        assert m["splits"][split]["rows"] == rows
+        assert m["splits"][split]["clicks"] == c
+        assert m["splits"][split]["click_rate"] == pytest.approx(c / rows)
+    assert sum(m["splits"][s]["clicks"] for s in m["splits"]) == clicks
+    assert m["bad_rows"]["total"] == 0 and len(m["cardinalities"]) == 26
+    assert all(c >= 2 for c in m["cardinalities"])
+    src = CriteoSource(out / "val", batch_size=4096)
+    labels = [x for b in src.batches(0) for x in b.labels.tolist()]
+    assert sum(labels) == expected[1][1]
+
+
+@pytest.mark.criteo
+@pytest.mark.skipif(not TB_HEAD.is_file(), reason="needs ../shared/data/criteo-1tb-day0-head")
+def test_terabyte_head(tmp_path: Path) -> None:
+    n, clicks = direct_counts(TB_HEAD)
+    out = preprocess_criteo(
+        CriteoConfig(raw_path=str(TB_HEAD), preprocessed_dir=str(tmp_path / "one")), progress=False
+    )
+    m = read_manifest(out)
+    assert sum(m["splits"][s]["rows"] for s in m["splits"]) == n
+    assert sum(m["splits"][s]["clicks"] for s in m["splits"]) == clicks
+    # The day layout: the head as day 0 (train) and again as day 1 (validation/test halves).
+    days = tmp_path / "days"
+    days.mkdir()
+    (days / "day_0.tsv").symlink_to(TB_HEAD.resolve())
+    (days / "day_1.tsv").symlink_to(TB_HEAD.resolve())
+    cfg = CriteoConfig(
+        raw_path=str(days), preprocessed_dir=str(tmp_path / "tb"), train_days=[0], eval_day=1
+    )
+    m = read_manifest(preprocess_criteo(cfg, progress=False))
+    half = math.ceil(n / 2)
+    expected = [(n, clicks), *split_counts(TB_HEAD, [(0, half), (half, n)])]
+    for split, (rows, c) in zip(("train", "val", "test"), expected):
+        assert (m["splits"][split]["rows"], m["splits"][split]["clicks"]) == (rows, c)
+    assert m["splits"]["train"]["click_rate"] == pytest.approx(clicks / n)

@@ -1,0 +1,89 @@
+"""scripts/seeds.py: repeated seeds, medians and the Mann-Whitney U test (paper Table 6)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+
+def load_driver():
+    spec = importlib.util.spec_from_file_location("seeds_driver", REPO / "scripts" / "seeds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+seeds = load_driver()
+
+
+def test_summary_and_mann_whitney():
+    tp = [0.7990, 0.7987, 0.7993, 0.7991, 0.7989, 0.7995, 0.7986, 0.7992, 0.7988]
+    naive = [0.7981, 0.7978, 0.7984, 0.7980, 0.7983, 0.7979, 0.7982, 0.7985, 0.7977]
+    s = seeds.summarize(tp)
+    assert s["n"] == 9 and s["median"] == 0.7990 and s["min"] == 0.7986 and s["max"] == 0.7995
+    assert s["std"] == pytest.approx(torch.tensor(tp, dtype=torch.float64).std().item())
+    # Every TP run beats every naive run: U = 81 of 81. SciPy's default for 9 runs a config is
+    # the normal approximation with continuity correction; the exact p is 2 / C(18, 9).
+    c = seeds.compare(tp, naive)
+    z = (81 - 40.5 - 0.5) / math.sqrt(9 * 9 * 19 / 12)
+    assert c["u"] == 81 and c["p_value"] == pytest.approx(math.erfc(z / math.sqrt(2)))
+    assert seeds.compare(tp, naive, method="exact")["p_value"] == pytest.approx(2 / 48620)
+    assert seeds.compare(tp, naive, "greater", "exact")["p_value"] == pytest.approx(1 / 48620)
+    assert seeds.compare(naive, tp)["u"] == 0
+    tied = seeds.compare([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    assert tied["p_value"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="needs >= 2 runs"):
+        seeds.compare([1.0], [2.0, 3.0])
+    assert seeds.parse_seeds("3") == [0, 1, 2] and seeds.parse_seeds("2-4") == [2, 3, 4]
+    assert seeds.parse_seeds("0,5") == [0, 5]
+
+
+def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    tiny = (
+        "trainer=smoke trainer.max_steps=4 trainer.eval_max_batches=-1 data.synthetic.num_sparse=4 "
+        "data.synthetic.num_groups=2 data.synthetic.num_train=2048 data.synthetic.num_val=512 "
+        "data.synthetic.num_test=512 data.batch_size=256"
+    )
+    argv = [
+        "--seeds",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--common",
+        tiny,
+        "--config",
+        "dmt",
+        "experiment=dmt_4t_dlrm",
+        "--config",
+        "base",
+        "model=dlrm",
+    ]
+    try:
+        report = seeds.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "median test_auc" in out and "Mann-Whitney U (two-sided, auto) dmt vs base" in out
+    written = json.loads((tmp_path / "seeds.json").read_text())
+    assert written["seeds"] == [0, 1] and list(written["configs"]) == ["dmt", "base"]
+    for name in ("dmt", "base"):
+        runs = [
+            json.loads((tmp_path / name / f"seed_{s}" / "metrics.json").read_text()) for s in (0, 1)
+        ]
+        assert written["configs"][name]["values"] == [r["test_auc"] for r in runs]
+        assert runs[0]["test_auc"] != runs[1]["test_auc"]  # the seed reached the trainer
+    assert (
+        written["comparisons"][0]["a"] == "dmt" and 0 <= written["comparisons"][0]["p_value"] <= 1
+    )
+    # A second call reads the runs back instead of training them again.
+    assert seeds.main([*argv, "--no-train"])["configs"] == report["configs"]
+    with pytest.raises(FileNotFoundError, match="seed_2"):
+        seeds.main(["--seeds", "3", "--out", str(tmp_path), "--no-train", "--config", "dmt", "x=y"])

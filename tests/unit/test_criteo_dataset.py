@@ -1,0 +1,175 @@
+"""CriteoSource: per-rank slicing, determinism, KJT layout, memory-mapped vs in-memory."""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dmt.config import DataConfig
+from dmt.data.criteo_config import CriteoConfig
+from dmt.data.criteo_dataset import CriteoSource, build_criteo, criteo_schema, tsv_source
+from dmt.data.criteo_preprocess import preprocess_criteo, read_manifest
+
+NUM_ROWS = 1003  # not a multiple of any batch size used below
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("split")
+    rng = np.random.default_rng(0)
+    np.save(d / "dense.npy", rng.random((NUM_ROWS, 13), dtype=np.float32))
+    # row i, feature f -> 100 * i + f: every id says where it came from
+    np.save(d / "sparse.npy", (100 * np.arange(NUM_ROWS)[:, None] + np.arange(26)).astype(np.int32))
+    np.save(d / "labels.npy", (rng.random(NUM_ROWS) < 0.3).astype(np.int8))
+    return d
+
+
+def arrays(split: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return tuple(np.load(split / f"{n}.npy") for n in ("dense", "sparse", "labels"))  # type: ignore[return-value]
+
+
+def rows_of(batch: object) -> np.ndarray:
+    """Row indices encoded in a batch's ids (see the fixture)."""
+    kjt = batch.sparse_features  # type: ignore[attr-defined]
+    return kjt["cat_0"].values().numpy() // 100
+
+
+@pytest.mark.parametrize("in_memory", [False, True])
+@pytest.mark.parametrize("shuffle,window", [(False, None), (True, None), (True, 64), (True, 1000)])
+def test_batches_hold_the_rows_they_claim(
+    split: Path, in_memory: bool, shuffle: bool, window: int | None
+) -> None:
+    dense, sparse, labels = arrays(split)
+    src = CriteoSource(
+        split,
+        batch_size=96,
+        shuffle=shuffle,
+        seed=3,
+        shuffle_window_rows=window,
+        in_memory=in_memory,
+    )
+    assert src.num_batches() == -(-NUM_ROWS // 96)
+    seen = []
+    for b, batch in enumerate(src.batches(epoch=2)):
+        rows = src.rows(2, b)
+        kjt = batch.sparse_features
+        assert kjt.keys() == [f"cat_{f}" for f in range(26)]
+        assert (kjt.lengths() == 1).all() and kjt.stride() == len(rows)
+        # values are grouped by key, then by sample
+        np.testing.assert_array_equal(kjt.values().numpy(), sparse[rows].T.reshape(-1))
+        for f in (0, 7, 25):
+            np.testing.assert_array_equal(kjt[f"cat_{f}"].values().numpy(), sparse[rows, f])
+        torch.testing.assert_close(batch.dense_features, torch.from_numpy(dense[rows]))
+        torch.testing.assert_close(batch.labels, torch.from_numpy(labels[rows].astype(np.float32)))
+        seen.append(rows)
+    seen_all = np.concatenate(seen)
+    np.testing.assert_array_equal(np.sort(seen_all), np.arange(NUM_ROWS))  # a permutation
+    assert (seen_all == np.arange(NUM_ROWS)).all() != shuffle
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_rank_shares_concatenate_to_the_global_batch(
+    split: Path, world_size: int, drop_last: bool
+) -> None:
+    kw = dict(batch_size=96, shuffle=True, seed=7, drop_last=drop_last, shuffle_window_rows=200)
+    single = [rows_of(b) for b in CriteoSource(split, **kw).batches(1)]
+    per_rank = [
+        [rows_of(b) for b in CriteoSource(split, rank=r, world_size=world_size, **kw).batches(1)]
+        for r in range(world_size)
+    ]
+    assert all(len(p) == len(single) for p in per_rank)
+    assert len(single) == (NUM_ROWS // 96 if drop_last else -(-NUM_ROWS // 96))
+    for b, whole in enumerate(single):
+        np.testing.assert_array_equal(np.concatenate([p[b] for p in per_rank]), whole)
+        if len(whole) == 96:
+            assert {len(p[b]) for p in per_rank} == {96 // world_size}
+
+
+def test_deterministic_by_seed_and_epoch_and_resumable(split: Path) -> None:
+    def order(seed: int, epoch: int, start: int = 0) -> list[np.ndarray]:
+        src = CriteoSource(split, batch_size=50, shuffle=True, seed=seed, drop_last=True)
+        return [rows_of(b) for b in src.batches(epoch, start)]
+
+    a = order(1, 0)
+    assert all((x == y).all() for x, y in zip(a, order(1, 0)))
+    assert not all((x == y).all() for x, y in zip(a, order(1, 1)))
+    assert not all((x == y).all() for x, y in zip(a, order(2, 0)))
+    tail = order(1, 0, start=7)
+    assert len(tail) == len(a) - 7 and all((x == y).all() for x, y in zip(a[7:], tail))
+
+
+def test_shuffle_windows_stay_local(split: Path) -> None:
+    src = CriteoSource(split, batch_size=25, shuffle=True, seed=0, shuffle_window_rows=100)
+    for b in range(src.num_batches()):
+        windows = set(src.global_rows(0, b) // 100)
+        assert len(windows) <= 2  # a batch reads from at most two windows of the file
+
+
+def test_mmap_and_in_memory_agree(split: Path) -> None:
+    kw = dict(batch_size=64, shuffle=True, seed=5, shuffle_window_rows=300)
+    for x, y in zip(
+        CriteoSource(split, **kw).batches(0), CriteoSource(split, in_memory=True, **kw).batches(0)
+    ):
+        torch.testing.assert_close(x.dense_features, y.dense_features)
+        torch.testing.assert_close(x.sparse_features.values(), y.sparse_features.values())
+
+
+def test_prefetch_stops_early_and_reraises(split: Path) -> None:
+    before = threading.active_count()
+    it = CriteoSource(split, batch_size=10, prefetch_batches=2).batches(0)
+    next(it)
+    it.close()  # type: ignore[attr-defined]
+    assert threading.active_count() == before
+    src = CriteoSource(split, batch_size=10, prefetch_batches=2)
+    src.make_batch = lambda *a: (_ for _ in ()).throw(RuntimeError("boom"))  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="boom"):
+        list(src.batches(0))
+
+
+def test_bad_arguments(split: Path) -> None:
+    with pytest.raises(ValueError, match="divisible"):
+        CriteoSource(split, batch_size=10, world_size=3, drop_last=True)
+    with pytest.raises(ValueError, match="rank 2"):
+        CriteoSource(split, batch_size=10, rank=2, world_size=2)
+
+
+def _raw_rows(n: int, seed: int) -> str:
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n):
+        ints = [str(rng.randrange(-1, 50)) for _ in range(13)]
+        cats = [f"{rng.randrange(6):08x}" for _ in range(26)]
+        lines.append("\t".join([str(rng.randrange(2)), *ints, *cats]))
+    return "\n".join(lines) + "\n"
+
+
+def test_build_criteo_bundle_and_test_path(tmp_path: Path) -> None:
+    raw = tmp_path / "train.txt"
+    raw.write_text(_raw_rows(400, seed=1))
+    extra = tmp_path / "extra.tsv"
+    extra.write_text(_raw_rows(37, seed=2))
+    crit = CriteoConfig(raw_path=str(raw), preprocessed_dir=str(tmp_path / "prep"), num_workers=1)
+    preprocess_criteo(crit, progress=False)
+    cfg = DataConfig(kind="criteo", batch_size=64, eval_batch_size=100, criteo=crit)
+    bundle = build_criteo(cfg, rank=1, world_size=2, seed=0)
+    m = read_manifest(tmp_path / "prep")
+    assert bundle.cardinalities == m["cardinalities"] and bundle.num_dense == 13
+    assert bundle.feature_names == [f"cat_{i}" for i in range(26)]
+    assert criteo_schema(cfg) == (bundle.feature_names, bundle.cardinalities, 13)
+    assert bundle.train.num_batches() == 340 // 64 and bundle.val.num_batches() == 1
+    batch = next(iter(bundle.train.batches(0)))
+    assert batch.dense_features.shape == (32, 13)
+
+    cfg.criteo = CriteoConfig(**{**crit.__dict__, "test_path": str(extra)})  # type: ignore[arg-type]
+    bundle = build_criteo(cfg, rank=0, world_size=1)
+    labels = torch.cat([b.labels for b in bundle.test.batches(0)])
+    want = [float(line.split("\t")[0]) for line in extra.read_text().splitlines()]
+    assert labels.tolist() == want
+    direct = tsv_source(tmp_path / "prep", extra, batch_size=100, progress=False)
+    assert direct.directory == Path(bundle.info["test_dir"])

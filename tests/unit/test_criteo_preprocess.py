@@ -1,0 +1,450 @@
+"""Criteo preprocessing against plain-Python references, on rows built here (never real rows)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import random
+import re
+import zlib
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dmt.data.criteo_config import CriteoConfig
+from dmt.data.criteo_parse import (
+    PAD_BYTES,
+    CriteoFormatError,
+    describe_row_problem,
+    iter_line_blocks,
+    parse_block,
+)
+from dmt.data.criteo_preprocess import preprocess_criteo, read_manifest, transform_tsv
+
+# Small blocks and ranges so that a few hundred rows cross many block and range boundaries.
+SMALL = {"block_bytes": 1500, "unit_bytes": 6000, "progress": False}
+
+EDGE_INTS = ["", "0", "-0", "-1", "-3", "7", "99999999", "100000000", "123456789012",
+             str(2**63 - 1), str(10**30)]  # fmt: skip
+EDGE_CATS = ["", "00000000", "ffffffff", "FFFFFFFF", "0a0B0c0D", "a", "1234567"]
+
+
+def make_rows(n: int, seed: int = 0, pool: int = 12) -> list[str]:
+    """``n`` raw Criteo lines (without newline) with empty, negative, big and odd-case values."""
+    rng = random.Random(seed)
+    pools = [[rng.randrange(2**32) for _ in range(pool)] for _ in range(26)]
+    rows = []
+    for _ in range(n):
+        ints = []
+        for _ in range(13):
+            u = rng.random()
+            ints.append(
+                rng.choice(EDGE_INTS)
+                if u < 0.3
+                else str(rng.randrange(0, 3000 if u < 0.9 else 10**7))
+            )
+        cats = []
+        for f in range(26):
+            u = rng.random()
+            if u < 0.1:
+                cats.append(rng.choice(EDGE_CATS))
+            else:
+                # skewed: low indices are frequent, so thresholds matter
+                cats.append(f"{pools[f][min(int(rng.expovariate(0.4)), pool - 1)]:08x}")
+        rows.append("\t".join([str(int(rng.random() < 0.3)), *ints, *cats]))
+    return rows
+
+
+def write(path: Path, rows: list[str], *, trailing_newline: bool = True) -> Path:
+    text = "\n".join(rows) + ("\n" if trailing_newline else "")
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
+
+
+def ref_parse(line: str) -> tuple[int, list[float], list[int | None]]:
+    """Plain-Python reference: label, log(max(x, 0) + 1) per dense field, hex value or None."""
+    f = line.split("\t")
+    assert len(f) == 40
+    dense = [math.log(max(int(x), 0) + 1) if x else 0.0 for x in f[1:14]]
+    cats = [int(x, 16) if x else None for x in f[14:]]
+    return int(f[0]), dense, cats
+
+
+def ref_vocab(train_rows: list[str], threshold: int) -> list[dict[int, int]]:
+    counts = [Counter() for _ in range(26)]
+    for line in train_rows:
+        for f, v in enumerate(ref_parse(line)[2]):
+            if v is not None:
+                counts[f][v] += 1
+    return [
+        {v: i + 1 for i, v in enumerate(sorted(k for k, c in cnt.items() if c >= threshold))}
+        for cnt in counts
+    ]
+
+
+def load_split(out: Path, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return tuple(np.load(out / split / f"{n}.npy") for n in ("dense", "sparse", "labels"))  # type: ignore[return-value]
+
+
+def check_split(out: Path, split: str, rows: list[str], vocab: list[dict[int, int]]) -> None:
+    dense, sparse, labels = load_split(out, split)
+    assert dense.dtype == np.float32 and sparse.dtype == np.int32 and labels.dtype == np.int8
+    assert dense.shape == (len(rows), 13) and sparse.shape == (len(rows), 26)
+    ref = [ref_parse(r) for r in rows]
+    np.testing.assert_array_equal(labels, [r[0] for r in ref])
+    np.testing.assert_allclose(dense, np.array([r[1] for r in ref], np.float32), rtol=1e-6, atol=0)
+    expected = [
+        [vocab[f].get(v, 0) if v is not None else 0 for f, v in enumerate(r[2])] for r in ref
+    ]
+    np.testing.assert_array_equal(sparse, expected)
+
+
+def config(tmp_path: Path, raw: Path, **kw: object) -> CriteoConfig:
+    return CriteoConfig(
+        raw_path=str(raw), preprocessed_dir=str(tmp_path / "out"), num_workers=1, **kw
+    )  # type: ignore[arg-type]
+
+
+# -- parsing ----------------------------------------------------------------------------------
+
+
+def test_parse_block_matches_reference() -> None:
+    rows = make_rows(300, seed=1) + [
+        "\t".join(
+            ["1", *EDGE_INTS[:11], "5", "", *EDGE_CATS, *EDGE_CATS, *EDGE_CATS, "", "", "", "", ""]
+        )
+    ]
+    block = np.frombuffer(PAD_BYTES + ("\n".join(rows) + "\n").encode(), np.uint8)
+    parsed = parse_block(block, path="x.tsv", first_line=0)
+    ref = [ref_parse(r) for r in rows]
+    np.testing.assert_array_equal(parsed.labels, [r[0] for r in ref])
+    np.testing.assert_allclose(parsed.dense, [r[1] for r in ref], rtol=1e-6, atol=0)
+    np.testing.assert_array_equal(parsed.present, [[v is not None for v in r[2]] for r in ref])
+    np.testing.assert_array_equal(parsed.keys, [[v or 0 for v in r[2]] for r in ref])
+    assert parsed.num_bad == 0
+
+
+@pytest.mark.parametrize("block_bytes", [64, 1000, 1 << 20])
+@pytest.mark.parametrize("suffix", [".tsv", ".gz"])
+@pytest.mark.parametrize("trailing_newline", [True, False])
+def test_line_blocks_any_size(
+    tmp_path: Path, block_bytes: int, suffix: str, trailing_newline: bool
+) -> None:
+    rows = make_rows(57, seed=2)
+    path = write(tmp_path / f"d{suffix}", rows, trailing_newline=trailing_newline)
+    keys, lines = [], []
+    for block, first, n in iter_line_blocks(str(path), block_bytes=block_bytes):
+        p = parse_block(block, path=str(path), first_line=first)
+        assert len(p) == n
+        keys.append(p.keys)
+        lines.append(first)
+    assert lines == sorted(lines) and lines[0] == 0
+    np.testing.assert_array_equal(
+        np.concatenate(keys), [[v or 0 for v in ref_parse(r)[2]] for r in rows]
+    )
+
+
+def test_multi_member_gzip(tmp_path: Path) -> None:
+    rows = make_rows(30, seed=17)
+    path = tmp_path / "d.gz"
+    path.write_bytes(
+        gzip.compress(("\n".join(rows[:10]) + "\n").encode())
+        + gzip.compress(("\n".join(rows[10:]) + "\n").encode())
+    )
+    keys = [
+        parse_block(b, path=str(path), first_line=f).keys for b, f, _ in iter_line_blocks(str(path))
+    ]
+    np.testing.assert_array_equal(
+        np.concatenate(keys), [[v or 0 for v in ref_parse(r)[2]] for r in rows]
+    )
+
+
+# -- full preprocessing -----------------------------------------------------------------------
+
+
+def test_preprocess_kaggle_layout_matches_reference(tmp_path: Path) -> None:
+    rows = make_rows(400, seed=3)
+    raw = write(tmp_path / "train.txt", rows)
+    out = preprocess_criteo(config(tmp_path, raw, split_fractions=[0.7, 0.2, 0.1]), **SMALL)
+    b1, b2 = 280, 360
+    vocab = ref_vocab(rows[:b1], threshold=3)
+    check_split(out, "train", rows[:b1], vocab)
+    check_split(out, "val", rows[b1:b2], vocab)
+    check_split(out, "test", rows[b2:], vocab)
+    m = read_manifest(out)
+    assert [m["splits"][s]["rows"] for s in ("train", "val", "test")] == [280, 80, 40]
+    clicks = sum(r.startswith("1") for r in rows[:b1])
+    assert m["splits"]["train"]["clicks"] == clicks
+    assert m["splits"]["train"]["click_rate"] == pytest.approx(clicks / b1)
+    assert m["cardinalities"] == [len(v) + 1 for v in vocab]
+    for f, v in enumerate(vocab):
+        np.testing.assert_array_equal(np.load(out / "vocab" / f"cat_{f}.npy"), sorted(v))
+
+
+def test_vocabulary_is_fitted_on_train_only(tmp_path: Path) -> None:
+    a, b = "0000000a", "0000000b"
+    cats = lambda v: [v] * 26  # noqa: E731
+    ints = ["1"] * 13
+    train = ["\t".join(["0", *ints, *cats(a)])] * 4  # a: 4 times in train
+    later = ["\t".join(["1", *ints, *cats(b)])] * 10  # b: frequent, but only after train
+    rows = train + later
+    raw = write(tmp_path / "train.txt", rows)
+    out = preprocess_criteo(
+        config(tmp_path, raw, split_fractions=[4 / 14, 5 / 14, 5 / 14], frequency_threshold=1),
+        **SMALL,
+    )
+    assert (load_split(out, "train")[1] == 1).all()
+    assert (load_split(out, "val")[1] == 0).all()  # b is unseen in train: shared bucket
+    assert (load_split(out, "test")[1] == 0).all()
+    assert read_manifest(out)["cardinalities"] == [2] * 26
+
+
+@pytest.mark.parametrize("threshold", [1, 2, 3, 5])
+def test_frequency_threshold(tmp_path: Path, threshold: int) -> None:
+    ints = [""] * 13
+    # value v appears v times; values 1..5
+    rows = ["\t".join(["0", *ints, *([f"{v:x}"] * 26)]) for v in range(1, 6) for _ in range(v)]
+    random.Random(0).shuffle(rows)
+    raw = write(tmp_path / "train.txt", rows)
+    out = preprocess_criteo(
+        config(tmp_path, raw, split_fractions=[1.0, 0.0, 0.0], frequency_threshold=threshold),
+        **SMALL,
+    )
+    kept = [v for v in range(1, 6) if v >= threshold]
+    sparse = load_split(out, "train")[1]
+    for line, ids in zip(rows, sparse):
+        v = int(line.split("\t")[14], 16)
+        assert (ids == (kept.index(v) + 1 if v in kept else 0)).all()
+    assert read_manifest(out)["cardinalities"] == [len(kept) + 1] * 26
+
+
+def splitmix64(x: int) -> int:
+    mask = 2**64 - 1
+    z = (x + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+def test_hash_mode(tmp_path: Path) -> None:
+    rows = make_rows(120, seed=4)
+    raw = write(tmp_path / "train.txt", rows)
+    sizes = [2 + 7 * f for f in range(26)]
+    out = preprocess_criteo(
+        config(tmp_path, raw, categorical_mode="hash", hash_sizes=sizes), **SMALL
+    )
+    m = read_manifest(out)
+    assert m["cardinalities"] == sizes
+    assert not (out / "vocab").exists()
+    got = np.concatenate([load_split(out, s)[1] for s in ("train", "val", "test")])
+    for line, ids in zip(rows, got):
+        for f, v in enumerate(ref_parse(line)[2]):
+            want = 0 if v is None else 1 + splitmix64(v | f << 32) % (sizes[f] - 1)
+            assert ids[f] == want
+
+
+def test_terabyte_days(tmp_path: Path) -> None:
+    days = tmp_path / "days"
+    days.mkdir()
+    per_day = [make_rows(n, seed=10 + d) for d, n in enumerate([30, 20, 11])]
+    write(days / "day_0", per_day[0])
+    write(days / "day_1.gz", per_day[1])
+    write(days / "day_2.tsv", per_day[2])
+    out = preprocess_criteo(config(tmp_path, days, train_days=[0, 1], eval_day=2), **SMALL)
+    train = per_day[0] + per_day[1]
+    vocab = ref_vocab(train, 3)
+    check_split(out, "train", train, vocab)
+    check_split(out, "val", per_day[2][:6], vocab)  # ceil(11 / 2) = 6
+    check_split(out, "test", per_day[2][6:], vocab)
+    with pytest.raises(ValueError, match="no file for day 5"):
+        preprocess_criteo(config(tmp_path, days, train_days=[0, 5], eval_day=2), **SMALL)
+
+
+def test_workers_and_block_sizes_give_identical_output(tmp_path: Path) -> None:
+    raw = write(tmp_path / "train.txt", make_rows(500, seed=5))
+    a = preprocess_criteo(
+        CriteoConfig(raw_path=str(raw), preprocessed_dir=str(tmp_path / "a"), num_workers=1),
+        progress=False,
+    )
+    b = preprocess_criteo(
+        CriteoConfig(raw_path=str(raw), preprocessed_dir=str(tmp_path / "b"), num_workers=2),
+        **SMALL,
+    )
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    for f in files:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+
+
+def test_rerun_is_a_noop_and_settings_changes_need_overwrite(tmp_path: Path) -> None:
+    raw = write(tmp_path / "train.txt", make_rows(50, seed=6))
+    cfg = config(tmp_path, raw)
+    out = preprocess_criteo(cfg, **SMALL)
+    stamp = (out / "manifest.json").stat().st_mtime_ns
+    preprocess_criteo(cfg, **SMALL)
+    assert (out / "manifest.json").stat().st_mtime_ns == stamp
+    cfg.frequency_threshold = 1
+    with pytest.raises(ValueError, match="other settings"):
+        preprocess_criteo(cfg, **SMALL)
+    preprocess_criteo(cfg, overwrite=True, **SMALL)
+    assert read_manifest(out)["settings"]["categorical"]["frequency_threshold"] == 1
+    rows = raw.read_text().splitlines()
+    check_split(out, "train", rows[:42], ref_vocab(rows[:42], 1))  # same process, new vocabularies
+    assert not list(tmp_path.glob(".out.*"))
+
+
+def test_transform_tsv_uses_training_vocabularies(tmp_path: Path) -> None:
+    rows = make_rows(200, seed=7)
+    raw = write(tmp_path / "train.txt", rows)
+    out = preprocess_criteo(config(tmp_path, raw), **SMALL)
+    extra_rows = make_rows(40, seed=8, pool=30)  # partly unseen values
+    extra = write(tmp_path / "extra.tsv.gz", extra_rows)
+    t = transform_tsv(out, extra, progress=False, block_bytes=700)
+    check_split(t, "test", extra_rows, ref_vocab(rows[:170], 3))
+    m = read_manifest(t)
+    assert m["cardinalities"] == read_manifest(out)["cardinalities"]
+    assert m["splits"]["test"]["rows"] == 40
+    assert transform_tsv(out, extra, progress=False) == t  # no-op
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+GOOD = make_rows(40, seed=9)
+
+
+def _replace(line: str, field: int, value: str) -> str:
+    f = line.split("\t")
+    f[field] = value
+    return "\t".join(f)
+
+
+BAD_ROWS = {
+    "too few fields": ("\t".join(GOOD[0].split("\t")[:39]), "found 39 tab-separated field"),
+    "too many fields": (GOOD[0] + "\t", "found 41 tab-separated field"),
+    "empty line": ("", "found 1 tab-separated field"),
+    "float dense": (_replace(GOOD[0], 3, "1.5"), "I3 is '1.5'; expected a decimal integer"),
+    "word dense": (_replace(GOOD[0], 13, "abc"), "I13 is 'abc'; expected a decimal integer"),
+    "lone minus": (_replace(GOOD[0], 1, "-"), "I1 is '-'; expected a decimal integer"),
+    "plus sign": (_replace(GOOD[0], 2, "+3"), "I2 is '+3'"),
+    "long non-digit": (_replace(GOOD[0], 4, "1234567890x"), "I4 is '1234567890x'"),
+    "non-hex category": (_replace(GOOD[0], 18, "zz00ff00"), "C5 is 'zz00ff00'; expected up to 8 hexadecimal"),
+    "9 hex digits": (_replace(GOOD[0], 14, "123456789"), "C1 is '123456789'"),
+    "bad label": (_replace(GOOD[0], 0, "2"), "label is '2'; expected 0 or 1"),
+    "empty label": (_replace(GOOD[0], 0, ""), "label is ''; expected 0 or 1"),
+    "control char": (_replace(GOOD[0], 20, "00\x0000ff"), "control character"),
+    "carriage return": (GOOD[0] + "\r", "control character"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROWS))
+def test_bad_rows(tmp_path: Path, case: str) -> None:
+    bad, expected = BAD_ROWS[case]
+    assert describe_row_problem(bad.encode()) is not None
+    rows = GOOD[:30] + [bad] + GOOD[30:]
+    raw = write(tmp_path / "train.txt", rows)
+    with pytest.raises(
+        CriteoFormatError, match=re.escape(f"{raw.resolve()}:31: ") + ".*" + re.escape(expected)
+    ):
+        preprocess_criteo(config(tmp_path, raw), **SMALL)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
+
+    out = preprocess_criteo(config(tmp_path, raw, skip_bad_rows=True), **SMALL)
+    m = read_manifest(out)
+    assert m["bad_rows"]["total"] == 1
+    assert m["bad_rows"]["examples"][0].startswith(f"{raw.resolve()}:31: ")
+    # 41 lines: train = first 35 lines minus the bad one
+    assert m["splits"]["train"]["bad_rows"] == 1
+    assert [m["splits"][s]["rows"] for s in ("train", "val", "test")] == [34, 3, 3]
+    good_train = [r for r in rows[:35] if r is not bad]
+    check_split(out, "train", good_train, ref_vocab(good_train, 3))
+    check_split(out, "test", rows[38:], ref_vocab(good_train, 3))
+
+
+def test_bad_rows_in_many_ranges_are_compacted(tmp_path: Path) -> None:
+    rows = make_rows(300, seed=11)
+    bad_at = {3, 50, 51, 150, 299}
+    mixed = [("x\t" + r) if i in bad_at else r for i, r in enumerate(rows)]
+    raw = write(tmp_path / "train.txt", mixed)
+    with pytest.raises(ValueError, match=re.escape(f"{raw.resolve()}:4: found 41")):
+        preprocess_criteo(config(tmp_path, raw), **SMALL)
+    out = preprocess_criteo(config(tmp_path, raw, skip_bad_rows=True), **SMALL)
+    m = read_manifest(out)
+    assert m["bad_rows"]["total"] == 5
+    assert [e.split(": ")[0].rsplit(":", 1)[1] for e in m["bad_rows"]["examples"]] == [
+        "4", "51", "52", "151", "300"
+    ]  # fmt: skip
+    kept = [r for i, r in enumerate(rows) if i not in bad_at]
+    vocab = ref_vocab([r for i, r in enumerate(rows[:255]) if i not in bad_at], 3)
+    check_split(out, "train", [r for i, r in enumerate(rows[:255]) if i not in bad_at], vocab)
+    check_split(out, "val", rows[255:278], vocab)
+    check_split(out, "test", [r for i, r in enumerate(rows) if i >= 278 and i not in bad_at], vocab)
+    assert sum(m["splits"][s]["rows"] for s in m["splits"]) == len(kept)
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    days = tmp_path / "days"
+    days.mkdir()
+    write(days / "day_0", make_rows(20, seed=12))
+    (days / "day_1").write_text("")
+    write(days / "day_2", make_rows(6, seed=13))
+    cfg = config(tmp_path, days, train_days=[0, 1], eval_day=2)
+    with pytest.raises(
+        ValueError, match=re.escape(f"{(days / 'day_1').resolve()}:1: the file is empty")
+    ):
+        preprocess_criteo(cfg, **SMALL)
+    cfg.skip_bad_rows = True
+    m = read_manifest(preprocess_criteo(cfg, **SMALL))
+    assert m["empty_files"] == [str((days / "day_1").resolve())]
+    assert m["splits"]["train"]["rows"] == 20
+    single = write(tmp_path / "empty.txt", [], trailing_newline=False)
+    with pytest.raises(ValueError, match="empty.txt:1: the file is empty"):
+        preprocess_criteo(
+            CriteoConfig(raw_path=str(single), preprocessed_dir=str(tmp_path / "o2")), **SMALL
+        )
+
+
+def test_truncated_gzip(tmp_path: Path) -> None:
+    rows = make_rows(400, seed=14)
+    data = gzip.compress(("\n".join(rows) + "\n").encode())
+    raw = tmp_path / "train.txt.gz"
+    raw.write_bytes(data[: len(data) // 2])
+    partial = zlib.decompressobj(wbits=31).decompress(data[: len(data) // 2])
+    complete = partial.count(b"\n")
+    assert 0 < complete < 400
+    with pytest.raises(
+        CriteoFormatError,
+        match=re.escape(f"{raw.resolve()}:{complete + 1}: the gzip stream ends unexpectedly"),
+    ):
+        preprocess_criteo(config(tmp_path, raw), **SMALL)
+    out = preprocess_criteo(config(tmp_path, raw, skip_bad_rows=True), **SMALL)
+    m = read_manifest(out)
+    assert m["truncated_files"] == [{"path": str(raw.resolve()), "complete_lines": complete}]
+    assert sum(m["splits"][s]["rows"] for s in m["splits"]) == complete
+    b1 = round(complete * 0.85)
+    check_split(out, "train", rows[:b1], ref_vocab(rows[:b1], 3))
+
+
+def test_manifest_is_plain_json(tmp_path: Path) -> None:
+    raw = write(tmp_path / "train.txt", make_rows(30, seed=15))
+    out = preprocess_criteo(config(tmp_path, raw), **SMALL)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["sources"][0]["lines"] == 30 and len(m["sources"][0]["fingerprint"]) == 64
+    assert m["sparse_features"] == [f"cat_{i}" for i in range(26)]
+    assert m["splits"]["train"]["files"]["dense"] == "train/dense.npy"
+
+
+def test_corrupt_gzip(tmp_path: Path) -> None:
+    data = bytearray(gzip.compress(("\n".join(make_rows(300, seed=16)) + "\n").encode()))
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
+    raw = tmp_path / "train.txt.gz"
+    raw.write_bytes(bytes(data))
+    with pytest.raises(
+        CriteoFormatError, match=re.escape(str(raw.resolve())) + r":\d+: cannot decompress"
+    ):
+        preprocess_criteo(config(tmp_path, raw, skip_bad_rows=True), **SMALL)

@@ -1,0 +1,231 @@
+"""DMT configs (issue 4): experiments compose and inspect; partitions and tower settings are checked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from dmt.config import ModelConfig, PartitionConfig, TowerConfig
+from dmt.inspect import inspect_config
+from dmt.models import DMTModel, build_model, check_partition, resolve_partition
+from tests.conftest import REPO, typed_config
+
+NAMES = [f"cat_{i}" for i in range(26)]
+DMT_EXPERIMENTS = sorted(
+    p.stem
+    for pattern in ("paper_sptt_*.yaml", "paper_dmt_*.yaml", "dmt_*.yaml")
+    for p in (REPO / "conf" / "experiment").glob(pattern)
+)
+# name -> (towers, compression ratio); paper Tables 3-5.
+EXPECTED = {
+    "paper_sptt_dlrm": (26, 1.0),
+    "paper_sptt_dcn": (26, 1.0),
+    **{f"paper_dmt_{t}t_dlrm": (t, 2.0) for t in (2, 4, 8, 26)},
+    "paper_dmt_16t_dlrm": (16, 26 / 16),
+    **{f"paper_dmt_{t}t_dcn": (t, 1.0) for t in (2, 4, 8, 16)},
+    **{f"paper_dmt_8t_dlrm_cr{r}": (8, float(r)) for r in (2, 4, 8, 16)},
+    "dmt_4t_dlrm": (4, 2.0),
+    "dmt_4t_dcn": (4, 2.0),
+}
+
+
+def test_every_dmt_experiment_is_checked():
+    assert DMT_EXPERIMENTS == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", DMT_EXPERIMENTS)
+def test_dmt_experiment_composes_and_inspects(name):
+    report = inspect_config(typed_config(f"experiment={name}"))
+    towers, ratio = EXPECTED[name]
+    assert report["num_towers"] == towers and len(report["tower_output_sizes"]) == towers
+    assert report["compression_ratio"] == pytest.approx(ratio)
+    assert report["num_parameters"] > 0 and report["train_mflops_per_sample"] > 0
+    if name.startswith("paper_"):
+        assert round(report["num_parameters_g"], 1) == 22.8
+
+
+@pytest.mark.parametrize("base", ["dlrm", "dcn"])
+def test_sptt_accounting_equals_the_base_model(base):
+    sptt = inspect_config(typed_config(f"experiment=paper_sptt_{base}"))
+    plain = inspect_config(typed_config(f"experiment=paper_{base}"))
+    for key in ("num_parameters", "train_mflops_per_sample", "forward_mflops_per_sample"):
+        assert sptt[key] == plain[key], key
+
+
+def test_table5_flops_fall_with_the_compression_ratio():
+    """Paper Table 5: the FLOPs that scale with D drop by 1.02, 0.52, 0.25 MFLOPs per halving."""
+    flops = [
+        inspect_config(typed_config(f"experiment=paper_dmt_8t_dlrm_cr{r}"))[
+            "train_mflops_per_sample"
+        ]
+        for r in (2, 4, 8, 16)
+    ]
+    steps = [a - b for a, b in zip(flops, flops[1:])]
+    assert steps == pytest.approx([1.02, 0.51, 0.26], abs=0.01)
+
+
+def write_partition(path, towers):
+    path.write_text(yaml.safe_dump({"towers": towers, "strategy": "coherent"}))
+    return str(path)
+
+
+def test_tp_partition_file_builds_those_towers(tmp_path):
+    towers = [NAMES[i::4] for i in (3, 1, 0, 2)]
+    path = write_partition(tmp_path / "p.yaml", towers)
+    conf = typed_config(
+        "experiment=paper_dmt_4t_dcn", "partition=tp", f"model.partition.path={path}"
+    )
+    assert conf.model.partition == PartitionConfig(kind="tp", num_towers=4, path=path)
+    report = inspect_config(conf)
+    assert report["partition"] == "tp" and report["num_towers"] == 4
+    model = build_model(
+        conf.model,
+        feature_names=NAMES,
+        cardinalities=[10] * 26,
+        num_dense=13,
+        table_device="meta",
+        dense_device="meta",
+    )
+    assert isinstance(model, DMTModel) and model.partition == towers
+    # inspect.json carries the DMT fields
+    assert json.loads(json.dumps(report))["tower_output_sizes"] == [
+        6 * 128,
+        7 * 128,
+        7 * 128,
+        6 * 128,
+    ]
+
+
+def test_tp_partition_with_the_wrong_tower_count_is_refused(tmp_path):
+    path = write_partition(tmp_path / "p.yaml", [NAMES[:13], NAMES[13:]])
+    conf = typed_config(
+        "experiment=paper_dmt_8t_dlrm", "partition=tp", f"model.partition.path={path}"
+    )
+    with pytest.raises(
+        ValueError, match=r"model.partition.num_towers=8 but the tp partition in .* has 2 towers"
+    ):
+        inspect_config(conf)
+
+
+def test_tp_partition_needs_a_path():
+    with pytest.raises(Exception, match=r"path"):
+        typed_config("experiment=dmt_4t_dlrm", "partition=tp")
+
+
+SMALL = [f"cat_{i}" for i in range(6)]
+
+
+@pytest.mark.parametrize(
+    "partition,message",
+    [
+        (
+            [["cat_0", "cat_1"], ["cat_2"], [], ["cat_3", "cat_4", "cat_5"]],
+            r"^partition tower 2 is empty$",
+        ),
+        (
+            [["cat_3", "cat_0"], ["cat_1"], ["cat_2"], ["cat_4"], ["cat_3", "cat_5"]],
+            r"^feature 'cat_3' appears in towers 0 and 4$",
+        ),
+        (
+            [["cat_0", "cat_1", "cat_2"], ["cat_3", "cat_4", "cat_99"], ["cat_5"]],
+            r"^feature 'cat_99' is not a sparse feature of the data \(expected one of cat_0..cat_5\); "
+            r"it is in partition tower 1$",
+        ),
+        (
+            [["cat_0", "cat_1", "cat_2"], ["cat_4"]],
+            r"partition misses feature\(s\) \['cat_3', 'cat_5'\]",
+        ),
+        ([], r"partition has no towers"),
+    ],
+)
+def test_bad_partitions_raise(partition, message):
+    with pytest.raises(ValueError, match=message):
+        check_partition(partition, SMALL)
+    cfg = ModelConfig(
+        name="dlrm",
+        embedding_dim=4,
+        bottom_mlp=[4],
+        top_mlp=[1],
+        partition=PartitionConfig(kind="explicit", towers=partition),
+    )
+    with pytest.raises(ValueError, match=message if partition else "needs model.partition.towers"):
+        if not partition:
+            from dmt.config import validate_towers  # noqa: PLC0415
+
+            validate_towers(cfg)
+        build_model(cfg, feature_names=SMALL, cardinalities=[5] * 6, num_dense=2)
+
+
+def test_bad_partition_files_and_counts_raise(tmp_path):
+    with pytest.raises(ValueError, match=r"num_towers=7 must be an integer in \[1, 6\]"):
+        resolve_partition(PartitionConfig(kind="naive", num_towers=7), SMALL)
+    with pytest.raises(ValueError, match=r"partition file '.*nowhere.yaml' does not exist"):
+        resolve_partition(PartitionConfig(kind="tp", path=str(tmp_path / "nowhere.yaml")), SMALL)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("towers: cat_0\n")
+    with pytest.raises(ValueError, match=r"needs a 'towers' list of lists"):
+        resolve_partition(PartitionConfig(kind="tp", path=str(bad)), SMALL)
+    with pytest.raises(
+        ValueError, match=r"num_towers=3 but the per_feature partition has 6 towers"
+    ):
+        resolve_partition(PartitionConfig(kind="per_feature", num_towers=3), SMALL)
+    dup = write_partition(tmp_path / "dup.yaml", [SMALL[:4], SMALL[3:]])
+    with pytest.raises(ValueError, match=r"feature 'cat_3' appears in towers 0 and 1"):
+        resolve_partition(PartitionConfig(kind="tp", path=dup), SMALL)
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["model.tower.c=0", "model.tower.p=0"],
+            r"model.tower.c=0 and model.tower.p=0 must be >= 0 with c \+ p >= 1",
+        ),
+        (["model.tower.c=-1"], r"model.tower.c=-1 and model.tower.p=0 must be"),
+        (["model.tower.p=-2"], r"model.tower.c=1 and model.tower.p=-2 must be"),
+        (["model.tower.dim=0"], r"model.tower.dim=0 must be positive"),
+        (
+            ["model.tower.dim=4"],
+            r"model.bottom_mlp\[-1\]=8 must equal model.tower.dim=4 for DMT-DLRM",
+        ),
+        (["model.partition.num_towers=0"], r"model.partition.num_towers=0 must be positive"),
+        (["model.partition.num_towers=null"], r"'naive' needs model.partition.num_towers"),
+        (["model.partition.kind=random"], r"model.partition.kind='random' is not supported"),
+        (["model.tower.module=mlp"], r"model.tower.module='mlp' is not supported"),
+        (["model.partition.kind=none"], r"model.tower.module='dlrm' needs towers"),
+        (["model.partition.kind=explicit"], r"'explicit' needs model.partition.towers"),
+    ],
+)
+def test_invalid_dmt_settings_raise(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        typed_config("experiment=dmt_4t_dlrm", *overrides)
+
+
+def test_dcn_tower_settings_are_checked_and_default_to_the_models_crossnet():
+    with pytest.raises(ValueError, match=r"model.tower.dcn_low_rank=0 must be positive"):
+        typed_config("experiment=dmt_4t_dcn", "model.tower.dcn_low_rank=0")
+    conf = typed_config(
+        "experiment=dmt_4t_dcn", "model.tower.dcn_num_layers=null", "model.tower.dcn_low_rank=null"
+    )
+    model = build_model(conf.model, feature_names=NAMES, cardinalities=[10] * 26, num_dense=13)
+    crossnet = model.towers[0].tower_module.crossnet
+    assert len(crossnet.V_kernels) == conf.model.dcn_num_layers
+    assert crossnet.V_kernels[0].shape[0] == conf.model.dcn_low_rank
+
+
+def test_dmt_dlrm_model_needs_the_bottom_to_end_at_d():
+    cfg = ModelConfig(
+        name="dlrm",
+        embedding_dim=8,
+        bottom_mlp=[8],
+        top_mlp=[1],
+        tower=TowerConfig(module="dlrm", dim=4),
+        partition=PartitionConfig(kind="naive", num_towers=2),
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"DMT-DLRM bottom_mlp\[-1\]=8 must equal the towers' output vector size D=4",
+    ):
+        build_model(cfg, feature_names=SMALL, cardinalities=[5] * 6, num_dense=2)

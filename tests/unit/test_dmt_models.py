@@ -1,0 +1,171 @@
+"""DMT models (issue 4): semantics preservation of pass-through towers, shapes, accounting, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchrec import KeyedJaggedTensor
+
+from dmt.config import ModelConfig, PartitionConfig, TowerConfig
+from dmt.models import (
+    DMTDCN,
+    DMTDLRM,
+    DMTModel,
+    build_dmt_model,
+    build_model,
+    copy_base_weights,
+    embedding_parameters,
+    naive_partition,
+)
+from dmt.models.accounting import compression_ratio, model_stats
+
+NAMES = [f"cat_{i}" for i in range(6)]
+CARDS = [7, 11, 3, 20, 5, 9]
+NUM_DENSE = 3
+GROUPINGS = {
+    "per_feature": [[f] for f in NAMES],
+    "grouped": [["cat_4", "cat_1"], ["cat_5"], ["cat_0", "cat_3", "cat_2"]],
+}
+
+
+def kjt(batch: int, multi_hot: int = 2, seed: int = 0) -> KeyedJaggedTensor:
+    g = torch.Generator().manual_seed(seed)
+    values = torch.cat([torch.randint(0, c, (batch * multi_hot,), generator=g) for c in CARDS])
+    lengths = torch.full((len(NAMES) * batch,), multi_hot, dtype=torch.int32)
+    return KeyedJaggedTensor(keys=NAMES, values=values, lengths=lengths)
+
+
+def model_cfg(name: str, **changes) -> ModelConfig:
+    cfg = ModelConfig(
+        name=name,
+        embedding_dim=8,
+        bottom_mlp=[16, 8],
+        top_mlp=[12, 1],
+        dcn_num_layers=2,
+        dcn_low_rank=4,
+    )
+    for k, v in changes.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def build(cfg: ModelConfig, partition=None):
+    if partition is None:
+        return build_model(cfg, feature_names=NAMES, cardinalities=CARDS, num_dense=NUM_DENSE)
+    return build_dmt_model(
+        cfg, partition, feature_names=NAMES, cardinalities=CARDS, num_dense=NUM_DENSE
+    )
+
+
+def gradients(model) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient, tower prefixes dropped (``towers.2.embedding_bag_collection...``
+    reads like the base model's ``embedding_bag_collection...``)."""
+    out = {}
+    for name, p in model.named_parameters():
+        if name.startswith("towers."):
+            name = name.split(".", 2)[2]
+        assert p.grad is not None, name
+        out[name] = p.grad
+    return out
+
+
+@pytest.mark.parametrize("grouping", sorted(GROUPINGS))
+@pytest.mark.parametrize("name,cls", [("dlrm", DMTDLRM), ("dcn", DMTDCN)])
+def test_passthrough_towers_compute_exactly_the_base_model(name, cls, grouping):
+    torch.manual_seed(0)
+    base = build(model_cfg(name))
+    for p in embedding_parameters(base):  # default tables are tiny near-zero; make them matter
+        torch.nn.init.normal_(p)
+    torch.manual_seed(1)  # different init, so only copy_base_weights can make them agree
+    dmt = build(model_cfg(name), GROUPINGS[grouping])
+    assert isinstance(dmt, cls)
+    copy_base_weights(dmt, base)
+    dense, sparse = torch.randn(5, NUM_DENSE), kjt(5)
+
+    out_base, out_dmt = base(dense, sparse), dmt(dense, sparse)
+    torch.testing.assert_close(out_dmt, out_base)
+    (out_base * torch.arange(5.0)).sum().backward()
+    (out_dmt * torch.arange(5.0)).sum().backward()
+    base_grads, dmt_grads = gradients(base), gradients(dmt)
+    assert sorted(dmt_grads) == sorted(base_grads)
+    for k, g in base_grads.items():
+        torch.testing.assert_close(dmt_grads[k], g, msg=lambda m, k=k: f"{k}: {m}")
+        assert g.abs().sum() > 0, k
+
+    # dense_forward (what accounting counts) agrees too, and so do the counts.
+    torch.testing.assert_close(dmt.dense_forward(dense, base.pooled_embeddings(sparse)), out_base)
+    assert model_stats(dmt).train_mflops_per_sample == model_stats(base).train_mflops_per_sample
+    assert model_stats(dmt).num_parameters == model_stats(base).num_parameters
+    assert compression_ratio(dmt) == 1.0
+
+
+def test_interface_used_by_sptt():
+    torch.manual_seed(0)
+    cfg = model_cfg("dlrm", bottom_mlp=[16, 4], tower=TowerConfig(module="dlrm", dim=4, c=1, p=1))
+    model = build(cfg, GROUPINGS["grouped"])
+    assert isinstance(model, DMTModel)
+    assert model.feature_names == NAMES and model.partition == GROUPINGS["grouped"]
+    dense, sparse = torch.randn(5, NUM_DENSE), kjt(5)
+    embs = model.tower_embeddings(sparse)
+    outs = model.tower_outputs(sparse)
+    for tower, features, e, o in zip(model.towers, model.partition, embs, outs):
+        assert tower.feature_names == features
+        assert [c.name for c in tower.embedding_bag_collection.embedding_bag_configs()] == [
+            f"t_{f}" for f in features
+        ]
+        assert e.shape == (5, len(features), 8)
+        assert o.shape == (5, len(features) + 1, 4)
+        torch.testing.assert_close(tower.tower_module(e), o)
+    assert model.tower_output_dims == [(3, 4), (2, 4), (4, 4)]
+    torch.testing.assert_close(model(dense, sparse), model.interact(dense, outs))
+    # The KJT's key order does not matter (towers read their features by name).
+    permuted = sparse.permute([5, 3, 1, 0, 2, 4])
+    torch.testing.assert_close(model(dense, permuted), model(dense, sparse))
+
+
+@pytest.mark.parametrize("name", ["dlrm", "dcn"])
+@pytest.mark.parametrize("module", ["dlrm", "dcn"])
+def test_dmt_models_train_every_parameter(name, module):
+    torch.manual_seed(0)
+    cfg = model_cfg(name, bottom_mlp=[16, 4], tower=TowerConfig(module=module, dim=4, c=2, p=1))
+    model = build(cfg, naive_partition(NAMES, 4))
+    out = model(torch.randn(6, NUM_DENSE), kjt(6))
+    assert out.shape == (6,)
+    out.sum().backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, pname
+
+
+def test_naive_partition_is_the_papers_strided_assignment():
+    names = [f"cat_{i}" for i in range(26)]
+    towers = naive_partition(names, 8)
+    assert [[int(f[4:]) for f in t] for t in towers] == [
+        [0, 8, 16, 24],
+        [1, 9, 17, 25],
+        [2, 10, 18],
+        [3, 11, 19],
+        [4, 12, 20],
+        [5, 13, 21],
+        [6, 14, 22],
+        [7, 15, 23],
+    ]  # paper §5.2.3
+    assert naive_partition(names, 26) == [[f] for f in names]
+
+
+def test_meta_build_for_accounting_and_tables_on_meta():
+    cfg = model_cfg(
+        "dcn",
+        tower=TowerConfig(module="dcn", dim=4),
+        partition=PartitionConfig(kind="naive", num_towers=2),
+    )
+    model = build_model(
+        cfg,
+        feature_names=NAMES,
+        cardinalities=CARDS,
+        num_dense=NUM_DENSE,
+        table_device="meta",
+        dense_device="cpu",
+    )
+    assert all(p.is_meta for p in embedding_parameters(model))
+    assert not any(p.is_meta for p in model.bottom.parameters())
+    assert model_stats(model).compression_ratio == pytest.approx(2.0)

@@ -1,0 +1,135 @@
+"""What shard_dmt / DMTSharder reject, before any collective (no process group exists here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dmt.config import ModelConfig, OptimConfig, PartitionConfig, TowerConfig
+from dmt.models import build_dmt_model
+from dmt.runtime import Runtime
+from dmt.sptt.dmt_sharding import DMTSharder, check_dmt_model, shard_dmt, topology_from
+from dmt.sptt.topology import Topology
+
+NAMES = [f"cat_{i}" for i in range(6)]
+
+
+def _model(partition: list[list[str]], *, dim: int = 8, tower: str = "dlrm"):
+    cfg = ModelConfig(
+        name="dlrm",
+        embedding_dim=dim,
+        bottom_mlp=[4, dim if tower == "passthrough" else 2],
+        top_mlp=[4, 1],
+        tower=TowerConfig(module=tower, dim=2, c=1, p=0),
+        partition=PartitionConfig(kind="explicit"),
+    )
+    return build_dmt_model(cfg, partition, feature_names=NAMES, cardinalities=[10] * 6, num_dense=3)
+
+
+def _runtime(world_size: int, local_world_size: int = 2) -> Runtime:
+    return Runtime(0, world_size, 0, local_world_size, torch.device("cpu"), "gloo")
+
+
+TWO_TOWERS = [["cat_0", "cat_2", "cat_4"], ["cat_1", "cat_3", "cat_5"]]
+
+
+def test_accepts_a_matching_model() -> None:
+    model = _model(TWO_TOWERS)
+    check_dmt_model(model, Topology(4, 2))
+    plan = DMTSharder(Topology(4, 2)).plan(model)
+    assert plan.tower_features == ((0, 2, 4), (1, 3, 5))
+
+
+def test_world_size_not_divisible_by_hosts_per_tower_times_ranks_per_host() -> None:
+    with pytest.raises(ValueError, match="multiple of K\\*L"):
+        topology_from(_runtime(6), hosts_per_tower=2)  # 3 hosts of 2 ranks, towers of 2 hosts
+    with pytest.raises(ValueError, match="multiple of local_world_size"):
+        topology_from(_runtime(6), local_world_size=4)
+    assert topology_from(_runtime(8), hosts_per_tower=2).num_towers == 2
+
+
+@pytest.mark.parametrize(
+    ("world_size", "hosts_per_tower", "match"),
+    [
+        (8, 1, "partition has 2 towers but the topology has T=4"),  # the model has fewer towers
+        (2, 1, "partition has 2 towers but the topology has T=1"),  # the model has more towers
+        (8, 4, "partition has 2 towers but the topology has T=1"),
+    ],
+)
+def test_tower_count_must_match_the_topology(world_size: int, hosts_per_tower: int, match: str):
+    with pytest.raises(ValueError, match=match):
+        check_dmt_model(_model(TWO_TOWERS), Topology(world_size, 2, hosts_per_tower))
+
+
+@pytest.mark.parametrize(
+    ("partition", "match"),
+    [
+        ([["cat_0", "cat_2"], ["cat_1", "cat_3", "cat_5"]], r"in no tower \['cat_4'\]"),
+        ([["cat_0", "cat_2", "cat_4", "cat_1"], ["cat_1", "cat_3", "cat_5"]], "in several"),
+        ([["cat_0", "cat_2", "cat_4", "cat_9"], ["cat_1", "cat_3", "cat_5"]], "unknown"),
+        ([["cat_0", "cat_4", "cat_2"], ["cat_1", "cat_3", "cat_5"]], "tower 0 has features"),
+        ([["cat_1", "cat_3", "cat_5"], ["cat_0", "cat_2", "cat_4"]], "tower 0 has features"),
+    ],
+)
+def test_partition_must_match_the_model(partition: list[list[str]], match: str) -> None:
+    model = _model(TWO_TOWERS)
+    model.partition = partition  # a partition that is not the one the model was built with
+    with pytest.raises(ValueError, match=match):
+        check_dmt_model(model, Topology(4, 2))
+
+
+def test_not_a_dmt_model() -> None:
+    with pytest.raises(TypeError, match="not a DMT model"):
+        check_dmt_model(torch.nn.Linear(2, 2), Topology(2, 2))
+    with pytest.raises(TypeError, match="needs a DMT model"):
+        shard_dmt(
+            torch.nn.Linear(2, 2), _runtime(2), topology=Topology(2, 2), optim_cfg=OptimConfig()
+        )
+
+
+def test_sharder_settings() -> None:
+    with pytest.raises(ValueError, match="sharding_type='diagonal'"):
+        DMTSharder(Topology(4, 2), sharding_type="diagonal")
+    with pytest.raises(ValueError, match="multiple of 4"):  # FBGEMM's fused kernels
+        DMTSharder(Topology(4, 2), sparse_optimizer=(torch.optim.SGD, {"lr": 0.1})).plan(
+            _model(TWO_TOWERS, dim=6)
+        )
+    with pytest.raises(ValueError, match="unknown feature"):
+        DMTSharder(Topology(4, 2), sharding_type={"cat_9": "row_wise"}).plan(_model(TWO_TOWERS))
+
+
+def test_shard_dmt_fails_before_any_collective() -> None:
+    """No process group is initialized here: reaching a collective would raise another error."""
+    assert not dist.is_initialized()
+    model = _model(TWO_TOWERS)
+    with pytest.raises(ValueError, match="the job has 2"):
+        shard_dmt(model, _runtime(2), topology=Topology(4, 2), optim_cfg=OptimConfig())
+    with pytest.raises(ValueError, match="topology has T=4"):
+        shard_dmt(model, _runtime(8), topology=Topology(8, 2), optim_cfg=OptimConfig())
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        shard_dmt(model, _runtime(4), topology=Topology(4, 2), optim_cfg=OptimConfig(sparse="adam"))
+    assert not dist.is_initialized()
+
+
+def test_dense_parts_must_not_be_on_meta() -> None:
+    model = _model(TWO_TOWERS)
+    model.top.to("meta")
+    with pytest.raises(ValueError, match="model's top has dense parameters on the meta device"):
+        check_dmt_model(model, Topology(4, 2))
+    tables_on_meta = build_dmt_model(
+        ModelConfig(
+            name="dlrm",
+            embedding_dim=8,
+            bottom_mlp=[4, 2],
+            top_mlp=[4, 1],
+            tower=TowerConfig(module="dlrm", dim=2, c=1, p=0),
+            partition=PartitionConfig(kind="explicit"),
+        ),
+        TWO_TOWERS,
+        feature_names=NAMES,
+        cardinalities=[10] * 6,
+        num_dense=3,
+        table_device="meta",
+    )
+    check_dmt_model(tables_on_meta, Topology(4, 2))  # tables on meta are what the trainer builds

@@ -1,0 +1,226 @@
+"""Table sharding and feature layouts of SPTT (dmt.sptt.plan), pure."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dmt.sptt.plan import SHARDING_KINDS, SPTTPlan, TableShard, build_plan
+from dmt.sptt.topology import Topology
+
+
+def _names(num_features: int) -> list[str]:
+    return [f"cat_{f}" for f in range(num_features)]
+
+
+def _random_partition(num_features: int, num_towers: int, rng: random.Random) -> list[list[int]]:
+    features = list(range(num_features))
+    rng.shuffle(features)
+    towers: list[list[int]] = [[f] for f in features[:num_towers]]
+    for f in features[num_towers:]:
+        towers[rng.randrange(num_towers)].append(f)
+    return towers
+
+
+def _plan(
+    topo: Topology,
+    towers: list[list[int]],
+    *,
+    dim: int = 4,
+    rows: list[int] | None = None,
+    kinds: dict[str, str] | None = None,
+    costs: list[float] | None = None,
+) -> SPTTPlan:
+    num_features = sum(len(t) for t in towers)
+    return build_plan(
+        topo,
+        _names(num_features),
+        towers,
+        embedding_dim=dim,
+        num_embeddings=rows or [100] * num_features,
+        sharding_types=kinds,
+        costs=costs,
+    )
+
+
+@pytest.mark.parametrize(
+    ("world_size", "local_world_size", "hosts_per_tower", "num_features"),
+    [(2, 2, 1, 3), (4, 2, 1, 26), (8, 2, 2, 13), (16, 8, 1, 26), (64, 8, 2, 26), (512, 8, 1, 200)],
+)
+def test_layouts(
+    world_size: int, local_world_size: int, hosts_per_tower: int, num_features: int
+) -> None:
+    topo = Topology(world_size, local_world_size, hosts_per_tower)
+    rng = random.Random(world_size + num_features)
+    towers = _random_partition(num_features, topo.num_towers, rng)
+    names = _names(num_features)
+    kinds = {names[f]: rng.choice(SHARDING_KINDS) for f in range(num_features)}
+    dim = 8
+    rows = [rng.randint(topo.tower_size, 1000) for _ in range(num_features)]
+    costs = [float(rng.randint(1, 100)) for _ in range(num_features)]
+    plan = _plan(topo, towers, dim=dim, rows=rows, kinds=kinds, costs=costs)
+
+    # every shard on a rank of its feature's tower; shards tile their table
+    for t, tower in enumerate(towers):
+        for f in tower:
+            assert plan.tower_of_feature(f) == t
+            shards = plan.feature_shards(f)
+            assert all(topo.tower_of(s.rank) == t for s in shards)
+            assert sum(s.num_rows * s.num_cols for s in shards) == rows[f] * dim
+            if plan.sharding_types[f] == "row_wise":
+                assert [s.rank for s in shards] == list(topo.tower_ranks(t))
+    held = [s for r in range(world_size) for s in plan.rank_shards(r)]
+    assert sorted(held, key=lambda s: (s.feature, s.rank)) == sorted(
+        plan.shards, key=lambda s: (s.feature, s.rank)
+    )
+    assert plan.input_splits == tuple(len(plan.rank_shards(r)) for r in range(world_size))
+
+    # step e: the column index reads every (feature, column) of the tower once
+    for t, tower in enumerate(towers):
+        index = plan.tower_column_index(t)
+        width = sum(plan.all_to_all_width(q) for q in topo.tower_ranks(t))
+        width += len(plan.row_wise_features(t)) * dim
+        assert sorted(index) == list(range(width)) and len(index) == len(tower) * dim
+        for r in topo.tower_ranks(t):
+            kinds_in_order = [plan.is_row_wise(s.feature) for s in plan.rank_shards(r)]
+            assert kinds_in_order == sorted(kinds_in_order)  # row-wise shards last
+
+    by_tower = [f for tower in towers for f in tower]
+    assert [by_tower[i] for i in plan.output_permutation] == list(range(num_features))
+
+
+def test_greedy_balances_costs() -> None:
+    topo = Topology(world_size=4, local_world_size=4)
+    costs = [10.0, 9.0, 8.0, 1.0, 1.0, 1.0]
+    plan = _plan(topo, [[0, 1, 2, 3, 4, 5]], costs=costs)
+    loads = [0.0] * 4
+    for s in plan.shards:
+        loads[s.rank] += costs[s.feature]
+    assert sorted(loads) == [3, 8, 9, 10]
+
+
+def test_table_wise_round_robin_and_empty_ranks() -> None:
+    topo = Topology(world_size=4, local_world_size=2)  # towers (0, 1), (2, 3)
+    plan = _plan(topo, [[0, 2, 3], [1]])
+    assert [plan.feature_shards(f)[0].rank for f in range(4)] == [0, 2, 1, 0]
+    assert [s.feature for s in plan.rank_shards(0)] == [0, 3]
+    assert plan.rank_shards(3) == ()
+    assert plan.input_splits == (2, 1, 1, 0)
+    # received columns: rank 0's features 0, 3 then rank 1's feature 2; tower order 0, 2, 3
+    assert plan.tower_column_index(0) == (0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7)
+
+
+def test_column_and_row_wise_shards() -> None:
+    topo = Topology(world_size=4, local_world_size=2)
+    plan = _plan(
+        topo,
+        [[0, 1], [2, 3]],
+        dim=5,
+        rows=[10, 11, 12, 13],
+        kinds={"cat_0": "column_wise", "cat_3": "row_wise"},
+    )
+    assert [(s.rank, s.col_start, s.col_stop) for s in plan.feature_shards(0)] == [
+        (0, 0, 3),
+        (1, 3, 5),
+    ]
+    assert [(s.rank, s.row_start, s.row_stop) for s in plan.feature_shards(3)] == [
+        (2, 0, 7),
+        (3, 7, 13),
+    ]
+    assert plan.row_wise_features(1) == (3,)
+    # table 2 goes to rank 3, less loaded by the row split (6 of 13 rows); table-wise shards
+    # come first in lookup order
+    assert [s.feature for s in plan.rank_shards(3)] == [2, 3]
+    assert [s.feature for s in plan.rank_shards(2)] == [3]
+    assert plan.all_to_all_width(2) == 0 and plan.all_to_all_width(3) == 5
+
+
+@pytest.mark.parametrize(
+    ("towers", "shards", "match"),
+    [
+        ([[0, 1]], [(0, 0, 0, 4), (1, 0, 0, 4)], "towers"),
+        ([[0, 1], [1]], [(0, 0, 0, 4), (1, 1, 0, 4)], "partition"),
+        ([[0, 1], []], [(0, 0, 0, 4), (1, 0, 0, 4)], "at least one feature"),
+        ([[0], [1]], [(0, 0, 0, 4), (1, 0, 0, 4)], "not in its tower"),
+        ([[0], [1]], [(0, 0, 0, 4)], "no shard"),
+        ([[0], [1]], [(0, 0, 0, 4), (1, 1, 0, 3)], "whole table"),
+        ([[0], [1]], [(0, 0, 0, 4), (1, 1, 0, 4), (5, 1, 0, 4)], "outside"),
+    ],
+)
+def test_plan_validation(
+    towers: list[list[int]], shards: list[tuple[int, int, int, int]], match: str
+) -> None:
+    topo = Topology(world_size=2, local_world_size=1)
+    with pytest.raises(ValueError, match=match):
+        SPTTPlan(
+            topo,
+            ("a", "b"),
+            tuple(tuple(t) for t in towers),
+            embedding_dim=4,
+            num_embeddings=(10, 10),
+            sharding_types=("table_wise", "table_wise"),
+            shards=tuple(TableShard(f, r, 0, 10, c0, c1) for f, r, c0, c1 in shards),
+        )
+
+
+def test_sharding_validation() -> None:
+    topo = Topology(world_size=2, local_world_size=2)
+    names = ("a",)
+    with pytest.raises(ValueError, match="tiling"):  # column gap
+        SPTTPlan(
+            topo,
+            names,
+            ((0,),),
+            4,
+            (10,),
+            ("column_wise",),
+            (TableShard(0, 0, 0, 10, 0, 2), TableShard(0, 1, 0, 10, 3, 4)),
+        )
+    with pytest.raises(ValueError, match="two shards on one rank"):
+        SPTTPlan(
+            topo,
+            names,
+            ((0,),),
+            4,
+            (10,),
+            ("column_wise",),
+            (TableShard(0, 0, 0, 10, 0, 2), TableShard(0, 0, 0, 10, 2, 4)),
+        )
+    with pytest.raises(ValueError, match="every rank of its tower"):
+        SPTTPlan(topo, names, ((0,),), 4, (10,), ("row_wise",), (TableShard(0, 0, 0, 10, 0, 4),))
+    with pytest.raises(ValueError, match="fewer than"):
+        _plan(topo, [[0]], rows=[1], kinds={"cat_0": "row_wise"})
+
+
+def test_build_plan_argument_errors() -> None:
+    topo = Topology(world_size=2, local_world_size=1)
+    with pytest.raises(ValueError, match="duplicates"):
+        build_plan(topo, ["a", "a"], [[0], [1]], embedding_dim=4, num_embeddings=[5, 5])
+    with pytest.raises(ValueError, match="costs"):
+        build_plan(topo, ["a", "b"], [[0], [1]], embedding_dim=4, num_embeddings=[5, 5], costs=[1])
+    with pytest.raises(ValueError, match="towers"):
+        build_plan(topo, ["a", "b"], [[0, 1]], embedding_dim=4, num_embeddings=[5, 5])
+    with pytest.raises(ValueError, match="unknown feature"):
+        _plan(topo, [[0], [1]], kinds={"z": "row_wise"})
+    with pytest.raises(ValueError, match="not one of"):
+        _plan(topo, [[0], [1]], kinds={"cat_0": "data_parallel"})
+
+
+def test_column_multiple_aligns_column_blocks() -> None:
+    """FBGEMM kernels need shard widths that are multiples of 4: N=12 on 4 tower ranks gives
+    three blocks of 4, not four blocks of 3."""
+    topo = Topology(4, 4)
+    plan = build_plan(
+        topo,
+        _names(2),
+        [[0, 1]],
+        embedding_dim=12,
+        num_embeddings=[10, 10],
+        sharding_types={"cat_0": "column_wise"},
+        column_multiple=4,
+    )
+    widths = sorted((s.col_start, s.col_stop) for s in plan.feature_shards(0))
+    assert widths == [(0, 4), (4, 8), (8, 12)]
+    with pytest.raises(ValueError, match="divide embedding_dim"):
+        build_plan(topo, _names(1), [[0]], embedding_dim=6, num_embeddings=[10], column_multiple=4)

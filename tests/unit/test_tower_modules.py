@@ -1,0 +1,138 @@
+"""Tower modules (paper Listings 1-2): shapes, output sizes, what they compute, compression ratios."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dmt.config import ModelConfig, TowerConfig
+from dmt.models import (
+    DCNTowerModule,
+    DLRMTowerModule,
+    PassThrough,
+    build_dmt_model,
+    naive_partition,
+)
+from dmt.models.accounting import compression_ratio, tower_output_sizes
+
+
+@pytest.mark.parametrize(
+    "F,N,c,p,D",
+    [
+        (1, 8, 1, 0, 4),
+        (3, 8, 1, 0, 4),
+        (3, 8, 0, 1, 16),
+        (4, 16, 2, 3, 5),
+        (2, 4, 1, 1, 4),
+        (5, 2, 0, 2, 3),
+    ],
+)
+def test_dlrm_tower_module_is_listing_1(F, N, c, p, D):
+    torch.manual_seed(0)
+    tm = DLRMTowerModule(F, N, D, c=c, p=p)
+    embs = torch.randn(7, F, N)
+    out = tm(embs)
+    assert out.shape == (7, c * F + p, D)
+    assert (tm.num_vectors, tm.dim, tm.output_size) == (c * F + p, D, D * (c * F + p))
+    # o1 = Linear(F N -> p D)(flatten), then o2 = Linear(N -> c D) per feature, concatenated.
+    expected = []
+    if p:
+        expected.append(tm.tower_linear(embs.reshape(7, F * N)).reshape(7, p, D))
+    if c:
+        expected += [tm.feature_linear(embs[:, f]).reshape(7, c, D) for f in range(F)]
+    torch.testing.assert_close(out, torch.cat(expected, dim=1))
+
+
+@pytest.mark.parametrize(
+    "F,N,D,layers,rank", [(1, 8, 4, 1, 2), (3, 8, 4, 2, 8), (4, 16, 32, 3, 64)]
+)
+def test_dcn_tower_module_is_listing_2(F, N, D, layers, rank):
+    torch.manual_seed(0)
+    tm = DCNTowerModule(F, N, D, num_cross_layers=layers, low_rank=rank)
+    embs = torch.randn(7, F, N)
+    out = tm(embs)
+    assert out.shape == (7, F, D) and tm.output_size == F * D
+    assert len(tm.crossnet.V_kernels) == layers and tm.crossnet.V_kernels[0].shape == (rank, F * N)
+    x0 = embs.reshape(7, F * N)
+    x = x0
+    for V, W, b in zip(tm.crossnet.V_kernels, tm.crossnet.W_kernels, tm.crossnet.bias):
+        x = x0 * (x @ V.T @ W.T + b) + x
+    torch.testing.assert_close(out, tm.projection(x).reshape(7, F, D))
+
+
+def test_passthrough_is_the_identity():
+    tm = PassThrough(3, 8)
+    embs = torch.randn(2, 3, 8)
+    assert tm(embs) is embs and tm.output_size == 24
+    with pytest.raises(ValueError, match=r"expects \(B, 3, 8\) embeddings, got \(2, 4, 8\)"):
+        tm(torch.randn(2, 4, 8))
+
+
+NAMES = [f"cat_{i}" for i in range(26)]
+
+
+@pytest.mark.parametrize(
+    "tower,num_towers,sizes,ratio",
+    [
+        # paper Table 5: 8 DLRM towers, c=1, p=0, N=128, D=64/32/16/8 -> CR 2/4/8/16
+        (TowerConfig(module="dlrm", dim=64, c=1, p=0), 8, [256, 256] + [192] * 6, 2.0),
+        (TowerConfig(module="dlrm", dim=32, c=1, p=0), 8, [128, 128] + [96] * 6, 4.0),
+        (TowerConfig(module="dlrm", dim=16, c=1, p=0), 8, [64, 64] + [48] * 6, 8.0),
+        (TowerConfig(module="dlrm", dim=8, c=1, p=0), 8, [32, 32] + [24] * 6, 16.0),
+        # 16 towers, p=1, c=0, D=128: one 128-vector per tower
+        (TowerConfig(module="dlrm", dim=128, c=0, p=1), 16, [128] * 16, 26 / 16),
+        (
+            TowerConfig(module="dlrm", dim=32, c=2, p=1),
+            4,
+            [32 * 15, 32 * 15, 32 * 13, 32 * 13],
+            3328 / 1792,
+        ),
+        (
+            TowerConfig(module="dcn", dim=128, dcn_num_layers=1, dcn_low_rank=8),
+            4,
+            [896, 896, 768, 768],
+            1.0,
+        ),
+        (TowerConfig(module="dcn", dim=16, dcn_num_layers=1, dcn_low_rank=8), 2, [208, 208], 8.0),
+        (TowerConfig(module="passthrough"), 3, [9 * 128, 9 * 128, 8 * 128], 1.0),
+    ],
+)
+def test_tower_output_sizes_and_compression_ratio(tower, num_towers, sizes, ratio):
+    bottom = tower.dim if tower.module != "passthrough" else 128
+    cfg = ModelConfig(name="dlrm", embedding_dim=128, bottom_mlp=[bottom], top_mlp=[1], tower=tower)
+    model = build_dmt_model(
+        cfg,
+        naive_partition(NAMES, num_towers),
+        feature_names=NAMES,
+        cardinalities=[10] * 26,
+        num_dense=2,
+        table_device="meta",
+        dense_device="meta",
+    )
+    assert tower_output_sizes(model) == sizes
+    assert compression_ratio(model) == pytest.approx(ratio)
+
+
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (
+            lambda: DLRMTowerModule(3, 8, 4, c=0, p=0),
+            r"c=0 and p=0 must be integers >= 0 with c \+ p >= 1",
+        ),
+        (lambda: DLRMTowerModule(3, 8, 4, c=-1, p=2), r"c=-1 and p=2 must be"),
+        (lambda: DLRMTowerModule(3, 8, 4, c=1, p=-1), r"c=1 and p=-1 must be"),
+        (
+            lambda: DLRMTowerModule(3, 8, 0, c=1, p=0),
+            r"DLRMTowerModule: dim=0 must be a positive integer",
+        ),
+        (lambda: DLRMTowerModule(3, 8, -4, c=1, p=0), r"dim=-4 must be a positive integer"),
+        (lambda: DCNTowerModule(3, 8, 0, num_cross_layers=1, low_rank=2), r"DCNTowerModule: dim=0"),
+        (lambda: DCNTowerModule(3, 8, 4, num_cross_layers=0, low_rank=2), r"num_cross_layers=0"),
+        (lambda: DCNTowerModule(3, 8, 4, num_cross_layers=1, low_rank=0), r"low_rank=0"),
+        (lambda: PassThrough(0, 8), r"PassThrough: num_features=0"),
+    ],
+)
+def test_invalid_tower_module_settings_raise(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
