@@ -106,8 +106,11 @@ class AffinityAccumulator:
                 f"expected pooled embeddings of {expected} features, got {num_features}"
             )
         if self._sum is None:
-            self._sum = torch.zeros(num_features, num_features, dtype=torch.float64)
-        units = nnf.normalize(stacked.detach().float(), dim=-1)  # zero vectors stay zero
+            # On the embeddings' device: a GPU model's batches are never copied to the host.
+            self._sum = torch.zeros(
+                num_features, num_features, dtype=torch.float64, device=stacked.device
+            )
+        units = nnf.normalize(stacked.detach().float(), dim=-1).to(self._sum.device)  # 0 stays 0
         self._accumulate(units)
         self.num_samples += stacked.shape[0]
 
@@ -154,7 +157,7 @@ class AffinityAccumulator:
         mean = self._sum / self.num_samples
         mean = (mean + mean.T) / 2
         mean.clamp_(0.0, 1.0).fill_diagonal_(1.0)
-        return mean.numpy()
+        return mean.cpu().numpy()
 
 
 def compute_affinity(batches: Iterable[torch.Tensor | Sequence[torch.Tensor]]) -> np.ndarray:
@@ -166,37 +169,46 @@ def compute_affinity(batches: Iterable[torch.Tensor | Sequence[torch.Tensor]]) -
 
 
 def model_affinity(
-    model: torch.nn.Module, batches: Iterable[Any], max_batches: int | None = None
+    model: torch.nn.Module,
+    batches: Iterable[Any],
+    max_batches: int | None = None,
+    *,
+    feature_names: Sequence[str] | None = None,
 ) -> tuple[np.ndarray, list[str]]:
-    """Affinity of a trained model's pooled sparse embeddings.
+    """Affinity of a trained model's pooled sparse embeddings, under ``torch.no_grad()``.
 
     Args:
         model: any module with ``embedding_bag_collection`` (a TorchRec
-            ``EmbeddingBagCollection``).
+            ``EmbeddingBagCollection``, called on ``batch.sparse_features``).
         batches: TorchRec ``Batch`` objects; only ``batch.sparse_features`` (a KJT) is used.
         max_batches: stop after this many batches (all when ``None``).
+        feature_names: row order of the result (e.g. the data's sparse feature order); defaults
+            to the EBC output order ``KeyedTensor.keys()``: tables in config order, then each
+            table's ``feature_names`` (a sharded EBC may order them by its plan instead).
 
     Returns:
-        ``(affinity, feature_names)``. The order is the EBC output order, ``KeyedTensor.keys()``:
-        tables in config order, then each table's ``feature_names`` (for dmt models, one table
-        per feature in model order).
+        ``(affinity, feature_names)``, the float64 ``(F, F)`` affinity and its row order.
     """
     ebc = model.embedding_bag_collection
     accumulator: AffinityAccumulator | None = None
+    order = list(feature_names) if feature_names is not None else None
     with torch.no_grad():
         for index, batch in enumerate(batches):
             if max_batches is not None and index >= max_batches:
                 break
-            pooled = ebc(batch.sparse_features)
-            names = list(pooled.keys())
+            per_feature = ebc(batch.sparse_features).to_dict()
+            if order is None:
+                order = list(per_feature)
+            if set(order) != set(per_feature):
+                raise ValueError(
+                    f"feature_names {order} do not match the embedding outputs {list(per_feature)}"
+                )
             if accumulator is None:
-                accumulator = AffinityAccumulator(names)
-            per_feature = pooled.to_dict()
-            accumulator.update([per_feature[name] for name in names])
-    if accumulator is None:
+                accumulator = AffinityAccumulator(order)
+            accumulator.update([per_feature[name] for name in order])
+    if accumulator is None or order is None:
         raise ValueError("no batches given; model_affinity needs at least one batch")
-    assert accumulator.feature_names is not None
-    return accumulator.result(), accumulator.feature_names
+    return accumulator.result(), order
 
 
 def check_affinity(affinity: np.ndarray | torch.Tensor) -> np.ndarray:

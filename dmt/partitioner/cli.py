@@ -69,18 +69,25 @@ def run_partition(
         )
     if pre_groups is None:
         result = tower_partition(
-            affinity, num_towers, strategy,
-            max_size_ratio=max_size_ratio, embed_dim=embed_dim, seed=seed,
+            affinity,
+            num_towers,
+            strategy,
+            max_size_ratio=max_size_ratio,
+            embed_dim=embed_dim,
+            seed=seed,
         )
     else:
         result = partition_hierarchical(
-            affinity, num_towers, pre_groups, strategy,
-            max_size_ratio=max_size_ratio, embed_dim=embed_dim, seed=seed,
+            affinity,
+            num_towers,
+            pre_groups,
+            strategy,
+            max_size_ratio=max_size_ratio,
+            embed_dim=embed_dim,
+            seed=seed,
         )
     out = Path(out_dir)
-    save_partition(
-        out / PARTITION_FILE, result, feature_names, affinity_source=affinity_source
-    )
+    save_partition(out / PARTITION_FILE, result, feature_names, affinity_source=affinity_source)
     plot_affinity_heatmap(
         out / HEATMAP_FILE,
         affinity,
@@ -125,7 +132,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-towers", required=True, type=int, help="number of towers T")
     parser.add_argument("--strategy", choices=STRATEGIES, default="coherent")
     parser.add_argument(
-        "--max-size-ratio", type=float, default=1.0,
+        "--max-size-ratio",
+        type=float,
+        default=1.0,
         help="largest tower at most this many times the smallest (1: most balanced)",
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -142,9 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         affinity, feature_names = load_affinity(args.affinity)
         pre_groups = (
-            load_pre_groups(args.pre_groups, feature_names)
-            if args.pre_groups is not None
-            else None
+            load_pre_groups(args.pre_groups, feature_names) if args.pre_groups is not None else None
         )
         result = run_partition(
             affinity,

@@ -181,7 +181,10 @@ def plot_affinity_heatmap(
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     image = ax.imshow(
-        affinity[np.ix_(picked, picked)], cmap="viridis", vmin=0.0, vmax=1.0,
+        affinity[np.ix_(picked, picked)],
+        cmap="viridis",
+        vmin=0.0,
+        vmax=1.0,
         interpolation="nearest",
     )
     fig.colorbar(image, ax=ax, label="|cos| affinity")
@@ -190,8 +193,12 @@ def plot_affinity_heatmap(
         start, stop = edges[tower], edges[tower + 1]
         ax.add_patch(
             Rectangle(
-                (start, start), stop - start, stop - start,
-                fill=False, edgecolor=colors(tower % 20), linewidth=1.5,
+                (start, start),
+                stop - start,
+                stop - start,
+                fill=False,
+                edgecolor=colors(tower % 20),
+                linewidth=1.5,
             )
         )
     if len(picked) <= _MAX_TICK_LABELS and feature_names is not None:

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PartitionResult:
     """A feature-to-tower assignment and how it was obtained.
 
@@ -257,8 +257,7 @@ def _check_pre_groups(pre_groups: Sequence[Sequence[int]], num_features: int) ->
     if len(seen) != num_features:
         missing = sorted(set(range(num_features)) - set(seen))
         raise ValueError(
-            f"pre-groups must cover every feature; {len(missing)} missing, "
-            f"first {missing[:5]}"
+            f"pre-groups must cover every feature; {len(missing)} missing, first {missing[:5]}"
         )
     return groups
 

@@ -1,0 +1,197 @@
+"""Tower Partitioner end to end on planted affinities with a known answer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from dmt.partitioner import (
+    PartitionResult,
+    allot_towers,
+    partition_features,
+    partition_hierarchical,
+    random_partition,
+    tower_partition,
+)
+from dmt.partitioner.synthetic import planted_affinity
+
+STEPS = 300  # enough for these sizes; keeps the file fast
+
+
+def same_block_pairs_in_towers(towers: list[list[int]], blocks: np.ndarray) -> int:
+    """How many features share a tower with an earlier feature of their block."""
+    return sum(len(tower) - len(set(blocks[tower].tolist())) for tower in towers)
+
+
+def assert_canonical(towers: list[list[int]], num_features: int) -> None:
+    assert sorted(i for tower in towers for i in tower) == list(range(num_features))
+    assert all(tower == sorted(tower) for tower in towers)
+    assert [tower[0] for tower in towers] == sorted(tower[0] for tower in towers)
+
+
+@pytest.mark.parametrize(
+    ("block_sizes", "max_size_ratio"),
+    [
+        ([8, 8, 8, 8], 1.0),
+        ([5, 5, 5, 5, 5, 5], 1.0),
+        ([7, 7, 6], 1.0),  # F = 20 not divisible by 3: sizes 7/7/6 match floor/ceil
+        ([6, 10, 8], 2.0),  # unequal blocks: bounds [6, 12] allow them
+        ([4, 12], 3.0),
+    ],
+)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_coherent_recovers_planted_blocks(block_sizes, max_size_ratio, seed):
+    affinity, blocks = planted_affinity(block_sizes, seed=seed)
+    result = tower_partition(
+        affinity,
+        len(block_sizes),
+        "coherent",
+        max_size_ratio=max_size_ratio,
+        seed=seed,
+        steps=STEPS,
+    )
+    assert adjusted_rand_score(blocks, result.labels) >= 0.9
+    assert_canonical(result.towers, len(blocks))
+
+
+@pytest.mark.parametrize(("num_blocks", "num_towers"), [(6, 4), (5, 3), (4, 6), (10, 2)])
+def test_diverse_spreads_blocks_over_towers(num_blocks, num_towers):
+    # Blocks of size T: the ideal diverse partition puts one member of every block in each tower.
+    collisions = []
+    random_collisions = []
+    for seed in range(3):
+        affinity, blocks = planted_affinity([num_towers] * num_blocks, seed=seed)
+        result = tower_partition(affinity, num_towers, "diverse", seed=seed, steps=STEPS)
+        collisions.append(same_block_pairs_in_towers(result.towers, blocks))
+        random_towers = random_partition(len(blocks), num_towers, seed=seed)
+        random_collisions.append(same_block_pairs_in_towers(random_towers, blocks))
+        coherent = tower_partition(affinity, num_towers, "coherent", seed=seed, steps=STEPS)
+        # Sanity of the measure: coherent does the opposite and piles blocks together.
+        assert same_block_pairs_in_towers(coherent.towers, blocks) > collisions[-1]
+    assert max(collisions) <= 2, collisions
+    assert collisions.count(0) >= 2, collisions
+    assert sum(collisions) < sum(random_collisions) / 2, (collisions, random_collisions)
+
+
+@pytest.mark.parametrize(
+    ("num_features", "num_towers"),
+    [(1, 1), (6, 1), (6, 6), (7, 2), (10, 3), (26, 8), (26, 16), (31, 5)],
+)
+@pytest.mark.parametrize("strategy", ["coherent", "diverse"])
+def test_balance_is_exact(num_features, num_towers, strategy):
+    affinity, _ = planted_affinity([num_features], within=0.5, noise=0.2, seed=num_features)
+    result = tower_partition(affinity, num_towers, strategy, steps=50, restarts=1)
+    floor, remainder = divmod(num_features, num_towers)
+    assert sorted(result.sizes) == [floor] * (num_towers - remainder) + [floor + 1] * remainder
+    assert result.num_towers == num_towers and result.num_features == num_features
+    assert_canonical(result.towers, num_features)
+
+
+@pytest.mark.parametrize("max_size_ratio", [1.5, 2.0, 4.0])
+def test_max_size_ratio_respected(max_size_ratio):
+    # One big block and two small ones into 3 towers: the big block wants a big tower.
+    affinity, _ = planted_affinity([20, 4, 4], seed=5)
+    result = tower_partition(affinity, 3, max_size_ratio=max_size_ratio, seed=0, steps=STEPS)
+    assert max(result.sizes) <= max_size_ratio * min(result.sizes)
+    assert max(result.sizes) > 28 / 3  # and the freedom is used
+
+
+def test_deterministic_by_seed():
+    affinity, _ = planted_affinity([6, 6, 6, 6], noise=0.3, seed=4)
+    first = tower_partition(affinity, 4, seed=11, steps=STEPS)
+    second = tower_partition(affinity, 4, seed=11, steps=STEPS)
+    assert first.towers == second.towers
+    assert first.stress == second.stress
+    np.testing.assert_array_equal(first.coords, second.coords)
+
+
+def test_partition_features_returns_towers():
+    affinity, blocks = planted_affinity([5, 5, 5], seed=3)
+    towers = partition_features(affinity, 3, "coherent", seed=0)
+    assert_canonical(towers, 15)
+    for tower in towers:
+        assert len(set(blocks[tower].tolist())) == 1
+
+
+def test_result_fields():
+    affinity, _ = planted_affinity([4, 4], seed=0)
+    result = tower_partition(affinity, 2, "diverse", embed_dim=3, seed=2, steps=50)
+    assert isinstance(result, PartitionResult)
+    assert result.coords.shape == (8, 3)
+    assert (result.strategy, result.seed, result.embed_dim) == ("diverse", 2, 3)
+    assert 0.0 <= result.stress < 1.0
+    assert result.pre_groups is None
+    for tower_index, tower in enumerate(result.towers):
+        assert (result.labels[tower] == tower_index).all()
+
+
+@pytest.mark.parametrize(
+    ("sizes", "num_towers", "expected"),
+    [
+        ([10, 10], 4, [2, 2]),
+        ([12, 6, 6], 4, [2, 1, 1]),
+        ([10, 5, 1], 4, [2, 1, 1]),  # the singleton takes a tower from the most over-served group
+        ([20, 6, 2], 7, [5, 1, 1]),  # quotas 5, 1.5, 0.5: the 0.5 remainder loses to the group's 1
+        ([3, 3, 3], 3, [1, 1, 1]),
+    ],
+)
+def test_allot_towers(sizes, num_towers, expected):
+    assert allot_towers(sizes, num_towers) == expected
+
+
+def test_allot_towers_errors():
+    with pytest.raises(
+        ValueError,
+        match=r"between the number of pre-groups \(3\) and the number of features \(9\).*got 2",
+    ):
+        allot_towers([3, 3, 3], 2)
+
+
+def test_hierarchical_keeps_pre_groups_apart():
+    # Blocks 0,1 are "item" features and block 2 "user"; an affinity that links blocks 1 and 2
+    # would merge them in a flat partition, but pre-groups forbid mixing.
+    affinity, blocks = planted_affinity([6, 6, 6], shuffle=False, seed=0)
+    affinity[6:12, 12:18] = affinity[12:18, 6:12] = 0.8
+    pre_groups = [list(range(12)), list(range(12, 18))]
+    result = partition_hierarchical(affinity, 3, pre_groups, seed=0, steps=STEPS)
+    assert result.pre_groups == pre_groups
+    assert result.sizes == [6, 6, 6]
+    for tower in result.towers:
+        assert len({0 if i < 12 else 1 for i in tower}) == 1
+    assert adjusted_rand_score(blocks, result.labels) >= 0.9
+    assert 0.0 <= result.stress < 1.0
+
+
+def test_hierarchical_allotment_and_errors():
+    affinity, _ = planted_affinity([8, 4], shuffle=False, seed=1)
+    result = partition_hierarchical(affinity, 3, [list(range(8)), list(range(8, 12))], steps=50)
+    assert sorted(result.sizes) == [4, 4, 4]
+
+    groups_ok = [list(range(8)), list(range(8, 12))]
+    with pytest.raises(ValueError, match="feature 3 is in pre-groups 0 and 1"):
+        partition_hierarchical(affinity, 2, [list(range(8)), [3] + list(range(8, 12))])
+    with pytest.raises(ValueError, match=r"must cover every feature; 1 missing, first \[11\]"):
+        partition_hierarchical(affinity, 2, [list(range(8)), list(range(8, 11))])
+    with pytest.raises(ValueError, match=r"feature index 12, outside \[0, 12\)"):
+        partition_hierarchical(affinity, 2, [list(range(8)), list(range(8, 13))])
+    with pytest.raises(ValueError, match=r"pre-groups \(2\).*got 1"):
+        partition_hierarchical(affinity, 1, groups_ok)
+
+
+@pytest.mark.parametrize(
+    ("affinity", "num_towers", "kwargs", "message"),
+    [
+        (np.ones((3, 4)), 2, {}, r"square \(F, F\) matrix, got shape \(3, 4\)"),
+        (np.array([[1.0, 0.1], [0.4, 1.0]]), 1, {}, "must be symmetric"),
+        (np.array([[1.0, np.nan], [np.nan, 1.0]]), 1, {}, "NaN or infinite"),
+        (np.full((2, 2), 2.0), 1, {}, r"must lie in \[0, 1\]"),
+        (np.eye(4), 0, {}, r"num_towers must be between 1 and the number of features \(4\), got 0"),
+        (np.eye(4), 5, {}, r"num_towers must be between 1 and the number of features \(4\), got 5"),
+        (np.eye(4), 2, {"max_size_ratio": 0.9}, r"max_size_ratio must be >= 1"),
+        (np.eye(4), 2, {"strategy": "random"}, r"strategy must be one of"),
+    ],
+)
+def test_errors(affinity, num_towers, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tower_partition(affinity, num_towers, steps=5, **kwargs)

@@ -1,0 +1,165 @@
+"""Feature affinity: streaming accumulator, model hook, validation and files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from dmt.partitioner.affinity import (
+    AffinityAccumulator,
+    check_affinity,
+    compute_affinity,
+    load_affinity,
+    model_affinity,
+    save_affinity,
+    sidecar_path,
+)
+
+
+def brute_force_affinity(samples: np.ndarray) -> np.ndarray:
+    """Reference: mean over samples of |cos| between every pair of feature vectors, float64."""
+    num_samples, num_features, _ = samples.shape
+    total = np.zeros((num_features, num_features))
+    for b in range(num_samples):
+        for i in range(num_features):
+            for j in range(num_features):
+                u, v = samples[b, i], samples[b, j]
+                nu, nv = np.linalg.norm(u), np.linalg.norm(v)
+                total[i, j] += 0.0 if nu == 0 or nv == 0 else abs(u @ v) / (nu * nv)
+    result = total / num_samples
+    np.fill_diagonal(result, 1.0)
+    return result
+
+
+def random_batches(seed: int, sizes=(5, 3, 7), num_features=6, dim=4):
+    generator = torch.Generator().manual_seed(seed)
+    batches = [torch.randn(b, num_features, dim, generator=generator) for b in sizes]
+    batches[1][0, 2] = 0.0  # an empty bag: contributes cosine 0
+    return batches
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 7, 1 << 22])
+def test_accumulator_matches_brute_force(chunk_elements):
+    batches = random_batches(seed=0)
+    accumulator = AffinityAccumulator(chunk_elements=chunk_elements)
+    for batch in batches:
+        accumulator.update(batch)
+    expected = brute_force_affinity(torch.cat(batches).double().numpy())
+    result = accumulator.result()
+    assert accumulator.num_samples == 15
+    assert result.dtype == np.float64
+    np.testing.assert_allclose(result, expected, atol=1e-6)
+    assert np.array_equal(result, result.T)
+    assert np.all(np.diag(result) == 1.0)
+
+
+def test_compute_affinity_accepts_per_feature_lists():
+    batches = random_batches(seed=1)
+    as_lists = [list(batch.unbind(dim=1)) for batch in batches]
+    np.testing.assert_allclose(compute_affinity(as_lists), compute_affinity(batches), atol=1e-12)
+
+
+def test_affinity_sign_and_scale_invariant():
+    # |cos| ignores sign and length: features 0 and 1 are the same direction up to -3x.
+    base = torch.randn(10, 1, 8)
+    pooled = torch.cat([base, -3 * base, torch.randn(10, 1, 8)], dim=1)
+    result = compute_affinity([pooled])
+    assert result[0, 1] == pytest.approx(1.0, abs=1e-6)
+    assert result[0, 2] < 0.9
+
+
+def test_different_embedding_dims_name_both_features():
+    accumulator = AffinityAccumulator(["cat_0", "cat_1", "cat_2"])
+    tensors = [torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 16)]
+    with pytest.raises(
+        ValueError,
+        match=r"feature 0 \('cat_0'\) has embedding dim 8 but feature 2 \('cat_2'\) has "
+        r"embedding dim 16",
+    ):
+        accumulator.update(tensors)
+
+
+def test_accumulator_errors():
+    with pytest.raises(ValueError, match=r"must have shape \(B, F, N\), got \(4, 3\)"):
+        AffinityAccumulator().update(torch.randn(4, 3))
+    accumulator = AffinityAccumulator()
+    accumulator.update(torch.randn(2, 3, 4))
+    with pytest.raises(ValueError, match="expected pooled embeddings of 3 features, got 5"):
+        accumulator.update(torch.randn(2, 5, 4))
+    with pytest.raises(ValueError, match="no samples accumulated"):
+        AffinityAccumulator().result()
+
+
+def test_model_affinity_uses_ebc_outputs():
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    from torchrec.datasets.utils import Batch
+
+    torch.manual_seed(0)
+    names = ["cat_0", "cat_1", "cat_2"]
+    ebc = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(name=f"t_{n}", embedding_dim=4, num_embeddings=10, feature_names=[n])
+            for n in names
+        ]
+    )
+    model = torch.nn.Module()
+    model.embedding_bag_collection = ebc
+
+    def make_batch(seed: int) -> Batch:
+        generator = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(1, 3, (len(names) * 5,), generator=generator)
+        values = torch.randint(0, 10, (int(lengths.sum()),), generator=generator)
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=names, values=values, lengths=lengths)
+        return Batch(torch.zeros(5, 1), kjt, torch.zeros(5))
+
+    batches = [make_batch(seed) for seed in range(3)]
+    result, order = model_affinity(model, batches, max_batches=2)
+    assert order == names
+    pooled = [ebc(b.sparse_features).values().detach().view(5, 3, 4) for b in batches[:2]]
+    np.testing.assert_allclose(result, brute_force_affinity(torch.cat(pooled).numpy()), atol=1e-5)
+
+    reordered, reorder_names = model_affinity(model, batches, feature_names=names[::-1])
+    assert reorder_names == names[::-1]
+    full, _ = model_affinity(model, batches)
+    np.testing.assert_allclose(reordered, full[::-1, ::-1], atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("matrix", "message"),
+    [
+        (np.ones((2, 3)), r"non-empty square \(F, F\) matrix, got shape \(2, 3\)"),
+        (np.ones(4), r"square \(F, F\) matrix, got shape \(4,\)"),
+        (np.array([[1.0, np.nan], [np.nan, 1.0]]), r"NaN or infinite values \(first at \[0, 1\]"),
+        (np.array([[1.0, 1.5], [1.5, 1.0]]), r"must lie in \[0, 1\].*got 1.5 at \[0, 1\]"),
+        (np.array([[1.0, -0.1], [-0.1, 1.0]]), r"must lie in \[0, 1\].*got -0.1 at \[0, 1\]"),
+        (np.array([[1.0, 0.2], [0.3, 1.0]]), r"must be symmetric.*affinity\[0, 1\] = 0.2"),
+    ],
+)
+def test_check_affinity_errors(matrix, message):
+    with pytest.raises(ValueError, match=message):
+        check_affinity(matrix)
+
+
+def test_save_load_roundtrip(tmp_path):
+    matrix = compute_affinity(random_batches(seed=2))
+    names = [f"f{i}" for i in range(6)]
+    path = tmp_path / "affinity.npy"
+    sidecar = save_affinity(path, matrix, names)
+    assert sidecar == sidecar_path(path) == tmp_path / "affinity.features.json"
+    assert json.loads(sidecar.read_text()) == {"feature_names": names}
+    loaded, loaded_names = load_affinity(path)
+    np.testing.assert_array_equal(loaded, matrix)
+    assert loaded_names == names
+
+    sidecar.unlink()
+    with pytest.warns(UserWarning, match="no feature-name sidecar"):
+        _, default_names = load_affinity(path)
+    assert default_names == [f"cat_{i}" for i in range(6)]
+
+    with pytest.raises(ValueError, match="must end in .npy"):
+        save_affinity(tmp_path / "affinity.bin", matrix, names)
+    with pytest.raises(ValueError, match="got 2 feature names for a 6 x 6 affinity"):
+        save_affinity(path, matrix, names[:2])

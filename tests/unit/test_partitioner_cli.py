@@ -1,0 +1,140 @@
+"""Partition outputs (YAML, heatmap, summary) and the dmt-partition command."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+
+from dmt.models.partition import check_partition, load_partition_file
+from dmt.partitioner import (
+    format_summary,
+    load_partition,
+    plot_affinity_heatmap,
+    save_affinity,
+    save_partition,
+    tower_partition,
+)
+from dmt.partitioner.cli import main, run_partition
+from dmt.partitioner.synthetic import planted_affinity
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def saved_affinity(tmp_path):
+    affinity, blocks = planted_affinity([4, 4, 4], seed=0)
+    names = [f"cat_{i}" for i in range(12)]
+    path = tmp_path / "affinity.npy"
+    save_affinity(path, affinity, names)
+    return path, affinity, blocks, names
+
+
+def test_cli_end_to_end(saved_affinity, tmp_path, capsys):
+    path, _, blocks, names = saved_affinity
+    out = tmp_path / "out"
+    assert (
+        main(["--affinity", str(path), "--num-towers", "3", "--seed", "1", "--out", str(out)]) == 0
+    )
+
+    document = yaml.safe_load((out / "partition.yaml").read_text())
+    assert document["num_towers"] == 3 and document["num_features"] == 12
+    assert document["strategy"] == "coherent" and document["seed"] == 1
+    assert document["affinity_source"] == str(path)
+    assert 0.0 <= document["stress"] < 1.0
+    towers = load_partition(out / "partition.yaml")
+    assert towers == document["towers"]
+    # Each tower is one planted block, named as in the sidecar.
+    for tower in towers:
+        assert len({int(blocks[names.index(name)]) for name in tower}) == 1
+    # The model side reads the same file.
+    assert load_partition_file(out / "partition.yaml") == towers
+    check_partition(towers, names)
+
+    png = (out / "affinity_heatmap.png").read_bytes()
+    assert png.startswith(PNG_MAGIC) and len(png) > 5_000
+    printed = capsys.readouterr().out
+    assert "12 features -> 3 towers" in printed and "stress" in printed
+
+
+def test_cli_diverse_with_pre_groups(saved_affinity, tmp_path):
+    path, _, _, names = saved_affinity
+    groups_file = tmp_path / "groups.yaml"
+    groups_file.write_text(yaml.safe_dump({"item": names[:8], "user": list(range(8, 12))}))
+    out = tmp_path / "out"
+    main(
+        [
+            "--affinity",
+            str(path),
+            "--num-towers",
+            "3",
+            "--strategy",
+            "diverse",
+            "--pre-groups",
+            str(groups_file),
+            "--out",
+            str(out),
+        ]
+    )
+    document = yaml.safe_load((out / "partition.yaml").read_text())
+    assert document["pre_groups"] == [names[:8], names[8:]]
+    assert sorted(len(tower) for tower in document["towers"]) == [4, 4, 4]
+    for tower in document["towers"]:
+        assert set(tower) <= set(names[:8]) or set(tower) <= set(names[8:])
+
+
+def test_cli_reports_user_errors(saved_affinity, tmp_path, capsys):
+    path, _, _, _ = saved_affinity
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--affinity", str(path), "--num-towers", "13", "--out", str(tmp_path / "o")])
+    assert exit_info.value.code == 2
+    assert "num_towers must be between 1 and the number of features (12), got 13" in (
+        capsys.readouterr().err
+    )
+
+
+def test_run_partition_returns_result(tmp_path):
+    affinity, _ = planted_affinity([3, 3], seed=2)
+    names = [f"f{i}" for i in range(6)]
+    result = run_partition(affinity, names, 2, out_dir=tmp_path, affinity_source="ckpt")
+    assert result.sizes == [3, 3]
+    assert yaml.safe_load((tmp_path / "partition.yaml").read_text())["affinity_source"] == "ckpt"
+    with pytest.raises(ValueError, match="got 5 feature names for a 6-feature affinity"):
+        run_partition(affinity, names[:5], 2, out_dir=tmp_path)
+
+
+def test_save_and_load_partition(tmp_path):
+    affinity, _ = planted_affinity([2, 3], seed=0)
+    result = tower_partition(affinity, 2, steps=50)
+    names = ["a", "b", "c", "d", "e"]
+    path = save_partition(tmp_path / "p.yaml", result, names)
+    assert load_partition(path) == [[names[i] for i in tower] for tower in result.towers]
+
+    (tmp_path / "bad.yaml").write_text("towers: [[a, b], [b]]\n")
+    with pytest.raises(ValueError, match=r"features in more than one tower: \['b'\]"):
+        load_partition(tmp_path / "bad.yaml")
+    (tmp_path / "empty.yaml").write_text("strategy: coherent\n")
+    with pytest.raises(ValueError, match="'towers' must be a non-empty list of non-empty lists"):
+        load_partition(tmp_path / "empty.yaml")
+
+
+def test_summary_table():
+    affinity = np.array(
+        [[1.0, 0.9, 0.1, 0.2], [0.9, 1.0, 0.3, 0.1], [0.1, 0.3, 1.0, 0.5], [0.2, 0.1, 0.5, 1.0]]
+    )
+    result = tower_partition(affinity, 2, steps=50)
+    assert result.towers == [[0, 1], [2, 3]]
+    summary = format_summary(result, affinity, ["a", "b", "c", "d"])
+    lines = summary.splitlines()
+    assert "4 features -> 2 towers" in lines[0]
+    # Mean within-tower affinity (0.9 + 0.5) / 2 and across (0.1 + 0.2 + 0.3 + 0.1) / 4.
+    assert "within towers 0.7000, across towers 0.1750" in lines[1]
+    assert lines[3].split() == ["0", "2", "0.9000", "a,", "b"]
+    assert lines[4].split() == ["1", "2", "0.5000", "c,", "d"]
+
+
+def test_heatmap_subsamples_large_matrices(tmp_path):
+    affinity, _ = planted_affinity([700, 700], noise=0.0, seed=0)
+    towers = [list(range(0, 1400, 2)), list(range(1, 1400, 2))]
+    path = plot_affinity_heatmap(tmp_path / "big.png", affinity, towers)
+    assert path.read_bytes().startswith(PNG_MAGIC)

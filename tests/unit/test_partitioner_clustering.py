@@ -1,0 +1,115 @@
+"""Balanced constrained K-Means, tower size bounds and the baseline partitions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dmt.partitioner.baselines import naive_partition, random_partition
+from dmt.partitioner.clustering import balanced_kmeans, tower_size_bounds
+
+FT_PAIRS = [(1, 1), (5, 1), (5, 5), (7, 2), (10, 3), (26, 8), (26, 16), (33, 4), (50, 7)]
+
+
+@pytest.mark.parametrize(("num_features", "num_towers"), FT_PAIRS)
+def test_kmeans_sizes_are_floor_ceil(num_features, num_towers):
+    coords = np.random.default_rng(num_features).normal(size=(num_features, 2))
+    labels = balanced_kmeans(coords, num_towers, seed=0)
+    sizes = np.bincount(labels, minlength=num_towers)
+    assert len(sizes) == num_towers
+    floor, remainder = divmod(num_features, num_towers)
+    assert sorted(sizes.tolist()) == [floor] * (num_towers - remainder) + [floor + 1] * remainder
+
+
+def test_kmeans_follows_clusters_and_seed():
+    rng = np.random.default_rng(0)
+    centers = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    truth = np.repeat(np.arange(3), 6)
+    coords = centers[truth] + 0.1 * rng.normal(size=(18, 2))
+    labels = balanced_kmeans(coords, 3, seed=3)
+    # Same clusters up to renaming.
+    assert len({(int(a), int(b)) for a, b in zip(truth, labels, strict=True)}) == 3
+    np.testing.assert_array_equal(labels, balanced_kmeans(coords, 3, seed=3))
+
+
+@pytest.mark.parametrize(
+    ("num_features", "num_towers", "ratio", "expected"),
+    [
+        (24, 4, 1.0, (6, 6)),
+        (26, 8, 1.0, (3, 4)),
+        (24, 3, 2.0, (6, 12)),  # widest range with size_max <= 2 * size_min
+        (100, 4, 2.0, (20, 40)),
+        (10, 2, math.inf, (1, 9)),
+        (10, 10, 3.0, (1, 1)),
+    ],
+)
+def test_size_bounds(num_features, num_towers, ratio, expected):
+    size_min, size_max = tower_size_bounds(num_features, num_towers, ratio)
+    assert (size_min, size_max) == expected
+    assert num_towers * size_min <= num_features <= num_towers * size_max
+
+
+@pytest.mark.parametrize("ratio", [1.5, 2.0, 3.0])
+def test_max_size_ratio_respected_on_unbalanced_data(ratio):
+    # Two natural clusters of 30 and 6 points into 2 towers: K-Means wants 30/6, the ratio caps it.
+    rng = np.random.default_rng(1)
+    coords = np.concatenate([rng.normal(size=(30, 2)), 20 + rng.normal(size=(6, 2))])
+    sizes = np.bincount(balanced_kmeans(coords, 2, max_size_ratio=ratio, seed=0))
+    assert sizes.max() <= ratio * sizes.min()
+    # The ratio is binding: the large cluster's tower is as big as allowed.
+    _, size_max = tower_size_bounds(36, 2, ratio)
+    assert sizes.max() == size_max < 30
+
+
+def test_ratio_finer_than_possible_falls_back_to_most_balanced():
+    # 10 features into 7 towers: sizes 1 and 2 are unavoidable (ratio 2).
+    with pytest.warns(UserWarning, match=r"max_size_ratio=1.5 cannot be met .* sizes 1 and 2"):
+        assert tower_size_bounds(10, 7, 1.5) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((10, 0, 1.0), r"num_towers must be between 1 and the number of features \(10\), got 0"),
+        ((10, 11, 1.0), r"num_towers must be between 1 and the number of features \(10\), got 11"),
+        ((10, 2, 0.5), r"max_size_ratio must be >= 1 \(largest tower / smallest tower\), got 0.5"),
+        ((10, 2, math.nan), r"max_size_ratio must be >= 1 .*got nan"),
+    ],
+)
+def test_size_bound_errors(args, message):
+    with pytest.raises(ValueError, match=message):
+        tower_size_bounds(*args)
+
+
+def test_naive_partition_matches_paper_example():
+    # DMT paper §5.2.3, 26 Criteo sparse features into 8 towers.
+    assert naive_partition(26, 8) == [
+        [0, 8, 16, 24],
+        [1, 9, 17, 25],
+        [2, 10, 18],
+        [3, 11, 19],
+        [4, 12, 20],
+        [5, 13, 21],
+        [6, 14, 22],
+        [7, 15, 23],
+    ]
+    assert naive_partition(3, 1) == [[0, 1, 2]]
+    with pytest.raises(ValueError, match="num_towers must be between 1"):
+        naive_partition(3, 4)
+
+
+@pytest.mark.parametrize(("num_features", "num_towers"), FT_PAIRS)
+def test_random_partition_balanced_and_seeded(num_features, num_towers):
+    towers = random_partition(num_features, num_towers, seed=1)
+    assert sorted(i for tower in towers for i in tower) == list(range(num_features))
+    sizes = [len(tower) for tower in towers]
+    assert len(towers) == num_towers and max(sizes) - min(sizes) <= 1
+    assert all(tower == sorted(tower) for tower in towers)
+    assert [tower[0] for tower in towers] == sorted(tower[0] for tower in towers)
+    assert towers == random_partition(num_features, num_towers, seed=1)
+
+
+def test_random_partition_depends_on_seed():
+    assert random_partition(26, 8, seed=0) != random_partition(26, 8, seed=1)
