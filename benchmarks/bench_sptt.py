@@ -13,6 +13,11 @@ Modes (one training step = forward, backward with the fused sparse optimizer, de
 * ``dmt``: the DMT model with DLRM tower modules (``c = 1, p = 0, D = --tower-dim``) on the same
   towers: compression ratio ``N / D``.
 
+``--peer-permute output,input,auto,skip`` runs ``sptt`` and ``dmt`` once per setting of where step
+c permutes (paper section 3.1.3, :mod:`dmt.sptt.peer_permute`), as ``sptt:input`` and so on:
+the pooled output, the sparse input before the lookup, the smaller of the two, or nothing (step a
+delivers peer order). The ``c MB`` column gives the bytes step c shuffled (local, no wire).
+
 Reported per mode: the median over ``--runs`` runs of the median step time of each run, and, per
 step and summed over all ranks, the bytes each process group carries and how many cross a host
 boundary (``L`` ranks per host). Gradient all-reduces are counted with the ring model
@@ -61,12 +66,14 @@ from dmt.runtime import Runtime
 from dmt.sharding import shard_model
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.dmt_sharding import shard_dmt
+from dmt.sptt.peer_permute import PEER_PERMUTES
 from dmt.sptt.process_groups import create_process_groups
 from dmt.sptt.topology import Topology
 from dmt.trainer import TrainTask
 
 MODES = ("flat", "flat-1tower", "sptt", "dmt")
 GROUP_OF_STEP = {"a": "world", "d": "tower", "f": "peer", "tm": "tower", "dense": "world"}
+SHUFFLED = ("output", "input", "none")  # what step c permuted
 
 
 def _parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -82,6 +89,11 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hotness", type=int, default=1, help="ids per sample and feature")
     p.add_argument("--flat-sharding", default="table_wise", choices=["table_wise", "planner"])
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
+    p.add_argument(
+        "--peer-permute",
+        default="output",
+        help=f"where step c permutes in sptt/dmt: comma-separated, of {PEER_PERMUTES}",
+    )
     p.add_argument("--iters", type=int, default=10, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before each run")
     p.add_argument("--runs", type=int, default=3, help="runs per mode (modes interleaved)")
@@ -100,6 +112,9 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.modes.split(",")) - set(MODES)
     if unknown:
         p.error(f"unknown modes {sorted(unknown)}; choose from {MODES}")
+    unknown = set(args.peer_permute.split(",")) - set(PEER_PERMUTES)
+    if unknown:
+        p.error(f"unknown --peer-permute {sorted(unknown)}; choose from {PEER_PERMUTES}")
     if args.world_size % args.nnodes:
         p.error("--world-size must be a multiple of --nnodes")
     if args.nnodes > 1 and not args.init_file:
@@ -182,7 +197,12 @@ def _flat(args: argparse.Namespace, runtime: Runtime) -> tuple[nn.Module, Any, N
 
 
 def _sptt(
-    args: argparse.Namespace, runtime: Runtime, topo: Topology, hosts: Topology, tower: str
+    args: argparse.Namespace,
+    runtime: Runtime,
+    topo: Topology,
+    hosts: Topology,
+    tower: str,
+    peer_permute: str = "output",
 ) -> tuple[nn.Module, Any, CommStats]:
     stats = CommStats(hosts, runtime.rank)
     groups = create_process_groups(topo, timeout=timedelta(minutes=5))
@@ -193,6 +213,7 @@ def _sptt(
         groups=groups,
         optim_cfg=OPTIM,
         stats=stats,
+        peer_permute=peer_permute,
     )
     return task, optimizer, stats
 
@@ -220,9 +241,9 @@ def _main_on_rank(args: argparse.Namespace) -> dict[str, Any] | None:
         rank, world_size, local_rank, args.local_world_size, device, dist.get_backend()
     )
     hosts = Topology(world_size, args.local_world_size, args.hosts_per_tower)
-    modes = args.modes.split(",")
+    settings = args.peer_permute.split(",")
     built: dict[str, tuple[nn.Module, Any, CommStats | None]] = {}
-    for mode in modes:  # every rank builds the modes in the same order (collectives)
+    for mode in args.modes.split(","):  # every rank builds the modes in the same order
         if mode == "flat":
             built[mode] = _flat(args, runtime)
         elif mode == "flat-1tower":
@@ -230,9 +251,11 @@ def _main_on_rank(args: argparse.Namespace) -> dict[str, Any] | None:
                 args, runtime, Topology(world_size, world_size), hosts, "passthrough"
             )
         else:
-            built[mode] = _sptt(
-                args, runtime, hosts, hosts, "passthrough" if mode == "sptt" else "dlrm"
-            )
+            tower = "passthrough" if mode == "sptt" else "dlrm"
+            for setting in settings:
+                name = mode if len(settings) == 1 else f"{mode}:{setting}"
+                built[name] = _sptt(args, runtime, hosts, hosts, tower, setting)
+    modes = list(built)
     batches = _batches(args, rank, device)
 
     run_medians: dict[str, list[float]] = {m: [] for m in modes}
@@ -260,7 +283,7 @@ def _main_on_rank(args: argparse.Namespace) -> dict[str, Any] | None:
             "ms_per_step_runs": [t * 1e3 for t in run_medians[mode]],
             "bytes_per_step": {k: v / steps_counted for k, v in counts.items()},
         }
-        if mode == "dmt":
+        if mode.startswith("dmt"):
             dmt_model = _model(args, hosts.num_towers, "dlrm")
             results[mode]["compression_ratio"] = compression_ratio(dmt_model)
     if rank != 0:
@@ -276,7 +299,12 @@ def _world_totals(stats: CommStats, device: torch.device) -> dict[str, float]:
         for step in GROUP_OF_STEP
         for d in ("forward", "backward")
         for field in ("bytes_sent", "bytes_cross_host")
-    )
+    ) + [
+        f"c/{what}/{d}/{field}"
+        for what in SHUFFLED
+        for d in ("forward", "backward")
+        for field in ("calls", "bytes_shuffled")
+    ]
     values = torch.tensor(
         [float(local.get(k, 0)) for k in keys], dtype=torch.float64, device=device
     )
@@ -288,6 +316,8 @@ def _group_totals(bytes_per_step: dict[str, float]) -> dict[str, dict[str, float
     out: dict[str, dict[str, float]] = {}
     for key, value in bytes_per_step.items():
         step, group, _, field = key.split("/")
+        if step == "c":
+            continue
         entry = out.setdefault(group, {"bytes_sent": 0.0, "bytes_cross_host": 0.0})
         entry[field] += value
     return out
@@ -301,7 +331,7 @@ def _report(args: argparse.Namespace, results: dict[str, Any]) -> str:
         f"rows={args.rows} hotness={args.hotness} flat={args.flat_sharding}; median of "
         f"{args.runs} runs x {args.iters} steps; MB per step summed over ranks (fwd+bwd)",
         f"{'mode':12s} {'ms/step':>9s} {'x flat':>7s} {'world MB':>9s} {'tower MB':>9s} "
-        f"{'peer MB':>9s} {'total MB':>9s} {'cross MB':>9s} {'cross x':>8s}",
+        f"{'peer MB':>9s} {'total MB':>9s} {'cross MB':>9s} {'cross x':>8s} {'c MB':>8s}",
     ]
     flat_ms = results.get("flat", {}).get("ms_per_step")
     flat_bytes = results.get("flat-1tower", {}).get("bytes_per_step")
@@ -324,10 +354,11 @@ def _report(args: argparse.Namespace, results: dict[str, Any]) -> str:
         speed = f"{flat_ms / r['ms_per_step']:7.2f}" if flat_ms else "      -"
         ratio = f"{flat_cross / cross:8.2f}" if flat_cross and cross else "       -"
         total = sum(mb.values())
+        shuffled = sum(v for k, v in r["bytes_per_step"].items() if k.endswith("/bytes_shuffled"))
         lines.append(
             f"{mode:12s} {r['ms_per_step']:9.2f} {speed} {mb['world']:9.3f} {mb['tower']:9.3f} "
             f"{mb['peer']:9.3f} {total:9.3f} "
-            f"{(cross or 0) / 1e6:9.3f} {ratio}"
+            f"{(cross or 0) / 1e6:9.3f} {ratio} {shuffled / 1e6:8.3f}"
         )
     lines.append(
         f"groups: world = G = {args.world_size} ranks (step a, dense all-reduce); tower = K L = "
@@ -336,15 +367,19 @@ def _report(args: argparse.Namespace, results: dict[str, Any]) -> str:
     )
     lines.append(
         "x flat: flat ms / mode ms (speed-up); cross x: flat cross-host bytes / mode's. "
-        "flat's bytes are flat-1tower's (the same flows)."
+        "flat's bytes are flat-1tower's (the same flows). c MB: bytes step c's peer permute "
+        "shuffled in memory (not on a wire; mode:setting = --peer-permute setting)."
     )
-    if "dmt" in results:
-        lines.append(
-            f"dmt compression ratio F N / sum O_t = {results['dmt']['compression_ratio']:.2f}"
-        )
+    ratios = [r["compression_ratio"] for r in results.values() if "compression_ratio" in r]
+    if ratios:
+        lines.append(f"dmt compression ratio F N / sum O_t = {ratios[0]:.2f}")
     for mode, r in results.items():
         lines.append(f"  {mode}: runs ms/step {[round(t, 2) for t in r['ms_per_step_runs']]}")
         for key in sorted(r["bytes_per_step"]):
+            if key.startswith("c/") and key.endswith("/calls") and r["bytes_per_step"][key]:
+                moved = r["bytes_per_step"][key.replace("/calls", "/bytes_shuffled")]
+                what = key.removesuffix("/calls")
+                lines.append(f"    {what:28s} {moved / 1e6:9.3f} MB  shuffled (step c, local)")
             if key.endswith("bytes_sent") and r["bytes_per_step"][key]:
                 cross = r["bytes_per_step"][key.replace("bytes_sent", "bytes_cross_host")]
                 lines.append(

@@ -135,6 +135,9 @@ class CriteoConfig:
     """Load the arrays into RAM; False memory-maps them and reads batch by batch (bounded memory)."""
     prefetch_batches: int = 4
     """Batches prepared ahead by a background thread (0 disables the thread)."""
+    auto_preprocess: bool = True
+    """Training with ``raw_path`` set runs ``dmt-preprocess`` first (a no-op when
+    ``preprocessed_dir`` is up to date; an error when it was made with other settings)."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` on settings that cannot work."""
@@ -258,6 +261,7 @@ class SPTTConfig:
     hosts_per_tower: int = 1  # K: hosts per tower; T = G / (K L) must equal the model's towers
     local_world_size: int | None = None  # L: ranks per host (None: torchrun's LOCAL_WORLD_SIZE); set to emulate hosts
     sharding_type: str = "table_wise"  # tables inside a tower: table_wise, column_wise or row_wise
+    peer_permute: str = "output"  # step c (§3.1.3): permute the pooled "output", the sparse "input" (b, c swapped), "auto" (fewer bytes) or "skip" (step a delivers peer order)
     timeout_s: float = 300.0  # timeout of the SPTT process groups (a failing rank fails the job)
 
 
@@ -430,3 +434,4 @@ def validate(cfg: Config) -> None:
         if sp.local_world_size is not None:
             _positive("sptt.local_world_size", sp.local_world_size)
         _choice("sptt.sharding_type", sp.sharding_type, ("table_wise", "column_wise", "row_wise"))
+        _choice("sptt.peer_permute", sp.peer_permute, ("output", "input", "auto", "skip"))

@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from datetime import timedelta
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -84,6 +85,7 @@ class Trainer:
             self.model, self.optimizer = shard_dmt(
                 TrainTask(plain), runtime, topology=topology, optim_cfg=cfg.optim,
                 sharding_type=cfg.sptt.sharding_type, init_seed=cfg.trainer.seed,
+                peer_permute=cfg.sptt.peer_permute,
                 timeout=timedelta(seconds=cfg.sptt.timeout_s),
             )
         else:
@@ -223,7 +225,7 @@ class Trainer:
         return checkpoint.save(
             self.checkpoint_root(), self.model, self.optimizer,
             step=self.step, epoch=epoch, batch_in_epoch=batch_in_epoch, rank=self.rt.rank,
-            world_size=self.rt.world_size,
+            world_size=self.rt.world_size, config=OmegaConf.to_yaml(OmegaConf.structured(self.cfg)),
         )
 
     def _log(self, values: dict[str, float]) -> None:

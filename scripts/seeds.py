@@ -11,7 +11,7 @@ collected, e.g. a Hydra multirun on a cluster::
     dmt-train -m experiment=paper_dmt_16t_dlrm trainer.seed='range(9)' \\
         hydra.sweep.dir=study/naive hydra.sweep.subdir='seed_${trainer.seed}'
 
-The first ``--config`` is compared with every other one. Example (Table 6 on the CPU-sized
+The first ``--config`` is compared with every other one, or the pairs given with ``--pair A B``. Example (Table 6 on the CPU-sized
 DMT-DLRM; ``tp.yaml`` from ``dmt-partition``)::
 
     python scripts/seeds.py --seeds 9 --out study \\
@@ -85,8 +85,16 @@ def study(
     train_missing: bool = True,
     alternative: str = "two-sided",
     method: str = "auto",
+    pairs: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    """Run (or read) every config at every seed; summary and comparisons as a JSON-able dict."""
+    """Run (or read) every config at every seed; summary and comparisons as a JSON-able dict.
+
+    ``pairs`` lists the ``(a, b)`` comparisons; by default the first config against each other.
+    """
+    names = list(configs)
+    unknown = sorted({n for pair in pairs for n in pair} - set(names))
+    if unknown:
+        raise ValueError(f"--pair names unknown config(s) {unknown}; the configs are {names}")
     from dmt.train import compose_config, train  # noqa: PLC0415  (keeps --help fast)
 
     results: dict[str, Any] = {}
@@ -112,14 +120,10 @@ def study(
                 raise KeyError(f"{path} has no {metric!r} (has {sorted(metrics)})")
             values.append(metrics[metric])
         results[name] = {"overrides": [*common, *overrides], **summarize(values)}
-    names = list(configs)
+    chosen = list(pairs) or [(names[0], other) for other in names[1:]]
     comparisons = [
-        {
-            "a": names[0],
-            "b": other,
-            **compare(results[names[0]]["values"], results[other]["values"], alternative, method),
-        }
-        for other in names[1:]
+        {"a": a, "b": b, **compare(results[a]["values"], results[b]["values"], alternative, method)}
+        for a, b in chosen
     ]
     return {"metric": metric, "seeds": list(seeds), "configs": results, "comparisons": comparisons}
 
@@ -195,6 +199,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="Mann-Whitney alternative for the first config against each other one",
     )
     parser.add_argument(
+        "--pair",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("A", "B"),
+        help="compare config A with config B (repeat); default: the first config with each other",
+    )
+    parser.add_argument(
         "--method",
         choices=("auto", "exact", "asymptotic"),
         default="auto",
@@ -216,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         train_missing=not args.no_train,
         alternative=args.alternative,
         method=args.method,
+        pairs=[tuple(pair) for pair in args.pair],
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "seeds.json").write_text(json.dumps(report, indent=2) + "\n")

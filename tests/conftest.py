@@ -22,3 +22,14 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"{SHARED_DATA} is absent (Criteo samples are not distributed with dmt)")
     return SHARED_DATA
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models: intra-op threads only contend with each other (and with other jobs)."""
+    import torch  # noqa: PLC0415
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -2,9 +2,9 @@
 :mod:`dmt.config` and is re-exported here."""
 
 from dmt.config import (  # noqa: F401
-    CriteoConfig,
+    CATEGORICAL_MODES,
+    DEFAULT_EVAL_DAY,
     DEFAULT_SPLIT_FRACTIONS,
     DEFAULT_TRAIN_DAYS,
-    DEFAULT_EVAL_DAY,
-    CATEGORICAL_MODES,
+    CriteoConfig,
 )

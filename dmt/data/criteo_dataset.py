@@ -41,6 +41,7 @@ from dmt.data.criteo_preprocess import (
     NUM_DENSE,
     SPARSE_NAMES,
     open_array,
+    preprocess_criteo,
     read_manifest,
     split_dir,
     transform_tsv,
@@ -356,6 +357,30 @@ def tsv_source(
     )
 
 
+def _preprocess_once(c: CriteoConfig, *, rank: int, world_size: int) -> None:
+    """Rank 0 brings ``c.preprocessed_dir`` up to date (a no-op when it is); the others wait."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    distributed = world_size > 1 and dist.is_available() and dist.is_initialized()
+    error: str | None = None
+    if rank == 0:
+        try:
+            preprocess_criteo(c, progress=True)
+        except ValueError as exc:
+            error = str(exc)
+    if distributed:
+        # every rank learns whether rank 0 failed, so none waits forever on missing files
+        box: list[Any] = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error is not None:
+        raise ValueError(
+            f"preprocessing data.criteo.raw_path={c.raw_path!r} into "
+            f"data.criteo.preprocessed_dir={c.preprocessed_dir!r} failed: {error} "
+            "(set data.criteo.auto_preprocess=false to use an existing directory as is)"
+        )
+
+
 def build_criteo(
     cfg: DataConfig, *, rank: int = 0, world_size: int = 1, seed: int = 0
 ) -> DataBundle:
@@ -367,6 +392,8 @@ def build_criteo(
     c = as_criteo_config(cfg.criteo)
     c.validate()
     root = Path(c.preprocessed_dir)
+    if c.auto_preprocess and c.raw_path is not None:
+        _preprocess_once(c, rank=rank, world_size=world_size)
     manifest = read_manifest(root)
     schema = read_schema(root)
 

@@ -160,7 +160,7 @@ class DMTModel(nn.Module):
         """``(V_t, D)`` of every tower's output."""
         return [(t.tower_module.num_vectors, t.tower_module.dim) for t in self.towers]
 
-    def _split_features(self, sparse_features: KeyedJaggedTensor) -> list[KeyedJaggedTensor]:
+    def split_features(self, sparse_features: KeyedJaggedTensor) -> list[KeyedJaggedTensor]:
         keys = sparse_features.keys()
         if keys != self._flat_partition:
             missing = [f for f in self._flat_partition if f not in keys]
@@ -172,12 +172,12 @@ class DMTModel(nn.Module):
     def tower_embeddings(self, sparse_features: KeyedJaggedTensor) -> list[torch.Tensor]:
         """Every tower's pooled embeddings, ``T`` tensors ``(B, F_t, N)``."""
         return [
-            t.embeddings(kjt) for t, kjt in zip(self.towers, self._split_features(sparse_features))
+            t.embeddings(kjt) for t, kjt in zip(self.towers, self.split_features(sparse_features))
         ]
 
     def tower_outputs(self, sparse_features: KeyedJaggedTensor) -> list[torch.Tensor]:
         """Every tower's module output, ``T`` tensors ``(B, V_t, D)``."""
-        return [t(kjt) for t, kjt in zip(self.towers, self._split_features(sparse_features))]
+        return [t(kjt) for t, kjt in zip(self.towers, self.split_features(sparse_features))]
 
     def interact(
         self, dense_features: torch.Tensor, tower_outputs: list[torch.Tensor]

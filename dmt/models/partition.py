@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from dmt.config import PartitionConfig
+from dmt.partitioner.baselines import naive_partition as naive_indices
 
 
 def describe_features(names: Sequence[str]) -> str:
@@ -69,7 +70,7 @@ def naive_partition(feature_names: Sequence[str], num_towers: int) -> list[list[
             f"num_towers={num_towers!r} must be an integer in [1, {F}] for {F} sparse features "
             "(more towers than features would leave towers empty)"
         )
-    return [list(feature_names[t::num_towers]) for t in range(num_towers)]
+    return [[feature_names[i] for i in tower] for tower in naive_indices(F, num_towers)]
 
 
 def per_feature_partition(feature_names: Sequence[str]) -> list[list[str]]:

@@ -178,8 +178,9 @@ def model_affinity(
     """Affinity of a trained model's pooled sparse embeddings, under ``torch.no_grad()``.
 
     Args:
-        model: any module with ``embedding_bag_collection`` (a TorchRec
-            ``EmbeddingBagCollection``, called on ``batch.sparse_features``).
+        model: a module with ``embedding_bag_collection`` (a TorchRec
+            ``EmbeddingBagCollection``, called on ``batch.sparse_features``), or a DMT model
+            (``towers``, each with its own collection over its features).
         batches: TorchRec ``Batch`` objects; only ``batch.sparse_features`` (a KJT) is used.
         max_batches: stop after this many batches (all when ``None``).
         feature_names: row order of the result (e.g. the data's sparse feature order); defaults
@@ -189,14 +190,16 @@ def model_affinity(
     Returns:
         ``(affinity, feature_names)``, the float64 ``(F, F)`` affinity and its row order.
     """
-    ebc = model.embedding_bag_collection
+    collections = _embedding_collections(model)
     accumulator: AffinityAccumulator | None = None
     order = list(feature_names) if feature_names is not None else None
     with torch.no_grad():
         for index, batch in enumerate(batches):
             if max_batches is not None and index >= max_batches:
                 break
-            per_feature = ebc(batch.sparse_features).to_dict()
+            per_feature: dict[str, torch.Tensor] = {}
+            for ebc, kjt in collections(batch.sparse_features):
+                per_feature.update(ebc(kjt).to_dict())
             if order is None:
                 order = list(per_feature)
             if set(order) != set(per_feature):
@@ -209,6 +212,27 @@ def model_affinity(
     if accumulator is None or order is None:
         raise ValueError("no batches given; model_affinity needs at least one batch")
     return accumulator.result(), order
+
+
+def _embedding_collections(model: torch.nn.Module) -> Any:
+    """``features -> [(ebc, kjt), ...]``: the model's embedding bag collections and their inputs.
+
+    A base model has one ``embedding_bag_collection``; a DMT model (:class:`dmt.models.DMTModel`)
+    has one per tower, each fed the tower's features.
+    """
+    if hasattr(model, "embedding_bag_collection"):
+        ebc = model.embedding_bag_collection
+        return lambda features: [(ebc, features)]
+    towers = getattr(model, "towers", None)
+    split = getattr(model, "split_features", None)  # DMTModel: one KJT per tower
+    if towers is not None and split is not None:
+        return lambda features: [
+            (tower.embedding_bag_collection, kjt) for tower, kjt in zip(towers, split(features))
+        ]
+    raise ValueError(
+        f"{type(model).__name__} has no embedding_bag_collection (a base model) and no towers "
+        "(a DMT model); model_affinity needs the pooled embedding of every sparse feature"
+    )
 
 
 def check_affinity(affinity: np.ndarray | torch.Tensor) -> np.ndarray:

@@ -1,12 +1,17 @@
-"""``dmt-partition``: run the Tower Partitioner on a saved affinity matrix.
+"""``dmt-partition``: run the Tower Partitioner on a saved affinity matrix or a trained model.
 
-Example::
+Examples::
 
     dmt-partition --affinity affinity.npy --num-towers 8 --strategy coherent --out outputs/tp
+    dmt-partition --checkpoint outputs/<run>/checkpoints --data val --num-towers 8 --out outputs/tp
 
-writes ``outputs/tp/partition.yaml`` and ``outputs/tp/affinity_heatmap.png`` and prints a summary.
-Feature names come from the affinity's sidecar ``affinity.features.json`` (see
-:mod:`dmt.partitioner.affinity`), else ``cat_0 ..``.
+write ``outputs/tp/partition.yaml`` and ``outputs/tp/affinity_heatmap.png`` and print a summary.
+With ``--affinity``, feature names come from the affinity's sidecar ``affinity.features.json``
+(see :mod:`dmt.partitioner.affinity`), else ``cat_0 ..``. With ``--checkpoint`` (a training
+checkpoint, read as ``dmt-eval`` reads it: :mod:`dmt.evaluate`), the affinity is computed from the
+model's pooled embeddings over ``--data`` (the run's ``train``/``val``/``test`` split, a raw Criteo
+TSV or a preprocessed split; at most ``--max-batches`` batches) and saved as
+``outputs/tp/affinity.npy`` (with its feature-name sidecar) for later runs.
 
 ``--pre-groups FILE.yaml`` switches to hierarchical mode. The file holds either a list of groups or
 a mapping from group name to group; each group is a list of feature names or feature indices::
@@ -24,15 +29,45 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dmt.partitioner.affinity import load_affinity
+from dmt.partitioner.affinity import load_affinity, model_affinity, save_affinity
 from dmt.partitioner.distance import STRATEGIES
 from dmt.partitioner.output import format_summary, plot_affinity_heatmap, save_partition
 from dmt.partitioner.partition import PartitionResult, partition_hierarchical, tower_partition
 
-__all__ = ["PARTITION_FILE", "HEATMAP_FILE", "load_pre_groups", "main", "run_partition"]
+__all__ = [
+    "AFFINITY_FILE",
+    "HEATMAP_FILE",
+    "PARTITION_FILE",
+    "checkpoint_affinity",
+    "load_pre_groups",
+    "main",
+    "run_partition",
+]
 
 PARTITION_FILE = "partition.yaml"
 HEATMAP_FILE = "affinity_heatmap.png"
+AFFINITY_FILE = "affinity.npy"
+
+
+def checkpoint_affinity(
+    checkpoint: str | Path,
+    data: str = "val",
+    *,
+    max_batches: int | None = None,
+    batch_size: int = 4096,
+    config: str | Path | None = None,
+) -> tuple[np.ndarray, list[str]]:
+    """The feature affinity of a training checkpoint's model over ``data`` (see the module
+    docstring), rows in the run's sparse feature order."""
+    from dmt.evaluate import load_model, open_checkpoint, open_data, run_schema  # noqa: PLC0415
+
+    ckpt = open_checkpoint(checkpoint, config)
+    model = load_model(ckpt)
+    rows = open_data(ckpt, data, batch_size=batch_size, progress=False)
+    feature_names, _, _ = run_schema(ckpt.config)
+    return model_affinity(
+        model, rows.source.batches(0), max_batches, feature_names=feature_names
+    )
 
 
 def run_partition(
@@ -128,7 +163,29 @@ def _parser() -> argparse.ArgumentParser:
         description="Tower Partitioner (DMT paper §3.3): balanced feature-to-tower assignment "
         "from a feature affinity matrix.",
     )
-    parser.add_argument("--affinity", required=True, type=Path, help="(F, F) affinity .npy")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--affinity", type=Path, help="(F, F) affinity .npy")
+    source.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="training checkpoint (<run>/checkpoints or its step_N): compute the affinity "
+        "from the model's embeddings",
+    )
+    parser.add_argument(
+        "--data",
+        default="val",
+        help="with --checkpoint: train|val|test, a raw Criteo TSV or a preprocessed split "
+        "(default: val)",
+    )
+    parser.add_argument(
+        "--max-batches", type=int, default=None, help="with --checkpoint: batches to average over"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=4096, help="with --checkpoint: samples per batch"
+    )
+    parser.add_argument(
+        "--config", type=Path, help="with --checkpoint: the run's config, if not found beside it"
+    )
     parser.add_argument("--num-towers", required=True, type=int, help="number of towers T")
     parser.add_argument("--strategy", choices=STRATEGIES, default="coherent")
     parser.add_argument(
@@ -148,8 +205,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.max_batches is not None and args.max_batches < 1:
+        parser.error(f"--max-batches must be at least 1; got {args.max_batches}")
     try:
-        affinity, feature_names = load_affinity(args.affinity)
+        if args.checkpoint is not None:
+            affinity, feature_names = checkpoint_affinity(
+                args.checkpoint,
+                args.data,
+                max_batches=args.max_batches,
+                batch_size=args.batch_size,
+                config=args.config,
+            )
+            source = f"checkpoint {args.checkpoint} on {args.data}"
+        else:
+            affinity, feature_names = load_affinity(args.affinity)
+            source = str(args.affinity)
         pre_groups = (
             load_pre_groups(args.pre_groups, feature_names) if args.pre_groups is not None else None
         )
@@ -163,12 +233,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             embed_dim=args.embed_dim,
             seed=args.seed,
             pre_groups=pre_groups,
-            affinity_source=str(args.affinity),
+            affinity_source=source,
         )
+        if args.checkpoint is not None:
+            save_affinity(args.out / AFFINITY_FILE, affinity, feature_names)
     except (OSError, ValueError) as error:
         parser.error(str(error))  # exits with status 2 and the message on stderr
     print(format_summary(result, affinity, feature_names))
-    print(f"wrote {args.out / PARTITION_FILE} and {args.out / HEATMAP_FILE}")
+    written = [PARTITION_FILE, HEATMAP_FILE] + ([AFFINITY_FILE] if args.checkpoint else [])
+    print("wrote " + ", ".join(str(args.out / name) for name in written))
     return 0
 
 

@@ -2,6 +2,8 @@
 
 * :mod:`dmt.sptt.topology`: hosts, towers, peers, peer order (pure).
 * :mod:`dmt.sptt.plan`: table shards inside towers and the feature layouts of steps a-f (pure).
+* :mod:`dmt.sptt.peer_permute`: where step c permutes, the byte rule of ``"auto"`` and when it
+  can be skipped (pure).
 * :mod:`dmt.sptt.process_groups`: the world, intra-tower and peer process groups.
 * :mod:`dmt.sptt.dataflow`: steps a-f of one rank, with the tower-module hook.
 * :mod:`dmt.sptt.collectives`: autograd all-to-all and reduce-scatter with exact backward.

@@ -9,6 +9,11 @@ Steps (paper Figure 7): ``"a"`` sparse-input all-to-all over the world, ``"d"`` 
 exchange of pooled embeddings, ``"f"`` peer all-to-all of tower outputs. KJT all-to-all payloads
 count lengths, values and weights; the small split-size exchange TorchRec does first is not
 counted.
+
+The local peer permute of step c is counted too, as a shuffle (:meth:`CommStats.record_shuffle`):
+in ``bytes_shuffled``, never in ``bytes_sent``, keyed by what it permuted instead of a group:
+``("c", "output" | "input" | "none", direction)`` (``"none"``: the blocks arrived in peer order,
+nothing moved; see :mod:`dmt.sptt.peer_permute`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class CommCounter:
     """Bytes this rank sent to other ranks."""
     bytes_cross_host: int = 0
     """The part of ``bytes_sent`` whose destination is on another host."""
+    bytes_shuffled: int = 0
+    """Bytes a local shuffle (step c) moved in this rank's memory; no wire."""
 
 
 @dataclass
@@ -69,6 +76,14 @@ class CommStats:
             if self.topology.crosses_host(self.rank, dst):
                 counter.bytes_cross_host += nbytes
 
+    def record_shuffle(
+        self, step: str, what: str, nbytes: int, *, direction: str = "forward"
+    ) -> None:
+        """Add one local shuffle of ``nbytes`` of ``what`` (e.g. step ``"c"`` of the ``"input"``)."""
+        counter = self.counters.setdefault((step, what, direction), CommCounter())
+        counter.calls += 1
+        counter.bytes_shuffled += nbytes
+
     def total(self, *, direction: str | None = None) -> CommCounter:
         """Sum over all counters (of one ``direction`` if given)."""
         out = CommCounter()
@@ -77,6 +92,7 @@ class CommStats:
                 out.calls += c.calls
                 out.bytes_sent += c.bytes_sent
                 out.bytes_cross_host += c.bytes_cross_host
+                out.bytes_shuffled += c.bytes_shuffled
         return out
 
     def reset(self) -> None:
@@ -91,4 +107,5 @@ class CommStats:
             out[f"{prefix}/calls"] = c.calls
             out[f"{prefix}/bytes_sent"] = c.bytes_sent
             out[f"{prefix}/bytes_cross_host"] = c.bytes_cross_host
+            out[f"{prefix}/bytes_shuffled"] = c.bytes_shuffled
         return out

@@ -14,7 +14,8 @@ a      KJT all-to-all: every feature of the local batch goes to the           wo
 b      pooled lookup of this rank's shards for the global batch,              --
        ``(G B, W_r + R_t N)``, samples by source rank (TorchRec EBC)
 c      peer permute: sample blocks into peer order, so the block of peer      --
-       group ``p`` (``T B`` samples) is contiguous
+       group ``p`` (``T B`` samples) is contiguous; of the pooled output
+       (default), of the input before b, or skipped (``peer_permute``)
 d      table/column-wise columns: all-to-all, block ``p`` to the tower        tower (``K L``)
        rank at position ``p``; row-wise partial sums: reduce-scatter of
        the same blocks. Every rank then holds, for its ``T`` peers'
@@ -26,6 +27,12 @@ TM     tower module, ``(T B, F_t, N) -> (T B, V_t, D_t)`` (hook; identity     --
 f      peer all-to-all: the ``B`` rows of peer ``t'`` go back to it; every    peer (``T``)
        rank receives each tower's output for its own samples
 =====  =====================================================================  ==================
+
+Step c (paper section 3.1.3, :mod:`dmt.sptt.peer_permute`): ``peer_permute="output"`` permutes
+the pooled output as in Figure 7; ``"input"`` swaps b and c and permutes the received ids and
+lengths instead; ``"auto"`` picks, per batch, whichever moves fewer bytes; ``"skip"`` has step a's
+all-to-all deliver the blocks in peer order (TorchRec's ``stagger``), so there is nothing to
+permute. All four give the same outputs and gradients.
 
 The backward runs the same collectives in reverse through autograd
 (:mod:`dmt.sptt.collectives`), unscaled: a table's gradient equals that of the single-process
@@ -57,6 +64,15 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from dmt.sptt.collectives import all_to_all_single, reduce_scatter
 from dmt.sptt.comm_stats import CommStats
+from dmt.sptt.peer_permute import (
+    block_permutation,
+    check_peer_permute,
+    input_permute_bytes,
+    is_identity,
+    output_permute_bytes,
+    peer_permute_site,
+    step_a_stagger,
+)
 from dmt.sptt.plan import SPTTPlan, TableShard
 from dmt.sptt.process_groups import SPTTProcessGroups
 
@@ -77,12 +93,18 @@ class SPTTDataflow(nn.Module):
         groups: this rank's world, tower and peer groups, built from ``plan.topology``.
         tower_output_dims: ``(V_t, D_t)`` of every tower's module output, by tower; ``None`` means
             pass-through towers, ``(F_t, N)``. Every rank must know all towers' dims (step f).
-        stats: optional counter filled with the bytes of steps a, d and f (forward and backward).
+        stats: optional counter filled with the bytes of steps a, d and f (forward and backward)
+            and those step c shuffles.
         device: device of this rank's shards and buffers.
         sparse_optimizer: ``(optimizer class, kwargs)``; when given, this rank's shards live in
             TorchRec ``FusedEmbeddingBagCollection`` s (FBGEMM TBE) that apply the optimizer
             to the rows a batch touched during the backward (:attr:`fused_optimizer` exposes
             its LR and state). ``None``: a plain ``EmbeddingBagCollection`` with ``.grad``.
+        peer_permute: where step c permutes the blocks into peer order, one of ``"output"``
+            (the pooled lookup output, Figure 7), ``"input"`` (the received sparse input, before
+            the lookup), ``"auto"`` (the one that moves fewer bytes, per batch) or ``"skip"``
+            (step a delivers peer order); see :mod:`dmt.sptt.peer_permute`. Every rank may
+            choose differently: step c is local.
 
     Example::
 
@@ -105,9 +127,11 @@ class SPTTDataflow(nn.Module):
         stats: CommStats | None = None,
         device: torch.device | None = None,
         sparse_optimizer: SparseOptimizer | None = None,
+        peer_permute: str = "output",
     ) -> None:
         super().__init__()
         topo = plan.topology
+        self.peer_permute_setting = check_peer_permute(peer_permute)
         if groups.topology != topo:
             raise ValueError(f"groups were built for {groups.topology}, the plan for {topo}")
         _check_tables(plan, tables)
@@ -137,16 +161,36 @@ class SPTTDataflow(nn.Module):
             (int(v), int(d)) for v, d in tower_output_dims
         )
 
-        self._input_dist = KJTAllToAll(groups.world, list(plan.input_splits))
+        stagger = step_a_stagger(topo, peer_permute)
+        self._input_dist = KJTAllToAll(groups.world, list(plan.input_splits), stagger=stagger)
+        order = block_permutation(topo, stagger)
+        self._permutes = not is_identity(order)
+        # "skip" relies on step a's order: check it rather than assume it
+        assert not (peer_permute == "skip" and self._permutes), (stagger, order, topo)
+        G, k = topo.world_size, len(self.shards)
+        self._lookup_width = plan.lookup_width(self.rank)
+        weights = self.shard_parameters()
+        self._value_size = weights[0][1].element_size() if weights else 4
+        self.register_buffer("_block_order", torch.tensor(order, device=device), persistent=False)
+        self.register_buffer(
+            "_block_inverse",
+            torch.tensor(sorted(range(G), key=order.__getitem__), device=device),
+            persistent=False,
+        )
+        # rows (shard, block) of the received lengths viewed as (k G, B), in peer order
+        self.register_buffer(
+            "_input_rows",
+            torch.tensor(
+                [i * G + b for i in range(k) for b in order], dtype=torch.int32, device=device
+            ),
+            persistent=False,
+        )
         self._row_wise = [f for f in range(plan.num_features) if plan.is_row_wise(f)]
         for f in self._row_wise:
             starts = [s.row_start for s in plan.feature_shards(f)]
             self.register_buffer(
                 f"_row_starts_{f}", torch.tensor(starts, device=device), persistent=False
             )
-        self.register_buffer(
-            "_peer_order", torch.tensor(topo.peer_order, device=device), persistent=False
-        )
         column_index = plan.tower_column_index(self.tower)
         self._identity_columns = column_index == tuple(range(len(column_index)))
         self.register_buffer(
@@ -292,17 +336,68 @@ class SPTTDataflow(nn.Module):
             # requires_grad keeps the backward collectives of steps d and f in step with the
             # tower-mates that do hold tables.
             return torch.zeros(
-                received.stride(), 0, device=self._peer_order.device, requires_grad=True
+                received.stride(), 0, device=self._block_order.device, requires_grad=True
             )
         if isinstance(self.embedding_bag_collection, _FusedShards):
             return self.embedding_bag_collection(received)
         return self.embedding_bag_collection(received).values()
 
+    def peer_permute_site(self, received: KeyedJaggedTensor) -> str:
+        """Where step c permutes this batch: ``"none"`` (step a delivered peer order),
+        ``"input"`` or ``"output"`` (``"auto"``: the fewer bytes, :mod:`dmt.sptt.peer_permute`)."""
+        if not self._permutes:
+            return "none"
+        lengths, ids = received.lengths(), received.values()
+        return peer_permute_site(
+            self.peer_permute_setting,
+            input_bytes=input_permute_bytes(
+                lengths.numel(),
+                ids.numel(),
+                length_size=lengths.element_size(),
+                id_size=ids.element_size(),
+            ),
+            output_bytes=output_permute_bytes(
+                received.stride(),
+                self._lookup_width,
+                value_size=self._value_size,
+                backward=torch.is_grad_enabled(),
+            ),
+        )
+
+    def peer_permute_input(self, received: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """Step c before step b (section 3.1.3): every shard's ``G`` sample blocks from the order
+        step a delivered into peer order, with TorchRec's own KJT permute kernel."""
+        stride = received.stride()
+        if not received.keys() or stride == 0:
+            self._record_shuffle("input", 0)
+            return received
+        lengths, ids = received.lengths(), received.values()
+        self._record_shuffle("input", _nbytes(lengths) + _nbytes(ids))
+        # the permutation keeps the number of ids: passing it avoids a device sync
+        permuted_lengths, permuted_ids, _ = torch.ops.fbgemm.permute_2D_sparse_data(
+            self._input_rows,
+            lengths.view(-1, stride // self.plan.topology.world_size),
+            ids,
+            None,
+            ids.numel(),
+        )
+        return KeyedJaggedTensor(
+            keys=received.keys(),
+            values=permuted_ids,
+            lengths=permuted_lengths.view(-1),
+            stride=stride,
+        )
+
     def peer_permute(self, pooled: torch.Tensor) -> torch.Tensor:
-        """Step c: sample blocks from source-rank order into peer order, same shape."""
+        """Step c after step b (Figure 7): pooled sample blocks from the order step a delivered
+        into peer order, same shape; the backward permutes the gradient back."""
         G = self.plan.topology.world_size
         blocks = pooled.view(G, pooled.size(0) // G, pooled.size(1))
-        return blocks.index_select(0, self._peer_order).view(pooled.shape)
+        out = _PermuteBlocks.apply(
+            blocks, self._block_order, self._block_inverse, self._recorder_shuffle("output")
+        )
+        assert isinstance(out, torch.Tensor)
+        return out.view(pooled.shape)
 
     def intra_tower_exchange(self, pooled: torch.Tensor) -> list[torch.Tensor]:
         """Step d: all-to-all of the table/column-wise columns and reduce-scatter of the row-wise
@@ -383,8 +478,16 @@ class SPTTDataflow(nn.Module):
         Returns:
             ``T`` tensors ``(B, V_t, D_t)``: every tower's output for the local samples.
         """
-        pooled = self.lookup(self.distribute_input(features))
-        blocks = self.intra_tower_exchange(self.peer_permute(pooled))
+        received = self.distribute_input(features)
+        site = self.peer_permute_site(received)
+        if site == "input":
+            received = self.peer_permute_input(received)
+        pooled = self.lookup(received)
+        if site == "output":
+            pooled = self.peer_permute(pooled)
+        elif site == "none":
+            self._record_shuffle("none", 0)
+        blocks = self.intra_tower_exchange(pooled)
         tower_input = self.shuffle_to_tower_layout(blocks)
         tower_output = tower_input if tower_module is None else tower_module(tower_input)
         return self.peer_exchange(tower_output)
@@ -415,9 +518,45 @@ class SPTTDataflow(nn.Module):
 
         return record
 
+    def _record_shuffle(self, what: str, nbytes: int, direction: str = "forward") -> None:
+        if self.stats is not None:
+            self.stats.record_shuffle("c", what, nbytes, direction=direction)
+
+    def _recorder_shuffle(self, what: str) -> Callable[[int, str], None] | None:
+        if self.stats is None:
+            return None
+        return lambda nbytes, direction: self._record_shuffle(what, nbytes, direction)
+
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+class _PermuteBlocks(torch.autograd.Function):
+    """``blocks[order]`` along dim 0; the backward gathers the gradient with the inverse
+    permutation (an exact copy, cheaper than ``index_select``'s scatter-add into zeros)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        blocks: torch.Tensor,
+        order: torch.Tensor,
+        inverse: torch.Tensor,
+        record: Callable[[int, str], None] | None,
+    ) -> torch.Tensor:
+        ctx.inverse = inverse  # type: ignore[attr-defined]
+        ctx.record = record  # type: ignore[attr-defined]
+        if record is not None:
+            record(_nbytes(blocks), "forward")
+        return blocks.index_select(0, order)
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, None, None, None]:
+        if ctx.record is not None:  # type: ignore[attr-defined]
+            ctx.record(_nbytes(grad), "backward")  # type: ignore[attr-defined]
+        return grad.index_select(0, ctx.inverse), None, None, None  # type: ignore[attr-defined]
 
 
 def _check_tables(plan: SPTTPlan, tables: Sequence[EmbeddingBagConfig]) -> None:

@@ -65,6 +65,7 @@ from dmt.optim import check_sparse_optimizer, dense_optimizer, sparse_optimizer_
 from dmt.runtime import Runtime
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.dataflow import SparseOptimizer, SPTTDataflow
+from dmt.sptt.peer_permute import check_peer_permute
 from dmt.sptt.plan import SHARDING_KINDS, SPTTPlan, build_plan
 from dmt.sptt.process_groups import DEFAULT_TIMEOUT, SPTTProcessGroups, create_process_groups
 from dmt.sptt.topology import Topology
@@ -354,6 +355,8 @@ class ShardedDMT(nn.Module):
         stats: optional :class:`CommStats`; counts steps a, d, f and, with the ring model, the
             tower-module (``"tm"``/``"tower"``) and dense (``"dense"``/``"world"``) all-reduces.
         init_seed: seed of :meth:`SPTTDataflow.reset_tables` for ``meta`` tables.
+        peer_permute: where step c permutes (``"output"``, ``"input"``, ``"auto"``, ``"skip"``;
+            :mod:`dmt.sptt.peer_permute`); the same training either way.
     """
 
     def __init__(
@@ -366,6 +369,7 @@ class ShardedDMT(nn.Module):
         device: torch.device | None = None,
         stats: CommStats | None = None,
         init_seed: int = 0,
+        peer_permute: str = "output",
     ) -> None:
         super().__init__()
         topo = plan.topology
@@ -386,6 +390,7 @@ class ShardedDMT(nn.Module):
             stats=stats,
             device=device,
             sparse_optimizer=sparse_optimizer,
+            peer_permute=peer_permute,
         )
         weights = {
             name.removeprefix("embedding_bags.").removesuffix(".weight"): weight
@@ -486,6 +491,9 @@ class DMTSharder:
             ``"column_wise"``, ``"row_wise"`` for all, or ``{feature: kind}`` (others table-wise).
         sparse_optimizer: ``(class, kwargs)`` of the fused table optimizer, or ``None``.
         init_seed: seed for tables built on ``meta``.
+        peer_permute: where step c permutes: ``"output"`` (pooled output, the paper's Figure 7),
+            ``"input"`` (sparse input, before the lookup), ``"auto"`` (fewer bytes, per batch)
+            or ``"skip"`` (step a delivers peer order); see :mod:`dmt.sptt.peer_permute`.
 
     Example::
 
@@ -502,6 +510,7 @@ class DMTSharder:
         sharding_type: str | Mapping[str, str] = "table_wise",
         sparse_optimizer: SparseOptimizer | None = None,
         init_seed: int = 0,
+        peer_permute: str = "output",
     ) -> None:
         if isinstance(sharding_type, str) and sharding_type not in SHARDING_KINDS:
             raise ValueError(
@@ -511,6 +520,7 @@ class DMTSharder:
         self.sharding_type = sharding_type
         self.sparse_optimizer = sparse_optimizer
         self.init_seed = init_seed
+        self.peer_permute = check_peer_permute(peer_permute, "sptt.peer_permute")
 
     def plan(self, model: nn.Module) -> SPTTPlan:
         """Validate ``model`` and place its tables (pure; the same on every rank)."""
@@ -573,11 +583,11 @@ class DMTSharder:
             device=device,
             stats=stats,
             init_seed=self.init_seed,
+            peer_permute=self.peer_permute,
         )
 
 
 # ---- the trainer's entry point -------------------------------------------------------------
-
 
 
 def _is_dmt_model(module: Any) -> bool:
@@ -611,6 +621,7 @@ def shard_dmt(
     stats: CommStats | None = None,
     init_seed: int = 0,
     timeout: timedelta = DEFAULT_TIMEOUT,
+    peer_permute: str = "output",
 ) -> tuple[nn.Module, CombinedOptimizer]:
     """Shard a DMT model (or the DMT model inside a task module) with SPTT and build its
     optimizer.
@@ -630,6 +641,7 @@ def shard_dmt(
         stats: optional :class:`CommStats` to count bytes.
         init_seed: seed for tables built on ``meta``.
         timeout: timeout of the process groups created here.
+        peer_permute: where step c permutes (``sptt.peer_permute``); see :class:`DMTSharder`.
 
     Returns:
         ``(module, optimizer)``: ``task_or_model`` with its DMT model sharded (or the
@@ -654,6 +666,7 @@ def shard_dmt(
         sharding_type=sharding_type,
         sparse_optimizer=sparse_optimizer_spec(optim_cfg),
         init_seed=init_seed,
+        peer_permute=peer_permute,
     )
     plan = sharder.plan(model)
     if groups is None:

@@ -212,6 +212,10 @@ class SPTTPlan:
         """Pooled columns of ``rank``'s table- and column-wise shards (moved by step d's a2a)."""
         return sum(s.num_cols for s in self.rank_shards(rank) if not self.is_row_wise(s.feature))
 
+    def lookup_width(self, rank: int) -> int:
+        """Pooled columns of ``rank``'s lookup (step b), ``W_r + R_t N``: all its shards' columns."""
+        return sum(s.num_cols for s in self.rank_shards(rank))
+
     def row_wise_features(self, tower: int) -> tuple[int, ...]:
         """Row-wise features of ``tower``, in tower order (reduce-scattered in step d)."""
         return tuple(f for f in self.tower_features[tower] if self.is_row_wise(f))

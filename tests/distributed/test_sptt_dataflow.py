@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.dataflow import SPTTDataflow
+from dmt.sptt.peer_permute import PEER_PERMUTES, peer_permute_site
 from dmt.sptt.plan import SPTTPlan, build_plan
 from dmt.sptt.process_groups import create_process_groups
 from dmt.sptt.topology import Topology
@@ -134,32 +136,59 @@ class _TowerModule(nn.Module):
         return self.linear(embs.flatten(1)).view(embs.size(0), self.out_features, D)
 
 
-def _dataflow_worker(rank: int, world_size: int, case: Case) -> dict[str, int]:
+@dataclass
+class _Setup:
+    """What every dataflow worker starts from: the topology, its groups, the plan, the reference
+    tables and the global batch (all of it and this rank's share)."""
+
+    topo: Topology
+    groups: Any
+    plan: SPTTPlan
+    tables: list
+    names: list[str]
+    reference: EmbeddingBagCollection
+    lengths: Any
+    values: Any
+    global_kjt: KeyedJaggedTensor
+    local_kjt: KeyedJaggedTensor
+    lo: int
+    hi: int
+
+
+def _setup(rank: int, world_size: int, case: Case) -> _Setup:
     topo = Topology(world_size, case.local_world_size, case.hosts_per_tower)
     groups = create_process_groups(topo, timeout=timedelta(seconds=30))
-    F, G, T = case.num_features, world_size, topo.num_towers
+    F, G = case.num_features, world_size
     names = [f"cat_{f}" for f in range(F)]
     tables = _tables(case)
-    towers = case.tower_features
     kinds = {names[f]: "column_wise" for f in case.column_wise}
     kinds.update({names[f]: "row_wise" for f in case.row_wise})
     plan = build_plan(
         topo,
         names,
-        towers,
+        case.tower_features,
         embedding_dim=N,
         num_embeddings=[t.num_embeddings for t in tables],
         sharding_types=kinds,
         costs=[t.num_embeddings for t in tables],
     )
     lo, hi = rank * B, (rank + 1) * B
-
     torch.manual_seed(0)
     reference = EmbeddingBagCollection(tables)
     lengths, values = _global_batch(tables, G * B)
     global_kjt = _kjt(names, lengths, values, 0, G * B, list(range(F)))
     order = list(reversed(range(F))) if case.reverse_keys else list(range(F))
     local_kjt = _kjt(names, lengths, values, lo, hi, order)
+    return _Setup(topo, groups, plan, tables, names, reference, lengths, values, global_kjt,
+                  local_kjt, lo, hi)
+
+
+def _dataflow_worker(rank: int, world_size: int, case: Case) -> dict[str, int]:
+    s = _setup(rank, world_size, case)
+    topo, groups, plan, tables, reference = s.topo, s.groups, s.plan, s.tables, s.reference
+    global_kjt, local_kjt, lo, hi = s.global_kjt, s.local_kjt, s.lo, s.hi
+    F, G, T = case.num_features, world_size, topo.num_towers
+    towers = case.tower_features
     gen = torch.Generator().manual_seed(2)
 
     # ---- pass-through towers: pooled embeddings (B, F, N) and table gradients -------------
@@ -261,3 +290,104 @@ def test_dataflow_matches_single_process(name: str) -> None:
         assert sum(s["d/tower/forward/bytes_cross_host"] for s in stats) > 0
     if topo.num_towers > 1:
         assert sum(s["a/world/forward/bytes_cross_host"] for s in stats) > 0
+
+
+# ---- where step c permutes (section 3.1.3) ---------------------------------------------------
+
+
+def _received_ids(plan: SPTTPlan, rank: int, lengths, values) -> int:
+    """Ids of the global batch that step a brings ``rank``: each shard's feature's, row-wise
+    ones only in the shard's row block."""
+    count = 0
+    for shard in plan.rank_shards(rank):
+        ids = values[shard.feature]
+        if plan.is_row_wise(shard.feature):
+            ids = ids[(ids >= shard.row_start) & (ids < shard.row_stop)]
+        count += ids.numel()
+    return count
+
+
+def _peer_permute_worker(rank: int, world_size: int, case: Case) -> dict[str, dict[str, int]]:
+    s = _setup(rank, world_size, case)
+    topo, groups, plan, tables = s.topo, s.groups, s.plan, s.tables
+    reference, lengths, values = s.reference, s.lengths, s.values
+    global_kjt, local_kjt, lo, hi = s.global_kjt, s.local_kjt, s.lo, s.hi
+    F, G = case.num_features, world_size
+    weight = torch.randn(G * B, F, N, generator=torch.Generator().manual_seed(2))
+    ref = copy.deepcopy(reference)
+    ref_pooled = ref(global_kjt).values().view(G * B, F, N)
+    (ref_pooled * weight).sum().backward()
+
+    dataflows, outputs, stats = {}, {}, {}
+    for setting in PEER_PERMUTES:
+        stats[setting] = CommStats(topo, rank)
+        dataflow = SPTTDataflow(
+            plan, tables, groups=groups, stats=stats[setting], peer_permute=setting
+        )
+        dataflow.load_tables_from(reference)
+        outputs[setting] = dataflow.pooled_embeddings(local_kjt)
+        (outputs[setting] * weight[lo:hi]).sum().backward()
+        _assert_shard_grads(dataflow, ref)
+        dataflows[setting] = dataflow
+    for setting in PEER_PERMUTES:
+        # the same floats as the default path, which equals the single-process lookup
+        assert_close(outputs[setting], outputs["output"], rtol=0, atol=0)
+        assert_close(outputs[setting], ref_pooled[lo:hi].detach())
+
+    # what step c moved: the pooled output twice, the ids and lengths once, or nothing
+    permutes = topo.num_towers > 1 and topo.tower_size > 1
+    k = len(plan.rank_shards(rank))
+    input_bytes = (k * G * B + _received_ids(plan, rank, lengths, values)) * 8
+    output_bytes = G * B * plan.lookup_width(rank) * 4
+    expected = {
+        "output": {"c/output/forward": output_bytes, "c/output/backward": output_bytes},
+        "input": {"c/input/forward": input_bytes},
+        "skip": {"c/none/forward": 0},
+    }
+    # training: the output permute moves its gradient too
+    auto = peer_permute_site("auto", input_bytes=input_bytes, output_bytes=2 * output_bytes)
+    expected["auto"] = expected[auto]
+    shuffled = {}
+    for setting in PEER_PERMUTES:
+        got = {
+            key.removesuffix("/bytes_shuffled"): value
+            for key, value in stats[setting].as_dict().items()
+            if key.startswith("c/") and key.endswith("/bytes_shuffled")
+        }
+        want = expected[setting] if permutes or setting == "skip" else {"c/none/forward": 0}
+        assert got == want, (setting, got, want)
+        # steps a, d and f are the same whatever step c does
+        comm = {
+            key: value
+            for key, value in stats[setting].as_dict().items()
+            if not key.startswith("c/")
+        }
+        base = {k: v for k, v in stats["output"].as_dict().items() if not k.startswith("c/")}
+        assert comm == base, setting
+        shuffled[setting] = got
+
+    # "skip" is valid because TorchRec's staggered all-to-all delivers exactly what the plain
+    # one delivers after the input permute (not because we assume it)
+    with torch.no_grad():
+        staggered = dataflows["skip"].distribute_input(local_kjt)
+        permuted = dataflows["input"].peer_permute_input(
+            dataflows["output"].distribute_input(local_kjt)
+        )
+    assert staggered.keys() == permuted.keys()
+    assert torch.equal(staggered.lengths(), permuted.lengths())
+    assert torch.equal(staggered.values(), permuted.values())
+    return shuffled
+
+
+PEER_PERMUTE_CASES = ["G4-L2-K1-cw-rw", "G8-L2-K1", "G8-L2-K2-cw-rw", "G4-L1-K1"]
+
+
+@pytest.mark.parametrize("name", PEER_PERMUTE_CASES)
+def test_peer_permute_variants_match_single_process(name: str) -> None:
+    """Every ``peer_permute`` setting gives the default path's pooled embeddings and the
+    single-process lookup's table gradients; only what step c shuffles differs."""
+    case = CASES[name]
+    shuffled = run_on_ranks(_peer_permute_worker, case.world_size, case)
+    topo = Topology(case.world_size, case.local_world_size, case.hosts_per_tower)
+    if topo.num_towers > 1 and topo.tower_size > 1:
+        assert sum(s["input"]["c/input/forward"] for s in shuffled) > 0

@@ -57,6 +57,7 @@ class Variant:
     dense: str = "sgd"
     pooling: str = "sum"
     fused: bool = True  # False: plain tables, compare their gradients instead
+    peer_permute: str = "output"  # where step c permutes (section 3.1.3)
 
 
 @dataclass(frozen=True)
@@ -255,12 +256,13 @@ def _variant(case: Case, variant: Variant, rank: int, groups, runtime: Runtime) 
             optim_cfg=cfg,
             sharding_type=_sharding(case, variant),
             stats=stats,
+            peer_permute=variant.peer_permute,
         )
         sharded = task.model
     else:
-        sharded = DMTSharder(topo, sharding_type=_sharding(case, variant)).shard(
-            copy.deepcopy(init), groups, stats=stats
-        )
+        sharded = DMTSharder(
+            topo, sharding_type=_sharding(case, variant), peer_permute=variant.peer_permute
+        ).shard(copy.deepcopy(init), groups, stats=stats)
         task = TrainTask(sharded)
         optimizer = None
     assert isinstance(sharded, ShardedDMT)
@@ -364,6 +366,70 @@ def test_sharded_dmt_trains_like_single_process(name: str) -> None:
         assert passthrough[key.replace("forward", "backward")] == pytest.approx(
             ratio * dlrm[key.replace("forward", "backward")], rel=1e-5
         )
+
+
+# ---- where step c permutes (section 3.1.3) ---------------------------------------------------
+
+PEER_PERMUTE_CASES = {
+    "G4-2hosts": Case(
+        world_size=4,
+        local_world_size=2,
+        hosts_per_tower=1,
+        partition=((0, 2, 3, 5), (1, 4)),
+        variants=(
+            Variant(
+                "dlrm",
+                "dlrm",
+                sharding="column_wise",
+                sparse="adagrad",  # row-wise Adagrad differs on column-wise shards
+                pooling="mean",
+                peer_permute="input",
+            ),
+            Variant("dcn", "dcn", sparse="adagrad", peer_permute="skip"),
+            Variant("dlrm", "passthrough", dense="adam", peer_permute="auto"),
+            Variant("dlrm", "dlrm", sharding="row_wise", fused=False, peer_permute="input"),
+        ),
+    ),
+    "G8-2towers-of-2hosts": Case(
+        world_size=8,
+        local_world_size=2,
+        hosts_per_tower=2,
+        partition=((0, 2, 4, 6, 8), (1, 3, 5, 7)),
+        variants=(
+            Variant(
+                "dcn",
+                "dcn",
+                sharding=((2, "column_wise"), (3, "row_wise")),
+                sparse="adagrad",
+                peer_permute="input",
+            ),
+            Variant("dlrm", "passthrough", sharding="row_wise", peer_permute="skip"),
+            Variant("dlrm", "dlrm", sparse="sgd", dense="adam", peer_permute="auto"),
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(PEER_PERMUTE_CASES))
+def test_peer_permute_variants_train_like_single_process(name: str) -> None:
+    """Permuting the input, choosing by bytes, or skipping step c trains exactly like the
+    single-process model (logits, loss, gradients, weights after two steps), like the default."""
+    case = PEER_PERMUTE_CASES[name]
+    results = run_on_ranks(_case_worker, case.world_size, case, timeout_s=180)
+    for i, variant in enumerate(case.variants):
+        shuffled = {
+            key.split("/")[1]
+            for r in results
+            for key, value in r[i].items()
+            if key.startswith("c/") and key.endswith("/calls") and value
+        }
+        if variant.peer_permute == "auto":  # chosen per rank and batch
+            assert shuffled <= {"input", "output"} and shuffled, shuffled
+        else:
+            expected = {"skip": {"none"}, "input": {"input"}, "output": {"output"}}
+            assert shuffled == expected[variant.peer_permute], (variant, shuffled)
+        if variant.peer_permute == "input":
+            assert not any(key.startswith("c/input/backward") for r in results for key in r[i])
 
 
 # ---- failures --------------------------------------------------------------------------------

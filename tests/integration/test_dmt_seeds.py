@@ -87,3 +87,9 @@ def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
     assert seeds.main([*argv, "--no-train"])["configs"] == report["configs"]
     with pytest.raises(FileNotFoundError, match="seed_2"):
         seeds.main(["--seeds", "3", "--out", str(tmp_path), "--no-train", "--config", "dmt", "x=y"])
+    # --pair picks the comparisons (here the reverse of the default), and names must exist
+    paired = seeds.main([*argv, "--no-train", "--pair", "base", "dmt"])
+    assert [(c["a"], c["b"]) for c in paired["comparisons"]] == [("base", "dmt")]
+    assert paired["comparisons"][0]["u"] == 4 - report["comparisons"][0]["u"]
+    with pytest.raises(ValueError, match=r"--pair names unknown config\(s\) \['tp'\]"):
+        seeds.main([*argv, "--no-train", "--pair", "tp", "dmt"])

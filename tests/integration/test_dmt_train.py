@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from dmt.models import DMTModel
 from dmt.train import train
@@ -22,13 +21,6 @@ SMALL = [
 ]
 
 
-@pytest.fixture
-def one_thread():
-    """These models are tiny: intra-op threads only contend with each other (and with other jobs)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def run(tmp_path, name: str, *overrides: str) -> dict[str, float]:

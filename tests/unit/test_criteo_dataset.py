@@ -173,3 +173,33 @@ def test_build_criteo_bundle_and_test_path(tmp_path: Path) -> None:
     assert labels.tolist() == want
     direct = tsv_source(tmp_path / "prep", extra, batch_size=100, progress=False)
     assert direct.directory == Path(bundle.info["test_dir"])
+
+
+def test_build_criteo_preprocesses_from_raw_path_once(tmp_path: Path) -> None:
+    raw = tmp_path / "train.txt"
+    raw.write_text(_raw_rows(200, seed=3))
+    out = tmp_path / "prep"
+    crit = CriteoConfig(raw_path=str(raw), preprocessed_dir=str(out), num_workers=1)
+    cfg = DataConfig(kind="criteo", batch_size=32, eval_batch_size=50, criteo=crit)
+    bundle = build_criteo(cfg)  # no dmt-preprocess run before: the trainer's first call makes it
+    manifest = read_manifest(out)
+    assert manifest["splits"]["train"]["rows"] == 170 and bundle.train.num_batches() == 170 // 32
+    stamp = (out / "manifest.json").stat().st_mtime_ns
+    build_criteo(cfg)  # up to date: untouched
+    assert (out / "manifest.json").stat().st_mtime_ns == stamp
+
+    # the same directory with other settings: an error that says how to proceed, data untouched
+    cfg.criteo = CriteoConfig(**{**crit.__dict__, "frequency_threshold": 5})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"preprocessing data\.criteo\.raw_path=.* into "
+                       r"data\.criteo\.preprocessed_dir=.* failed: output directory .* exists and "
+                       r"was made with other settings or sources.*auto_preprocess=false"):
+        build_criteo(cfg)
+    assert (out / "manifest.json").stat().st_mtime_ns == stamp
+    cfg.criteo.auto_preprocess = False  # use the directory as it is
+    assert build_criteo(cfg).cardinalities == manifest["cardinalities"]
+
+    cfg.criteo = CriteoConfig(raw_path=str(tmp_path / "missing.txt"),
+                              preprocessed_dir=str(tmp_path / "p2"), num_workers=1)
+    with pytest.raises(ValueError, match=r"missing\.txt' is neither a file nor a directory"):
+        build_criteo(cfg)
+    assert not (tmp_path / "p2").exists()

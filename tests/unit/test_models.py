@@ -1,10 +1,9 @@
 import pytest
 import torch
-from torchrec import KeyedJaggedTensor
+from torchrec import EmbeddingBagCollection, KeyedJaggedTensor
 
 from dmt.config import ModelConfig
 from dmt.models import DCN, DLRM, DotInteraction, build_model, embedding_tables
-from torchrec import EmbeddingBagCollection
 
 NAMES = [f"cat_{i}" for i in range(5)]
 CARDS = [7, 11, 3, 20, 5]

@@ -163,3 +163,47 @@ def test_save_load_roundtrip(tmp_path):
         save_affinity(tmp_path / "affinity.bin", matrix, names)
     with pytest.raises(ValueError, match="got 2 feature names for a 6 x 6 affinity"):
         save_affinity(path, matrix, names[:2])
+
+
+def test_model_affinity_of_a_dmt_model_equals_its_base_model():
+    """A DMT model holds one collection per tower; its affinity (in the data's feature order) is
+    that of the base model whose tables it copied."""
+    from torchrec import KeyedJaggedTensor
+    from torchrec.datasets.utils import Batch
+
+    from dmt.config import ModelConfig, PartitionConfig
+    from dmt.models import build_model
+    from dmt.models.dmt import copy_base_weights
+
+    torch.manual_seed(0)
+    names = [f"cat_{i}" for i in range(5)]
+    common = dict(feature_names=names, cardinalities=[10] * 5, num_dense=2)
+    base = build_model(ModelConfig(name="dlrm", embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1]), **common)
+    towers = [["cat_3", "cat_0"], ["cat_1", "cat_4", "cat_2"]]
+    dmt_cfg = ModelConfig(
+        name="dlrm", embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1],
+        partition=PartitionConfig(kind="explicit", towers=towers),
+    )
+    dmt_model = build_model(dmt_cfg, **common)
+    copy_base_weights(dmt_model, base)
+
+    def make_batch(seed: int) -> Batch:
+        generator = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(0, 3, (len(names) * 6,), generator=generator)
+        values = torch.randint(0, 10, (int(lengths.sum()),), generator=generator)
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=names, values=values, lengths=lengths)
+        return Batch(torch.zeros(6, 2), kjt, torch.zeros(6))
+
+    batches = [make_batch(seed) for seed in range(3)]
+    expected, _ = model_affinity(base, batches, feature_names=names)
+    result, order = model_affinity(dmt_model, batches, feature_names=names)
+    assert order == names
+    np.testing.assert_allclose(result, expected, atol=1e-12)
+    # default order: the towers' outputs in tower order
+    _, tower_order = model_affinity(dmt_model, batches)
+    assert tower_order == ["cat_3", "cat_0", "cat_1", "cat_4", "cat_2"]
+
+
+def test_model_affinity_names_what_it_needs():
+    with pytest.raises(ValueError, match="Linear has no embedding_bag_collection .* and no towers"):
+        model_affinity(torch.nn.Linear(2, 2), [])

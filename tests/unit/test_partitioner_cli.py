@@ -138,3 +138,19 @@ def test_heatmap_subsamples_large_matrices(tmp_path):
     towers = [list(range(0, 1400, 2)), list(range(1, 1400, 2))]
     path = plot_affinity_heatmap(tmp_path / "big.png", affinity, towers)
     assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_checkpoint_mode_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit) as missing:
+        main(["--checkpoint", str(tmp_path / "nope"), "--num-towers", "2", "--out", str(tmp_path)])
+    assert missing.value.code == 2
+    assert f"--checkpoint {str(tmp_path / 'nope')!r}: no such directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--checkpoint", str(tmp_path), "--max-batches", "0", "--num-towers", "2",
+              "--out", str(tmp_path)])
+    assert "--max-batches must be at least 1; got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one source only
+        main(["--checkpoint", str(tmp_path), "--affinity", "a.npy", "--num-towers", "2",
+              "--out", str(tmp_path)])
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert not (tmp_path / "partition.yaml").exists()

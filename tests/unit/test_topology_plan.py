@@ -85,6 +85,11 @@ def test_layouts(
         for r in topo.tower_ranks(t):
             kinds_in_order = [plan.is_row_wise(s.feature) for s in plan.rank_shards(r)]
             assert kinds_in_order == sorted(kinds_in_order)  # row-wise shards last
+            # step b's pooled width: the a2a columns, then N per row-wise feature of the tower
+            assert (
+                plan.lookup_width(r)
+                == plan.all_to_all_width(r) + len(plan.row_wise_features(t)) * dim
+            )
 
     by_tower = [f for tower in towers for f in tower]
     assert [by_tower[i] for i in plan.output_permutation] == list(range(num_features))

@@ -1,0 +1,607 @@
+"""``dmt-eval``: score a training checkpoint on a split, a raw Criteo TSV or a preprocessed split.
+
+Examples::
+
+    dmt-eval --checkpoint outputs/2025-01-01/12-00-00/checkpoints --data test
+    dmt-eval --checkpoint outputs/.../checkpoints/step_2000 --data /data/day_24.tsv.gz --out day24.json
+    dmt-eval --checkpoint outputs/.../checkpoints --data data_cache/criteo_sample/val --max-rows 5000
+
+Prints AUC, NE, logloss, calibration (mean predicted / observed click rate), the observed click
+rate and the number of rows, and writes them as JSON (``--out``, atomically).
+
+How a checkpoint is read:
+
+* ``--checkpoint`` is a ``step_N`` directory or its parent (the latest complete step is used).
+* The model is rebuilt from the run's resolved config: ``step_N/config.yaml`` (written with every
+  checkpoint), else the Hydra run's ``<run>/.hydra/config.yaml`` (checkpoints under
+  ``<run>/checkpoints``), else ``--config``. Relative paths in it (preprocessed data, partition
+  file) are taken relative to the training job's working directory when they exist there.
+* The weights of every rank are reassembled into the plain (unsharded) model in this one process
+  (:func:`dmt.checkpoint.load_model_state`), so a checkpoint of a ``G``-rank flat-sharded run
+  loads too. SPTT (``sptt=on``) checkpoints hold per-tower shards and are not supported.
+
+What ``--data`` can be:
+
+* ``val``, ``test``, ``train``: the run's own split. Synthetic runs regenerate it from the config;
+  Criteo runs read the preprocessed directory (``test`` is ``data.criteo.test_path`` when set,
+  as in training).
+* a raw Criteo TSV (plain or gzip): mapped through the *training* vocabularies of the run's
+  preprocessed directory exactly as ``data.criteo.test_path`` is (unseen values share id 0),
+  preprocessed once beside that directory.
+* a preprocessed split directory (``dense.npy``, ``sparse.npy``, ``labels.npy``), or a directory
+  written by ``dmt-preprocess --vocab-from`` (its ``test`` split); it must come from the run's
+  vocabularies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from torch import nn
+from tqdm import tqdm
+
+from dmt import checkpoint
+from dmt.config import Config, validate
+from dmt.data import BatchSource, InMemorySource, sparse_feature_names
+from dmt.data.synthetic import SyntheticWorld, cardinalities
+from dmt.metrics import click_metrics
+from dmt.models import build_model
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class RunCheckpoint:
+    """A complete checkpoint and the training config it was written with."""
+
+    path: Path  # the step_N directory
+    step: int
+    world_size: int
+    config: Config
+    config_path: Path  # where the config was read from
+    train_cwd: Path | None  # working directory of the training job, when known
+
+
+@dataclass
+class EvalData:
+    """What ``--data`` named: the rows to score and a description for the report."""
+
+    source: BatchSource
+    name: str
+    info: dict[str, Any] = field(default_factory=dict)  # extra report fields (e.g. bad_rows)
+
+
+# -- the checkpoint and its config ------------------------------------------------------------
+
+
+def find_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """The ``step_N`` directory ``path`` names: itself, or the latest complete one inside it."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"--checkpoint {str(path)!r}: no such directory")
+    if not path.is_dir():
+        raise ValueError(
+            f"--checkpoint {str(path)!r} is a file; expected a checkpoint directory "
+            "(<run>/checkpoints or <run>/checkpoints/step_N)"
+        )
+    return checkpoint.resolve(path, setting="--checkpoint")
+
+
+def _config_candidates(step_dir: Path) -> list[Path]:
+    return [step_dir / checkpoint.CONFIG_FILE, step_dir.parent.parent / ".hydra" / "config.yaml"]
+
+
+def read_config(path: Path) -> Config:
+    """A typed, validated training config from a YAML file (``config.yaml`` of a checkpoint or a
+    Hydra run's ``.hydra/config.yaml``)."""
+    try:
+        raw = OmegaConf.load(path)
+        merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
+        conf = OmegaConf.to_object(merged)
+    except (OmegaConfBaseException, OSError, ValueError) as e:
+        key = getattr(e, "full_key", None)
+        why = str(e).splitlines()[0] + (f" (at {key})" if key else "")
+        raise ValueError(f"{path}: not a dmt training config: {why}") from None
+    assert isinstance(conf, Config)
+    try:
+        validate(conf)
+    except ValueError as e:
+        raise ValueError(f"{path}: invalid training config: {e}") from None
+    return conf
+
+
+def _train_cwd(meta: dict[str, Any], config_path: Path) -> Path | None:
+    """The training job's working directory: from ``meta.json``, else (older checkpoints) from
+    the Hydra run's ``.hydra/hydra.yaml``."""
+    if meta.get("cwd"):
+        return Path(meta["cwd"])
+    hydra_yaml = config_path.parent / "hydra.yaml"
+    if hydra_yaml.is_file():
+        cwd = OmegaConf.select(OmegaConf.load(hydra_yaml), "hydra.runtime.cwd", default=None)
+        if isinstance(cwd, str) and cwd:
+            return Path(cwd)
+    return None
+
+
+def _rebase(value: str | None, train_cwd: Path | None) -> str | None:
+    """A relative path of the training job: under its working directory if it exists there."""
+    if value is None or Path(value).is_absolute() or train_cwd is None:
+        return value
+    there = train_cwd / value
+    return str(there) if there.exists() else value
+
+
+def open_checkpoint(
+    path: str | os.PathLike[str], config: str | os.PathLike[str] | None = None
+) -> RunCheckpoint:
+    """Find the checkpoint ``path`` names and read its training config (``config`` overrides
+    where it is looked for)."""
+    step_dir = find_checkpoint(path)
+    meta = checkpoint.read_meta(step_dir)
+    if config is not None:
+        config_path = Path(config)
+        if not config_path.is_file():
+            raise ValueError(f"--config {str(config_path)!r}: no such file")
+    else:
+        found = [p for p in _config_candidates(step_dir) if p.is_file()]
+        if not found:
+            looked = " and ".join(str(p) for p in _config_candidates(step_dir))
+            raise ValueError(
+                f"checkpoint {step_dir} has no training config: looked for {looked}; "
+                "pass the run's config with --config <run>/.hydra/config.yaml"
+            )
+        config_path = found[0]
+    conf = read_config(config_path)
+    train_cwd = _train_cwd(meta, config_path)
+    if conf.data.kind == "criteo":
+        assert conf.data.criteo is not None
+        conf.data.criteo.preprocessed_dir = (
+            _rebase(conf.data.criteo.preprocessed_dir, train_cwd) or ""
+        )
+        conf.data.criteo.test_path = _rebase(conf.data.criteo.test_path, train_cwd)
+    conf.model.partition.path = _rebase(conf.model.partition.path, train_cwd)
+    return RunCheckpoint(
+        step_dir, int(meta["step"]), int(meta["world_size"]), conf, config_path, train_cwd
+    )
+
+
+def run_schema(conf: Config) -> tuple[list[str], list[int], int]:
+    """Feature names, table sizes and dense count the run's model was built with."""
+    d = conf.data
+    if d.kind == "synthetic":
+        return (
+            sparse_feature_names(d.synthetic.num_sparse),
+            cardinalities(d.synthetic),
+            d.synthetic.num_dense,
+        )
+    from dmt.data.criteo_dataset import criteo_schema  # noqa: PLC0415 (optional heavy import)
+
+    return criteo_schema(d)
+
+
+def load_model(ckpt: RunCheckpoint, device: torch.device | str = "cpu") -> nn.Module:
+    """The run's plain model (``forward(dense, sparse) -> logits``) with the checkpoint's weights.
+
+    Raises:
+        ValueError: an SPTT checkpoint, or weights that do not fit the model the config builds
+            (names and shapes of the differences in the message).
+    """
+    from dmt.trainer import TrainTask  # noqa: PLC0415 (torchrec's sharding stack, only here)
+
+    conf = ckpt.config
+    if conf.sptt.enabled:
+        raise ValueError(
+            f"checkpoint {ckpt.path} was written by an SPTT run (sptt.enabled=true in "
+            f"{ckpt.config_path}); its tables are stored as per-tower shards, which dmt-eval "
+            "cannot reassemble: evaluate flat-sharded (sptt=off) checkpoints"
+        )
+    try:
+        names, cards, num_dense = run_schema(conf)
+    except ValueError as e:
+        raise ValueError(f"cannot rebuild the model of checkpoint {ckpt.path}: {e}") from None
+    task = TrainTask(
+        build_model(
+            conf.model,
+            feature_names=names,
+            cardinalities=cards,
+            num_dense=num_dense,
+            table_device="meta",
+            dense_device="cpu",
+        )
+    )
+    state = checkpoint.load_model_state(ckpt.path)
+    _check_state(state, task.state_dict(), ckpt)
+    task.load_state_dict(state, strict=True, assign=True)
+    return task.model.to(device)
+
+
+def _check_state(
+    state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], ckpt: RunCheckpoint
+) -> None:
+    problems = [
+        f"{k}: checkpoint {tuple(state[k].shape)}, config {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing:
+        problems.append(f"{len(missing)} tensors missing from the checkpoint (e.g. {missing[0]})")
+    if unexpected:
+        problems.append(
+            f"{len(unexpected)} tensors the config does not build (e.g. {unexpected[0]})"
+        )
+    if not problems:
+        return
+    where = ""
+    if ckpt.config.data.kind == "criteo" and ckpt.config.data.criteo is not None:
+        where = (
+            f"; table rows come from {ckpt.config.data.criteo.preprocessed_dir}/manifest.json "
+            "(was the data preprocessed again with other settings?)"
+        )
+    raise ValueError(
+        f"checkpoint {ckpt.path} does not match the model its config {ckpt.config_path} builds: "
+        + "; ".join(problems[:5])
+        + (f"; ... ({len(problems)} differences)" if len(problems) > 5 else "")
+        + where
+    )
+
+
+# -- the data ---------------------------------------------------------------------------------
+
+
+def synthetic_split(conf: Config, split: str, *, batch_size: int) -> InMemorySource:
+    """Split ``split`` of a synthetic run, regenerated from its config (in file order)."""
+    s = conf.data.synthetic
+    data = SyntheticWorld(s).generate(
+        split, {"train": s.num_train, "val": s.num_val, "test": s.num_test}[split]
+    )
+    return InMemorySource(
+        data.dense,
+        data.sparse,
+        data.labels,
+        sparse_feature_names(s.num_sparse),
+        batch_size=batch_size,
+        true_probs=data.true_probs,
+    )
+
+
+def open_data(
+    ckpt: RunCheckpoint,
+    data: str,
+    *,
+    batch_size: int,
+    skip_bad_rows: bool | None = None,
+    progress: bool = True,
+) -> EvalData:
+    """The rows ``data`` names (see the module docstring), read in order, ``batch_size`` at a time."""
+    conf = ckpt.config
+    if conf.data.kind == "synthetic":
+        if data in SPLITS:
+            return EvalData(synthetic_split(conf, data, batch_size=batch_size), data)
+        raise ValueError(
+            f"--data {data!r}: checkpoint {ckpt.path} is from a run on synthetic data "
+            "(data.kind=synthetic), which has no Criteo vocabularies to map files through; "
+            f"use --data {'|'.join(SPLITS)}"
+        )
+    return _criteo_data(
+        ckpt, data, batch_size=batch_size, skip_bad_rows=skip_bad_rows, progress=progress
+    )
+
+
+def _criteo_data(
+    ckpt: RunCheckpoint, data: str, *, batch_size: int, skip_bad_rows: bool | None, progress: bool
+) -> EvalData:
+    from dmt.data.criteo_dataset import CriteoSource, as_criteo_config, read_schema  # noqa: PLC0415
+    from dmt.data.criteo_preprocess import (  # noqa: PLC0415
+        ARRAY_FILES,
+        MANIFEST,
+        read_manifest,
+        split_dir,
+        transform_tsv,
+    )
+
+    c = as_criteo_config(ckpt.config.data.criteo)
+    root = Path(c.preprocessed_dir)
+    try:
+        run_manifest = read_manifest(root)
+    except ValueError as e:
+        raise ValueError(
+            f"the training data of checkpoint {ckpt.path} is not readable: {e}"
+        ) from None
+    names = read_schema(root).feature_names
+    skip = c.skip_bad_rows if skip_bad_rows is None else skip_bad_rows
+
+    def source(directory: Path) -> CriteoSource:
+        return CriteoSource(
+            directory,
+            batch_size=batch_size,
+            in_memory=c.in_memory,
+            prefetch_batches=c.prefetch_batches,
+            feature_names=names,
+        )
+
+    def from_tsv(tsv: str | Path, name: str) -> EvalData:
+        out = transform_tsv(
+            root, tsv, skip_bad_rows=skip, num_workers=c.num_workers, progress=progress
+        )
+        bad = read_manifest(out)["bad_rows"]["total"]
+        return EvalData(source(split_dir(out, "test")), name, {"bad_rows": bad} if skip else {})
+
+    if data in SPLITS:
+        if data == "test" and c.test_path is not None:
+            return from_tsv(c.test_path, f"test ({c.test_path})")
+        return EvalData(source(split_dir(root, data)), data)
+    path = Path(data)
+    if not path.exists():
+        raise ValueError(
+            f"--data {data!r}: no such file or directory; expected {', '.join(SPLITS)}, a raw "
+            "Criteo TSV (plain or .gz) or a preprocessed split directory"
+        )
+    if path.is_file():
+        return from_tsv(path, str(path))
+    if (path / MANIFEST).is_file() and not (path / ARRAY_FILES["labels"]).is_file():
+        manifest = read_manifest(path)
+        if manifest["settings"]["layout"]["kind"] != "transform":
+            raise ValueError(
+                f"--data {data!r} is a preprocessed directory with splits {sorted(manifest['splits'])}; "
+                f"name one of them (e.g. --data {path / 'val'})"
+            )
+        path = split_dir(path, "test")
+    if not (path / ARRAY_FILES["labels"]).is_file():
+        raise ValueError(
+            f"--data {data!r}: not a preprocessed split directory (no {ARRAY_FILES['labels']}) "
+            "and not a raw TSV file"
+        )
+    _check_vocabularies(path, root, run_manifest)
+    return EvalData(source(path), str(path))
+
+
+def _check_vocabularies(split: Path, root: Path, run_manifest: dict[str, Any]) -> None:
+    """A preprocessed split must have the ids of the run's training vocabularies."""
+    from dmt.data.criteo_preprocess import MANIFEST, read_manifest  # noqa: PLC0415
+
+    parent = split.parent
+    if not (parent / MANIFEST).is_file():
+        log.warning(
+            "%s has no %s beside it: cannot check that its ids come from the vocabularies of %s",
+            split,
+            MANIFEST,
+            root,
+        )
+        return
+    m = read_manifest(parent)
+    settings = m["settings"]
+    origin = (
+        settings["vocab_from"]["settings_hash"]
+        if settings["layout"]["kind"] == "transform"
+        else m["settings_hash"]
+    )
+    if (
+        origin != run_manifest["settings_hash"]
+        or m["cardinalities"] != run_manifest["cardinalities"]
+    ):
+        raise ValueError(
+            f"--data {str(split)!r} was preprocessed with other vocabularies than the run's training "
+            f"data {root} (settings_hash {origin} in {parent / MANIFEST}, expected "
+            f"{run_manifest['settings_hash']}); pass the raw TSV instead, it is mapped through the "
+            "run's vocabularies"
+        )
+
+
+# -- scoring ----------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module,
+    source: BatchSource,
+    *,
+    max_rows: int | None = None,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Click probabilities and labels of the first ``max_rows`` rows of ``source`` (all: None)."""
+    model.eval()
+    probs: list[torch.Tensor] = []
+    labels: list[torch.Tensor] = []
+    seen = 0
+    batches = source.batches(0)
+    bar = tqdm(total=source.num_batches(), desc="eval", disable=not progress, dynamic_ncols=True)
+    try:
+        for batch in batches:
+            if max_rows is not None and seen >= max_rows:
+                break
+            batch = batch.to(device)
+            p = torch.sigmoid(model(batch.dense_features, batch.sparse_features)).cpu()
+            y = batch.labels.cpu()
+            if max_rows is not None and seen + len(y) > max_rows:
+                p, y = p[: max_rows - seen], y[: max_rows - seen]
+            probs.append(p)
+            labels.append(y)
+            seen += len(y)
+            bar.update(1)
+    finally:
+        bar.close()
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()  # stops a prefetching thread
+    return (torch.cat(probs) if probs else torch.empty(0)), (
+        torch.cat(labels) if labels else torch.empty(0)
+    )
+
+
+def metrics_of(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """``auc``, ``ne``, ``logloss``, ``calibration`` (see :func:`dmt.metrics.click_metrics`),
+    ``positive_rate`` (observed click rate) and ``rows``."""
+    if labels.numel() == 0:
+        raise ValueError("no rows to evaluate")
+    m = click_metrics(probs, labels)
+    return {
+        "auc": m["auc"],
+        "ne": m["ne"],
+        "logloss": m["logloss"],
+        "calibration": m["calibration"],
+        "positive_rate": float(labels.double().mean()),
+        "rows": int(labels.numel()),
+    }
+
+
+def evaluate(
+    checkpoint_path: str | os.PathLike[str],
+    data: str,
+    *,
+    batch_size: int | None = None,
+    max_rows: int | None = None,
+    config: str | os.PathLike[str] | None = None,
+    skip_bad_rows: bool | None = None,
+    device: str = "cpu",
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Score a checkpoint on ``data``; returns the report ``dmt-eval`` prints and writes.
+
+    Args:
+        checkpoint_path: a ``step_N`` directory or its parent (latest complete step).
+        data: ``train``/``val``/``test``, a raw Criteo TSV or a preprocessed split directory.
+        batch_size: rows per forward pass (default: the run's ``data.eval_batch_size``).
+        max_rows: score only the first rows (in file or split order).
+        config: the training config, when the checkpoint has none beside it.
+        skip_bad_rows: raw TSV: drop malformed rows (default: the run's ``skip_bad_rows``).
+        device: ``cpu`` or ``cuda``.
+        progress: progress bars.
+
+    Returns:
+        ``checkpoint``, ``step``, ``data`` and :func:`metrics_of`'s metrics (``bad_rows`` too
+        when malformed rows were skipped).
+    """
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1; got {batch_size}")
+    if max_rows is not None and max_rows < 1:
+        raise ValueError(f"--max-rows must be >= 1; got {max_rows}")
+    ckpt = open_checkpoint(checkpoint_path, config)
+    model = load_model(ckpt, device)
+    target = open_data(
+        ckpt,
+        data,
+        batch_size=batch_size or ckpt.config.data.eval_batch_size,
+        skip_bad_rows=skip_bad_rows,
+        progress=progress,
+    )
+    probs, labels = predict(
+        model, target.source, max_rows=max_rows, device=device, progress=progress
+    )
+    if labels.numel() == 0:
+        raise ValueError(f"--data {data!r} has no rows to evaluate")
+    return {
+        "checkpoint": str(ckpt.path.resolve()),
+        "step": ckpt.step,
+        "data": target.name,
+        **metrics_of(probs, labels),
+        **target.info,
+    }
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as an aligned two-column table."""
+    lines = []
+    for key, value in report.items():
+        if isinstance(value, float):
+            text = f"{value:.6f}"
+        elif isinstance(value, int):
+            text = f"{value:,d}"
+        else:
+            text = str(value)
+        lines.append(f"{key:14s} {text}")
+    return "\n".join(lines)
+
+
+def write_json(path: str | os.PathLike[str], report: dict[str, Any]) -> Path:
+    """Write ``report`` atomically (temporary file, then rename); NaN (AUC of a one-class set)
+    becomes null."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    clean = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in report.items()}
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(clean, indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dmt-eval",
+        description="Score a dmt checkpoint: AUC, NE, logloss, calibration, click rate, rows.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="<run>/checkpoints (latest complete step) or <run>/checkpoints/step_N",
+    )
+    p.add_argument(
+        "--data",
+        required=True,
+        help="train, val or test (the run's split), a raw Criteo TSV (.gz too) or a "
+        "preprocessed split directory",
+    )
+    p.add_argument("--out", default="eval.json", help="JSON report")
+    p.add_argument(
+        "--batch-size", type=int, help="rows per forward pass (default: data.eval_batch_size)"
+    )
+    p.add_argument("--max-rows", type=int, help="score only the first N rows")
+    p.add_argument(
+        "--config", help="training config, if the checkpoint has none (<run>/.hydra/config.yaml)"
+    )
+    p.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        default=None,
+        help="raw TSV: drop and count malformed rows (default: the run's setting)",
+    )
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``dmt-eval``; returns the exit status (0 success, 1 bad input, 2 bad usage)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        report = evaluate(
+            args.checkpoint,
+            args.data,
+            batch_size=args.batch_size,
+            max_rows=args.max_rows,
+            config=args.config,
+            skip_bad_rows=args.skip_bad_rows,
+            device=args.device,
+            progress=not args.no_progress,
+        )
+    except ValueError as e:
+        print(f"dmt-eval: error: {e}", file=sys.stderr)
+        return 1
+    print(format_report(report))
+    print(f"written to {write_json(args.out, report)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,472 @@
+"""``dmt-eval`` end to end: train tiny models with checkpoints, then score them.
+
+The Criteo-format rows here are made up by the tests (``make_rows``); real Criteo rows are only
+read from ``../shared/data`` (skipped when absent) and only copied into temporary directories.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from sklearn.metrics import log_loss, roc_auc_score
+from torchrec.datasets.utils import Batch
+
+from dmt.data.criteo_config import CriteoConfig
+from dmt.data.criteo_preprocess import preprocess_criteo
+from dmt.data.source import make_kjt
+from dmt.evaluate import evaluate, main
+from dmt.metrics import binary_entropy
+from dmt.runtime import Runtime, close_runtime, init_runtime
+from dmt.train import to_config
+from dmt.trainer import Trainer
+from tests.conftest import compose_config
+from tests.distributed.distributed_harness import run_on_ranks
+from tests.unit.test_criteo_preprocess import make_rows, ref_parse, ref_vocab, write
+
+TINY = [
+    "logger=disabled",
+    "trainer.progress_bar=false",
+    "data.synthetic.num_train=2048",
+    "data.synthetic.num_val=700",
+    "data.synthetic.num_test=900",
+    "data.batch_size=256",
+    "data.eval_batch_size=256",  # the last test batch is partial (900 = 3 * 256 + 132)
+    "trainer.max_steps=3",
+    "trainer.checkpoint_every=2",
+    "trainer.checkpoint=true",
+    "trainer.eval_max_batches=-1",
+]
+SMALL_MODEL = ["model.embedding_dim=8", "model.bottom_mlp=[16,8]", "model.top_mlp=[16,1]"]
+METRICS = ("auc", "ne", "logloss", "calibration")
+
+
+def _fit(overrides: list[str], out: Path) -> Trainer:
+    torch.set_num_threads(1)
+    trainer = Trainer(to_config(compose_config(*overrides)), init_runtime("cpu"), out)
+    trainer.fit()
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("synthetic_run")
+    try:
+        _fit(TINY, out)
+    finally:
+        close_runtime()
+    return out
+
+
+def _copy_run(run: Path, dest: Path) -> Path:
+    shutil.copytree(run, dest)
+    return dest
+
+
+def _assert_matches_trainer(report: dict, trained: dict, split: str, **tol: float) -> None:
+    for k in METRICS:
+        torch.testing.assert_close(report[k], trained[f"{split}_{k}"], msg=k, **tol)
+    assert report["rows"] == trained[f"{split}_num_samples"]
+
+
+# -- synthetic runs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("split", ["test", "val"])
+def test_eval_reproduces_the_trainers_metrics(synthetic_run: Path, split: str) -> None:
+    trained = json.loads((synthetic_run / "metrics.json").read_text())
+    report = evaluate(synthetic_run / "checkpoints", split)
+    assert report["step"] == 3 and report["checkpoint"].endswith("step_3")
+    _assert_matches_trainer(report, trained, split)
+    assert report["rows"] == {"test": 900, "val": 700}[split]
+    # a different batch size and an earlier step give other numbers, so the match is not luck
+    other = evaluate(synthetic_run / "checkpoints" / "step_2", split, batch_size=100)
+    assert other["step"] == 2 and other["logloss"] != report["logloss"]
+
+
+def test_max_rows_and_the_train_split(synthetic_run: Path) -> None:
+    report = evaluate(synthetic_run / "checkpoints", "train", max_rows=300, batch_size=256)
+    assert report["rows"] == 300
+    full = evaluate(synthetic_run / "checkpoints", "train")
+    assert full["rows"] == 2048
+
+
+def test_cli_prints_the_table_and_writes_json(synthetic_run: Path, tmp_path: Path) -> None:
+    exe = os.path.join(os.path.dirname(sys.executable), "dmt-eval")
+    out = tmp_path / "nested" / "eval.json"
+    res = subprocess.run(
+        [
+            exe,
+            "--checkpoint",
+            str(synthetic_run / "checkpoints"),
+            "--data",
+            "test",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    written = json.loads(out.read_text())
+    assert list(written) == [
+        "checkpoint",
+        "step",
+        "data",
+        "auc",
+        "ne",
+        "logloss",
+        "calibration",
+        "positive_rate",
+        "rows",
+    ]
+    _assert_matches_trainer(
+        written, json.loads((synthetic_run / "metrics.json").read_text()), "test"
+    )
+    assert re.search(r"^auc\s+0\.\d{6}$", res.stdout, re.M) and "rows           900" in res.stdout
+    assert not [p for p in out.parent.iterdir() if p.name != "eval.json"]  # no temporary left
+
+
+def test_config_of_a_hydra_run_directory(synthetic_run: Path, tmp_path: Path) -> None:
+    """Checkpoints without config.yaml (older runs) use the Hydra run's .hydra/config.yaml."""
+    run = _copy_run(synthetic_run, tmp_path / "run")
+    for p in run.glob("checkpoints/step_*/config.yaml"):
+        p.unlink()
+    with pytest.raises(
+        ValueError,
+        match=r"has no training config: looked for .*step_3/config.yaml "
+        r"and .*run/\.hydra/config.yaml; pass the run's config with --config",
+    ):
+        evaluate(run / "checkpoints", "test")
+    (run / ".hydra").mkdir()
+    OmegaConf.save(compose_config(*TINY), run / ".hydra" / "config.yaml")
+    report = evaluate(run / "checkpoints", "test")
+    _assert_matches_trainer(report, json.loads((run / "metrics.json").read_text()), "test")
+
+
+def test_checkpoint_errors(
+    synthetic_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["--checkpoint", str(tmp_path / "nope"), "--data", "test"]) == 1
+    assert (
+        f"dmt-eval: error: --checkpoint '{tmp_path / 'nope'}': no such directory"
+        in capsys.readouterr().err
+    )
+
+    (tmp_path / "empty" / "step_5").mkdir(parents=True)  # a step without meta.json is incomplete
+    with pytest.raises(
+        ValueError, match=r"--checkpoint=.*empty': no complete checkpoint \(step_N/meta.json\)"
+    ):
+        evaluate(tmp_path / "empty", "test")
+
+    run = _copy_run(synthetic_run, tmp_path / "run")
+    (run / "checkpoints" / "step_9").mkdir()  # incomplete: ignored, the latest complete is used
+    assert evaluate(run / "checkpoints", "test")["step"] == 3
+    (run / "checkpoints" / "step_3" / "rank_0.pt").unlink()
+    with pytest.raises(
+        ValueError, match=r"checkpoint .*step_3 is incomplete: rank_0.pt is missing"
+    ):
+        evaluate(run / "checkpoints", "test")
+
+
+def _edit_config(step_dir: Path, **changes: object) -> Path:
+    path = step_dir / "config.yaml"
+    cfg = OmegaConf.load(path)
+    for key, value in changes.items():
+        OmegaConf.update(cfg, key.replace("__", "."), value)
+    OmegaConf.save(cfg, path)
+    return path
+
+
+def test_config_that_does_not_match_the_weights(synthetic_run: Path, tmp_path: Path) -> None:
+    run = _copy_run(synthetic_run, tmp_path / "run")
+    step = run / "checkpoints" / "step_3"
+    cfg_path = _edit_config(step, data__synthetic__cardinality=50)
+    with pytest.raises(ValueError) as e:
+        evaluate(step, "test")
+    msg = str(e.value)
+    assert msg.startswith(
+        f"checkpoint {step} does not match the model its config {cfg_path} builds: "
+    )
+    assert "embedding_bags.t_cat_0.weight: checkpoint (100, 16), config (50, 16)" in msg
+
+    _edit_config(step, data__synthetic__cardinality=100, model__name="dcn")
+    with pytest.raises(
+        ValueError,
+        match=r"model.top.0.weight: checkpoint \(256, 367\), config \(256, 432\); 9 tensors missing from the checkpoint \(e.g. model\.interaction\.crossnet",
+    ):
+        evaluate(step, "test")
+
+    _edit_config(
+        step,
+        model__name="dlrm",
+        sptt__enabled=True,
+        model__partition__kind="naive",
+        model__partition__num_towers=2,
+    )
+    with pytest.raises(
+        ValueError, match=r"written by an SPTT run \(sptt.enabled=true in .*config.yaml\)"
+    ):
+        evaluate(step, "test")
+
+    _edit_config(step, sptt__enabled=False, model__partition__kind="none", model__name="resnet")
+    with pytest.raises(
+        ValueError, match=r"config.yaml: invalid training config: model.name='resnet'"
+    ):
+        evaluate(step, "test")
+    (step / "config.yaml").write_text("model:\n  no_such_key: 1\n")
+    with pytest.raises(
+        ValueError,
+        match=r"config.yaml: not a dmt training config: Key 'no_such_key' not in 'ModelConfig' \(at model.no_such_key\)",
+    ):
+        evaluate(step, "test")
+
+
+def test_files_need_a_criteo_run(synthetic_run: Path, tmp_path: Path) -> None:
+    tsv = write(tmp_path / "rows.tsv", make_rows(5))
+    with pytest.raises(ValueError, match=r"run on synthetic data .*use --data train\|val\|test"):
+        evaluate(synthetic_run / "checkpoints", str(tsv))
+
+
+# -- a multi-rank checkpoint ------------------------------------------------------------------
+
+
+def _two_rank_worker(rank: int, world_size: int, out: str) -> dict[str, float]:
+    rt = Runtime(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
+    return Trainer(to_config(compose_config(*TINY)), rt, Path(out)).fit().metrics
+
+
+def test_a_two_rank_flat_sharded_checkpoint_loads_in_one_process(tmp_path: Path) -> None:
+    metrics = run_on_ranks(_two_rank_worker, 2, str(tmp_path), timeout_s=240)[0]
+    assert (
+        json.loads((tmp_path / "checkpoints" / "step_3" / "meta.json").read_text())["world_size"]
+        == 2
+    )
+    # the tables are split over the ranks: neither rank file alone holds the model
+    report = evaluate(tmp_path / "checkpoints", "test")
+    # the trainer gathers the ranks' halves of each batch: the same numbers up to float sums
+    _assert_matches_trainer(report, metrics, "test", rtol=1e-7, atol=1e-8)
+
+
+# -- Criteo runs: raw TSV through the training vocabularies -----------------------------------
+
+CRITEO = [
+    "logger=disabled",
+    "data=criteo_sample",
+    "data.criteo.num_workers=1",
+    "data.criteo.prefetch_batches=0",
+    "data.batch_size=64",
+    "data.eval_batch_size=40",
+    "trainer.progress_bar=false",
+    "trainer.checkpoint=true",
+    "trainer.eval_max_batches=-1",
+    *SMALL_MODEL,
+]
+
+
+TRAIN_ROWS = make_rows(600, seed=1)  # made-up rows; the first 85% are the training split
+# rows with the training values (some frequent enough for their own id) and unseen values
+EVAL_ROWS = make_rows(750, seed=1)[600:] + make_rows(60, seed=2)
+
+
+def _reference_predictions(trainer: Trainer, rows: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Parse and map ``rows`` in plain Python; score them with the trained (sharded) model."""
+    vocab = ref_vocab(TRAIN_ROWS[:510], 3)
+    parsed = [ref_parse(r) for r in rows]
+    ids = np.array(
+        [[vocab[f].get(v, 0) if v is not None else 0 for f, v in enumerate(p[2])] for p in parsed],
+        np.int64,
+    )
+    assert (ids == 0).mean() < 0.6 and (ids > 0).any()  # both seen and unseen values
+    labels = np.array([p[0] for p in parsed], np.float32)
+    batch = Batch(
+        dense_features=torch.tensor([p[1] for p in parsed], dtype=torch.float32),
+        sparse_features=make_kjt([f"cat_{f}" for f in range(26)], ids[:, :, None]),
+        labels=torch.from_numpy(labels),
+    )
+    trainer.model.eval()
+    with torch.no_grad():
+        probs = torch.sigmoid(trainer.model(batch)[1]).double().numpy()
+    return probs, labels
+
+
+@pytest.fixture(scope="module")
+def criteo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, np.ndarray]:
+    """A DLRM trained on made-up Criteo-format rows, with relative data paths (as the
+    criteo_sample config has them) from its own working directory; and its reference
+    predictions of ``EVAL_ROWS``."""
+    root = tmp_path_factory.mktemp("criteo_run")
+    write(root / "train.tsv", TRAIN_ROWS)
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        preprocess_criteo(
+            CriteoConfig(raw_path="train.tsv", preprocessed_dir="prep", num_workers=1),
+            progress=False,
+        )
+        trainer = _fit(
+            [*CRITEO, "data.criteo.raw_path=train.tsv", "data.criteo.preprocessed_dir=prep"],
+            root / "run",
+        )
+        probs, labels = _reference_predictions(trainer, EVAL_ROWS)
+    finally:
+        close_runtime()
+        os.chdir(cwd)
+    return root, probs, labels
+
+
+def _last_step(checkpoints: Path) -> Path:
+    return max(checkpoints.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+
+
+def test_raw_tsv_matches_a_reference_from_the_models_own_predictions(criteo_run, tmp_path) -> None:
+    root, probs, labels = criteo_run
+    tsv = write(tmp_path / "eval.tsv.gz", EVAL_ROWS)
+    report = evaluate(root / "run" / "checkpoints", str(tsv), batch_size=32)
+    ctr = labels.mean()
+    assert report["rows"] == len(EVAL_ROWS) and report["positive_rate"] == pytest.approx(ctr)
+    torch.testing.assert_close(report["auc"], roc_auc_score(labels, probs), rtol=1e-6, atol=1e-6)
+    ref_logloss = log_loss(labels, probs)
+    torch.testing.assert_close(report["logloss"], ref_logloss, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        report["ne"], ref_logloss / binary_entropy(float(ctr)), rtol=1e-6, atol=1e-7
+    )
+    torch.testing.assert_close(report["calibration"], probs.mean() / ctr, rtol=1e-6, atol=1e-7)
+
+
+def test_criteo_splits_and_preprocessed_directories(criteo_run, tmp_path) -> None:
+    root, _, _ = criteo_run
+    trained = json.loads((root / "run" / "metrics.json").read_text())
+    ckpt = root / "run" / "checkpoints"
+    test = evaluate(ckpt, "test")  # from another working directory: paths follow the training job's
+    _assert_matches_trainer(test, trained, "test")
+    assert test["rows"] == 45
+    assert evaluate(ckpt, str(root / "prep" / "test")) == {
+        **test,
+        "data": str(root / "prep" / "test"),
+    }
+    with pytest.raises(
+        ValueError, match=r"preprocessed directory with splits \['test', 'train', 'val'\]; name one"
+    ):
+        evaluate(ckpt, str(root / "prep"))
+
+    # data preprocessed with other vocabularies
+    other = tmp_path / "other"
+    preprocess_criteo(
+        CriteoConfig(
+            raw_path=str(root / "train.tsv"),
+            preprocessed_dir=str(other),
+            frequency_threshold=1,
+            num_workers=1,
+        ),
+        progress=False,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"was preprocessed with other vocabularies than the run's "
+        r"training data .*pass the raw TSV instead",
+    ):
+        evaluate(ckpt, str(other / "val"))
+    config = tmp_path / "config.yaml"
+    shutil.copy(_last_step(ckpt) / "config.yaml", config)
+    OmegaConf.save(
+        OmegaConf.merge(
+            OmegaConf.load(config), {"data": {"criteo": {"preprocessed_dir": str(other)}}}
+        ),
+        config,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"does not match the model its config .*config.yaml builds: .*"
+        r"table rows come from .*other/manifest.json",
+    ):
+        evaluate(ckpt, "test", config=config)
+
+
+def test_bad_tsv_row_names_file_and_line(criteo_run, tmp_path, capsys) -> None:
+    root, _, _ = criteo_run
+    rows = make_rows(20, seed=3)
+    rows[11] = rows[11].replace("\t", "\tx", 1)  # the first dense field is not a number
+    tsv = write(tmp_path / "bad.tsv", rows)
+    args = [
+        "--checkpoint",
+        str(root / "run" / "checkpoints"),
+        "--data",
+        str(tsv),
+        "--no-progress",
+        "--out",
+        str(tmp_path / "e.json"),
+    ]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert f"dmt-eval: error: {tsv.resolve()}:12: " in err and "I1 is 'x" in err
+    assert not (tmp_path / "e.json").exists()
+    assert main([*args, "--skip-bad-rows"]) == 0
+    written = json.loads((tmp_path / "e.json").read_text())
+    assert written["rows"] == 19 and written["bad_rows"] == 1
+    assert main([*args[:3], str(tmp_path / "missing.tsv")]) == 1
+    assert "--data '" in capsys.readouterr().err
+
+
+# -- the Criteo Kaggle sample (../shared/data) ------------------------------------------------
+
+
+@pytest.mark.criteo
+def test_criteo_sample_slice(shared_data: Path, tmp_path: Path) -> None:
+    """Train on the first 20k lines of the sample; the raw lines of its test split score exactly
+    like the preprocessed split, and unseen later lines score as a model should."""
+    with open(shared_data / "criteo-kaggle-sample" / "train.tsv", "rb") as f:
+        lines = [f.readline() for _ in range(24_000)]
+    (tmp_path / "head.tsv").write_bytes(b"".join(lines[:20_000]))
+    (tmp_path / "test_rows.tsv").write_bytes(b"".join(lines[18_500:20_000]))  # the test split
+    (tmp_path / "later.tsv").write_bytes(b"".join(lines[20_000:]))
+    preprocess_criteo(
+        CriteoConfig(
+            raw_path=str(tmp_path / "head.tsv"),
+            preprocessed_dir=str(tmp_path / "prep"),
+            num_workers=1,
+        ),
+        progress=False,
+    )
+    try:
+        _fit(
+            [
+                *CRITEO,
+                f"data.criteo.raw_path={tmp_path / 'head.tsv'}",
+                f"data.criteo.preprocessed_dir={tmp_path / 'prep'}",
+                "data.batch_size=256",
+                "data.eval_batch_size=4096",
+                "model.embedding_dim=16",
+                "model.bottom_mlp=[32,16]",
+                "model.top_mlp=[64,1]",
+                "optim.lr=0.01",
+            ],
+            tmp_path / "run",
+        )
+    finally:
+        close_runtime()
+    ckpt = tmp_path / "run" / "checkpoints"
+    trained = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    split = evaluate(ckpt, "test")
+    raw = evaluate(ckpt, str(tmp_path / "test_rows.tsv"))
+    assert split["rows"] == raw["rows"] == 1500
+    _assert_matches_trainer(split, trained, "test")
+    for k in (*METRICS, "positive_rate"):
+        assert raw[k] == split[k], k
+    later = evaluate(ckpt, str(tmp_path / "later.tsv"), max_rows=3000)
+    assert later["rows"] == 3000
+    clicks = [int(line.split(b"\t", 1)[0]) for line in lines[20_000:23_000]]
+    assert later["positive_rate"] == pytest.approx(np.mean(clicks))
+    assert later["auc"] > 0.6 and math.isfinite(later["ne"]) and later["ne"] < 1.0, later

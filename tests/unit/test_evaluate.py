@@ -1,0 +1,182 @@
+"""``dmt.evaluate`` and ``dmt.checkpoint.load_model_state`` pieces, without training."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import log_loss, roc_auc_score
+from torch import nn
+from torch.distributed._shard.metadata import ShardMetadata
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensorMetadata, TensorProperties
+
+from dmt import checkpoint
+from dmt.data import InMemorySource
+from dmt.evaluate import (
+    find_checkpoint,
+    format_report,
+    metrics_of,
+    predict,
+    read_config,
+    write_json,
+)
+from dmt.metrics import binary_entropy
+
+
+def test_metrics_match_sklearn() -> None:
+    rng = np.random.default_rng(0)
+    probs = rng.uniform(0.01, 0.99, 500)
+    labels = (rng.uniform(size=500) < probs * 0.8).astype(np.float32)
+    m = metrics_of(torch.from_numpy(probs).float(), torch.from_numpy(labels))
+    ctr = labels.mean()
+    assert m["rows"] == 500 and m["positive_rate"] == pytest.approx(ctr)
+    assert m["auc"] == pytest.approx(roc_auc_score(labels, probs), abs=1e-6)
+    assert m["logloss"] == pytest.approx(log_loss(labels, probs), rel=1e-6)
+    assert m["ne"] == pytest.approx(log_loss(labels, probs) / binary_entropy(float(ctr)), rel=1e-6)
+    assert m["calibration"] == pytest.approx(probs.mean() / ctr, rel=1e-6)
+    assert math.isnan(metrics_of(torch.tensor([0.2, 0.7]), torch.tensor([1.0, 1.0]))["auc"])
+    with pytest.raises(ValueError, match="no rows to evaluate"):
+        metrics_of(torch.empty(0), torch.empty(0))
+
+
+class _MeanDense(nn.Module):
+    def forward(self, dense: torch.Tensor, sparse: object) -> torch.Tensor:
+        return dense.mean(dim=1)
+
+
+@pytest.mark.parametrize("max_rows", [None, 1, 64, 65, 150, 1000])
+def test_predict_keeps_order_and_stops_after_max_rows(max_rows: int | None) -> None:
+    n = 200
+    dense = np.arange(n * 2, dtype=np.float32).reshape(n, 2) / 400
+    labels = (np.arange(n) % 3 == 0).astype(np.float32)
+    src = InMemorySource(dense, np.zeros((n, 1), np.int64), labels, ["cat_0"], batch_size=64)
+    probs, ys = predict(_MeanDense(), src, max_rows=max_rows)
+    k = min(max_rows or n, n)
+    torch.testing.assert_close(probs, torch.sigmoid(torch.from_numpy(dense[:k].mean(1))))
+    torch.testing.assert_close(ys, torch.from_numpy(labels[:k]))
+
+
+def test_report_json_is_atomic_and_strict(tmp_path: Path) -> None:
+    report = {"checkpoint": "/x/step_3", "step": 3, "data": "test", "auc": float("nan"), "rows": 10}
+    out = tmp_path / "a" / "eval.json"
+    out.parent.mkdir()
+    out.write_text("old")
+    assert write_json(out, report) == out
+    assert json.loads(out.read_text()) == {**report, "auc": None}  # NaN is not valid JSON
+    assert [p.name for p in out.parent.iterdir()] == ["eval.json"]
+    table = format_report({"auc": 0.71234567, "rows": 12345, "data": "test"})
+    assert table.splitlines() == [
+        "auc            0.712346",
+        "rows           12,345",
+        "data           test",
+    ]
+
+
+def test_find_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"--checkpoint '.*nope': no such directory"):
+        find_checkpoint(tmp_path / "nope")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"is a file; expected a checkpoint directory"):
+        find_checkpoint(tmp_path / "file")
+    for step, complete in [(2, True), (10, True), (11, False)]:
+        (tmp_path / f"step_{step}").mkdir()
+        if complete:
+            (tmp_path / f"step_{step}" / "meta.json").write_text("{}")
+    assert find_checkpoint(tmp_path) == tmp_path / "step_10"  # numeric order, complete only
+    assert find_checkpoint(tmp_path / "step_2") == tmp_path / "step_2"
+    with pytest.raises(ValueError, match=r"--checkpoint='.*step_11': no complete checkpoint"):
+        find_checkpoint(tmp_path / "step_11")
+
+
+def test_read_config_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  epochs: many\n")
+    with pytest.raises(
+        ValueError,
+        match=r"bad.yaml: not a dmt training config: Value 'many' of type 'str' could not be converted to Integer \(at trainer.epochs\)$",
+    ):
+        read_config(bad)
+    bad.write_text("model:\n  name: dlrm\ntrainer:\n  epochs: 0\n")
+    with pytest.raises(ValueError, match=r"bad.yaml: invalid training config: trainer.epochs=0"):
+        read_config(bad)
+    good = tmp_path / "good.yaml"
+    good.write_text("model:\n  name: dcn\n")
+    assert read_config(good).model.name == "dcn"
+
+
+# -- reassembling a sharded checkpoint ----------------------------------------------------------
+
+
+def _sharded(
+    full: torch.Tensor, pieces: list[tuple[list[int], list[int], int]]
+) -> list[checkpoint._Shards]:
+    """What each rank's pickled ShardedTensor holds: its shards of ``full`` and the global layout."""
+    metas = [ShardMetadata(off, size, f"rank:{r}/cpu") for off, size, r in pieces]
+    md = ShardedTensorMetadata(metas, full.shape, TensorProperties(dtype=full.dtype))
+    ranks = max(r for *_, r in pieces) + 1
+    return [
+        checkpoint._Shards(
+            [
+                Shard(
+                    full[
+                        tuple(slice(o, o + s) for o, s in zip(m.shard_offsets, m.shard_sizes))
+                    ].clone(),
+                    m,
+                )
+                for m in metas
+                if m.placement.rank() == r
+            ],
+            md,
+        )
+        for r in range(ranks)
+    ]
+
+
+def _write_checkpoint(step_dir: Path, per_rank: list[dict[str, object]]) -> None:
+    step_dir.mkdir(parents=True)
+    for r, state in enumerate(per_rank):
+        torch.save({"model": state, "optimizer": []}, step_dir / f"rank_{r}.pt")
+    (step_dir / "meta.json").write_text(json.dumps({"step": 1, "world_size": len(per_rank)}))
+
+
+def test_load_model_state_reassembles_row_and_column_shards(tmp_path: Path) -> None:
+    rows = torch.randn(10, 4)
+    cols = torch.randn(6, 8)
+    table = torch.randn(5, 3)
+    dense = torch.randn(7)
+    row_wise = _sharded(rows, [([0, 0], [4, 4], 0), ([4, 0], [4, 4], 1), ([8, 0], [2, 4], 2)])
+    col_wise = _sharded(cols, [([0, 0], [6, 4], 2), ([0, 4], [6, 4], 0)])
+    table_wise = _sharded(table, [([0, 0], [5, 3], 1)]) + [None]  # rank 2 holds no part of it
+    table_wise[2] = checkpoint._Shards([], table_wise[0].metadata)
+    _write_checkpoint(
+        tmp_path / "step_1",
+        [
+            {"rw": row_wise[r], "cw": col_wise[r], "tw": table_wise[r], "dense": dense}
+            for r in range(3)
+        ],
+    )
+    state = checkpoint.load_model_state(tmp_path)
+    assert list(state) == ["rw", "cw", "tw", "dense"]
+    for key, full in [("rw", rows), ("cw", cols), ("tw", table), ("dense", dense)]:
+        torch.testing.assert_close(state[key], full, rtol=0, atol=0, msg=key)
+
+    (tmp_path / "step_1" / "rank_2.pt").unlink()
+    with pytest.raises(
+        ValueError, match=r"step_1 is incomplete: rank_2.pt is missing \(meta.json says 3 ranks"
+    ):
+        checkpoint.load_model_state(tmp_path)
+
+
+def test_load_model_state_reports_missing_shards(tmp_path: Path) -> None:
+    rows = torch.randn(8, 2)
+    parts = _sharded(rows, [([0, 0], [4, 2], 0), ([4, 0], [4, 2], 1)])
+    parts[1].local_shards = []  # the rank that held rows 4..7 lost them
+    _write_checkpoint(tmp_path / "step_1", [{"t": parts[0]}, {"t": parts[1]}])
+    with pytest.raises(
+        ValueError, match=r"incomplete: t has shards at offsets \[\(4, 0\)\] that no rank"
+    ):
+        checkpoint.load_model_state(tmp_path)
