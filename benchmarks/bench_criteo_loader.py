@@ -30,6 +30,8 @@ from tempfile import TemporaryDirectory
 import torch
 
 from dmt.data import build_data
+from dmt.data.criteo_dataset import criteo_schema
+from dmt.data.criteo_preprocess import preprocess_criteo, read_manifest
 from dmt.train import compose_config, to_config, train
 
 COMMON = ["logger=disabled", "trainer.progress_bar=false"]
@@ -72,12 +74,14 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     memory = criteo_overrides(args.experiment, mmap=False)
-    probe = build_data(to_config(compose_config(*memory)).data, seed=0)
-    rows = probe.train.num_batches() * 512
+    data_cfg = to_config(compose_config(*memory)).data
+    preprocess_criteo(data_cfg.criteo, progress=False)  # a no-op once data_cache/ is up to date
+    _, cardinalities, _ = criteo_schema(data_cfg)
+    rows = read_manifest(data_cfg.criteo.preprocessed_dir)["splits"]["train"]["rows"] // 512 * 512
     modes = {
         "criteo_memory": memory,
         "criteo_mmap": criteo_overrides(args.experiment, mmap=True),
-        "synthetic": synthetic_overrides(args.experiment, list(probe.cardinalities), rows),
+        "synthetic": synthetic_overrides(args.experiment, list(cardinalities), rows),
     }
     rates: dict[str, list[float]] = {m: [] for m in modes}
     loaders: dict[str, list[float]] = {m: [] for m in modes}

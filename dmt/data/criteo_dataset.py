@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torchrec.datasets.utils import Batch
 
@@ -359,8 +360,6 @@ def tsv_source(
 
 def _preprocess_once(c: CriteoConfig, *, rank: int, world_size: int) -> None:
     """Rank 0 brings ``c.preprocessed_dir`` up to date (a no-op when it is); the others wait."""
-    import torch.distributed as dist  # noqa: PLC0415
-
     distributed = world_size > 1 and dist.is_available() and dist.is_initialized()
     error: str | None = None
     if rank == 0:
