@@ -1,33 +1,83 @@
-"""Checkpoints: model, optimizers (fused sparse state included), step, data position, RNG.
+"""Checkpoints on ``torch.distributed.checkpoint`` (DCP): save at one world size, resume at another.
 
-Layout: ``<root>/step_<N>/rank_<r>.pt`` per rank (each rank saves its own shards),
-``<root>/step_<N>/config.yaml`` (the resolved training config, when the trainer passes it) and
-``<root>/step_<N>/meta.json`` (step, data position, world size, working directory), written last
-so a checkpoint without it is incomplete and ignored. Resume needs the same world size and
-sharding plan; :func:`load_model_state` reassembles the full model state of a flat-sharded
-checkpoint of any world size in one process (what ``dmt-eval`` needs).
+Layout of ``<root>/step_<N>/``:
+
+* DCP's files (``__<r>_0.distcp`` per rank and ``.metadata``): ``model`` (the sharded module's
+  state dict: TorchRec ``ShardedTensor`` tables for flat runs, :mod:`dmt.sptt.sharded_state` for
+  SPTT runs, under the plain model's names either way), ``optim`` (the per-parameter optimizer
+  state, fused sparse state included, laid out like the tables) and ``rng.rank_<r>`` (each
+  rank's random state);
+* ``config.yaml``: the resolved training config;
+* ``meta.json``, written last (after every other file is fsynced, atomically, then the directory
+  fsynced): step, data position, world size, working directory and the size of every file. A
+  ``step_N`` without it is incomplete; one whose files do not match it is damaged. Both are
+  skipped, with a warning naming the file, when the newest checkpoint is looked for.
+
+Resuming at another world size works because DCP reshards every ``ShardedTensor`` by its global
+offsets and every world size sees the same global batches (the data position is a step count).
+:func:`load_model_state` reads the whole, unsharded model state in one process without a process
+group (``dmt-eval``, ``dmt-partition --checkpoint``, ``dmt-export``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import pickle
 import random
 import re
-import types
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import yaml
 from torch import nn
-from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from dmt.sptt.dmt_sharding import ShardedDMT
+
+log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 META_FILE = "meta.json"
 CONFIG_FILE = "config.yaml"
+FORMAT = "dcp-1"
+
+# Config keys a resume may change freely: how the job runs, not what it computes. ``optim.*``
+# may change only with trainer.resume_allow_config_change=true; everything else must match.
+_FREE_KEYS = (
+    "trainer.epochs",
+    "trainer.max_steps",
+    "trainer.eval_every",
+    "trainer.log_every",
+    "trainer.checkpoint_every",
+    "trainer.checkpoint",
+    "trainer.checkpoint_dir",
+    "trainer.checkpoint_async",
+    "trainer.resume_from",
+    "trainer.resume_allow_config_change",
+    "trainer.progress_bar",
+    "trainer.device",
+    "trainer.optimize_metric",
+    "trainer.eval_max_batches",
+    "trainer.collective_timeout_s",
+    "sptt.local_world_size",
+    "sptt.hosts_per_tower",
+    "sptt.sharding_type",
+    "sptt.peer_permute",
+    "sptt.timeout_s",
+    "data.criteo.raw_path",
+    "data.criteo.preprocessed_dir",
+    "data.criteo.auto_preprocess",
+    "data.criteo.test_path",
+)
+_FREE_PREFIXES = ("logger.",)
+_CHANGEABLE_PREFIXES = ("optim.",)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -40,177 +90,350 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
 
 
-def _sub_optimizers(optimizer: torch.optim.Optimizer) -> list[Any]:
-    # TorchRec's CombinedOptimizer hands its whole state to every part on load, so each part
-    # (fused sparse, dense) is saved and restored on its own.
-    return [opt for _, opt in optimizer.optimizers] if hasattr(optimizer, "optimizers") else [optimizer]
+def _sharded_dmt(model: nn.Module) -> ShardedDMT | None:
+    inner = getattr(model, "model", model)
+    return inner if isinstance(inner, ShardedDMT) else None
 
 
-def _optimizer_states(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
-    return [opt.state_dict() for opt in _sub_optimizers(optimizer)]
+def _prefix(model: nn.Module) -> str:
+    return "model." if getattr(model, "model", None) is not None else ""
+
+
+def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Per-parameter optimizer state, keyed like the model's state dict, in the optimizer's own
+    tensors (DCP loads into them in place)."""
+    sharded = _sharded_dmt(model)
+    if sharded is None:
+        return dict(optimizer.state_dict()["state"])
+    prefix = _prefix(model)
+    return {prefix + k: v for k, v in sharded.optimizer_state_dict(optimizer).items()}
+
+
+def _materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    # Dense optimizers create their state at the first step; a resume loads into it in place.
+    parts = [opt for _, opt in optimizer.optimizers] if hasattr(optimizer, "optimizers") else [optimizer]
+    for opt in parts:
+        if not opt.state and hasattr(opt, "init_state"):
+            opt.init_state()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass
+class _Pending:
+    path: Path
+    future: Future[Any]
+    meta: dict[str, Any]
+    config: str | None
+
+
+class Checkpointer:
+    """Saves DCP checkpoints of one job; every rank calls :meth:`save` and :meth:`wait` alike.
+
+    With ``async_save`` the tensors are staged in memory and written by a background thread over
+    a dedicated gloo group while training goes on (``torch.distributed.checkpoint.async_save``);
+    the marker ``meta.json`` is written once the write has finished (at the next save, at
+    :meth:`wait`, or at :meth:`close`).
+    """
+
+    def __init__(self, root: Path, *, rank: int, world_size: int, async_save: bool = False) -> None:
+        self.root = Path(root)
+        self.rank = rank
+        self.world_size = world_size
+        self.async_save = async_save
+        self._pending: _Pending | None = None
+        self._group = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+
+    def save(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int, epoch: int,
+        batch_in_epoch: int, config: str | None = None,
+    ) -> Path:
+        """Save model, optimizer, data position and RNG as ``<root>/step_<step>``."""
+        self.wait()
+        path = self.root / f"step_{step}"
+        if (path / META_FILE).exists():
+            raise ValueError(f"checkpoint {path} exists already; dmt never overwrites a complete checkpoint")
+        path.mkdir(parents=True, exist_ok=True)
+        state = {
+            "model": model.state_dict(),
+            "optim": _optimizer_state(model, optimizer),
+            "rng": {f"rank_{self.rank}": _rng_state()},
+        }
+        meta = {"format": FORMAT, "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch,
+                "world_size": self.world_size, "cwd": os.getcwd()}
+        writer = dcp.FileSystemWriter(path, sync_files=True)
+        if self.async_save:
+            future = dcp.async_save(state, storage_writer=writer, process_group=self._group)
+            self._pending = _Pending(path, future, meta, config)
+        else:
+            dcp.save(state, storage_writer=writer)
+            self._finish(path, meta, config)
+        return path
+
+    def wait(self) -> None:
+        """Block until the pending asynchronous save is written and marked complete."""
+        if self._pending is None:
+            return
+        pending, self._pending = self._pending, None
+        pending.future.result()
+        self._finish(pending.path, pending.meta, pending.config)
+
+    def close(self) -> None:
+        self.wait()
+
+    def _finish(self, path: Path, meta: dict[str, Any], config: str | None) -> None:
+        if dist.is_initialized() and self.world_size > 1:
+            dist.barrier()  # every rank's files are written and fsynced
+        if self.rank == 0:
+            if config is not None:
+                _write_atomic(path / CONFIG_FILE, config)
+            files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+            # config.yaml is left out: a user may edit it (dmt-eval reads the model from it)
+            sizes = {p.name: p.stat().st_size for p in files if p.name not in (META_FILE, CONFIG_FILE)}
+            meta = {**meta, "files": sizes}
+            _write_atomic(path / META_FILE, json.dumps(meta, indent=1) + "\n")
+            _fsync(path)
+        if dist.is_initialized() and self.world_size > 1:
+            dist.barrier()  # no rank goes on before the checkpoint is complete
 
 
 def save(
     root: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int, epoch: int,
     batch_in_epoch: int, rank: int, world_size: int, config: str | None = None,
 ) -> Path:
-    """Save this rank's state under ``<root>/step_<step>``; ``config`` (YAML text of the resolved
-    training config) is written by rank 0 beside the weights."""
-    path = Path(root) / f"step_{step}"
-    path.mkdir(parents=True, exist_ok=True)
-    state = {
-        "model": model.state_dict(),
-        "optimizer": _optimizer_states(optimizer),
-        "step": step,
-        "epoch": epoch,
-        "batch_in_epoch": batch_in_epoch,
-        "rng": _rng_state(),
-    }
-    tmp = path / f".rank_{rank}.pt.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path / f"rank_{rank}.pt")
-    if dist.is_initialized() and world_size > 1:
-        dist.barrier()
-    if rank == 0:
-        if config is not None:
-            tmp = path / f".{CONFIG_FILE}.tmp"
-            tmp.write_text(config)
-            os.replace(tmp, path / CONFIG_FILE)
-        meta = {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "world_size": world_size,
-                "cwd": os.getcwd()}  # relative data paths in the config are relative to it
-        (path / META_FILE).write_text(json.dumps(meta) + "\n")
-    return path
+    """Synchronous :meth:`Checkpointer.save` (collective over the default group)."""
+    return Checkpointer(root, rank=rank, world_size=world_size).save(
+        model, optimizer, step=step, epoch=epoch, batch_in_epoch=batch_in_epoch, config=config
+    )
+
+
+# -- finding a complete checkpoint -----------------------------------------------------------
+
+
+def damage(path: Path) -> str | None:
+    """Why ``step_N`` directory ``path`` is not a usable checkpoint, or ``None`` if it is."""
+    meta_path = Path(path) / META_FILE
+    if not meta_path.is_file():
+        return f"{meta_path} is missing (the save did not finish)"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        return f"{meta_path} is unreadable ({e})"
+    for name, size in meta.get("files", {}).items():
+        f = Path(path) / name
+        if not f.is_file():
+            return f"{f} is missing"
+        if f.stat().st_size != size:
+            return f"{f} has {f.stat().st_size} bytes, {META_FILE} says {size}"
+    if "files" not in meta:
+        return f"{meta_path} lists no files (written by an older dmt; not a DCP checkpoint)"
+    return None
+
+
+def step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """``(N, step_N)`` children of ``root``, newest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    return sorted(found, reverse=True)
+
+
+def latest(root: Path) -> Path | None:
+    """The newest usable ``step_N`` under ``root``; damaged or incomplete newer ones are skipped
+    with a warning naming the file; ``None`` if there is none."""
+    for _, p in step_dirs(root):
+        why = damage(p)
+        if why is None:
+            return p
+        log.warning("skipping checkpoint %s: %s", p, why)
+    return None
 
 
 def resolve(path: Path, *, setting: str = "trainer.resume_from") -> Path:
-    """``path`` itself if it is a complete checkpoint, else its latest complete ``step_N`` child.
-    ``setting`` names where the path came from in the error message."""
+    """``path`` itself if it is a checkpoint (``step_N``), else its newest usable ``step_N``
+    child. ``setting`` names where the path came from in the error message."""
     path = Path(path)
-    if (path / META_FILE).exists():
+    if _STEP_DIR.match(path.name) or (path / META_FILE).exists():
+        why = damage(path)
+        if why is not None:
+            raise ValueError(f"{setting}={str(path)!r} is not a usable checkpoint: {why}")
         return path
-    steps = [
-        (int(m.group(1)), p) for p in path.glob("step_*")
-        if (m := _STEP_DIR.match(p.name)) and (p / META_FILE).exists()
-    ] if path.is_dir() else []
-    if not steps:
-        raise ValueError(f"{setting}={str(path)!r}: no complete checkpoint (step_N/meta.json) there")
-    return max(steps)[1]
+    found = latest(path)
+    if found is None:
+        raise ValueError(f"{setting}={str(path)!r}: no complete checkpoint (step_N/{META_FILE}) there")
+    return found
 
 
 def read_meta(path: Path) -> dict[str, Any]:
     """``meta.json`` of a complete checkpoint directory ``step_N``."""
-    return json.loads((Path(path) / META_FILE).read_text())
+    return dict(json.loads((Path(path) / META_FILE).read_text()))
 
 
-def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, *, rank: int) -> dict[str, Any]:
+# -- resuming ---------------------------------------------------------------------------------
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any], *, allow_change: bool) -> list[str]:
+    """Keys whose values differ between a checkpoint's config and this run's and that a resume
+    may not change: everything but how the job runs (``_FREE_KEYS``, ``logger.*``); ``optim.*``
+    only with ``allow_change``. Each as ``key: saved -> current``."""
+    a, b = _flatten(saved), _flatten(current)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key in _FREE_KEYS or key.startswith(_FREE_PREFIXES):
+            continue
+        if allow_change and key.startswith(_CHANGEABLE_PREFIXES):
+            continue
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
+            out.append(f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
+    return out
+
+
+def check_config(path: Path, current_yaml: str, *, allow_change: bool) -> None:
+    """Raise ``ValueError`` listing the keys in which this run's config differs from the one
+    saved with checkpoint ``path`` in a way a resume may not."""
+    saved_file = Path(path) / CONFIG_FILE
+    if not saved_file.is_file():
+        raise ValueError(f"checkpoint {path} has no {CONFIG_FILE}; cannot check that it fits this run")
+    diffs = config_differences(
+        yaml.safe_load(saved_file.read_text()) or {}, yaml.safe_load(current_yaml) or {},
+        allow_change=allow_change,
+    )
+    if diffs:
+        hint = (" (optimizer keys may change with trainer.resume_allow_config_change=true)"
+                if any(d.startswith(_CHANGEABLE_PREFIXES) for d in diffs) else "")
+        raise ValueError(
+            f"cannot resume from {path}: this run's config differs from the checkpoint's "
+            f"{saved_file} in " + "; ".join(diffs) + hint
+        )
+
+
+def load(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, *, rank: int,
+    partial_optimizer: bool = False,
+) -> dict[str, Any]:
+    """Restore ``model`` and ``optimizer`` (and, at the same world size, this rank's RNG) from
+    checkpoint ``path`` (or its newest complete ``step_N``), at any world size; returns the
+    checkpoint's ``meta.json``. Collective over the default group.
+
+    ``partial_optimizer``: optimizer state the checkpoint lacks (another optimizer was chosen)
+    starts fresh, with a warning, instead of failing. The model must be complete either way.
+    """
     path = resolve(path)
     meta = read_meta(path)
     world = dist.get_world_size() if dist.is_initialized() else 1
-    if meta["world_size"] != world:
+    state: dict[str, Any] = {"model": model.state_dict()}
+    saved = tensor_keys(path, prefix="")
+    missing = [k for k in _flatten(state["model"], "model.") if k not in saved]
+    if missing:
         raise ValueError(
-            f"checkpoint {path} was saved by {meta['world_size']} ranks; this job has {world}"
+            f"checkpoint {path} does not fit this model: {len(missing)} tensors are not in it "
+            f"(e.g. {missing[0].removeprefix('model.')})"
         )
-    state = torch.load(path / f"rank_{rank}.pt", weights_only=False)
-    model.load_state_dict(state["model"])
     if optimizer is not None:
-        parts = _sub_optimizers(optimizer)
-        if len(parts) != len(state["optimizer"]):
-            raise ValueError(f"checkpoint {path} holds {len(state['optimizer'])} optimizer states; "
-                             f"this job has {len(parts)} optimizers")
-        for opt, sd in zip(parts, state["optimizer"]):
-            if not opt.state and sd["state"] and hasattr(opt, "init_state"):
-                opt.init_state()  # materialize lazy (dense) optimizer state so it can be loaded in place
-            opt.load_state_dict(sd)
-    _set_rng_state(state["rng"])
-    return state
+        _materialize_optimizer_state(optimizer)
+        state["optim"] = _optimizer_state(model, optimizer)
+        absent = [k for k in _flatten(state["optim"], "optim.") if k not in saved]
+        if absent and not partial_optimizer:
+            raise ValueError(
+                f"checkpoint {path} holds no optimizer state for {len(absent)} entries (e.g. "
+                f"{absent[0]}): was another optimizer used? (trainer.resume_allow_config_change=true "
+                "starts such state fresh)"
+            )
+        if absent:
+            log.warning("checkpoint %s: %d optimizer state entries start fresh (e.g. %s)", path,
+                        len(absent), absent[0])
+            state["optim"] = _drop(state["optim"], set(absent), "optim.")
+    same_world = int(meta["world_size"]) == world
+    if same_world:
+        state["rng"] = {f"rank_{rank}": _rng_state()}
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except Exception as e:  # DCP gathers every rank's error into one CheckpointException
+        raise ValueError(f"cannot load checkpoint {path} into this model: {e}") from e
+    result = model.load_state_dict(state["model"], strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise ValueError(
+            f"checkpoint {path} does not fit this model: missing {list(result.missing_keys)[:5]}, "
+            f"unexpected {list(result.unexpected_keys)[:5]}"
+        )
+    if same_world:
+        _set_rng_state(state["rng"][f"rank_{rank}"])
+    return meta
+
+
+def _drop(tree: Any, keys: set[str], prefix: str) -> Any:
+    """``tree`` without the leaves whose flattened key is in ``keys``."""
+    if not isinstance(tree, dict):
+        return tree
+    out = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out[k] = _drop(v, keys, key + ".")
+        elif key not in keys:
+            out[k] = v
+    return out
 
 
 # -- reading a checkpoint without its process group -------------------------------------------
 
 
-class _Shards:
-    """The pickled state of a ``ShardedTensor``: this rank's shards and the global metadata."""
-
-    def __init__(self, local_shards: list[Any], metadata: Any) -> None:
-        self.local_shards = local_shards
-        self.metadata = metadata
-
-
-def _rebuild_from_type_v2(func: Any, new_type: type, args: Any, state: Any) -> Any:
-    if isinstance(new_type, type) and issubclass(new_type, ShardedTensor):
-        return _Shards(state[0], state[1])
-    return torch._tensor._rebuild_from_type_v2(func, new_type, args, state)
-
-
-class _Unpickler(pickle.Unpickler):
-    # ShardedTensor.__setstate__ needs a process group in which this process has the rank that
-    # saved it; the shards and their offsets are all that is needed to reassemble a table.
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == ("torch._tensor", "_rebuild_from_type_v2"):
-            return _rebuild_from_type_v2
-        return super().find_class(module, name)
-
-
-_portable_pickle = types.ModuleType("dmt_checkpoint_pickle")
-_portable_pickle.Unpickler = _Unpickler  # type: ignore[attr-defined]
-_portable_pickle.load = pickle.load  # type: ignore[attr-defined]
-
-
-def _assemble(key: str, parts: list[_Shards], path: Path) -> torch.Tensor:
-    """The full tensor of ``key`` from every rank's local shards."""
-    md = parts[0].metadata
-    full = torch.empty(tuple(md.size), dtype=md.tensor_properties.dtype)
-    wanted = {tuple(s.shard_offsets) for s in md.shards_metadata}
-    found: set[tuple[int, ...]] = set()
-    for part in parts:
-        for shard in part.local_shards:
-            offsets, sizes = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-            full[tuple(slice(o, o + n) for o, n in zip(offsets, sizes))] = shard.tensor.to("cpu")
-            found.add(tuple(offsets))
-    if wanted - found:
-        raise ValueError(
-            f"checkpoint {path} is incomplete: {key} has shards at offsets {sorted(wanted - found)} "
-            "that no rank_<r>.pt holds"
-        )
-    return full
+def tensor_keys(path: Path, prefix: str = "model.") -> dict[str, TensorStorageMetadata]:
+    """The tensors under ``prefix`` of a DCP checkpoint, by key (prefix removed), with their
+    global size and dtype."""
+    md = dcp.FileSystemReader(path).read_metadata()
+    return {
+        k.removeprefix(prefix): v
+        for k, v in md.state_dict_metadata.items()
+        if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)
+    }
 
 
 def load_model_state(path: Path) -> dict[str, torch.Tensor]:
-    """The full, unsharded model state of a flat-sharded checkpoint of any world size.
+    """The full, unsharded model state of a checkpoint of any world size, flat or SPTT.
 
-    Runs in one process without a process group: every ``rank_<r>.pt`` is read (memory-mapped),
-    each table is put together from its shards (table-, row- or column-wise), and replicated
-    (dense, data-parallel) tensors are taken from rank 0. Keys are those of the sharded module's
-    ``state_dict`` (``TrainTask``: ``model.``-prefixed).
+    Runs in one process without a process group: DCP reads every table's shards into one tensor
+    of its global size. Keys are those of the training module's state dict (``TrainTask``:
+    ``model.``-prefixed), which are the plain model's.
 
     Raises:
-        ValueError: a rank file is missing, a table's shards are incomplete, or the checkpoint
-            holds tensors of another kind (e.g. DTensor) that cannot be reassembled here.
+        ValueError: the checkpoint is missing, incomplete or damaged (the file is named).
     """
     path = resolve(path, setting="checkpoint")
-    world = int(read_meta(path)["world_size"])
-    files = [path / f"rank_{r}.pt" for r in range(world)]
-    for f in files:
-        if not f.is_file():
-            raise ValueError(f"checkpoint {path} is incomplete: {f.name} is missing "
-                             f"({META_FILE} says {world} ranks saved it)")
-    states = [
-        torch.load(f, map_location="cpu", weights_only=False, mmap=True,
-                   pickle_module=_portable_pickle)["model"]
-        for f in files
-    ]
-    out: dict[str, torch.Tensor] = {}
-    for key, first in states[0].items():
-        parts = [s.get(key) for s in states]
-        if isinstance(first, _Shards):
-            if not all(isinstance(p, _Shards) for p in parts):
-                raise ValueError(f"checkpoint {path}: {key} is sharded on some ranks only")
-            out[key] = _assemble(key, parts, path)  # type: ignore[arg-type]
-        elif type(first) is torch.Tensor or type(first) is nn.Parameter:
-            out[key] = first.detach()
-        else:
-            raise ValueError(
-                f"checkpoint {path}: {key} is a {type(first).__name__}; only ShardedTensor and "
-                "plain tensors can be reassembled without the job's process group"
-            )
-    return out
+    if read_meta(path).get("format") != FORMAT:
+        raise ValueError(f"checkpoint {path} is not a DCP checkpoint ({META_FILE} has no format {FORMAT!r})")
+    shapes = tensor_keys(path, prefix="")
+    state = {
+        k: torch.empty(v.size, dtype=v.properties.dtype)
+        for k, v in shapes.items() if k.startswith("model.")
+    }
+    try:
+        dcp.load(state, checkpoint_id=path, no_dist=True)
+    except Exception as e:
+        raise ValueError(f"cannot read checkpoint {path}: {e}") from e
+    return {k.removeprefix("model."): v for k, v in state.items()}

@@ -234,7 +234,9 @@ class TrainerConfig:
     checkpoint_every: int = 0  # save a checkpoint every N steps (0: only at the end if checkpoint is on)
     checkpoint: bool = False  # save a checkpoint at the end of training
     checkpoint_dir: str = "checkpoints"  # relative to the run's output directory, or absolute
-    resume_from: str | None = None  # checkpoint directory (step_N) or its parent (latest step) to resume from
+    resume_from: str | None = None  # "auto" (newest complete checkpoint of this run, else fresh), a step_N directory or its parent (newest)
+    resume_allow_config_change: bool = False  # let a resume change optim.* keys (model, data, partition must match)
+    checkpoint_async: bool = True  # write checkpoints in the background (DCP async_save over a gloo group)
     seed: int = 0  # seed of weights init and data order
     progress_bar: bool = True  # tqdm progress bar on rank 0
     device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"

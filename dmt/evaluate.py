@@ -17,8 +17,8 @@ How a checkpoint is read:
   ``<run>/checkpoints``), else ``--config``. Relative paths in it (preprocessed data, partition
   file) are taken relative to the training job's working directory when they exist there.
 * The weights of every rank are reassembled into the plain (unsharded) model in this one process
-  (:func:`dmt.checkpoint.load_model_state`), so a checkpoint of a ``G``-rank flat-sharded run
-  loads too. SPTT (``sptt=on``) checkpoints hold per-tower shards and are not supported.
+  (:func:`dmt.checkpoint.load_model_state`, DCP), so a checkpoint of a ``G``-rank run loads too,
+  flat-sharded or SPTT (``sptt=on``: the DMT model with its towers).
 
 What ``--data`` can be:
 
@@ -197,18 +197,12 @@ def load_model(ckpt: RunCheckpoint, device: torch.device | str = "cpu") -> nn.Mo
     """The run's plain model (``forward(dense, sparse) -> logits``) with the checkpoint's weights.
 
     Raises:
-        ValueError: an SPTT checkpoint, or weights that do not fit the model the config builds
+        ValueError: weights that do not fit the model the config builds
             (names and shapes of the differences in the message).
     """
     from dmt.trainer import TrainTask  # noqa: PLC0415 (torchrec's sharding stack, only here)
 
     conf = ckpt.config
-    if conf.sptt.enabled:
-        raise ValueError(
-            f"checkpoint {ckpt.path} was written by an SPTT run (sptt.enabled=true in "
-            f"{ckpt.config_path}); its tables are stored as per-tower shards, which dmt-eval "
-            "cannot reassemble: evaluate flat-sharded (sptt=off) checkpoints"
-        )
     try:
         names, cards, num_dense = run_schema(conf)
     except ValueError as e:

@@ -99,6 +99,13 @@ class Trainer:
             self.total_steps = min(self.total_steps, cfg.trainer.max_steps)
         self.schedule = LRSchedule(cfg.optim, self.total_steps)
         self.step = 0
+        t = cfg.trainer
+        self.checkpointer: checkpoint.Checkpointer | None = None
+        if t.checkpoint or t.checkpoint_every:
+            self.checkpointer = checkpoint.Checkpointer(
+                self.checkpoint_root(), rank=runtime.rank, world_size=runtime.world_size,
+                async_save=t.checkpoint_async,
+            )
 
     # -- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -149,12 +156,18 @@ class Trainer:
     def fit(self) -> TrainResult:
         t = self.cfg.trainer
         start_epoch, start_batch = 0, 0
-        if t.resume_from:
-            state = checkpoint.load(Path(t.resume_from), self.model, self.optimizer, rank=self.rt.rank)
-            self.step = state["step"]
-            start_epoch, start_batch = state["epoch"], state["batch_in_epoch"]
-            log.info("resumed from %s at step %d", t.resume_from, self.step)
+        resume = self.resume_path()
+        if resume is not None:
+            checkpoint.check_config(resume, self.config_yaml(), allow_change=t.resume_allow_config_change)
+            meta = checkpoint.load(resume, self.model, self.optimizer, rank=self.rt.rank,
+                                   partial_optimizer=t.resume_allow_config_change)
+            self.step = int(meta["step"])
+            start_epoch, start_batch = int(meta["epoch"]), int(meta["batch_in_epoch"])
+            if self.rt.is_main:
+                log.info("resumed from %s at step %d (saved by %d ranks, now %d)", resume, self.step,
+                         meta["world_size"], self.rt.world_size)
 
+        start_step = self.step
         per_epoch = self.data.train.num_batches()
         losses: list[float] = []
         metrics: dict[str, float] = {}
@@ -192,7 +205,10 @@ class Trainer:
         bar.close()
         last_epoch, last_batch = divmod(self.step, per_epoch)
         if t.checkpoint and not (t.checkpoint_every and self.step % t.checkpoint_every == 0):
-            self.save(last_epoch, last_batch)
+            if self.step > start_step:  # nothing new to save after resuming a finished run
+                self.save(last_epoch, last_batch)
+        if self.checkpointer is not None:
+            self.checkpointer.close()
 
         val = self.evaluate(self.data.val)
         test = self.evaluate(self.data.test)
@@ -219,13 +235,35 @@ class Trainer:
         p = Path(self.cfg.trainer.checkpoint_dir)
         return p if p.is_absolute() else self.output_dir / p
 
+    def config_yaml(self) -> str:
+        return OmegaConf.to_yaml(OmegaConf.structured(self.cfg))
+
+    def resume_path(self) -> Path | None:
+        """The checkpoint to resume from: ``trainer.resume_from`` resolved, or with ``auto`` the
+        newest complete checkpoint of this run (``None``: start fresh). Rank 0 decides."""
+        setting = self.cfg.trainer.resume_from
+        if not setting:
+            return None
+        found: list[Any] = [None]
+        if self.rt.is_main:
+            if setting == "auto":
+                found[0] = checkpoint.latest(self.checkpoint_root())
+                if found[0] is None:
+                    log.info("trainer.resume_from=auto: no complete checkpoint in %s; starting fresh",
+                             self.checkpoint_root())
+            else:
+                found[0] = checkpoint.resolve(Path(setting))
+        if self.rt.world_size > 1:
+            dist.broadcast_object_list(found, src=0)
+        return None if found[0] is None else Path(found[0])
+
     def save(self, epoch: int, batch_in_epoch: int) -> Path:
         if batch_in_epoch >= self.data.train.num_batches():
             epoch, batch_in_epoch = epoch + 1, 0
-        return checkpoint.save(
-            self.checkpoint_root(), self.model, self.optimizer,
-            step=self.step, epoch=epoch, batch_in_epoch=batch_in_epoch, rank=self.rt.rank,
-            world_size=self.rt.world_size, config=OmegaConf.to_yaml(OmegaConf.structured(self.cfg)),
+        assert self.checkpointer is not None
+        return self.checkpointer.save(
+            self.model, self.optimizer, step=self.step, epoch=epoch, batch_in_epoch=batch_in_epoch,
+            config=self.config_yaml(),
         )
 
     def _log(self, values: dict[str, float]) -> None:

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -66,8 +67,9 @@ from dmt.runtime import Runtime
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.dataflow import SparseOptimizer, SPTTDataflow
 from dmt.sptt.peer_permute import check_peer_permute
-from dmt.sptt.plan import SHARDING_KINDS, SPTTPlan, build_plan
+from dmt.sptt.plan import SHARDING_KINDS, SPTTPlan, TableShard, build_plan
 from dmt.sptt.process_groups import DEFAULT_TIMEOUT, SPTTProcessGroups, create_process_groups
+from dmt.sptt.sharded_state import TABLE_KEY, column_blocks, plain_name, sharded_table
 from dmt.sptt.topology import Topology
 
 __all__ = [
@@ -415,6 +417,117 @@ class ShardedDMT(nn.Module):
             self.tower_module = own
         self.dense_arch = _data_parallel(dense_arch, groups.world, device, stats, "dense", "world")
 
+        # The state dict speaks the plain model's names (dmt.sptt.sharded_state).
+        self._plan = plan
+        self._table_configs = _tables(model)
+        self._device = device
+        internal = list(nn.Module.state_dict(self).keys())
+        self._internal_of = {
+            name: key for key in internal if (name := plain_name(key, self.tower)) is not None
+        }
+        self._table_param_key = {
+            key.split(".")[-2]: key
+            for key in internal
+            if key.startswith("dataflow.") and key.endswith(".weight")
+        }
+        self.register_state_dict_post_hook(_to_plain_state_dict)
+        self.register_load_state_dict_pre_hook(_from_plain_state_dict)
+
+    # ---- state under the plain model's names (DCP checkpoints, dmt-eval, dmt-export) ----------
+
+    def _table_key(self, feature: int) -> str:
+        return TABLE_KEY.format(
+            tower=self._plan.tower_of_feature(feature), table=self._table_configs[feature].name
+        )
+
+    def _local_shards(self) -> dict[int, tuple[int, TableShard, torch.Tensor]]:
+        """``feature -> (index in plan.feature_shards, shard, weight)`` of this rank's shards."""
+        local: dict[int, tuple[int, TableShard, torch.Tensor]] = {}
+        for shard, param in self.dataflow.shard_parameters():
+            assert shard.feature not in local, "one shard of a table per rank"
+            index = self._plan.feature_shards(shard.feature).index(shard)
+            local[shard.feature] = (index, shard, param.detach())
+        return local
+
+    def _sharded(
+        self, feature: int, local: dict[int, torch.Tensor], cols: tuple[int, int] | None = None
+    ) -> ShardedTensor:
+        return sharded_table(
+            self._plan,
+            feature,
+            local=local,
+            rank=self.dataflow.rank,
+            device=self._device,
+            group=self._world,
+            rows=self._table_configs[feature].num_embeddings,
+            rowwise_cols=cols,
+        )
+
+    def sharded_tables(self) -> dict[str, ShardedTensor]:
+        """Every table as a ``ShardedTensor`` under the plain model's key (no collective)."""
+        local = self._local_shards()
+        return {
+            self._table_key(f): self._sharded(
+                f, {local[f][0]: local[f][2]} if f in local else {}
+            )
+            for f in range(len(self._table_configs))
+        }
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """``optimizer``'s per-parameter state under the plain model's names: the fused
+        tables' state as ``ShardedTensor`` s laid out like the tables (row-wise states of a
+        column-split table per column block), the dense state as it is. The tensors are the
+        optimizer's own, so loading into them in place restores it."""
+        local = self._local_shards()
+        table_of = {f"{t.name}.weight": f for f, t in enumerate(self._table_configs)}
+        out: dict[str, Any] = {}
+        for key, states in optimizer.state_dict()["state"].items():
+            if key not in table_of:
+                name = plain_name(key, self.tower)
+                assert name is not None, key
+                out[name] = states
+                continue
+            feature = table_of[key]
+            index, shard, _ = local[feature]
+            single_block = len(column_blocks(self._plan.feature_shards(feature))) == 1
+            entry: dict[str, ShardedTensor] = {}
+            for state_name, tensor in states.items():
+                name = state_name.removeprefix(f"{key}.")
+                if tensor.dim() == 2:
+                    entry[name] = self._sharded(feature, {index: tensor})
+                else:
+                    cols = (shard.col_start, shard.col_stop)
+                    suffix = "" if single_block else f".cols_{cols[0]}_{cols[1]}"
+                    entry[name + suffix] = self._sharded(feature, {index: tensor}, cols)
+            out[self._table_key(feature)] = entry
+        return out
+
+    def _to_plain(self, state: dict[str, Any], prefix: str) -> None:
+        for key in [k for k in state if k.startswith(prefix)]:
+            value = state.pop(key)
+            name = plain_name(key[len(prefix) :], self.tower)
+            if name is not None:
+                state[prefix + name] = value
+        for name, table in self.sharded_tables().items():
+            state[prefix + name] = table
+
+    def _from_plain(self, state: dict[str, Any], prefix: str) -> None:
+        tables = {self._table_key(f): f for f in range(len(self._table_configs))}
+        local = self._local_shards()
+        for key in [k for k in state if k.startswith(prefix)]:
+            name = key[len(prefix) :]
+            if name in tables:
+                value = state.pop(key)
+                feature = tables[name]
+                if feature in local:
+                    _, shard, _ = local[feature]
+                    param_key = self._table_param_key[self._table_configs[feature].name]
+                    state[prefix + param_key] = _local_piece(value, shard, key)
+            elif name in self._internal_of:
+                state[prefix + self._internal_of[name]] = state.pop(key)
+            elif name.startswith("towers.") and ".tower_module." in name:
+                state.pop(key)  # another tower's module
+
     @property
     def fused_optimizer(self) -> KeyedOptimizer | None:
         """The tables' in-backward optimizer on this rank (``None`` if it holds no shard)."""
@@ -459,6 +572,31 @@ class ShardedDMT(nn.Module):
             dense_features, sparse_features = _pad_batch(dense_features, sparse_features, padded)
         logits = self.dense_arch(dense_features, self.tower_outputs(sparse_features))
         return logits[:size] if padded != size else logits
+
+
+def _to_plain_state_dict(
+    module: ShardedDMT, state: dict[str, Any], prefix: str, local_metadata: Any
+) -> None:
+    module._to_plain(state, prefix)
+
+
+def _from_plain_state_dict(
+    module: ShardedDMT, state: dict[str, Any], prefix: str, *args: Any
+) -> None:
+    module._from_plain(state, prefix)
+
+
+def _local_piece(value: torch.Tensor, shard: TableShard, key: str) -> torch.Tensor:
+    """This rank's ``shard`` of a table given whole or as a ``ShardedTensor``."""
+    if isinstance(value, ShardedTensor):
+        for piece in value.local_shards():
+            if list(piece.metadata.shard_offsets) == [shard.row_start, shard.col_start]:
+                return piece.tensor
+        raise ValueError(
+            f"{key}: the sharded tensor holds no local shard at rows {shard.row_start}, "
+            f"columns {shard.col_start} (this rank's shard)"
+        )
+    return value[shard.row_start : shard.row_stop, shard.col_start : shard.col_stop]
 
 
 def _pad_batch(

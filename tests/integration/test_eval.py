@@ -174,10 +174,18 @@ def test_checkpoint_errors(
     run = _copy_run(synthetic_run, tmp_path / "run")
     (run / "checkpoints" / "step_9").mkdir()  # incomplete: ignored, the latest complete is used
     assert evaluate(run / "checkpoints", "test")["step"] == 3
-    (run / "checkpoints" / "step_3" / "rank_0.pt").unlink()
+    # A truncated data file (a crash during the write, a full disk): named, never read.
+    data_file = run / "checkpoints" / "step_3" / "__0_0.distcp"
+    size = data_file.stat().st_size
+    with open(data_file, "r+b") as f:
+        f.truncate(size // 2)
     with pytest.raises(
-        ValueError, match=r"checkpoint .*step_3 is incomplete: rank_0.pt is missing"
+        ValueError,
+        match=rf"--checkpoint='.*step_3' is not a usable checkpoint: .*step_3/__0_0.distcp has {size // 2} bytes, meta.json says {size}$",
     ):
+        evaluate(run / "checkpoints" / "step_3", "test")
+    (run / "checkpoints" / "step_2" / "__0_0.distcp").unlink()
+    with pytest.raises(ValueError, match=r"--checkpoint='.*checkpoints': no complete checkpoint"):
         evaluate(run / "checkpoints", "test")
 
 
@@ -217,7 +225,8 @@ def test_config_that_does_not_match_the_weights(synthetic_run: Path, tmp_path: P
         model__partition__num_towers=2,
     )
     with pytest.raises(
-        ValueError, match=r"written by an SPTT run \(sptt.enabled=true in .*config.yaml\)"
+        ValueError,
+        match=r"26 tensors missing from the checkpoint \(e.g. model.towers.0.embedding_bag_collection.embedding_bags.t_cat_0.weight\)",
     ):
         evaluate(step, "test")
 
@@ -243,13 +252,27 @@ def test_files_need_a_criteo_run(synthetic_run: Path, tmp_path: Path) -> None:
 # -- a multi-rank checkpoint ------------------------------------------------------------------
 
 
-def _two_rank_worker(rank: int, world_size: int, out: str) -> dict[str, float]:
+def _two_rank_worker(rank: int, world_size: int, out: str, extra: list[str]) -> dict[str, float]:
     rt = Runtime(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
-    return Trainer(to_config(compose_config(*TINY)), rt, Path(out)).fit().metrics
+    return Trainer(to_config(compose_config(*TINY, *extra)), rt, Path(out)).fit().metrics
 
 
-def test_a_two_rank_flat_sharded_checkpoint_loads_in_one_process(tmp_path: Path) -> None:
-    metrics = run_on_ranks(_two_rank_worker, 2, str(tmp_path), timeout_s=240)[0]
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        [
+            "experiment=dmt_4t_dlrm",
+            "model.partition.num_towers=2",
+            "sptt=on",
+            "sptt.local_world_size=1",
+            *SMALL_MODEL,
+        ],
+    ],
+    ids=["flat", "sptt"],
+)
+def test_a_two_rank_checkpoint_loads_in_one_process(tmp_path: Path, extra: list[str]) -> None:
+    metrics = run_on_ranks(_two_rank_worker, 2, str(tmp_path), extra, timeout_s=240)[0]
     assert (
         json.loads((tmp_path / "checkpoints" / "step_3" / "meta.json").read_text())["world_size"]
         == 2

@@ -11,10 +11,7 @@ import pytest
 import torch
 from sklearn.metrics import log_loss, roc_auc_score
 from torch import nn
-from torch.distributed._shard.metadata import ShardMetadata
-from torch.distributed._shard.sharded_tensor import Shard, ShardedTensorMetadata, TensorProperties
 
-from dmt import checkpoint
 from dmt.data import InMemorySource
 from dmt.evaluate import (
     find_checkpoint,
@@ -85,10 +82,13 @@ def test_find_checkpoint(tmp_path: Path) -> None:
     for step, complete in [(2, True), (10, True), (11, False)]:
         (tmp_path / f"step_{step}").mkdir()
         if complete:
-            (tmp_path / f"step_{step}" / "meta.json").write_text("{}")
+            (tmp_path / f"step_{step}" / "meta.json").write_text('{"files": {}}')
     assert find_checkpoint(tmp_path) == tmp_path / "step_10"  # numeric order, complete only
     assert find_checkpoint(tmp_path / "step_2") == tmp_path / "step_2"
-    with pytest.raises(ValueError, match=r"--checkpoint='.*step_11': no complete checkpoint"):
+    with pytest.raises(
+        ValueError,
+        match=r"--checkpoint='.*step_11' is not a usable checkpoint: .*step_11/meta.json is missing \(the save did not finish\)$",
+    ):
         find_checkpoint(tmp_path / "step_11")
 
 
@@ -106,77 +106,3 @@ def test_read_config_errors(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text("model:\n  name: dcn\n")
     assert read_config(good).model.name == "dcn"
-
-
-# -- reassembling a sharded checkpoint ----------------------------------------------------------
-
-
-def _sharded(
-    full: torch.Tensor, pieces: list[tuple[list[int], list[int], int]]
-) -> list[checkpoint._Shards]:
-    """What each rank's pickled ShardedTensor holds: its shards of ``full`` and the global layout."""
-    metas = [ShardMetadata(off, size, f"rank:{r}/cpu") for off, size, r in pieces]
-    md = ShardedTensorMetadata(metas, full.shape, TensorProperties(dtype=full.dtype))
-    ranks = max(r for *_, r in pieces) + 1
-    return [
-        checkpoint._Shards(
-            [
-                Shard(
-                    full[
-                        tuple(slice(o, o + s) for o, s in zip(m.shard_offsets, m.shard_sizes))
-                    ].clone(),
-                    m,
-                )
-                for m in metas
-                if m.placement.rank() == r
-            ],
-            md,
-        )
-        for r in range(ranks)
-    ]
-
-
-def _write_checkpoint(step_dir: Path, per_rank: list[dict[str, object]]) -> None:
-    step_dir.mkdir(parents=True)
-    for r, state in enumerate(per_rank):
-        torch.save({"model": state, "optimizer": []}, step_dir / f"rank_{r}.pt")
-    (step_dir / "meta.json").write_text(json.dumps({"step": 1, "world_size": len(per_rank)}))
-
-
-def test_load_model_state_reassembles_row_and_column_shards(tmp_path: Path) -> None:
-    rows = torch.randn(10, 4)
-    cols = torch.randn(6, 8)
-    table = torch.randn(5, 3)
-    dense = torch.randn(7)
-    row_wise = _sharded(rows, [([0, 0], [4, 4], 0), ([4, 0], [4, 4], 1), ([8, 0], [2, 4], 2)])
-    col_wise = _sharded(cols, [([0, 0], [6, 4], 2), ([0, 4], [6, 4], 0)])
-    table_wise = _sharded(table, [([0, 0], [5, 3], 1)]) + [None]  # rank 2 holds no part of it
-    table_wise[2] = checkpoint._Shards([], table_wise[0].metadata)
-    _write_checkpoint(
-        tmp_path / "step_1",
-        [
-            {"rw": row_wise[r], "cw": col_wise[r], "tw": table_wise[r], "dense": dense}
-            for r in range(3)
-        ],
-    )
-    state = checkpoint.load_model_state(tmp_path)
-    assert list(state) == ["rw", "cw", "tw", "dense"]
-    for key, full in [("rw", rows), ("cw", cols), ("tw", table), ("dense", dense)]:
-        torch.testing.assert_close(state[key], full, rtol=0, atol=0, msg=key)
-
-    (tmp_path / "step_1" / "rank_2.pt").unlink()
-    with pytest.raises(
-        ValueError, match=r"step_1 is incomplete: rank_2.pt is missing \(meta.json says 3 ranks"
-    ):
-        checkpoint.load_model_state(tmp_path)
-
-
-def test_load_model_state_reports_missing_shards(tmp_path: Path) -> None:
-    rows = torch.randn(8, 2)
-    parts = _sharded(rows, [([0, 0], [4, 2], 0), ([4, 0], [4, 2], 1)])
-    parts[1].local_shards = []  # the rank that held rows 4..7 lost them
-    _write_checkpoint(tmp_path / "step_1", [{"t": parts[0]}, {"t": parts[1]}])
-    with pytest.raises(
-        ValueError, match=r"incomplete: t has shards at offsets \[\(4, 0\)\] that no rank"
-    ):
-        checkpoint.load_model_state(tmp_path)

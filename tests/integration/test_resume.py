@@ -1,0 +1,101 @@
+"""Resuming: the config must fit the checkpoint, ``resume_from=auto``, damaged checkpoints."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from dmt import checkpoint
+from dmt.train import train
+from tests.conftest import compose_config
+
+TINY = [
+    "logger=disabled",
+    "trainer.progress_bar=false",
+    "data.synthetic.num_train=2048",
+    "data.synthetic.num_val=256",
+    "data.synthetic.num_test=256",
+    "data.batch_size=256",
+    "trainer.eval_max_batches=1",
+    "model.embedding_dim=8",
+    "model.bottom_mlp=[16,8]",
+    "model.top_mlp=[16,1]",
+]
+
+
+def _train(out: Path, *overrides: str) -> dict[str, float]:
+    return train(compose_config(*TINY, *overrides), out)
+
+
+def test_resume_with_another_model_stops_with_the_differing_keys(tmp_path: Path) -> None:
+    """The issue's reproduction: it used to print "resumed at step 4" and restart the dense
+    layers from random weights."""
+    first = tmp_path / "first"
+    _train(first, "trainer.max_steps=4", "trainer.checkpoint=true", "optim.dense=sgd")
+    with pytest.raises(ValueError) as e:
+        _train(
+            tmp_path / "second", "trainer.max_steps=8", "optim.dense=sgd",
+            f"trainer.resume_from={first / 'checkpoints'}",
+            "model.top_mlp=[128,64,1]", "model.bottom_mlp=[32,8]",
+        )
+    msg = str(e.value)
+    assert msg.startswith(f"cannot resume from {first / 'checkpoints' / 'step_4'}: this run's config differs")
+    assert "model.bottom_mlp: [16, 8] -> [32, 8]" in msg and "model.top_mlp: [16, 1] -> [128, 64, 1]" in msg
+    assert "optim" not in msg
+
+    # optimizer keys change only when asked to
+    with pytest.raises(ValueError, match=r"optim.dense: 'sgd' -> 'adam'.*resume_allow_config_change=true"):
+        _train(tmp_path / "third", "trainer.max_steps=8", f"trainer.resume_from={first / 'checkpoints'}")
+    m = _train(
+        tmp_path / "fourth", "trainer.max_steps=8", "optim.dense=adam", "trainer.resume_allow_config_change=true",
+        f"trainer.resume_from={first / 'checkpoints'}",
+    )
+    assert m["num_steps"] == 8
+
+
+def test_config_differences_free_and_strict_keys() -> None:
+    saved = {"model": {"name": "dlrm"}, "trainer": {"epochs": 1, "seed": 0}, "optim": {"lr": 0.1},
+             "logger": {"mode": "offline"}}
+    same_job = {"model": {"name": "dlrm"}, "trainer": {"epochs": 3, "seed": 0}, "optim": {"lr": 0.1},
+                "logger": {"mode": "online"}}
+    assert checkpoint.config_differences(saved, same_job, allow_change=False) == []
+    other = {"model": {"name": "dcn"}, "trainer": {"epochs": 1, "seed": 1}, "optim": {"lr": 0.2}}
+    assert checkpoint.config_differences(saved, other, allow_change=False) == [
+        "model.name: 'dlrm' -> 'dcn'", "optim.lr: 0.1 -> 0.2", "trainer.seed: 0 -> 1",
+    ]
+    assert checkpoint.config_differences(saved, other, allow_change=True) == [
+        "model.name: 'dlrm' -> 'dcn'", "trainer.seed: 0 -> 1",
+    ]
+
+
+def test_resume_auto_takes_the_newest_complete_checkpoint_and_skips_a_damaged_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    # nothing to resume: starts fresh
+    ref = _train(run, "trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.resume_from=auto")
+    assert ref["num_steps"] == 6
+    ckpts = run / "checkpoints"
+    assert [p.name for _, p in checkpoint.step_dirs(ckpts)] == ["step_6", "step_4", "step_2"]
+    final = checkpoint.load_model_state(ckpts / "step_6")
+
+    # the newest is damaged (truncated data file): reported by path, the previous one is used
+    data_file = next((ckpts / "step_6").glob("*.distcp"))
+    data_file.write_bytes(data_file.read_bytes()[:100])
+    (ckpts / "step_8").mkdir()  # an unfinished save: no meta.json
+    assert checkpoint.latest(ckpts) == ckpts / "step_4"
+    assert f"skipping checkpoint {ckpts / 'step_6'}: {data_file} has 100 bytes" in caplog.text
+    assert f"skipping checkpoint {ckpts / 'step_8'}: {ckpts / 'step_8' / 'meta.json'} is missing" in caplog.text
+
+    # resuming step_4 -> 6 again reproduces the lost step_6 (a new run dir, so nothing is replaced)
+    again = tmp_path / "again"
+    with caplog.at_level(logging.INFO):
+        m = _train(again, "trainer.max_steps=6", "trainer.checkpoint=true",
+                   f"trainer.resume_from={ckpts}")
+    assert m["num_steps"] == 6
+    redone = checkpoint.load_model_state(again / "checkpoints" / "step_6")
+    for key, value in final.items():
+        torch.testing.assert_close(redone[key], value, rtol=0, atol=1e-6, msg=key)
