@@ -27,8 +27,40 @@ class DataBundle:
     info: dict = field(default_factory=dict)
 
 
+def check_train_rows(num_rows: int, batch_size: int, *, what: str, world_size: int = 1) -> None:
+    """Stop before training when the training split holds no full global batch.
+
+    Training drops the final partial global batch (``drop_last``; ``batch_size`` is global, split
+    over the ``world_size`` ranks), so with fewer rows than one batch it would run no step.
+
+    Args:
+        num_rows: rows of the training split.
+        batch_size: ``data.batch_size``, the global batch.
+        what: the setting or directory that gave ``num_rows``, for the message.
+        world_size: ranks the batch is split over (named in the message).
+
+    Raises:
+        ValueError: ``num_rows < batch_size``, naming ``what`` and ``data.batch_size``.
+    """
+    if num_rows >= batch_size:
+        return
+    ranks = f", the global batch over {world_size} ranks" if world_size > 1 else ""
+    amount = "holds no training rows" if num_rows == 0 else "is smaller than one batch"
+    raise ValueError(
+        f"{what} {amount} (data.batch_size={batch_size}{ranks}): training drops the last "
+        "partial batch, so it would run no step; provide at least data.batch_size training "
+        "rows or lower data.batch_size"
+    )
+
+
 def build_synthetic(cfg: DataConfig, *, rank: int, world_size: int, seed: int) -> DataBundle:
     s = cfg.synthetic
+    check_train_rows(
+        s.num_train,
+        cfg.batch_size,
+        what=f"data.synthetic.num_train={s.num_train}",
+        world_size=world_size,
+    )
     world = SyntheticWorld(s)
     names = sparse_feature_names(s.num_sparse)
 
@@ -60,7 +92,12 @@ def build_synthetic(cfg: DataConfig, *, rank: int, world_size: int, seed: int) -
 
 
 def build_data(cfg: DataConfig, *, rank: int = 0, world_size: int = 1, seed: int = 0) -> DataBundle:
-    """Build the splits of ``cfg`` for ``rank`` of ``world_size`` (data order seeded by ``seed``)."""
+    """Build the splits of ``cfg`` for ``rank`` of ``world_size`` (data order seeded by ``seed``).
+
+    Raises:
+        ValueError: the training split holds fewer rows than one global batch (see
+            :func:`check_train_rows`), or bad or damaged data.
+    """
     if cfg.kind == "synthetic":
         return build_synthetic(cfg, rank=rank, world_size=world_size, seed=seed)
     if cfg.kind == "criteo":
@@ -75,6 +112,7 @@ __all__ = [
     "DataBundle",
     "InMemorySource",
     "build_data",
+    "check_train_rows",
     "make_kjt",
     "rank_slice",
     "sparse_feature_names",

@@ -35,13 +35,14 @@ from omegaconf import DictConfig, OmegaConf
 from torchrec.datasets.utils import Batch
 
 from dmt.config import DataConfig
-from dmt.data import DataBundle
+from dmt.data import DataBundle, check_train_rows
 from dmt.data.criteo_config import CriteoConfig
 from dmt.data.criteo_preprocess import (
     ARRAY_FILES,
     NUM_DENSE,
     SPARSE_NAMES,
     open_array,
+    output_damage,
     preprocess_criteo,
     read_manifest,
     split_dir,
@@ -364,7 +365,7 @@ def _preprocess_once(c: CriteoConfig, *, rank: int, world_size: int) -> None:
     error: str | None = None
     if rank == 0:
         try:
-            preprocess_criteo(c, progress=True)
+            preprocess_criteo(c, rebuild_damaged=True, progress=True)
         except ValueError as exc:
             error = str(exc)
     if distributed:
@@ -394,6 +395,20 @@ def build_criteo(
     if c.auto_preprocess and c.raw_path is not None:
         _preprocess_once(c, rank=rank, world_size=world_size)
     manifest = read_manifest(root)
+    damage = output_damage(root)
+    if damage is not None:
+        raise ValueError(
+            f"data.criteo.preprocessed_dir={str(root)!r} is damaged: {damage}; rebuild it with "
+            "dmt-preprocess --overwrite (or train with data.criteo.raw_path set and "
+            "data.criteo.auto_preprocess=true, which rebuilds it)"
+        )
+    check_train_rows(
+        int(manifest["splits"]["train"]["rows"]),
+        cfg.batch_size,
+        what=f"the training split of data.criteo.preprocessed_dir={str(root)!r} "
+        f"({manifest['splits']['train']['rows']} rows)",
+        world_size=world_size,
+    )
     schema = read_schema(root)
 
     def source(directory: Path, train: bool) -> CriteoSource:
@@ -419,6 +434,7 @@ def build_criteo(
                 c.test_path,
                 skip_bad_rows=c.skip_bad_rows,
                 num_workers=c.num_workers,
+                rebuild_damaged=True,
                 progress=rank == 0,
             ),
             "test",

@@ -3,6 +3,7 @@
 Output directory layout::
 
     manifest.json                 rows, click rates, cardinalities, sources, settings, bad rows
+    .dmt-criteo-preprocessed      marker: this directory is dmt-preprocess's (written first)
     vocab/cat_<f>.npy             vocab mode: sorted uint32 raw values; value i has id i + 1
     vocab/cat_<f>_counts.npy      vocab mode: their training counts (int64)
     <split>/dense.npy             float32 (R, 13): log(max(x, 0) + 1), empty -> 0
@@ -36,7 +37,16 @@ Memory is bounded by the block size times the processes, plus the vocabulary cou
 ``.<name>.partial-<pid>`` sibling directory that is renamed to the output directory at the
 end, so an interrupted run never leaves a complete-looking output; the next run removes
 partial directories of processes that no longer exist. A run whose output already exists with
-the same settings and sources (``settings_hash`` in the manifest) does nothing.
+the same settings and sources (``settings_hash`` in the manifest) and whose arrays all have the
+sizes the manifest implies does nothing; a damaged one (a missing or truncated array) is an error
+that names the file, or is rebuilt with ``overwrite`` (``rebuild_damaged`` for training).
+
+What ``overwrite`` may replace: only a dmt-preprocess output (its manifest or marker present) that
+holds nothing but files dmt-preprocess writes, and no input of the run. A directory holding
+anything else is refused (nothing is deleted; the error names the entries), as is any other
+existing directory except an empty one, which is used as is. Replacing removes only the files
+dmt-preprocess writes. An output without any training row (every row malformed and skipped, or
+no lines) is an error too: nothing is written.
 
 Sources are identified by path, size, modification time and a partial hash: sha256 over the
 size, the first MiB and the last MiB (not a full-file hash, which would cost a full read).
@@ -51,7 +61,9 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -98,6 +110,10 @@ DENSE_NAMES = [f"int_{i}" for i in range(NUM_DENSE)]
 SPARSE_NAMES = [f"cat_{i}" for i in range(NUM_SPARSE)]
 ARRAY_FILES = {"dense": "dense.npy", "sparse": "sparse.npy", "labels": "labels.npy"}
 MANIFEST = "manifest.json"
+#: Written first into every output (and its partial directory): marks it as dmt-preprocess's.
+MARKER = ".dmt-criteo-preprocessed"
+_VOCAB_DIR = "vocab"
+_VOCAB_FILE = re.compile(r"cat_\d+(_counts)?\.npy")
 DEFAULT_UNIT_BYTES = 64 << 20
 DEFAULT_MAP_ROWS = 1 << 20
 #: Seconds each worker sleeps after a task; a debugging aid to interrupt runs on purpose.
@@ -116,6 +132,7 @@ def preprocess_criteo(
     cfg: CriteoConfig,
     *,
     overwrite: bool = False,
+    rebuild_damaged: bool = False,
     progress: bool = True,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     unit_bytes: int = DEFAULT_UNIT_BYTES,
@@ -124,7 +141,10 @@ def preprocess_criteo(
 
     Args:
         cfg (CriteoConfig): input, output, split, categorical and bad-row settings.
-        overwrite (bool): replace an existing output made with other settings.
+        overwrite (bool): replace an existing dmt-preprocess output made with other settings
+            (or damaged); never a directory that holds other files or an input.
+        rebuild_damaged (bool): rebuild a damaged output made with these settings without
+            ``overwrite`` (auto-preprocessing for training).
         progress (bool): show tqdm progress bars.
         block_bytes (int): bytes parsed at a time per process.
         unit_bytes (int): size of the byte ranges of a plain file handed to one process.
@@ -134,8 +154,10 @@ def preprocess_criteo(
 
     Raises:
         ValueError: bad settings, missing inputs, a malformed row or file (a
-            :class:`~dmt.data.criteo_parse.CriteoFormatError` naming file and line), or an
-            existing output with other settings when ``overwrite`` is False.
+            :class:`~dmt.data.criteo_parse.CriteoFormatError` naming file and line), no
+            training rows, an existing output with other settings or damaged when ``overwrite``
+            is False, or an existing directory that may not be replaced (see the module
+            docstring).
     """
     cfg.validate()
     if cfg.raw_path is None:
@@ -196,6 +218,8 @@ def preprocess_criteo(
         unit_bytes=unit_bytes,
         progress=progress,
         overwrite=overwrite,
+        rebuild_damaged=rebuild_damaged,
+        inputs=[raw, *paths],
     )
     return _run(job)
 
@@ -208,6 +232,7 @@ def transform_tsv(
     skip_bad_rows: bool = False,
     num_workers: int = 0,
     overwrite: bool = False,
+    rebuild_damaged: bool = False,
     progress: bool = True,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     unit_bytes: int = DEFAULT_UNIT_BYTES,
@@ -222,8 +247,8 @@ def transform_tsv(
         vocab_dir: a directory written by :func:`preprocess_criteo`.
         tsv: the raw file (plain or gzip).
         out_dir: output directory; default ``<vocab_dir>.<tsv name>-<hash>`` beside ``vocab_dir``.
-        skip_bad_rows, num_workers, overwrite, progress, block_bytes, unit_bytes: as for
-            :func:`preprocess_criteo`.
+        skip_bad_rows, num_workers, overwrite, rebuild_damaged, progress, block_bytes,
+            unit_bytes: as for :func:`preprocess_criteo`.
 
     Returns:
         Path: the output directory; its ``test`` split holds all rows of ``tsv``.
@@ -252,6 +277,8 @@ def transform_tsv(
         unit_bytes=unit_bytes,
         progress=progress,
         overwrite=overwrite,
+        rebuild_damaged=rebuild_damaged,
+        inputs=[Path(tsv), vocab_dir],
         cardinalities=parent["cardinalities"],
     )
     return _run(job)
@@ -370,6 +397,8 @@ class _Job:
     unit_bytes: int
     progress: bool
     overwrite: bool
+    rebuild_damaged: bool
+    inputs: list[Path]  # as given (files or directories); may not lie inside out_dir
     cardinalities: list[int] | None = None
 
 
@@ -430,26 +459,15 @@ def _settings_hash(settings: dict[str, Any], sources: Sequence[_Source]) -> str:
 def _run(job: _Job) -> Path:
     out_dir = job.out_dir
     settings_hash = _settings_hash(job.settings, job.sources)
-    if out_dir.exists():
-        existing = _existing_hash(out_dir)
-        if existing == settings_hash:
-            logger.info("%s is up to date (settings hash %s)", out_dir, settings_hash[:12])
-            return out_dir
-        if not job.overwrite:
-            why = (
-                "was made with other settings or sources"
-                if existing
-                else "is not a complete preprocessed directory"
-            )
-            raise ValueError(
-                f"output directory {str(out_dir)!r} exists and {why}; "
-                "pass overwrite=True (--overwrite) or choose another directory"
-            )
+    if (out_dir.exists() or out_dir.is_symlink()) and _check_replaceable(job, settings_hash):
+        logger.info("%s is up to date (settings hash %s)", out_dir, settings_hash[:12])
+        return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(out_dir)
     tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    _write_json(tmp / MARKER, {"format": FORMAT})
     start = time.perf_counter()
     try:
         with _Executor(job.num_workers) as ex:
@@ -457,14 +475,18 @@ def _run(job: _Job) -> Path:
         manifest["settings_hash"] = settings_hash
         _write_json(tmp / MANIFEST, manifest)
         _fsync_tree(tmp)
-        if _existing_hash(out_dir) == settings_hash:  # a concurrent run finished the same job
+        if _is_up_to_date(out_dir, settings_hash):  # a concurrent run finished the same job
             shutil.rmtree(tmp)
             return out_dir
-        if out_dir.exists():
+        if out_dir.exists() or out_dir.is_symlink():
+            # checked again: the directory may have changed while this run worked
+            refusal = _refusal(out_dir, job.inputs)
+            if refusal is not None:
+                raise ValueError(f"output directory {str(out_dir)!r} {refusal}")
             old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
             out_dir.rename(old)
             tmp.rename(out_dir)
-            shutil.rmtree(old)
+            _remove_output(old)
         else:
             try:
                 tmp.rename(out_dir)
@@ -478,6 +500,147 @@ def _run(job: _Job) -> Path:
     rows = {s: manifest["splits"][s]["rows"] for s in manifest["splits"]}
     logger.info("wrote %s in %.1f s: %s", out_dir, time.perf_counter() - start, rows)
     return out_dir
+
+
+def _check_replaceable(job: _Job, settings_hash: str) -> bool:
+    """Whether the existing ``job.out_dir`` is up to date (False: it may be (re)written).
+
+    Raises:
+        ValueError: it may not be replaced, or not without ``overwrite``.
+    """
+    out_dir = job.out_dir
+    existing = _existing_hash(out_dir)
+    damage = None
+    if existing == settings_hash:
+        damage = output_damage(out_dir)
+        if damage is None:
+            return True
+    refusal = _refusal(out_dir, job.inputs)
+    if refusal is not None:
+        raise ValueError(f"output directory {str(out_dir)!r} {refusal}")
+    if damage is not None:
+        if not (job.overwrite or job.rebuild_damaged):
+            raise ValueError(
+                f"output directory {str(out_dir)!r} is damaged: {damage}; pass overwrite=True "
+                "(--overwrite) to rebuild it"
+            )
+        logger.warning("%s is damaged (%s); rebuilding it", out_dir, damage)
+    elif not job.overwrite and any(out_dir.iterdir()):
+        why = (
+            "was made with other settings or sources"
+            if existing
+            else "is an incomplete or unreadable dmt-preprocess output"
+        )
+        raise ValueError(
+            f"output directory {str(out_dir)!r} exists and {why}; "
+            "pass overwrite=True (--overwrite) to replace it or choose another directory"
+        )
+    return False
+
+
+def _refusal(out_dir: Path, inputs: Sequence[Path]) -> str | None:
+    """Why the existing ``out_dir`` may not be replaced (None: it may; see the module docstring)."""
+    if out_dir.is_symlink():
+        return (
+            f"is a symbolic link (to {os.readlink(out_dir)!r}); dmt-preprocess replaces only "
+            "real directories: give the directory it points to"
+        )
+    if not out_dir.is_dir():
+        return "exists and is not a directory; choose another output directory"
+    roots = {out_dir.absolute(), out_dir.resolve()}
+    input_ids = set()
+    for path in inputs:
+        for form in (path.absolute(), path.resolve()):
+            if any(form == root or root in form.parents for root in roots):
+                return (
+                    f"contains the input {str(path)!r}; dmt-preprocess never replaces a "
+                    "directory that holds its input: choose another output directory"
+                )
+        if path.is_file():
+            st = path.stat()
+            input_ids.add((st.st_dev, st.st_ino))
+    if not _is_dmt_output(out_dir):
+        if not any(out_dir.iterdir()):
+            return None  # empty: nothing to lose
+        return (
+            f"exists and is not a dmt-preprocess output (it has no {MANIFEST} or {MARKER}); "
+            "dmt-preprocess replaces only its own outputs: choose another output directory "
+            "or remove it yourself"
+        )
+    own, foreign = _scan_output(out_dir)
+    for path in own:
+        st = path.lstat()
+        if (st.st_dev, st.st_ino) in input_ids:
+            return (
+                f"contains an input of this run as {str(path)!r}; dmt-preprocess never "
+                "replaces a directory that holds its input: choose another output directory"
+            )
+    if foreign:
+        return (
+            f"is a dmt-preprocess output but also holds entries dmt-preprocess did not write "
+            f"({_some(foreign)}); it is not replaced, so that nothing else is deleted: move "
+            "them out or choose another output directory"
+        )
+    return None
+
+
+def _is_dmt_output(directory: Path) -> bool:
+    """Whether ``directory`` is a (complete, partial or older) output of dmt-preprocess."""
+    if (directory / MARKER).is_file():
+        return True
+    try:
+        return bool(json.loads((directory / MANIFEST).read_text()).get("format") == FORMAT)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _is_dmt_file(parts: tuple[str, ...]) -> bool:
+    """Whether ``<output>/<parts>`` is a name dmt-preprocess writes (partial runs included)."""
+    if len(parts) == 1:
+        return parts[0] in (MANIFEST, MARKER)
+    if len(parts) == 2 and parts[0] in SPLITS:
+        return parts[1] in (*ARRAY_FILES.values(), _PRESENT)
+    if len(parts) == 2 and parts[0] == _VOCAB_DIR:
+        return _VOCAB_FILE.fullmatch(parts[1]) is not None
+    return False
+
+
+def _scan_output(root: Path) -> tuple[list[Path], list[str]]:
+    """Files under ``root`` that dmt-preprocess writes, and the other entries (relative names)."""
+    own: list[Path] = []
+    foreign: list[str] = []
+    subdirs = (*SPLITS, _VOCAB_DIR)
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = Path(dirpath).relative_to(root)
+        keep = []
+        for name in sorted(dirnames + filenames):
+            path, parts = Path(dirpath, name), (rel / name).parts
+            mode = path.lstat().st_mode
+            if stat.S_ISDIR(mode) and len(parts) == 1 and name in subdirs:
+                keep.append(name)
+            elif stat.S_ISREG(mode) and _is_dmt_file(parts):
+                own.append(path)
+            else:
+                foreign.append(str(rel / name) + ("/" if stat.S_ISDIR(mode) else ""))
+        dirnames[:] = keep  # never descend into what dmt did not make
+    return own, foreign
+
+
+def _remove_output(root: Path) -> None:
+    """Delete the files dmt-preprocess writes under ``root``, then the emptied directories.
+
+    Anything else stays (with a warning), so nothing a user put there is ever deleted.
+    """
+    own, foreign = _scan_output(root)
+    for path in own:
+        path.unlink()
+    for directory in [root / sub for sub in (*SPLITS, _VOCAB_DIR)] + [root]:
+        try:
+            directory.rmdir()
+        except OSError:  # absent, or not empty: it holds what dmt did not write
+            pass
+    if foreign:
+        logger.warning("left %s in place: it holds entries dmt did not write: %s", root, foreign)
 
 
 def _build(job: _Job, tmp: Path, ex: _Executor) -> dict[str, Any]:
@@ -525,8 +688,9 @@ def _build(job: _Job, tmp: Path, ex: _Executor) -> dict[str, Any]:
     for a in assignments:
         placed.append((a, split_lines[a.split]))
         split_lines[a.split] += a.line_hi - a.line_lo
-    if job.vocab_from is None and split_lines["train"] == 0:
-        raise ValueError("the training split is empty; nothing to fit the vocabularies on")
+    target = "test" if job.vocab_from is not None else "train"  # the split that must have rows
+    if split_lines[target] == 0:
+        raise ValueError(_no_rows_message(job, target, placed, empty_files, 0, []))
     count = mode == "vocab" and job.vocab_from is None
     tasks = []
     for (i, a, b), first, (n, _) in zip(ranges, range_first_line, counted):
@@ -573,6 +737,14 @@ def _build(job: _Job, tmp: Path, ex: _Executor) -> dict[str, Any]:
         weight=lambda args: _task_bytes(args[0]),
         on_result=absorb,
     )
+    target_results = [
+        r for task, result in zip(tasks, results)
+        for seg, r in zip(task.segments, result.segments) if seg.split == target
+    ]  # fmt: skip
+    if sum(r.rows for r in target_results) == 0:
+        bad = sum(r.bad_rows for r in target_results)
+        examples = [e for r in target_results for e in r.bad_examples]
+        raise ValueError(_no_rows_message(job, target, placed, empty_files, bad, examples))
 
     # Step 2: vocabularies and ids.
     vocab_dir = job.vocab_from if job.vocab_from is not None else tmp
@@ -687,6 +859,48 @@ def _build(job: _Job, tmp: Path, ex: _Executor) -> dict[str, Any]:
     return manifest
 
 
+def _no_rows_message(
+    job: _Job,
+    split: str,
+    placed: list[tuple[_Assignment, int]],
+    empty_files: list[str],
+    bad_rows: int,
+    examples: list[str],
+) -> str:
+    """Why ``split`` got no rows, naming its inputs, what was read and dropped, and the cause."""
+    lines = sum(a.line_hi - a.line_lo for a, _ in placed if a.split == split)
+    paths = sorted({job.sources[a.source].path for a, _ in placed if a.split == split})
+    paths = paths or [s.path for s in job.sources]
+    named = _some([repr(p) for p in paths])
+    what = "training rows" if split == "train" else "rows"
+    if lines == 0:
+        cause = (
+            f"the files are empty ({', '.join(empty_files)})"
+            if empty_files
+            else "its share of the lines (data.criteo.split_fractions / --split-fractions) is empty"
+        )
+        return f"no {what}: the {split} split of {named} has no lines; likely cause: {cause}"
+    if any("control character b'\\r'" in e for e in examples):
+        cause = (
+            "the file has Windows (CRLF) line endings; convert it first "
+            "(dos2unix, or sed -i 's/\\r$//')"
+        )
+    else:
+        cause = "the input is not Criteo TSV (40 tab-separated fields per line)"
+    first = f"; first: {examples[0]}" if examples else ""
+    return (
+        f"no {what}: all {lines:,d} lines read for the {split} split of {named} were malformed "
+        f"and dropped ({bad_rows:,d} bad rows, skip_bad_rows / --skip-bad-rows), so nothing was "
+        f"written; likely cause: {cause}{first}"
+    )
+
+
+def _some(items: Sequence[str], limit: int = 5) -> str:
+    """The first ``limit`` items, comma-separated, and how many there are in all."""
+    more = f", ... ({len(items)} in all)" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
 def _task_bytes(task: _Task) -> int:
     end = task.byte_end if task.byte_end is not None else os.path.getsize(task.path)
     return end - task.byte_start
@@ -695,16 +909,28 @@ def _task_bytes(task: _Task) -> int:
 def _existing_hash(out_dir: Path) -> str | None:
     try:
         return str(read_manifest(out_dir)["settings_hash"])
-    except (ValueError, KeyError, json.JSONDecodeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
 def _remove_stale_partials(out_dir: Path) -> None:
-    for p in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
-        pid = p.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)):
-            logger.info("removing %s, left by an interrupted run", p)
-            shutil.rmtree(p, ignore_errors=True)
+    """Remove what interrupted runs left beside ``out_dir`` (only dmt-preprocess's own files)."""
+    for pattern in (f".{out_dir.name}.partial-*", f".{out_dir.name}.old-*"):
+        for p in out_dir.parent.glob(pattern):
+            pid = p.name.rsplit("-", 1)[-1]
+            if (
+                pid.isdigit()
+                and not _pid_alive(int(pid))
+                and p.is_dir()
+                and not p.is_symlink()
+                and (_is_dmt_output(p) or not any(p.iterdir()))
+            ):
+                logger.info("removing %s, left by an interrupted run", p)
+                _remove_output(p)
+
+
+def _is_up_to_date(out_dir: Path, settings_hash: str) -> bool:
+    return _existing_hash(out_dir) == settings_hash and output_damage(out_dir) is None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -757,12 +983,85 @@ def _create_arrays(directory: Path, rows: int, *, with_present: bool) -> None:
 
 
 def open_array(path: str | os.PathLike[str], mode: str = "r") -> np.ndarray:
-    """Memory-map a ``.npy`` array (``mode`` "r" or "r+"); an empty array is read normally."""
-    with open(path, "rb") as f:
-        shape, _, _ = _read_npy_header(f)
+    """Memory-map a ``.npy`` array (``mode`` "r" or "r+"); an empty array is read normally.
+
+    Raises:
+        ValueError: the file is not a ``.npy`` array or is shorter or longer than its header
+            says (naming the file and both sizes).
+    """
+    problem, shape, _ = _npy_problem(Path(path))
+    if problem is not None:
+        raise ValueError(problem)
     if math.prod(shape) == 0:
         return np.load(path)
     return np.load(path, mmap_mode=mode)  # type: ignore[no-any-return]
+
+
+def _npy_problem(
+    path: Path, expected: tuple[np.dtype, tuple[int, ...]] | None = None
+) -> tuple[str | None, tuple[int, ...], np.dtype | None]:
+    """What is wrong with the ``.npy`` file ``path`` (None: nothing), its shape and dtype.
+
+    The file must hold exactly the bytes its header implies and, given ``expected``, that dtype
+    and shape.
+    """
+    try:
+        with open(path, "rb") as f:
+            shape, fortran, dtype = _read_npy_header(f)
+            data_start = f.tell()
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return f"{path} is missing", (), None
+    except (OSError, ValueError, EOFError) as e:
+        return f"{path} is not a readable .npy array ({e})", (), None
+    if expected is not None and (dtype, shape) != expected:
+        want_dtype, want_shape = expected
+        return (
+            f"{path} holds {dtype} {shape}; expected {want_dtype} {want_shape}",
+            shape,
+            dtype,
+        )
+    want = data_start + math.prod(shape) * dtype.itemsize
+    if size != want:
+        return (
+            f"{path} is {size:,d} bytes; its {dtype} {shape} needs {want:,d} bytes",
+            shape,
+            dtype,
+        )
+    return None, shape, dtype
+
+
+def output_damage(directory: str | os.PathLike[str]) -> str | None:
+    """What is damaged in a complete preprocessed directory (None: nothing).
+
+    Every array must exist with the dtype and shape the manifest implies (rows of each split,
+    vocabulary sizes) and exactly the bytes that shape needs; the answer names the first file
+    that does not.
+    """
+    root = Path(directory)
+    try:
+        manifest = read_manifest(root)
+        specs = _array_specs(with_present=False)
+        expected: list[tuple[Path, np.dtype, tuple[int, ...]]] = []
+        for split, info in manifest["splits"].items():
+            rows = int(info["rows"])
+            for name in ARRAY_FILES.values():
+                dtype, tail = specs[name]
+                expected.append((root / split / name, dtype, (rows, *tail)))
+        settings = manifest["settings"]
+        if settings["categorical"]["mode"] == "vocab" and "vocab_from" not in settings:
+            for f, cardinality in enumerate(manifest["cardinalities"]):
+                path = vocab_path(root, f)
+                expected.append((path, np.dtype(np.uint32), (cardinality - 1,)))
+                counts = path.with_name(f"cat_{f}_counts.npy")
+                expected.append((counts, np.dtype(np.int64), (cardinality - 1,)))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"{root / MANIFEST} is not a complete manifest ({e})"
+    for path, dtype, shape in expected:
+        problem, _, _ = _npy_problem(path, (dtype, shape))
+        if problem is not None:
+            return problem
+    return None
 
 
 def _compact(directory: Path, pieces: list[tuple[int, int]], rows: int) -> None:

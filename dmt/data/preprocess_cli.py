@@ -97,7 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--num-workers", type=int, default=0, help="processes; 0: one per CPU core")
     p.add_argument(
-        "--overwrite", action="store_true", help="replace an output made with other settings"
+        "--overwrite",
+        action="store_true",
+        help="replace a dmt-preprocess output made with other settings, or a damaged one "
+        "(never a directory with other files in it or one that holds the input)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument(

@@ -184,3 +184,78 @@ def test_terabyte_head(tmp_path: Path) -> None:
     for split, (rows, c) in zip(("train", "val", "test"), expected):
         assert (m["splits"][split]["rows"], m["splits"][split]["clicks"]) == (rows, c)
     assert m["splits"]["train"]["click_rate"] == pytest.approx(clicks / n)
+
+
+# -- safe outputs (issue 10): what --overwrite may replace, rows-less and damaged outputs --------
+
+
+def test_cli_overwrite_never_deletes_the_input_or_other_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bug: ``--overwrite`` deleted the directory holding the raw input, and unrelated files."""
+    data = tmp_path / "data"
+    data.mkdir()
+    raw = data / "train.txt"
+    raw.write_text(raw_rows(200, seed=4))
+    (data / "notes.txt").write_text("mine")
+    before = files(data)
+    assert main([str(raw), str(data), "--overwrite", "--no-progress", "--num-workers", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"dmt-preprocess: error: output directory {str(data)!r} contains the input {str(raw)!r}; "
+        "dmt-preprocess never replaces a directory that holds its input: choose another output "
+        "directory\n"
+    )
+    assert files(data) == before
+    # the "exists" error for a directory dmt did not write never suggests --overwrite
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    for extra in ([], ["--overwrite"]):
+        assert main([str(raw), str(other), "--no-progress", *extra]) == 1
+        err = capsys.readouterr().err
+        assert f"output directory {str(other)!r} exists and is not a dmt-preprocess output" in err
+        assert "--overwrite" not in err and "overwrite=True" not in err
+    assert files(other) == {"notes.txt": b"mine"}
+
+
+def test_cli_all_rows_bad_exits_non_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bug: ``--skip-bad-rows`` on a CRLF file exited 0 with 0-row splits."""
+    raw = tmp_path / "train.txt"
+    raw.write_bytes(raw_rows(200, seed=5).replace("\n", "\r\n").encode())
+    out = tmp_path / "out"
+    assert main([str(raw), str(out), "--skip-bad-rows", "--no-progress", "--num-workers", "1"]) == 1
+    err = capsys.readouterr().err.splitlines()[-1]  # after the log lines
+    assert err.startswith(
+        f"dmt-preprocess: error: no training rows: all 170 lines read for the train split of "
+        f"{str(raw.resolve())!r} were malformed and dropped (170 bad rows, skip_bad_rows / "
+        "--skip-bad-rows), so nothing was written; likely cause: the file has Windows (CRLF) "
+        "line endings"
+    ), err
+    assert not out.exists() and not list(tmp_path.glob(".out.*"))
+
+
+def test_cli_truncated_array_is_damaged_not_up_to_date(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bug: a truncated ``train/sparse.npy`` in a complete output was reported up to date."""
+    raw = tmp_path / "train.txt"
+    raw.write_text(raw_rows(200, seed=6))
+    out = tmp_path / "out"
+    args = [str(raw), str(out), "--no-progress", "--num-workers", "1"]
+    assert main(args) == 0
+    good = files(out)
+    sparse = out / "train" / "sparse.npy"
+    size = sparse.stat().st_size
+    os.truncate(sparse, size - 1000)
+    capsys.readouterr()
+    assert main(args) == 1
+    assert capsys.readouterr().err == (
+        f"dmt-preprocess: error: output directory {str(out)!r} is damaged: {sparse} is "
+        f"{size - 1000:,d} bytes; its int32 (170, 26) needs {size:,d} bytes; pass "
+        "overwrite=True (--overwrite) to rebuild it\n"
+    )
+    assert main([*args, "--overwrite"]) == 0
+    assert files(out) == good

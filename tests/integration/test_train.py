@@ -127,3 +127,25 @@ def test_bad_config_fails_before_training(tmp_path):
     assert res.returncode != 0
     assert "model.name='resnet' is not supported; expected one of ['dlrm', 'dcn']" in res.stderr
     assert not (tmp_path / "metrics.json").exists()
+
+
+def test_training_without_a_full_batch_stops_before_training(tmp_path):
+    """Bug: ``data.synthetic.num_train`` below one batch, or a preprocessed training split of 0
+    rows, died with a ZeroDivisionError in the trainer."""
+    small = [*TINY, "data.synthetic.num_train=100", "data.batch_size=512"]
+    with pytest.raises(ValueError, match=r"^data\.synthetic\.num_train=100 is smaller than one "
+                       r"batch \(data\.batch_size=512\)"):  # fmt: skip
+        train(compose_config(*small), tmp_path / "synthetic")
+    assert not (tmp_path / "synthetic" / "metrics.json").exists()
+
+    # Criteo: a raw file whose every row is bad (CRLF) fails in preprocessing, before training
+    raw = tmp_path / "train.txt"
+    row = "\t".join(["1", *["3"] * 13, *["0000abcd"] * 26])
+    raw.write_bytes((row + "\r\n").encode() * 300)
+    criteo = ["logger=disabled", "trainer.progress_bar=false", "data=criteo_sample",
+              f"data.criteo.raw_path={raw}", f"data.criteo.preprocessed_dir={tmp_path / 'prep'}",
+              "data.criteo.skip_bad_rows=true", "data.criteo.num_workers=1"]  # fmt: skip
+    with pytest.raises(ValueError, match=r"failed: no training rows: all 255 lines read for the "
+                       r"train split of .*train\.txt.* Windows \(CRLF\) line endings"):  # fmt: skip
+        train(compose_config(*criteo), tmp_path / "criteo")
+    assert not (tmp_path / "prep").exists()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+import re
 import threading
 from pathlib import Path
 
@@ -11,8 +13,15 @@ import pytest
 import torch
 
 from dmt.config import DataConfig
+from dmt.data import build_data
 from dmt.data.criteo_config import CriteoConfig
-from dmt.data.criteo_dataset import CriteoSource, build_criteo, criteo_schema, tsv_source
+from dmt.data.criteo_dataset import (
+    CriteoSource,
+    as_criteo_config,
+    build_criteo,
+    criteo_schema,
+    tsv_source,
+)
 from dmt.data.criteo_preprocess import preprocess_criteo, read_manifest
 
 NUM_ROWS = 1003  # not a multiple of any batch size used below
@@ -203,3 +212,63 @@ def test_build_criteo_preprocesses_from_raw_path_once(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"missing\.txt' is neither a file nor a directory"):
         build_criteo(cfg)
     assert not (tmp_path / "p2").exists()
+
+
+# -- training data that cannot train, damaged directories ---------------------------------------
+
+
+def _empty_train_split(root: Path) -> None:
+    """Make ``root``'s training split 0 rows, as dmt-preprocess wrote it before it refused that."""
+    for name, tail, dtype in (("dense", (13,), np.float32), ("sparse", (26,), np.int32),
+                              ("labels", (), np.int8)):  # fmt: skip
+        np.save(root / "train" / f"{name}.npy", np.empty((0, *tail), dtype))
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["splits"]["train"].update(rows=0, clicks=0, click_rate=None)
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _raw_200(tmp_path: Path, *, seed: int, batch_size: int) -> tuple[Path, DataConfig]:
+    """A 200-line raw file (170 training rows) and a data config that preprocesses it."""
+    raw = tmp_path / "train.txt"
+    raw.write_text(_raw_rows(200, seed=seed))
+    out = tmp_path / "prep"
+    crit = CriteoConfig(raw_path=str(raw), preprocessed_dir=str(out), num_workers=1)
+    return out, DataConfig(kind="criteo", batch_size=batch_size, criteo=crit)
+
+
+def test_build_criteo_refuses_fewer_training_rows_than_one_batch(tmp_path: Path) -> None:
+    out, cfg = _raw_200(tmp_path, seed=4, batch_size=256)
+    crit = as_criteo_config(cfg.criteo)
+    preprocess_criteo(crit, progress=False)
+    with pytest.raises(ValueError) as err:
+        build_data(cfg, rank=1, world_size=2)
+    assert str(err.value) == (
+        f"the training split of data.criteo.preprocessed_dir={str(out)!r} (170 rows) is smaller "
+        "than one batch (data.batch_size=256, the global batch over 2 ranks): training drops the "
+        "last partial batch, so it would run no step; provide at least data.batch_size training "
+        "rows or lower data.batch_size"
+    )
+    cfg.batch_size = 170  # exactly one global batch: 85 rows on each of 2 ranks
+    assert build_data(cfg, rank=1, world_size=2).train.num_batches() == 1
+    _empty_train_split(out)
+    with pytest.raises(ValueError, match=r"\(0 rows\) holds no training rows \(data.batch_size="):
+        build_data(cfg)
+
+
+def test_build_criteo_never_uses_a_damaged_directory(tmp_path: Path) -> None:
+    out, cfg = _raw_200(tmp_path, seed=5, batch_size=32)
+    crit = as_criteo_config(cfg.criteo)
+    build_criteo(cfg)
+    sparse = out / "train" / "sparse.npy"
+    good = sparse.read_bytes()
+    with open(sparse, "r+b") as f:
+        f.truncate(len(good) - 104)
+    crit.auto_preprocess = False  # used as is: an error naming the file
+    with pytest.raises(ValueError, match=re.escape(
+        f"data.criteo.preprocessed_dir={str(out)!r} is damaged: {sparse} is "
+        f"{len(good) - 104:,d} bytes; its int32 (170, 26) needs {len(good):,d} bytes; rebuild it"
+    )):  # fmt: skip
+        build_criteo(cfg)
+    crit.auto_preprocess = True  # dmt's own output with the same settings: rebuilt
+    assert build_criteo(cfg).train.num_batches() == 170 // 32
+    assert sparse.read_bytes() == good

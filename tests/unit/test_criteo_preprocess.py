@@ -22,7 +22,13 @@ from dmt.data.criteo_parse import (
     iter_line_blocks,
     parse_block,
 )
-from dmt.data.criteo_preprocess import preprocess_criteo, read_manifest, transform_tsv
+from dmt.data.criteo_preprocess import (
+    open_array,
+    output_damage,
+    preprocess_criteo,
+    read_manifest,
+    transform_tsv,
+)
 
 # Small blocks and ranges so that a few hundred rows cross many block and range boundaries.
 SMALL = {"block_bytes": 1500, "unit_bytes": 6000, "progress": False}
@@ -448,3 +454,171 @@ def test_corrupt_gzip(tmp_path: Path) -> None:
         CriteoFormatError, match=re.escape(str(raw.resolve())) + r":\d+: cannot decompress"
     ):
         preprocess_criteo(config(tmp_path, raw, skip_bad_rows=True), **SMALL)
+
+
+# -- safe outputs: what --overwrite may replace, empty and damaged outputs --------------------
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_overwrite_never_replaces_a_directory_holding_the_input(tmp_path: Path) -> None:
+    """Bug: ``--overwrite`` deleted the output directory with the raw file inside it."""
+    data = tmp_path / "data"
+    data.mkdir()
+    raw = write(data / "train.txt", make_rows(50, seed=20))
+    before = tree(data)
+    cfg = CriteoConfig(raw_path=str(raw), preprocessed_dir=str(data), num_workers=1)
+    for overwrite in (False, True):
+        with pytest.raises(ValueError) as err:
+            preprocess_criteo(cfg, overwrite=overwrite, **SMALL)
+        assert str(err.value) == (
+            f"output directory {str(data)!r} contains the input {str(raw)!r}; dmt-preprocess "
+            "never replaces a directory that holds its input: choose another output directory"
+        )
+        assert tree(data) == before
+    # the input in a subdirectory of a dmt output (and for transform_tsv, the vocabulary dir)
+    out = preprocess_criteo(config(tmp_path, raw), **SMALL)
+    (out / "extra").mkdir()
+    inside = write(out / "extra" / "day.tsv", make_rows(20, seed=21))
+    with pytest.raises(ValueError, match="contains the input .*day.tsv'; dmt-preprocess never"):
+        transform_tsv(out, inside, out, overwrite=True, progress=False)
+    with pytest.raises(ValueError, match=f"contains the input {re.escape(repr(str(out)))}"):
+        transform_tsv(out, raw, out, overwrite=True, progress=False)
+    assert inside.is_file() and read_manifest(out)
+
+
+def test_overwrite_refuses_a_directory_that_dmt_did_not_write(tmp_path: Path) -> None:
+    """Bug: ``--overwrite`` deleted any directory, and the error suggested ``--overwrite``."""
+    raw = write(tmp_path / "train.txt", make_rows(50, seed=22))
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    (out / "sub" / "more.txt").write_text("mine too")
+    for overwrite in (False, True):
+        with pytest.raises(ValueError) as err:
+            preprocess_criteo(config(tmp_path, raw), overwrite=overwrite, **SMALL)
+        assert str(err.value) == (
+            f"output directory {str(out)!r} exists and is not a dmt-preprocess output (it has "
+            "no manifest.json or .dmt-criteo-preprocessed); dmt-preprocess replaces only its "
+            "own outputs: choose another output directory or remove it yourself"
+        )
+        assert "--overwrite" not in str(err.value)
+    assert tree(out) == {"notes.txt": b"mine", "sub/more.txt": b"mine too"}
+    # a plain file is refused too; an empty directory is simply used
+    (tmp_path / "file").write_text("x")
+    cfg = CriteoConfig(raw_path=str(raw), preprocessed_dir=str(tmp_path / "file"))
+    with pytest.raises(ValueError, match="'.*file' exists and is not a directory; choose another"):
+        preprocess_criteo(cfg, overwrite=True, **SMALL)
+    (tmp_path / "empty").mkdir()
+    cfg = CriteoConfig(raw_path=str(raw), preprocessed_dir=str(tmp_path / "empty"), num_workers=1)
+    assert read_manifest(preprocess_criteo(cfg, **SMALL))["splits"]["train"]["rows"] == 42
+
+
+def test_overwrite_refuses_a_dmt_output_with_other_files_and_deletes_only_dmt_files(
+    tmp_path: Path,
+) -> None:
+    raw = write(tmp_path / "train.txt", make_rows(50, seed=23))
+    cfg = config(tmp_path, raw)
+    out = preprocess_criteo(cfg, **SMALL)
+    dmt_files = set(tree(out))
+    assert ".dmt-criteo-preprocessed" in dmt_files and "vocab/cat_25_counts.npy" in dmt_files
+    (out / "README.txt").write_text("my notes")
+    (out / "train" / "mine.npy").write_bytes(b"x")
+    cfg.frequency_threshold = 1
+    with pytest.raises(ValueError) as err:
+        preprocess_criteo(cfg, overwrite=True, **SMALL)
+    assert str(err.value) == (
+        f"output directory {str(out)!r} is a dmt-preprocess output but also holds entries "
+        "dmt-preprocess did not write (README.txt, train/mine.npy); it is not replaced, so that "
+        "nothing else is deleted: move them out or choose another output directory"
+    )
+    assert (out / "README.txt").read_text() == "my notes" and (out / "train" / "mine.npy").exists()
+    (out / "README.txt").unlink()
+    (out / "train" / "mine.npy").unlink()
+    with pytest.raises(ValueError, match="was made with other settings or sources; pass "
+                       r"overwrite=True \(--overwrite\) to replace it"):  # fmt: skip
+        preprocess_criteo(cfg, **SMALL)
+    preprocess_criteo(cfg, overwrite=True, **SMALL)
+    assert read_manifest(out)["settings"]["categorical"]["frequency_threshold"] == 1
+    assert set(tree(out)) == dmt_files and not list(tmp_path.glob(".out.*"))
+
+
+def test_overwrite_replaces_a_partial_dmt_output(tmp_path: Path) -> None:
+    raw = write(tmp_path / "train.txt", make_rows(50, seed=24))
+    out = preprocess_criteo(config(tmp_path, raw), **SMALL)
+    (out / "manifest.json").unlink()  # the marker alone: an incomplete dmt output
+    with pytest.raises(ValueError, match="exists and is an incomplete or unreadable "
+                       r"dmt-preprocess output; pass overwrite=True \(--overwrite\)"):  # fmt: skip
+        preprocess_criteo(config(tmp_path, raw), **SMALL)
+    preprocess_criteo(config(tmp_path, raw), overwrite=True, **SMALL)
+    assert read_manifest(out)["splits"]["train"]["rows"] == 42
+
+
+def test_stale_partial_without_marker_is_left_alone(tmp_path: Path) -> None:
+    raw = write(tmp_path / "train.txt", make_rows(50, seed=25))
+    dead = 2**22 + 12345  # above Linux's default pid_max: no such process
+    foreign = tmp_path / f".out.partial-{dead}"
+    (foreign / "train").mkdir(parents=True)
+    (foreign / "train" / "dense.npy").write_bytes(b"not dmt's")
+    stale = tmp_path / f".out.partial-{dead + 1}"
+    (stale / "train").mkdir(parents=True)
+    (stale / ".dmt-criteo-preprocessed").write_text("{}")
+    (stale / "train" / "dense.npy").write_bytes(b"dmt's")
+    preprocess_criteo(config(tmp_path, raw), **SMALL)
+    assert (foreign / "train" / "dense.npy").read_bytes() == b"not dmt's"
+    assert not stale.exists()
+
+
+def test_all_rows_bad_is_an_error_not_an_empty_output(tmp_path: Path) -> None:
+    """Bug: ``--skip-bad-rows`` on a CRLF file exited 0 with 0-row splits."""
+    raw = tmp_path / "train.txt"
+    raw.write_bytes(("\r\n".join(make_rows(40, seed=26)) + "\r\n").encode())
+    with pytest.raises(ValueError) as err:
+        preprocess_criteo(config(tmp_path, raw, skip_bad_rows=True), **SMALL)
+    msg = str(err.value)
+    assert msg.startswith(
+        f"no training rows: all 34 lines read for the train split of {str(raw.resolve())!r} "
+        "were malformed and dropped (34 bad rows, skip_bad_rows / --skip-bad-rows), so nothing "
+        "was written; likely cause: the file has Windows (CRLF) line endings; convert it first "
+        "(dos2unix, or sed -i 's/\\r$//'); first: " + f"{raw.resolve()}:1: contains the control"
+    ), msg
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
+    other = write(tmp_path / "other.txt", ["x\ty"] * 10)
+    not_criteo = r"the input is not Criteo TSV \(40 tab-separated fields per line\); first: "
+    with pytest.raises(ValueError, match=r"no training rows: all 8 lines .* cause: " + not_criteo):
+        preprocess_criteo(config(tmp_path, other, skip_bad_rows=True), **SMALL)
+    # transform_tsv: a file without a single good row is an error too
+    out = preprocess_criteo(config(tmp_path, write(tmp_path / "ok.txt", make_rows(50))), **SMALL)
+    with pytest.raises(ValueError, match=r"^no rows: all 40 lines read for the test split"):
+        transform_tsv(out, raw, tmp_path / "t", skip_bad_rows=True, progress=False)
+    assert not (tmp_path / "t").exists()
+
+
+def test_damaged_output_is_not_up_to_date(tmp_path: Path) -> None:
+    """Bug: a truncated ``train/sparse.npy`` in a complete output was reported up to date."""
+    raw = write(tmp_path / "train.txt", make_rows(50, seed=27))
+    cfg = config(tmp_path, raw)
+    out = preprocess_criteo(cfg, **SMALL)
+    good = tree(out)
+    sparse = out / "train" / "sparse.npy"
+    size = sparse.stat().st_size
+    with open(sparse, "r+b") as f:
+        f.truncate(size - 100)
+    damage = f"{sparse} is {size - 100:,d} bytes; its int32 (42, 26) needs {size:,d} bytes"
+    with pytest.raises(ValueError) as err:
+        preprocess_criteo(cfg, **SMALL)
+    assert str(err.value) == (
+        f"output directory {str(out)!r} is damaged: {damage}; pass overwrite=True (--overwrite) "
+        "to rebuild it"
+    )
+    assert output_damage(out) == damage
+    with pytest.raises(ValueError, match=re.escape(f"{sparse} is {size - 100:,d} bytes")):
+        open_array(sparse)  # readers name the file too
+    preprocess_criteo(cfg, overwrite=True, **SMALL)
+    assert tree(out) == good
+    (out / "vocab" / "cat_3.npy").unlink()
+    assert output_damage(out) == f"{out / 'vocab' / 'cat_3.npy'} is missing"
+    preprocess_criteo(cfg, rebuild_damaged=True, **SMALL)  # what training's auto-preprocess does
+    assert tree(out) == good
