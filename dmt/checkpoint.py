@@ -81,7 +81,11 @@ _CHANGEABLE_PREFIXES = ("optim.",)
 
 
 def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
@@ -111,7 +115,11 @@ def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
 
 def _materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     # Dense optimizers create their state at the first step; a resume loads into it in place.
-    parts = [opt for _, opt in optimizer.optimizers] if hasattr(optimizer, "optimizers") else [optimizer]
+    parts = (
+        [opt for _, opt in optimizer.optimizers]
+        if hasattr(optimizer, "optimizers")
+        else [optimizer]
+    )
     for opt in parts:
         if not opt.state and hasattr(opt, "init_state"):
             opt.init_state()
@@ -157,25 +165,41 @@ class Checkpointer:
         self.world_size = world_size
         self.async_save = async_save
         self._pending: _Pending | None = None
-        self._group = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+        self._group = (
+            dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+        )
 
     def save(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int, epoch: int,
-        batch_in_epoch: int, config: str | None = None,
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        step: int,
+        epoch: int,
+        batch_in_epoch: int,
+        config: str | None = None,
     ) -> Path:
         """Save model, optimizer, data position and RNG as ``<root>/step_<step>``."""
         self.wait()
         path = self.root / f"step_{step}"
         if (path / META_FILE).exists():
-            raise ValueError(f"checkpoint {path} exists already; dmt never overwrites a complete checkpoint")
+            raise ValueError(
+                f"checkpoint {path} exists already; dmt never overwrites a complete checkpoint"
+            )
         path.mkdir(parents=True, exist_ok=True)
         state = {
             "model": model.state_dict(),
             "optim": _optimizer_state(model, optimizer),
             "rng": {f"rank_{self.rank}": _rng_state()},
         }
-        meta = {"format": FORMAT, "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch,
-                "world_size": self.world_size, "cwd": os.getcwd()}
+        meta = {
+            "format": FORMAT,
+            "step": step,
+            "epoch": epoch,
+            "batch_in_epoch": batch_in_epoch,
+            "world_size": self.world_size,
+            "cwd": os.getcwd(),
+        }
         writer = dcp.FileSystemWriter(path, sync_files=True)
         if self.async_save:
             future = dcp.async_save(state, storage_writer=writer, process_group=self._group)
@@ -204,7 +228,9 @@ class Checkpointer:
                 _write_atomic(path / CONFIG_FILE, config)
             files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
             # config.yaml is left out: a user may edit it (dmt-eval reads the model from it)
-            sizes = {p.name: p.stat().st_size for p in files if p.name not in (META_FILE, CONFIG_FILE)}
+            sizes = {
+                p.name: p.stat().st_size for p in files if p.name not in (META_FILE, CONFIG_FILE)
+            }
             meta = {**meta, "files": sizes}
             _write_atomic(path / META_FILE, json.dumps(meta, indent=1) + "\n")
             _fsync(path)
@@ -213,8 +239,16 @@ class Checkpointer:
 
 
 def save(
-    root: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int, epoch: int,
-    batch_in_epoch: int, rank: int, world_size: int, config: str | None = None,
+    root: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    step: int,
+    epoch: int,
+    batch_in_epoch: int,
+    rank: int,
+    world_size: int,
+    config: str | None = None,
 ) -> Path:
     """Synchronous :meth:`Checkpointer.save` (collective over the default group)."""
     return Checkpointer(root, rank=rank, world_size=world_size).save(
@@ -250,7 +284,11 @@ def step_dirs(root: Path) -> list[tuple[int, Path]]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := _STEP_DIR.match(p.name)) and p.is_dir()
+    ]
     return sorted(found, reverse=True)
 
 
@@ -276,7 +314,9 @@ def resolve(path: Path, *, setting: str = "trainer.resume_from") -> Path:
         return path
     found = latest(path)
     if found is None:
-        raise ValueError(f"{setting}={str(path)!r}: no complete checkpoint (step_N/{META_FILE}) there")
+        raise ValueError(
+            f"{setting}={str(path)!r}: no complete checkpoint (step_N/{META_FILE}) there"
+        )
     return found
 
 
@@ -297,7 +337,9 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
-def config_differences(saved: dict[str, Any], current: dict[str, Any], *, allow_change: bool) -> list[str]:
+def config_differences(
+    saved: dict[str, Any], current: dict[str, Any], *, allow_change: bool
+) -> list[str]:
     """Keys whose values differ between a checkpoint's config and this run's and that a resume
     may not change: everything but how the job runs (``_FREE_KEYS``, ``logger.*``); ``optim.*``
     only with ``allow_change``. Each as ``key: saved -> current``."""
@@ -318,14 +360,20 @@ def check_config(path: Path, current_yaml: str, *, allow_change: bool) -> None:
     saved with checkpoint ``path`` in a way a resume may not."""
     saved_file = Path(path) / CONFIG_FILE
     if not saved_file.is_file():
-        raise ValueError(f"checkpoint {path} has no {CONFIG_FILE}; cannot check that it fits this run")
+        raise ValueError(
+            f"checkpoint {path} has no {CONFIG_FILE}; cannot check that it fits this run"
+        )
     diffs = config_differences(
-        yaml.safe_load(saved_file.read_text()) or {}, yaml.safe_load(current_yaml) or {},
+        yaml.safe_load(saved_file.read_text()) or {},
+        yaml.safe_load(current_yaml) or {},
         allow_change=allow_change,
     )
     if diffs:
-        hint = (" (optimizer keys may change with trainer.resume_allow_config_change=true)"
-                if any(d.startswith(_CHANGEABLE_PREFIXES) for d in diffs) else "")
+        hint = (
+            " (optimizer keys may change with trainer.resume_allow_config_change=true)"
+            if any(d.startswith(_CHANGEABLE_PREFIXES) for d in diffs)
+            else ""
+        )
         raise ValueError(
             f"cannot resume from {path}: this run's config differs from the checkpoint's "
             f"{saved_file} in " + "; ".join(diffs) + hint
@@ -333,7 +381,11 @@ def check_config(path: Path, current_yaml: str, *, allow_change: bool) -> None:
 
 
 def load(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, *, rank: int,
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    rank: int,
     partial_optimizer: bool = False,
 ) -> dict[str, Any]:
     """Restore ``model`` and ``optimizer`` (and, at the same world size, this rank's RNG) from
@@ -365,8 +417,12 @@ def load(
                 "starts such state fresh)"
             )
         if absent:
-            log.warning("checkpoint %s: %d optimizer state entries start fresh (e.g. %s)", path,
-                        len(absent), absent[0])
+            log.warning(
+                "checkpoint %s: %d optimizer state entries start fresh (e.g. %s)",
+                path,
+                len(absent),
+                absent[0],
+            )
             state["optim"] = _drop(state["optim"], set(absent), "optim.")
     same_world = int(meta["world_size"]) == world
     if same_world:
@@ -426,11 +482,14 @@ def load_model_state(path: Path) -> dict[str, torch.Tensor]:
     """
     path = resolve(path, setting="checkpoint")
     if read_meta(path).get("format") != FORMAT:
-        raise ValueError(f"checkpoint {path} is not a DCP checkpoint ({META_FILE} has no format {FORMAT!r})")
+        raise ValueError(
+            f"checkpoint {path} is not a DCP checkpoint ({META_FILE} has no format {FORMAT!r})"
+        )
     shapes = tensor_keys(path, prefix="")
     state = {
         k: torch.empty(v.size, dtype=v.properties.dtype)
-        for k, v in shapes.items() if k.startswith("model.")
+        for k, v in shapes.items()
+        if k.startswith("model.")
     }
     try:
         dcp.load(state, checkpoint_id=path, no_dist=True)

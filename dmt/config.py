@@ -237,7 +237,7 @@ class TrainerConfig:
     checkpoint_dir: str = "checkpoints"  # relative to the run's output directory, or absolute
     resume_from: str | None = None  # "auto" (newest complete checkpoint of this run, else fresh), a step_N directory or its parent (newest)
     resume_allow_config_change: bool = False  # let a resume change optim.* keys (model, data, partition must match)
-    checkpoint_async: bool = True  # write checkpoints in the background (DCP async_save over a gloo group)
+    checkpoint_async: bool = False  # write checkpoints in the background (DCP async_save over a dedicated gloo group): large tables on GPU; on small models staging costs more than it saves
     seed: int = 0  # seed of weights init and data order
     progress_bar: bool = True  # tqdm progress bar on rank 0
     device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"

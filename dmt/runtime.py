@@ -51,11 +51,29 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0) -> Runtime:
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
         timeout = timedelta(seconds=timeout_s)
-        if "MASTER_ADDR" in os.environ or world_size > 1:
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            dist.init_process_group(backend, store=_elastic_store(world_size, timeout), rank=rank,
+                                    world_size=world_size, timeout=timeout)
+        elif "MASTER_ADDR" in os.environ or world_size > 1:
             dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     return Runtime(rank, world_size, local_rank, local_world_size, dev, backend)
+
+
+def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store:
+    """The torchrun agent's store, with this restart's keys apart from earlier attempts'.
+
+    After ``torchrun --max-restarts`` restarts the workers, they meet again in the agent's
+    store, which still holds the previous attempt's keys; a worker that starts before its peer
+    would read the peer's *old* gloo/NCCL address and fail with "Connection refused". The
+    restart count (``TORCHELASTIC_RESTART_COUNT``) as a key prefix keeps the attempts apart.
+    """
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+        is_master=False, timeout=timeout,
+    )
+    return dist.PrefixStore(f"dmt/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def close_runtime() -> None:

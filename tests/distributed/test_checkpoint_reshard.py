@@ -40,15 +40,22 @@ SPTT = [
 ]
 
 
-def _train(rank: int, world_size: int, overrides: list[str], out: str, local_world_size: int) -> float:
+def _train(
+    rank: int, world_size: int, overrides: list[str], out: str, local_world_size: int
+) -> float:
     cfg = to_config(compose_config(*BASE, *overrides))
-    rt = Runtime(rank, world_size, rank % local_world_size, local_world_size, torch.device("cpu"), "gloo")
+    rt = Runtime(
+        rank, world_size, rank % local_world_size, local_world_size, torch.device("cpu"), "gloo"
+    )
     return Trainer(cfg, rt, Path(out)).fit().metrics["num_steps"]
 
 
-def _run(world_size: int, overrides: list[str], out: Path, local_world_size: int | None = None) -> None:
-    steps = run_on_ranks(_train, world_size, overrides, str(out), local_world_size or world_size,
-                         timeout_s=240)
+def _run(
+    world_size: int, overrides: list[str], out: Path, local_world_size: int | None = None
+) -> None:
+    steps = run_on_ranks(
+        _train, world_size, overrides, str(out), local_world_size or world_size, timeout_s=240
+    )
     assert steps == [8.0] * world_size
 
 
@@ -58,12 +65,17 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 @pytest.mark.parametrize("resume_world", [1, 4])
-def test_flat_resume_at_another_world_size_matches_uninterrupted(tmp_path: Path, resume_world: int) -> None:
+def test_flat_resume_at_another_world_size_matches_uninterrupted(
+    tmp_path: Path, resume_world: int
+) -> None:
     ref = tmp_path / "ref"
     _run(2, [*FLAT, "trainer.checkpoint_every=4", "trainer.checkpoint_async=false"], ref)
     resumed = tmp_path / f"resumed_{resume_world}"
-    _run(resume_world, [*FLAT, "trainer.checkpoint=true",
-                        f"trainer.resume_from={ref / 'checkpoints' / 'step_4'}"], resumed)
+    _run(
+        resume_world,
+        [*FLAT, "trainer.checkpoint=true", f"trainer.resume_from={ref / 'checkpoints' / 'step_4'}"],
+        resumed,
+    )
     want = checkpoint.load_model_state(ref / "checkpoints" / "step_8")
     got = checkpoint.load_model_state(resumed / "checkpoints")
     assert checkpoint.read_meta(resumed / "checkpoints" / "step_8")["world_size"] == resume_world
@@ -84,8 +96,16 @@ def test_sptt_resume_on_another_topology_matches_uninterrupted(
     sptt = [*SPTT, f"sptt.sharding_type={sharding}"]
     _run(2, [*sptt, "sptt.local_world_size=1", "trainer.checkpoint_every=4"], ref)
     resumed = tmp_path / "resumed"
-    _run(resume_world, [*sptt, f"sptt.local_world_size={resume_local}", "trainer.checkpoint=true",
-                        f"trainer.resume_from={ref / 'checkpoints'}/step_4"], resumed)
+    _run(
+        resume_world,
+        [
+            *sptt,
+            f"sptt.local_world_size={resume_local}",
+            "trainer.checkpoint=true",
+            f"trainer.resume_from={ref / 'checkpoints'}/step_4",
+        ],
+        resumed,
+    )
     want = checkpoint.load_model_state(ref / "checkpoints" / "step_8")
     got = checkpoint.load_model_state(resumed / "checkpoints")
     assert _max_diff(got, want) < 1e-5

@@ -493,3 +493,26 @@ def test_criteo_sample_slice(shared_data: Path, tmp_path: Path) -> None:
     clicks = [int(line.split(b"\t", 1)[0]) for line in lines[20_000:23_000]]
     assert later["positive_rate"] == pytest.approx(np.mean(clicks))
     assert later["auc"] > 0.6 and math.isfinite(later["ne"]) and later["ne"] < 1.0, later
+
+
+# -- dmt-export -------------------------------------------------------------------------------
+
+
+def test_export_writes_the_plain_models_state(synthetic_run: Path, tmp_path: Path, capsys) -> None:
+    from dmt.evaluate import load_model, open_checkpoint  # noqa: PLC0415
+    from dmt.export import main as export_main  # noqa: PLC0415
+
+    out = tmp_path / "model.pt"
+    assert export_main(["--checkpoint", str(synthetic_run / "checkpoints"), "--out", str(out)]) == 0
+    exported = torch.load(out, weights_only=True)
+    model = load_model(open_checkpoint(synthetic_run / "checkpoints"))
+    assert sorted(exported) == sorted(model.state_dict())
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(exported[key], value, rtol=0, atol=0, msg=key)
+    assert (tmp_path / "model.pt.config.yaml").read_text() == (
+        synthetic_run / "checkpoints" / "step_3" / "config.yaml"
+    ).read_text()
+    before = out.read_bytes()
+    assert export_main(["--checkpoint", str(synthetic_run / "checkpoints"), "--out", str(out)]) == 1
+    assert f"dmt-export: error: {out} exists already" in capsys.readouterr().err
+    assert out.read_bytes() == before

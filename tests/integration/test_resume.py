@@ -37,37 +37,65 @@ def test_resume_with_another_model_stops_with_the_differing_keys(tmp_path: Path)
     _train(first, "trainer.max_steps=4", "trainer.checkpoint=true", "optim.dense=sgd")
     with pytest.raises(ValueError) as e:
         _train(
-            tmp_path / "second", "trainer.max_steps=8", "optim.dense=sgd",
+            tmp_path / "second",
+            "trainer.max_steps=8",
+            "optim.dense=sgd",
             f"trainer.resume_from={first / 'checkpoints'}",
-            "model.top_mlp=[128,64,1]", "model.bottom_mlp=[32,8]",
+            "model.top_mlp=[128,64,1]",
+            "model.bottom_mlp=[32,8]",
         )
     msg = str(e.value)
-    assert msg.startswith(f"cannot resume from {first / 'checkpoints' / 'step_4'}: this run's config differs")
-    assert "model.bottom_mlp: [16, 8] -> [32, 8]" in msg and "model.top_mlp: [16, 1] -> [128, 64, 1]" in msg
+    assert msg.startswith(
+        f"cannot resume from {first / 'checkpoints' / 'step_4'}: this run's config differs"
+    )
+    assert (
+        "model.bottom_mlp: [16, 8] -> [32, 8]" in msg
+        and "model.top_mlp: [16, 1] -> [128, 64, 1]" in msg
+    )
     assert "optim" not in msg
 
     # optimizer keys change only when asked to
-    with pytest.raises(ValueError, match=r"optim.dense: 'sgd' -> 'adam'.*resume_allow_config_change=true"):
-        _train(tmp_path / "third", "trainer.max_steps=8", f"trainer.resume_from={first / 'checkpoints'}")
+    with pytest.raises(
+        ValueError, match=r"optim.dense: 'sgd' -> 'adam'.*resume_allow_config_change=true"
+    ):
+        _train(
+            tmp_path / "third",
+            "trainer.max_steps=8",
+            f"trainer.resume_from={first / 'checkpoints'}",
+        )
     m = _train(
-        tmp_path / "fourth", "trainer.max_steps=8", "optim.dense=adam", "trainer.resume_allow_config_change=true",
+        tmp_path / "fourth",
+        "trainer.max_steps=8",
+        "optim.dense=adam",
+        "trainer.resume_allow_config_change=true",
         f"trainer.resume_from={first / 'checkpoints'}",
     )
     assert m["num_steps"] == 8
 
 
 def test_config_differences_free_and_strict_keys() -> None:
-    saved = {"model": {"name": "dlrm"}, "trainer": {"epochs": 1, "seed": 0}, "optim": {"lr": 0.1},
-             "logger": {"mode": "offline"}}
-    same_job = {"model": {"name": "dlrm"}, "trainer": {"epochs": 3, "seed": 0}, "optim": {"lr": 0.1},
-                "logger": {"mode": "online"}}
+    saved = {
+        "model": {"name": "dlrm"},
+        "trainer": {"epochs": 1, "seed": 0},
+        "optim": {"lr": 0.1},
+        "logger": {"mode": "offline"},
+    }
+    same_job = {
+        "model": {"name": "dlrm"},
+        "trainer": {"epochs": 3, "seed": 0},
+        "optim": {"lr": 0.1},
+        "logger": {"mode": "online"},
+    }
     assert checkpoint.config_differences(saved, same_job, allow_change=False) == []
     other = {"model": {"name": "dcn"}, "trainer": {"epochs": 1, "seed": 1}, "optim": {"lr": 0.2}}
     assert checkpoint.config_differences(saved, other, allow_change=False) == [
-        "model.name: 'dlrm' -> 'dcn'", "optim.lr: 0.1 -> 0.2", "trainer.seed: 0 -> 1",
+        "model.name: 'dlrm' -> 'dcn'",
+        "optim.lr: 0.1 -> 0.2",
+        "trainer.seed: 0 -> 1",
     ]
     assert checkpoint.config_differences(saved, other, allow_change=True) == [
-        "model.name: 'dlrm' -> 'dcn'", "trainer.seed: 0 -> 1",
+        "model.name: 'dlrm' -> 'dcn'",
+        "trainer.seed: 0 -> 1",
     ]
 
 
@@ -76,7 +104,9 @@ def test_resume_auto_takes_the_newest_complete_checkpoint_and_skips_a_damaged_on
 ) -> None:
     run = tmp_path / "run"
     # nothing to resume: starts fresh
-    ref = _train(run, "trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.resume_from=auto")
+    ref = _train(
+        run, "trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.resume_from=auto"
+    )
     assert ref["num_steps"] == 6
     ckpts = run / "checkpoints"
     assert [p.name for _, p in checkpoint.step_dirs(ckpts)] == ["step_6", "step_4", "step_2"]
@@ -88,13 +118,17 @@ def test_resume_auto_takes_the_newest_complete_checkpoint_and_skips_a_damaged_on
     (ckpts / "step_8").mkdir()  # an unfinished save: no meta.json
     assert checkpoint.latest(ckpts) == ckpts / "step_4"
     assert f"skipping checkpoint {ckpts / 'step_6'}: {data_file} has 100 bytes" in caplog.text
-    assert f"skipping checkpoint {ckpts / 'step_8'}: {ckpts / 'step_8' / 'meta.json'} is missing" in caplog.text
+    assert (
+        f"skipping checkpoint {ckpts / 'step_8'}: {ckpts / 'step_8' / 'meta.json'} is missing"
+        in caplog.text
+    )
 
     # resuming step_4 -> 6 again reproduces the lost step_6 (a new run dir, so nothing is replaced)
     again = tmp_path / "again"
     with caplog.at_level(logging.INFO):
-        m = _train(again, "trainer.max_steps=6", "trainer.checkpoint=true",
-                   f"trainer.resume_from={ckpts}")
+        m = _train(
+            again, "trainer.max_steps=6", "trainer.checkpoint=true", f"trainer.resume_from={ckpts}"
+        )
     assert m["num_steps"] == 6
     redone = checkpoint.load_model_state(again / "checkpoints" / "step_6")
     for key, value in final.items():

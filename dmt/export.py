@@ -1,0 +1,80 @@
+"""``dmt-export``: a training checkpoint as one plain ``torch.save`` state dict.
+
+Examples::
+
+    dmt-export --checkpoint outputs/<date>/<time>/checkpoints --out model.pt
+    dmt-export --checkpoint runs/sptt/checkpoints/step_4000 --out dmt_8t.pt
+
+The checkpoint (DCP, any world size, flat or SPTT) is read in this one process
+(:func:`dmt.checkpoint.load_model_state`) and written as the *plain* model's state dict (the keys
+of ``dmt.models.build_model(...)``'s ``state_dict()``, whole tables), for serving or other tools::
+
+    model = build_model(cfg.model, ...); model.load_state_dict(torch.load("model.pt"))
+
+The run's ``config.yaml`` is copied beside it (``model.pt.config.yaml``). An existing output is
+never replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from dmt import checkpoint
+
+
+def export(checkpoint_path: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """Write the plain model state of checkpoint ``checkpoint_path`` to ``out``; returns it.
+
+    Raises:
+        ValueError: the checkpoint is missing or damaged, or ``out`` (or its config sidecar)
+            exists already.
+    """
+    out = Path(out)
+    sidecar = out.with_name(out.name + ".config.yaml")
+    for path in (out, sidecar):
+        if path.exists():
+            raise ValueError(f"{path} exists already; dmt-export never replaces a file")
+    step_dir = checkpoint.resolve(Path(checkpoint_path), setting="--checkpoint")
+    state = {
+        key.removeprefix("model."): tensor
+        for key, tensor in checkpoint.load_model_state(step_dir).items()
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, out)
+    if (step_dir / checkpoint.CONFIG_FILE).is_file():
+        shutil.copyfile(step_dir / checkpoint.CONFIG_FILE, sidecar)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``dmt-export``; returns the exit status (0 success, 1 bad input, 2 bad usage)."""
+    p = argparse.ArgumentParser(
+        prog="dmt-export", description="Write a dmt checkpoint as one plain torch.save state dict."
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="<run>/checkpoints (newest complete step) or <run>/checkpoints/step_N",
+    )
+    p.add_argument("--out", required=True, help="output .pt file (never replaced)")
+    args = p.parse_args(argv)
+    try:
+        path = export(args.checkpoint, args.out)
+    except ValueError as e:
+        print(f"dmt-export: error: {e}", file=sys.stderr)
+        return 1
+    print(f"written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
