@@ -26,6 +26,7 @@ import logging
 import os
 import random
 import re
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,7 +183,18 @@ class Checkpointer:
         """Save model, optimizer, data position and RNG as ``<root>/step_<step>``."""
         self.wait()
         path = self.root / f"step_{step}"
-        if (path / META_FILE).exists():
+        # Rank 0 decides (the other ranks may look while it moves a damaged one aside).
+        verdict: list[str | None] = [None]
+        if self.rank == 0 and (path / META_FILE).exists():
+            why = damage(path)
+            verdict[0] = "complete" if why is None else "damaged"
+            if why is not None:  # e.g. from before a restart: kept aside, never deleted
+                aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+                log.warning("checkpoint %s is damaged (%s); moved to %s", path, why, aside)
+                os.replace(path, aside)
+        if dist.is_initialized() and self.world_size > 1:
+            dist.broadcast_object_list(verdict, src=0)
+        if verdict[0] == "complete":
             raise ValueError(
                 f"checkpoint {path} exists already; dmt never overwrites a complete checkpoint"
             )
