@@ -115,7 +115,8 @@ def _holder(lock_path: Path) -> str:
         fields = dict(f.split("=", 1) for f in lock_path.read_text().split() if "=" in f)
     except OSError:
         fields = {}
-    return f"pid {fields.get('pid', '?')} on host {fields.get('host', '?')}, started {fields.get('started', '?')}"
+    pid, host, started = (fields.get(k, "?") for k in ("pid", "host", "started"))
+    return f"pid {pid} on host {host}, started {started}"
 
 
 def _in_use(run_dir: Path, lock_path: Path) -> ValueError:
@@ -216,11 +217,12 @@ def claim(
 
 
 # -- one directory per job ----------------------------------------------------------------------
-def agree_on_run_dir(run_dir: Path, *, rank: int, world_size: int) -> Path:
+def agree_on_run_dir(run_dir: Path, *, rank: int, world_size: int, from_hydra: bool) -> Path:
     """Rank 0's run directory, on every rank (call with the default process group up).
 
-    A rank that had another directory (its launcher gave each process its own clock) removes
-    what Hydra wrote there, if that is all the directory holds besides this process's log.
+    A rank whose ``run_dir`` differs (a launcher that gave each process its own clock) and came
+    from Hydra (``from_hydra``) removes the ``.hydra/`` files Hydra wrote there in this process,
+    and the directory if nothing else is left in it (its log stays).
     """
     if world_size == 1:
         return run_dir
@@ -231,7 +233,8 @@ def agree_on_run_dir(run_dir: Path, *, rank: int, world_size: int) -> Path:
     agreed = Path(chosen[0])
     if agreed != run_dir.absolute():
         log.warning("rank %d: using rank 0's run directory %s instead of %s", rank, agreed, run_dir)
-        _remove_stray(run_dir)
+        if from_hydra:
+            _remove_stray(run_dir)
     return agreed
 
 

@@ -60,14 +60,15 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
     out = Path(output_dir) if output_dir is not None else Path(HydraConfig.get().runtime.output_dir)
     runtime = init_runtime(t.device, timeout_s=t.collective_timeout_s)
     try:
-        out = agree_on_run_dir(out, rank=runtime.rank, world_size=runtime.world_size)
+        out = agree_on_run_dir(out, rank=runtime.rank, world_size=runtime.world_size,
+                               from_hydra=output_dir is None)
         with (
             claim_run_dir(out, resume_from=t.resume_from, checkpoint_dir=t.checkpoint_dir,
                           rank=runtime.rank, world_size=runtime.world_size),
             watch_ranks(runtime, timeout_s=t.collective_timeout_s),
         ):
-            logger = open_logger(conf.logger, OmegaConf.to_container(OmegaConf.structured(conf)), out,
-                                 is_main=runtime.is_main)
+            config = OmegaConf.to_container(OmegaConf.structured(conf))
+            logger = open_logger(conf.logger, config, out, is_main=runtime.is_main)
             try:
                 metrics = Trainer(conf, runtime, out, logger).fit().metrics
             finally:

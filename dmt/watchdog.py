@@ -10,9 +10,10 @@ two gaps, which this module closes:
   continued, so the job outlives the timeout by those 30 s.
 
 Each rank runs a :class:`Watchdog` thread that bumps its own heartbeat counter
-``dmt/watchdog/<restart>/heartbeat/<rank>`` in the job's c10d store (the TCPStore at
-``MASTER_ADDR:MASTER_PORT``: torchrun's agent or rank 0 holds it) and reads the others'. The
-counters are compared on each rank's own monotonic clock, so host clocks need not agree. A peer
+``dmt/watchdog/<restart>/<run>/heartbeat/<rank>`` in the job's c10d store (the TCPStore at
+``MASTER_ADDR:MASTER_PORT``: torchrun's agent or rank 0 holds it) and reads those of its
+neighbors (up to 8 on each side: every rank is watched, at a cost independent of the job size).
+The counters are compared on each rank's own monotonic clock, so host clocks need not agree. A peer
 whose counter has not moved for the timeout, or a collective that fails while a peer's counter has
 stood still for half of it, makes the rank log ``rank R stopped answering (no heartbeat for N s)``,
 record that message as torchrun's error file (the job summary's root cause), SIGKILL the peer if it
@@ -68,6 +69,17 @@ def job_store(timeout_s: float) -> dist.Store | None:
     )
 
 
+WATCHED_NEIGHBORS = 8
+"""Each rank watches this many ranks on each side of it (in a ring): every rank is watched, and a
+poll reads at most ``2 * WATCHED_NEIGHBORS`` counters however large the job."""
+
+
+def watched_peers(rank: int, world_size: int) -> list[int]:
+    """The ranks ``rank`` watches: ``WATCHED_NEIGHBORS`` on each side (all, in small jobs)."""
+    near = {(rank + d) % world_size for d in range(-WATCHED_NEIGHBORS, WATCHED_NEIGHBORS + 1)}
+    return sorted(near - {rank})
+
+
 class Watchdog:
     """Heartbeat of this rank and watch over the others (see the module docstring).
 
@@ -75,7 +87,7 @@ class Watchdog:
         store: the job's c10d store (every rank passes a client of the same store).
         rank, world_size: this rank and the number of ranks.
         timeout_s: a peer silent this long is declared stuck (``trainer.collective_timeout_s``).
-        namespace: key prefix, distinct per attempt of an elastic job.
+        namespace: key prefix, distinct per attempt of an elastic job and per run of a process.
     """
 
     def __init__(
@@ -90,7 +102,7 @@ class Watchdog:
         self.store = dist.PrefixStore(namespace, store)
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.interval_s = heartbeat_interval(timeout_s)
-        self.peers = [r for r in range(world_size) if r != rank]
+        self.peers = watched_peers(rank, world_size)
         self._keys = [f"heartbeat/{r}" for r in self.peers]
         now = time.monotonic()
         self._seen: dict[int, tuple[int, float]] = {r: (-1, now) for r in self.peers}
@@ -175,7 +187,7 @@ class Watchdog:
             self.fail(self.describe(silent))
 
     def fail(self, message: str) -> NoReturn:
-        """Log ``message``, stop stuck local siblings, and end this process with :data:`EXIT_CODE`."""
+        """Log ``message``, kill stopped local siblings, end this process with :data:`EXIT_CODE`."""
         with self._failing:
             text = f"rank {self.rank}: {message}; ending the job"
             log.error(text)
@@ -236,25 +248,33 @@ class StuckRankError(RuntimeError):
     """A peer rank stopped answering (recorded for torchrun's summary)."""
 
 
+_runs = 0
+
+
 @contextmanager
 def watch_ranks(runtime: Runtime, *, timeout_s: float) -> Iterator[Watchdog | None]:
     """Run the body under a :class:`Watchdog` (worlds of more than one rank with a job store)."""
+    global _runs
+    _runs += 1  # every rank runs the same sequence of jobs (a Hydra sweep in one process)
     watchdog = None
     if runtime.world_size > 1:
-        store = job_store(timeout_s=max(heartbeat_interval(timeout_s) * 2, 10.0))
+        try:
+            store = job_store(timeout_s=max(heartbeat_interval(timeout_s) * 2, 10.0))
+            reason = "no MASTER_ADDR/MASTER_PORT"
+        except (RuntimeError, ValueError) as e:  # DistNetworkError is a RuntimeError
+            store, reason = None, f"cannot reach the job's c10d store: {e}"
         if store is None:
             log.warning(
-                "no MASTER_ADDR/MASTER_PORT: the stuck-rank watchdog is off "
-                "(process-group timeouts still apply)"
+                "%s: the stuck-rank watchdog is off (process-group timeouts still apply)", reason
             )
         else:
-            namespace = f"dmt/watchdog/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             watchdog = Watchdog(
                 store,
                 rank=runtime.rank,
                 world_size=runtime.world_size,
                 timeout_s=timeout_s,
-                namespace=namespace,
+                namespace=f"dmt/watchdog/{restart}/{_runs}",
             )
     if watchdog is None:
         yield None

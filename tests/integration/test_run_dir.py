@@ -31,7 +31,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def _files(run_dir) -> dict[str, bytes]:
-    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(run_dir)): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_a_second_run_into_the_same_directory_stops_and_a_resume_goes_on(tmp_path):
@@ -55,7 +59,10 @@ def test_a_second_run_into_the_same_directory_stops_and_a_resume_goes_on(tmp_pat
     assert _files(run) == before
 
     resumed = train(
-        compose_config(*TINY, "trainer=smoke", "trainer.max_steps=3", f"trainer.resume_from={run}/checkpoints"), run
+        compose_config(
+            *TINY, "trainer=smoke", "trainer.max_steps=3", f"trainer.resume_from={run}/checkpoints"
+        ),
+        run,
     )
     assert resumed["num_steps"] == 3 == json.loads((run / "metrics.json").read_text())["num_steps"]
 
@@ -65,12 +72,16 @@ def test_a_running_run_holds_its_directory_and_a_killed_one_does_not(tmp_path):
     lock = run / "run.lock"
     holder = subprocess.Popen(
         [DMT_TRAIN, *TINY, "trainer.epochs=1000", f"hydra.run.dir={run}"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 120
         while not (lock.exists() and f"pid={holder.pid} " in lock.read_text()):
-            assert holder.poll() is None and time.monotonic() < deadline, "the first run did not start"
+            assert holder.poll() is None and time.monotonic() < deadline, (
+                "the first run did not start"
+            )
             time.sleep(0.2)
         hydra_files = _files(run / ".hydra")
         second = _cli(*TINY, "trainer=smoke", f"hydra.run.dir={run}")

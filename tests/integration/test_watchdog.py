@@ -59,11 +59,25 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout(tmp_path) -> None:
         env.pop(name, None)
     with log_path.open("w") as log:
         job = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-             "-m", "dmt.train", "logger=disabled", "trainer.progress_bar=true", "trainer.epochs=1000",
-             "data.synthetic.num_train=20000", "data.batch_size=256",
-             f"trainer.collective_timeout_s={TIMEOUT_S}"],
-            cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node=2",
+                "-m",
+                "dmt.train",
+                "logger=disabled",
+                "trainer.progress_bar=true",
+                "trainer.epochs=1000",
+                "data.synthetic.num_train=20000",
+                "data.batch_size=256",
+                f"trainer.collective_timeout_s={TIMEOUT_S}",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     workers: list[int] = []
     try:

@@ -45,12 +45,17 @@ def test_the_default_run_and_sweep_directories_use_the_stamp():
     pattern = r"\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-" + str(os.getpid())
     assert re.fullmatch("outputs/" + pattern, hydra.run.dir), hydra.run.dir
     assert re.fullmatch("multirun/" + pattern, hydra.sweep.dir), hydra.sweep.dir
-    assert OmegaConf.to_container(hydra.sweep)["subdir"] == "${hydra.job.num}"  # points of one sweep: one directory each
+    assert (
+        OmegaConf.to_container(hydra.sweep)["subdir"] == "${hydra.job.num}"
+    )  # points of one sweep: one directory each
 
 
 def test_the_ranks_of_a_job_adopt_the_first_ranks_stamp():
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    ranks = [dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False) for _ in range(3)]
+    ranks = [
+        dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False)
+        for _ in range(3)
+    ]
     stamps = [agreed_stamp(s, "job-a", run_stamp(SECOND, 100 + i)) for i, s in enumerate(ranks)]
     assert stamps == ["2025-01-31/14-03-59-100"] * 3
     assert agreed_stamp(ranks[0], "job-b", "other") == "other"  # another job, its own stamp
@@ -73,11 +78,17 @@ def test_a_directory_with_outputs_is_refused_unless_the_run_resumes_it(tmp_path)
     with pytest.raises(ValueError) as e:
         check_outputs(run, resume_from=None, checkpoint_dir="checkpoints")
     assert str(e.value) == _outputs_error(run)
-    with pytest.raises(ValueError, match="already holds another run's outputs"):  # resumes another run
-        check_outputs(run, resume_from=str(tmp_path / "other" / "checkpoints"), checkpoint_dir="checkpoints")
+    with pytest.raises(
+        ValueError, match="already holds another run's outputs"
+    ):  # resumes another run
+        check_outputs(
+            run, resume_from=str(tmp_path / "other" / "checkpoints"), checkpoint_dir="checkpoints"
+        )
     check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
     check_outputs(run, resume_from=str(run / "checkpoints"), checkpoint_dir="checkpoints")
-    check_outputs(run, resume_from=str(run / "checkpoints" / "step_4"), checkpoint_dir="checkpoints")
+    check_outputs(
+        run, resume_from=str(run / "checkpoints" / "step_4"), checkpoint_dir="checkpoints"
+    )
     # checkpoints kept elsewhere are outputs of the run too
     (run / "metrics.json").unlink()
     check_outputs(run, resume_from=None, checkpoint_dir=str(tmp_path / "ckpt"))
@@ -95,7 +106,11 @@ HOLD = (
 def test_a_held_lock_refuses_a_second_run_and_a_killed_holder_leaves_none(tmp_path):
     run = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(run)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-c", HOLD, str(run)],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     try:
@@ -104,9 +119,12 @@ def test_a_held_lock_refuses_a_second_run_and_a_killed_holder_leaves_none(tmp_pa
         with pytest.raises(ValueError) as e:
             lock_run_dir(run)
         assert str(e.value).startswith(expected), str(e.value)
-        assert str(e.value).endswith("); choose another hydra.run.dir, or wait until that run has ended")
-        with pytest.raises(ValueError, match="is in use by another run"), claim_run_dir(
-            run, resume_from="auto", checkpoint_dir="checkpoints"
+        assert str(e.value).endswith(
+            "); choose another hydra.run.dir, or wait until that run has ended"
+        )
+        with (
+            pytest.raises(ValueError, match="is in use by another run"),
+            claim_run_dir(run, resume_from="auto", checkpoint_dir="checkpoints"),
         ):
             pass
     finally:

@@ -7,13 +7,17 @@ import time
 
 import torch.distributed as dist
 
-from dmt.watchdog import Watchdog, heartbeat_interval, process_state
+from dmt.watchdog import Watchdog, heartbeat_interval, process_state, watched_peers
 
 
 def _ranks(server: dist.TCPStore, world_size: int, timeout_s: float) -> list[Watchdog]:
     return [
-        Watchdog(dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False),
-                 rank=r, world_size=world_size, timeout_s=timeout_s)
+        Watchdog(
+            dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False),
+            rank=r,
+            world_size=world_size,
+            timeout_s=timeout_s,
+        )
         for r in range(world_size)
     ]
 
@@ -33,8 +37,12 @@ def test_a_rank_whose_heartbeat_stops_is_named_and_a_finished_one_is_not():
         ranks[0].poll()
     silent = ranks[0].silent_peers(0.5)
     assert [r for r, _ in silent] == [1] and silent[0][1] >= 0.75
-    assert ranks[0].describe(silent).startswith(
-        "rank 1 stopped answering (no heartbeat for 1 s; trainer.collective_timeout_s=60)"
+    assert (
+        ranks[0]
+        .describe(silent)
+        .startswith(
+            "rank 1 stopped answering (no heartbeat for 1 s; trainer.collective_timeout_s=60)"
+        )
     )
     ranks[1].store.add("heartbeat/1", 1 << 40)  # what finish() adds: rank 1 left cleanly
     ranks[0].poll()
@@ -43,5 +51,21 @@ def test_a_rank_whose_heartbeat_stops_is_named_and_a_finished_one_is_not():
 
 
 def test_heartbeat_interval_and_process_state():
-    assert heartbeat_interval(20) == 1.0 and heartbeat_interval(600) == 5.0 and heartbeat_interval(2) == 0.5
+    assert (
+        heartbeat_interval(20) == 1.0
+        and heartbeat_interval(600) == 5.0
+        and heartbeat_interval(2) == 0.5
+    )
     assert process_state(os.getpid()) == "R"
+
+
+def test_every_rank_is_watched_by_its_neighbors():
+    assert watched_peers(0, 2) == [1] and watched_peers(3, 5) == [0, 1, 2, 4]
+    world = 1000
+    watchers = {r: set() for r in range(world)}
+    for rank in range(world):
+        peers = watched_peers(rank, world)
+        assert len(peers) == 16 and rank not in peers
+        for p in peers:
+            watchers[p].add(rank)
+    assert all(len(w) == 16 for w in watchers.values())
