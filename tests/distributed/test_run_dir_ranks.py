@@ -14,23 +14,12 @@ def _agree_worker(rank: int, world_size: int, root: str) -> tuple[str, str | Non
         (own / name).parent.mkdir(parents=True, exist_ok=True)
         (own / name).write_text("hydra\n")
     run_dir = agree_on_run_dir(own, rank=rank, world_size=world_size, from_hydra=True)
+    ranks = {"rank": rank, "world_size": world_size}
     try:
-        with claim_run_dir(
-            run_dir,
-            resume_from=None,
-            checkpoint_dir="checkpoints",
-            rank=rank,
-            world_size=world_size,
-        ):
+        with claim_run_dir(run_dir, resume_from=None, checkpoint_dir="checkpoints", **ranks):
             if rank == 0:
                 (run_dir / "metrics.json").write_text("{}")
-        with claim_run_dir(
-            run_dir,
-            resume_from=None,
-            checkpoint_dir="checkpoints",
-            rank=rank,
-            world_size=world_size,
-        ):
+        with claim_run_dir(run_dir, resume_from=None, checkpoint_dir="checkpoints", **ranks):
             return str(run_dir), None
     except ValueError as e:
         return str(run_dir), str(e)
