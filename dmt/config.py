@@ -13,6 +13,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from dmt.run_dir import register_resolvers
+
 MODEL_NAMES = ("dlrm", "dcn")
 TOWER_MODULES = ("passthrough", "dlrm", "dcn")
 PARTITION_KINDS = ("none", "naive", "tp", "per_feature", "explicit")
@@ -243,6 +245,7 @@ class TrainerConfig:
     device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"
     optimize_metric: str = "val_auc"  # metric returned to a Hydra sweeper
     eval_max_batches: int = -1  # cap evaluation batches (<= 0: all)
+    collective_timeout_s: float = 600.0  # timeout of every process group (flat and SPTT); a rank silent this long ends the job
 
 
 @dataclass
@@ -265,7 +268,7 @@ class SPTTConfig:
     local_world_size: int | None = None  # L: ranks per host (None: torchrun's LOCAL_WORLD_SIZE); set to emulate hosts
     sharding_type: str = "table_wise"  # tables inside a tower: table_wise, column_wise or row_wise
     peer_permute: str = "output"  # step c (§3.1.3): permute the pooled "output", the sparse "input" (b, c swapped), "auto" (fewer bytes) or "skip" (step a delivers peer order)
-    timeout_s: float = 300.0  # timeout of the SPTT process groups (a failing rank fails the job)
+    timeout_s: float | None = None  # removed: trainer.collective_timeout_s sets every group's timeout (setting this is an error)
 
 
 @dataclass
@@ -281,7 +284,8 @@ class Config:
 
 
 def register_configs() -> None:
-    """Register the schemas: the root as ``base_config`` and each group's as ``base_<group>``."""
+    """Register the schemas: the root as ``base_config`` and each group's as ``base_<group>``
+    (and the resolvers the YAML files use)."""
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     cs.store(group="model", name="base_model", node=ModelConfig)
@@ -292,6 +296,7 @@ def register_configs() -> None:
     cs.store(group="trainer", name="base_trainer", node=TrainerConfig)
     cs.store(group="logger", name="base_logger", node=LoggerConfig)
     cs.store(group="sptt", name="base_sptt", node=SPTTConfig, package="sptt")
+    register_resolvers()  # ${dmt.run_stamp:} of conf/config.yaml's run directories
 
 
 def _choice(setting: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -426,8 +431,14 @@ def validate(cfg: Config) -> None:
     _positive("trainer.log_every", t.log_every)
     if t.eval_every < 0 or t.checkpoint_every < 0:
         raise ValueError("trainer.eval_every and trainer.checkpoint_every must be >= 0")
+    _positive("trainer.collective_timeout_s", t.collective_timeout_s)
     _choice("logger.mode", cfg.logger.mode, WANDB_MODES)
     sp = cfg.sptt
+    if sp.timeout_s is not None:
+        raise ValueError(
+            f"sptt.timeout_s={sp.timeout_s} was replaced by trainer.collective_timeout_s, the timeout "
+            f"of every process group (flat and SPTT): set trainer.collective_timeout_s={sp.timeout_s} instead"
+        )
     if sp.enabled:
         if cfg.model.partition.kind == "none":
             raise ValueError(

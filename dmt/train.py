@@ -18,9 +18,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from dmt.config import Config, register_configs, validate
+from dmt.run_dir import agree_on_run_dir, claim_run_dir
 from dmt.runtime import close_runtime, init_runtime
 from dmt.tracking import open_logger
 from dmt.trainer import Trainer
+from dmt.watchdog import watch_ranks
 
 log = logging.getLogger(__name__)
 register_configs()
@@ -47,17 +49,32 @@ def to_config(cfg: DictConfig | Config) -> Config:
 
 
 def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str, float]:
-    """Train and evaluate; returns the final metrics (also written to ``metrics.json``)."""
+    """Train and evaluate; returns the final metrics (also written to ``metrics.json``).
+
+    The run directory is rank 0's on every rank, locked by rank 0 for the run, and refused if it
+    holds another run's outputs that this run does not resume (:mod:`dmt.run_dir`); a rank that
+    stops answering ends the job after ``trainer.collective_timeout_s`` (:mod:`dmt.watchdog`).
+    """
     conf = to_config(cfg)
+    t = conf.trainer
     out = Path(output_dir) if output_dir is not None else Path(HydraConfig.get().runtime.output_dir)
-    runtime = init_runtime(conf.trainer.device)
-    logger = open_logger(conf.logger, OmegaConf.to_container(OmegaConf.structured(conf)), out,
-                         is_main=runtime.is_main)
+    runtime = init_runtime(t.device, timeout_s=t.collective_timeout_s)
     try:
-        metrics = Trainer(conf, runtime, out, logger).fit().metrics
+        out = agree_on_run_dir(out, rank=runtime.rank, world_size=runtime.world_size,
+                               from_hydra=output_dir is None)
+        with (
+            claim_run_dir(out, resume_from=t.resume_from, checkpoint_dir=t.checkpoint_dir,
+                          rank=runtime.rank, world_size=runtime.world_size),
+            watch_ranks(runtime, timeout_s=t.collective_timeout_s),
+        ):
+            config = OmegaConf.to_container(OmegaConf.structured(conf))
+            logger = open_logger(conf.logger, config, out, is_main=runtime.is_main)
+            try:
+                metrics = Trainer(conf, runtime, out, logger).fit().metrics
+            finally:
+                if logger is not None:
+                    logger.finish()
     finally:
-        if logger is not None:
-            logger.finish()
         close_runtime()
     if runtime.is_main:
         print(" ".join(f"{k}={metrics[k]:.4f}" if k != "train_samples_per_s" else f"{k}={metrics[k]:.0f}"

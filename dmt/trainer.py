@@ -86,7 +86,7 @@ class Trainer:
                 TrainTask(plain), runtime, topology=topology, optim_cfg=cfg.optim,
                 sharding_type=cfg.sptt.sharding_type, init_seed=cfg.trainer.seed,
                 peer_permute=cfg.sptt.peer_permute,
-                timeout=timedelta(seconds=cfg.sptt.timeout_s),
+                timeout=timedelta(seconds=cfg.trainer.collective_timeout_s),
             )
         else:
             apply_sparse_optimizer(embedding_parameters(plain), cfg.optim)

@@ -68,6 +68,12 @@ def test_paper_configs_match_the_paper_accounting():
         (["optim.sparse=adamw"], r"optim.sparse='adamw' is not supported"),
         (["optim.lr=-1"], r"optim.lr=-1.0 must be positive"),
         (["logger.mode=loud"], r"logger.mode='loud' is not supported"),
+        (["trainer.collective_timeout_s=0"], r"trainer.collective_timeout_s=0.0 must be positive"),
+        (
+            ["sptt.timeout_s=30"],
+            r"sptt.timeout_s=30.0 was replaced by trainer.collective_timeout_s, the timeout of every "
+            r"process group \(flat and SPTT\): set trainer.collective_timeout_s=30.0 instead",
+        ),
     ],
 )
 def test_bad_configs_raise_clear_errors(overrides, message):

@@ -1,0 +1,311 @@
+"""Run directories: a unique default name, one run at a time, and no run over another's outputs.
+
+- **Unique names.** ``conf/config.yaml`` names runs ``outputs/${dmt.run_stamp:}`` and sweeps
+  ``multirun/${dmt.run_stamp:}``: the date, the time and the process id
+  (``2025-01-31/14-03-59-12345``), so runs started in the same second differ. Under ``torchrun``
+  the ranks adopt the first rank's stamp through the agent's c10d store, so they agree on one
+  directory, and the restarts of an elastic job (same ``TORCHELASTIC_RUN_ID``) keep it.
+- **Lock.** Rank 0 holds an ``fcntl.flock`` on ``<run dir>/run.lock`` while the run lives (the
+  kernel drops it when the process dies, however it dies); a second run into a locked directory
+  stops at once, naming the holder.
+- **Outputs.** A directory that holds another run's ``metrics.json`` or checkpoints is refused
+  unless this run resumes it (``trainer.resume_from=auto`` or a checkpoint inside it).
+
+:class:`RunDirGuard` (a Hydra callback, ``conf/config.yaml``) applies the checks before Hydra
+writes ``.hydra/`` and the log into the directory; :func:`claim_run_dir` (called by
+:func:`dmt.train.train`) applies them again for runs started from Python, under the process group.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = "run.lock"
+METRICS_FILE = "metrics.json"
+HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
+STAMP_RESOLVER = "dmt.run_stamp"
+
+
+# -- unique names -------------------------------------------------------------------------------
+def run_stamp(now: datetime, pid: int) -> str:
+    """``YYYY-MM-DD/HH-MM-SS-<pid>``: unique among the processes of a host at any second."""
+    return f"{now:%Y-%m-%d}/{now:%H-%M-%S}-{pid}"
+
+
+def agreed_stamp(store: Any, run_id: str, stamp: str) -> str:
+    """The stamp of the first process of job ``run_id`` to ask ``store`` (a c10d store)."""
+    return store.compare_set(f"dmt/run_stamp/{run_id}", "", stamp).decode()
+
+
+def _resolve_run_stamp() -> str:
+    stamp = run_stamp(datetime.now(), os.getpid())
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_PORT" not in env:
+        return stamp
+    import torch.distributed as dist  # noqa: PLC0415 - only under torchrun
+
+    store = dist.TCPStore(
+        env["MASTER_ADDR"],
+        int(env["MASTER_PORT"]),
+        is_master=False,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=60),
+    )
+    return agreed_stamp(store, env.get("TORCHELASTIC_RUN_ID", "none"), stamp)
+
+
+def register_resolvers() -> None:
+    """Register ``${dmt.run_stamp:}`` (cached per config, like Hydra's ``${now:}``)."""
+    if not OmegaConf.has_resolver(STAMP_RESOLVER):
+        OmegaConf.register_new_resolver(STAMP_RESOLVER, _resolve_run_stamp, use_cache=True)
+
+
+# -- lock ---------------------------------------------------------------------------------------
+def _job_id() -> str:
+    env = os.environ
+    return (
+        env.get("TORCHELASTIC_RUN_ID")
+        or env.get("SLURM_JOB_ID")
+        or f"{socket.gethostname()}:{os.getpid()}"
+    )
+
+
+class RunDirLock:
+    """An exclusive ``flock`` on ``<run_dir>/run.lock``; the file records the holder."""
+
+    def __init__(self, run_dir: Path, fd: int) -> None:
+        self.run_dir, self.fd = run_dir, fd
+
+    def record(self) -> None:
+        """Write this process as the holder (what a refused run reports)."""
+        os.ftruncate(self.fd, 0)
+        os.pwrite(
+            self.fd,
+            (
+                f"pid={os.getpid()} host={socket.gethostname()} job={_job_id()} "
+                f"started={datetime.now().isoformat(timespec='seconds')}\n"
+            ).encode(),
+            0,
+        )
+
+    def release(self) -> None:
+        _HELD.pop(self.run_dir, None)
+        os.close(self.fd)  # closing the descriptor drops the flock
+
+
+_HELD: dict[Path, RunDirLock] = {}
+
+
+def _holder(lock_path: Path) -> str:
+    try:
+        fields = dict(f.split("=", 1) for f in lock_path.read_text().split() if "=" in f)
+    except OSError:
+        fields = {}
+    pid, host, started = (fields.get(k, "?") for k in ("pid", "host", "started"))
+    return f"pid {pid} on host {host}, started {started}"
+
+
+def _in_use(run_dir: Path, lock_path: Path) -> ValueError:
+    return ValueError(
+        f"run directory {run_dir} is in use by another run ({_holder(lock_path)}); "
+        "choose another hydra.run.dir, or wait until that run has ended"
+    )
+
+
+def lock_run_dir(run_dir: Path, *, record: bool = True) -> tuple[RunDirLock, bool]:
+    """Lock ``run_dir`` (created if absent) for this process; returns the lock and whether it was
+    taken now (False: this process already holds it). Raises ``ValueError`` naming the holder.
+    ``record=False`` leaves the previous holder's record (call :meth:`RunDirLock.record`)."""
+    run_dir = run_dir.absolute()
+    if run_dir in _HELD:
+        return _HELD[run_dir], False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = run_dir / LOCK_FILE
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _in_use(run_dir, lock_path) from None
+    lock = _HELD[run_dir] = RunDirLock(run_dir, fd)
+    if record:
+        lock.record()
+    return lock, True
+
+
+def check_unlocked(run_dir: Path) -> None:
+    """Raise if another job holds ``run_dir``'s lock (ranks of this job may pass)."""
+    lock_path = run_dir.absolute() / LOCK_FILE
+    if not lock_path.exists() or run_dir.absolute() in _HELD:
+        return
+    fd = os.open(lock_path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: probes never block each other
+    except BlockingIOError:
+        if f"job={_job_id()} " not in lock_path.read_text():
+            raise _in_use(run_dir.absolute(), lock_path) from None
+    finally:
+        os.close(fd)
+
+
+# -- outputs ------------------------------------------------------------------------------------
+def resumes(run_dir: Path, resume_from: str | None) -> bool:
+    """Whether ``trainer.resume_from`` continues the run in ``run_dir``."""
+    if not resume_from:
+        return False
+    if resume_from == "auto":
+        return True
+    return Path(resume_from).absolute().is_relative_to(run_dir.absolute())
+
+
+def outputs_of(run_dir: Path, checkpoint_dir: str) -> list[str]:
+    """The run outputs present in ``run_dir``: ``metrics.json`` and a non-empty checkpoint dir."""
+    found = []
+    if (run_dir / METRICS_FILE).exists():
+        found.append(METRICS_FILE)
+    ckpt = Path(checkpoint_dir)
+    ckpt = ckpt if ckpt.is_absolute() else run_dir / ckpt
+    if ckpt.is_dir() and any(ckpt.iterdir()):
+        found.append(f"{ckpt.relative_to(run_dir) if ckpt.is_relative_to(run_dir) else ckpt}/")
+    return found
+
+
+def check_outputs(run_dir: Path, *, resume_from: str | None, checkpoint_dir: str) -> None:
+    """Raise if ``run_dir`` holds another run's outputs and this run does not resume it."""
+    run_dir = run_dir.absolute()
+    found = outputs_of(run_dir, checkpoint_dir)
+    if found and not resumes(run_dir, resume_from):
+        raise ValueError(
+            f"run directory {run_dir} already holds another run's outputs ({', '.join(found)}); "
+            "choose another hydra.run.dir (or leave it unset for a new one), or resume that run "
+            f"with trainer.resume_from=auto or trainer.resume_from=<a checkpoint in {run_dir}>"
+        )
+
+
+def claim(
+    run_dir: Path, *, resume_from: str | None, checkpoint_dir: str
+) -> tuple[RunDirLock, bool]:
+    """Lock ``run_dir`` and check its outputs (a locked directory is reported as in use, not for
+    its outputs); returns the lock and whether it was taken now."""
+    if (run_dir / LOCK_FILE).exists() or run_dir.absolute() in _HELD:
+        lock, taken = lock_run_dir(run_dir, record=False)
+        try:
+            check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
+        except ValueError:
+            if taken:
+                lock.release()
+            raise
+        if taken:
+            lock.record()
+        return lock, taken
+    check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
+    return lock_run_dir(run_dir)
+
+
+# -- one directory per job ----------------------------------------------------------------------
+def agree_on_run_dir(run_dir: Path, *, rank: int, world_size: int, from_hydra: bool) -> Path:
+    """Rank 0's run directory, on every rank (call with the default process group up).
+
+    A rank whose ``run_dir`` differs (a launcher that gave each process its own clock) and came
+    from Hydra (``from_hydra``) removes the ``.hydra/`` files Hydra wrote there in this process,
+    and the directory if nothing else is left in it (its log stays).
+    """
+    if world_size == 1:
+        return run_dir
+    import torch.distributed as dist  # noqa: PLC0415
+
+    chosen = [str(run_dir.absolute())]
+    dist.broadcast_object_list(chosen, src=0)
+    agreed = Path(chosen[0])
+    if agreed != run_dir.absolute():
+        log.warning("rank %d: using rank 0's run directory %s instead of %s", rank, agreed, run_dir)
+        if from_hydra:
+            _remove_stray(run_dir)
+    return agreed
+
+
+def _remove_stray(run_dir: Path) -> None:
+    for name in HYDRA_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    for d in (run_dir / ".hydra", run_dir):
+        if d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+
+
+@contextmanager
+def claim_run_dir(
+    run_dir: Path,
+    *,
+    resume_from: str | None,
+    checkpoint_dir: str,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[Path]:
+    """Hold ``run_dir`` for the body: rank 0 locks it and checks its outputs; every rank raises
+    the same ``ValueError`` if it is refused (call with the default process group up)."""
+    error, taken, lock = None, False, None
+    if rank == 0:
+        try:
+            lock, taken = claim(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
+        except ValueError as e:
+            error = str(e)
+    if world_size > 1:
+        import torch.distributed as dist  # noqa: PLC0415
+
+        shared = [error]
+        dist.broadcast_object_list(shared, src=0)
+        error = shared[0]
+    if error is not None:
+        raise ValueError(error)
+    try:
+        yield run_dir
+    finally:
+        if taken and lock is not None:
+            lock.release()
+
+
+class RunDirGuard(Callback):
+    """Hydra callback: refuse a run directory before Hydra writes ``.hydra/`` and the log there
+    (exit status 1 and the error on stderr).
+
+    Rank 0 (``RANK`` unset or 0) takes the lock here and keeps it until the run ends; other ranks
+    check that no other job holds it. All check the outputs. Multirun jobs get fresh directories
+    and are checked by :func:`claim_run_dir`.
+    """
+
+    def __init__(self) -> None:
+        self.lock: RunDirLock | None = None
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        run_dir = Path(str(config.hydra.run.dir)).absolute()
+        resume_from = OmegaConf.select(config, "trainer.resume_from", default=None)
+        checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
+        try:
+            if os.environ.get("RANK", "0") == "0":
+                lock, taken = claim(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
+                self.lock = lock if taken else None
+            else:
+                check_unlocked(run_dir)
+                check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
+        except ValueError as e:
+            # Hydra turns a callback's exception into a warning and runs the job anyway
+            sys.exit(f"Error: {e}")
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None

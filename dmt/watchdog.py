@@ -1,0 +1,292 @@
+"""Stuck-rank watchdog: a frozen or dead rank ends the whole job, naming the rank.
+
+Every process group gets ``trainer.collective_timeout_s`` (see :func:`dmt.runtime.init_runtime`),
+so a collective waiting on a rank that stopped answering raises after that time. That alone leaves
+two gaps, which this module closes:
+
+- gloo's timeout error names no rank (``Timed out waiting 20000ms for recv operation``);
+- ``torchrun``'s agent, once the surviving rank has failed, stops the other workers with SIGTERM
+  and sends SIGKILL only 30 s later; a rank stopped by SIGSTOP acts on SIGTERM only when
+  continued, so the job outlives the timeout by those 30 s.
+
+Each rank runs a :class:`Watchdog` thread that bumps its own heartbeat counter
+``dmt/watchdog/<restart>/<run>/heartbeat/<rank>`` in the job's c10d store (the TCPStore at
+``MASTER_ADDR:MASTER_PORT``: torchrun's agent or rank 0 holds it) and reads those of its
+neighbors (up to 8 on each side: every rank is watched, at a cost independent of the job size).
+The counters are compared on each rank's own monotonic clock, so host clocks need not agree. A peer
+whose counter has not moved for the timeout, or a collective that fails while a peer's counter has
+stood still for half of it, makes the rank log ``rank R stopped answering (no heartbeat for N s)``,
+record that message as torchrun's error file (the job summary's root cause), SIGKILL the peer if it
+is a stopped sibling process on this host (same torchrun agent; a stopped process ignores
+SIGTERM), and leave with exit code :data:`EXIT_CODE`. torchrun's agent then ends the job.
+
+On NCCL the process-group timeout is enforced by torch's own NCCL watchdog
+(``TORCH_NCCL_ASYNC_ERROR_HANDLING``, set to 1 by torchrun); this heartbeat runs the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import NoReturn
+
+import torch.distributed as dist
+
+from dmt.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+EXIT_CODE = 3
+"""Exit status of a rank that gives up because a peer stopped answering."""
+FINISHED = 1 << 40
+"""Added to a rank's heartbeat counter when it leaves cleanly: peers stop watching it."""
+
+
+def heartbeat_interval(timeout_s: float) -> float:
+    """Seconds between heartbeats: 1/20 of the timeout, within [0.5, 5] s."""
+    return min(max(timeout_s / 20.0, 0.5), 5.0)
+
+
+def job_store(timeout_s: float) -> dist.Store | None:
+    """A client of the job's TCPStore (``MASTER_ADDR:MASTER_PORT``), or None when there is none."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        return None
+    return dist.TCPStore(
+        addr,
+        int(port),
+        is_master=False,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+WATCHED_NEIGHBORS = 8
+"""Each rank watches this many ranks on each side of it (in a ring): every rank is watched, and a
+poll reads at most ``2 * WATCHED_NEIGHBORS`` counters however large the job."""
+
+
+def watched_peers(rank: int, world_size: int) -> list[int]:
+    """The ranks ``rank`` watches: ``WATCHED_NEIGHBORS`` on each side (all, in small jobs)."""
+    near = {(rank + d) % world_size for d in range(-WATCHED_NEIGHBORS, WATCHED_NEIGHBORS + 1)}
+    return sorted(near - {rank})
+
+
+class Watchdog:
+    """Heartbeat of this rank and watch over the others (see the module docstring).
+
+    Args:
+        store: the job's c10d store (every rank passes a client of the same store).
+        rank, world_size: this rank and the number of ranks.
+        timeout_s: a peer silent this long is declared stuck (``trainer.collective_timeout_s``).
+        namespace: key prefix, distinct per attempt of an elastic job and per run of a process.
+    """
+
+    def __init__(
+        self,
+        store: dist.Store,
+        *,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        namespace: str = "dmt/watchdog/0",
+    ) -> None:
+        self.store = dist.PrefixStore(namespace, store)
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self.interval_s = heartbeat_interval(timeout_s)
+        self.peers = watched_peers(rank, world_size)
+        self._keys = [f"heartbeat/{r}" for r in self.peers]
+        now = time.monotonic()
+        self._seen: dict[int, tuple[int, float]] = {r: (-1, now) for r in self.peers}
+        self._store_ok_at = now
+        self._stop = threading.Event()
+        self._failing = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="dmt-watchdog", daemon=True)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> Watchdog:
+        self.store.set(
+            f"process/{self.rank}", f"{socket.gethostname()} {os.getpid()} {os.getppid()}"
+        )
+        self.store.add(f"heartbeat/{self.rank}", 1)
+        self._thread.start()
+        return self
+
+    def finish(self) -> None:
+        """Leave cleanly: stop the thread and tell the peers not to wait for this rank."""
+        self._stop.set()
+        self._thread.join()
+        self.store.add(f"heartbeat/{self.rank}", FINISHED)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    # -- watching -----------------------------------------------------------------------------
+    def poll(self) -> None:
+        """One beat: bump this rank's counter, note which peers' counters moved."""
+        self.store.add(f"heartbeat/{self.rank}", 1)
+        if self.store.check(self._keys):
+            values = [int(v) for v in self.store.multi_get(self._keys)]
+        else:  # a peer has not started yet: add(key, 0) reads without blocking
+            values = [self.store.add(k, 0) for k in self._keys]
+        now = time.monotonic()
+        self._store_ok_at = now
+        for r, v in zip(self.peers, values):
+            if v != self._seen[r][0]:
+                self._seen[r] = (v, now)
+
+    def silent_peers(self, min_age_s: float) -> list[tuple[int, float]]:
+        """``(rank, seconds without a heartbeat)`` of running peers silent for ``min_age_s`` or
+        more, the longest silent first."""
+        now = time.monotonic()
+        silent = [
+            (r, now - t)
+            for r, (v, t) in self._seen.items()
+            if v < FINISHED and now - t >= min_age_s
+        ]
+        return sorted(silent, key=lambda rs: -rs[1])
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.poll()
+            except Exception as e:  # noqa: BLE001 - the store may be down with its host
+                silent_for = time.monotonic() - self._store_ok_at
+                if silent_for >= self.timeout_s:
+                    self.fail(
+                        f"the job's c10d store stopped answering for {silent_for:.0f} s "
+                        f"(MASTER_ADDR={os.environ.get('MASTER_ADDR')}; it lives in torchrun's "
+                        f"agent or in rank 0): {e}"
+                    )
+                continue
+            silent = self.silent_peers(self.timeout_s)
+            if silent:
+                self.fail(self.describe(silent))
+
+    def describe(self, silent: list[tuple[int, float]]) -> str:
+        return "; ".join(
+            f"rank {r} stopped answering (no heartbeat for {age:.0f} s; "
+            f"trainer.collective_timeout_s={self.timeout_s:g})"
+            for r, age in silent
+        )
+
+    def check_after_error(self) -> None:
+        """After a failed collective: if a peer has been silent for half the timeout, it is the
+        cause; name it and leave (does not return). Otherwise return and let the error propagate."""
+        silent = self.silent_peers(self.timeout_s / 2)
+        if silent:
+            self.fail(self.describe(silent))
+
+    def fail(self, message: str) -> NoReturn:
+        """Log ``message``, kill stopped local siblings, end this process with :data:`EXIT_CODE`."""
+        with self._failing:
+            text = f"rank {self.rank}: {message}; ending the job"
+            log.error(text)
+            print(f"[dmt watchdog] {text}", file=sys.stderr, flush=True)
+            for r, _ in self.silent_peers(self.timeout_s / 2):
+                self._kill_stopped_sibling(r)
+            _record_for_torchrun(text)
+            for handler in [*logging.getLogger().handlers, *logging.getLogger("dmt").handlers]:
+                handler.flush()
+            sys.stdout.flush()
+            os._exit(EXIT_CODE)
+
+    def _kill_stopped_sibling(self, peer: int) -> None:
+        """SIGKILL ``peer`` if it is a stopped process on this host with our parent (our torchrun
+        agent): SIGTERM from the agent would wait until it is continued."""
+        try:
+            host, pid, ppid = self.store.get(f"process/{peer}").decode().split()
+        except Exception:  # noqa: BLE001
+            return
+        if (
+            host != socket.gethostname()
+            or int(ppid) != os.getppid()
+            or process_state(int(pid)) != "T"
+        ):
+            return
+        log.error("rank %d (pid %s) is stopped: sending it SIGKILL", peer, pid)
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def process_state(pid: int) -> str | None:
+    """Linux process state letter (``R``, ``S``, ``T`` for stopped, ...) or None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _record_for_torchrun(message: str) -> None:
+    """Write ``message`` to torchrun's per-rank error file, so the job summary shows it."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler  # noqa: PLC0415
+
+    try:
+        raise StuckRankError(message)
+    except StuckRankError as e:
+        try:
+            ErrorHandler().record_exception(e)
+        except Exception:  # noqa: BLE001 - best effort while leaving
+            pass
+
+
+class StuckRankError(RuntimeError):
+    """A peer rank stopped answering (recorded for torchrun's summary)."""
+
+
+_runs = 0
+
+
+@contextmanager
+def watch_ranks(runtime: Runtime, *, timeout_s: float) -> Iterator[Watchdog | None]:
+    """Run the body under a :class:`Watchdog` (worlds of more than one rank with a job store)."""
+    global _runs
+    _runs += 1  # every rank runs the same sequence of jobs (a Hydra sweep in one process)
+    watchdog = None
+    if runtime.world_size > 1:
+        try:
+            store = job_store(timeout_s=max(heartbeat_interval(timeout_s) * 2, 10.0))
+            reason = "no MASTER_ADDR/MASTER_PORT"
+        except (RuntimeError, ValueError) as e:  # DistNetworkError is a RuntimeError
+            store, reason = None, f"cannot reach the job's c10d store: {e}"
+        if store is None:
+            log.warning(
+                "%s: the stuck-rank watchdog is off (process-group timeouts still apply)", reason
+            )
+        else:
+            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            watchdog = Watchdog(
+                store,
+                rank=runtime.rank,
+                world_size=runtime.world_size,
+                timeout_s=timeout_s,
+                namespace=f"dmt/watchdog/{restart}/{_runs}",
+            )
+    if watchdog is None:
+        yield None
+        return
+    watchdog.start()
+    try:
+        yield watchdog
+    except Exception:
+        watchdog.stop()
+        watchdog.check_after_error()  # exits if a silent peer explains the error
+        raise
+    except BaseException:
+        watchdog.stop()
+        raise
+    watchdog.finish()

@@ -1,0 +1,101 @@
+"""Safe outputs end to end: a run never writes over another run's directory (issue 10, point 5)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dmt.train import train
+from tests.conftest import REPO, compose_config
+
+TINY = [
+    "logger=disabled",
+    "trainer.progress_bar=false",
+    "data.synthetic.num_train=4096",
+    "data.synthetic.num_val=1024",
+    "data.synthetic.num_test=1024",
+    "data.batch_size=256",
+]
+DMT_TRAIN = os.path.join(os.path.dirname(sys.executable), "dmt-train")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([DMT_TRAIN, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def _files(run_dir) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(run_dir)): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_second_run_into_the_same_directory_stops_and_a_resume_goes_on(tmp_path):
+    run = tmp_path / "run"
+    first = _cli(*TINY, "trainer=smoke", "trainer.checkpoint=true", f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = _files(run)
+    assert "metrics.json" in before and ".hydra/config.yaml" in before
+
+    second = _cli(*TINY, "trainer=smoke", "model=dcn", f"hydra.run.dir={run}")
+    assert second.returncode == 1
+    assert second.stderr.strip() == (
+        f"Error: run directory {run} already holds another run's outputs (metrics.json, checkpoints/); "
+        "choose another hydra.run.dir (or leave it unset for a new one), or resume that run "
+        f"with trainer.resume_from=auto or trainer.resume_from=<a checkpoint in {run}>"
+    )
+    assert _files(run) == before  # metrics, checkpoints, Hydra's files and the log untouched
+
+    with pytest.raises(ValueError, match="already holds another run's outputs"):  # from Python too
+        train(compose_config(*TINY, "trainer=smoke"), run)
+    assert _files(run) == before
+
+    resumed = train(
+        compose_config(
+            *TINY, "trainer=smoke", "trainer.max_steps=3", f"trainer.resume_from={run}/checkpoints"
+        ),
+        run,
+    )
+    assert resumed["num_steps"] == 3 == json.loads((run / "metrics.json").read_text())["num_steps"]
+
+
+def test_a_running_run_holds_its_directory_and_a_killed_one_does_not(tmp_path):
+    run = tmp_path / "run"
+    lock = run / "run.lock"
+    holder = subprocess.Popen(
+        [DMT_TRAIN, *TINY, "trainer.epochs=1000", f"hydra.run.dir={run}"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (lock.exists() and f"pid={holder.pid} " in lock.read_text()):
+            assert holder.poll() is None and time.monotonic() < deadline, (
+                "the first run did not start"
+            )
+            time.sleep(0.2)
+        hydra_files = _files(run / ".hydra")
+        second = _cli(*TINY, "trainer=smoke", f"hydra.run.dir={run}")
+        assert second.returncode == 1
+        message = second.stderr.strip()
+        assert message.startswith(
+            f"Error: run directory {run} is in use by another run "
+            f"(pid {holder.pid} on host {socket.gethostname()}, started "
+        ), message
+        assert message.endswith("); choose another hydra.run.dir, or wait until that run has ended")
+        assert _files(run / ".hydra") == hydra_files
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    # the kernel dropped the dead run's lock; it left no outputs, so the directory can be reused
+    metrics = train(compose_config(*TINY, "trainer=smoke"), run)
+    assert metrics["num_steps"] == 2 and (run / "metrics.json").exists()

@@ -1,0 +1,139 @@
+"""Run directories (dmt/run_dir.py): unique names, the lock, and the outputs check."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from datetime import datetime
+
+import pytest
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from dmt.run_dir import (
+    LOCK_FILE,
+    agreed_stamp,
+    check_outputs,
+    claim_run_dir,
+    lock_run_dir,
+    run_stamp,
+)
+from tests.conftest import REPO
+
+SECOND = datetime(2025, 1, 31, 14, 3, 59, 0)
+
+
+def test_runs_started_in_the_same_second_get_different_directories():
+    a, b = run_stamp(SECOND, 4242), run_stamp(SECOND.replace(microsecond=999_999), 4243)
+    assert a == "2025-01-31/14-03-59-4242" and b == "2025-01-31/14-03-59-4243"
+
+
+def _hydra_config():
+    from hydra import compose, initialize_config_dir  # noqa: PLC0415
+
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", return_hydra_config=True)
+        return cfg.hydra
+
+
+def test_the_default_run_and_sweep_directories_use_the_stamp():
+    hydra = _hydra_config()
+    pattern = r"\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-" + str(os.getpid())
+    assert re.fullmatch("outputs/" + pattern, hydra.run.dir), hydra.run.dir
+    assert re.fullmatch("multirun/" + pattern, hydra.sweep.dir), hydra.sweep.dir
+    assert (
+        OmegaConf.to_container(hydra.sweep)["subdir"] == "${hydra.job.num}"
+    )  # points of one sweep: one directory each
+
+
+def test_the_ranks_of_a_job_adopt_the_first_ranks_stamp():
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ranks = [
+        dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False)
+        for _ in range(3)
+    ]
+    stamps = [agreed_stamp(s, "job-a", run_stamp(SECOND, 100 + i)) for i, s in enumerate(ranks)]
+    assert stamps == ["2025-01-31/14-03-59-100"] * 3
+    assert agreed_stamp(ranks[0], "job-b", "other") == "other"  # another job, its own stamp
+
+
+def _outputs_error(run_dir) -> str:
+    return (
+        f"run directory {run_dir} already holds another run's outputs (metrics.json, checkpoints/); "
+        "choose another hydra.run.dir (or leave it unset for a new one), or resume that run "
+        f"with trainer.resume_from=auto or trainer.resume_from=<a checkpoint in {run_dir}>"
+    )
+
+
+def test_a_directory_with_outputs_is_refused_unless_the_run_resumes_it(tmp_path):
+    run = tmp_path / "run"
+    check_outputs(run, resume_from=None, checkpoint_dir="checkpoints")  # absent: fine
+    (run / "checkpoints" / "step_4").mkdir(parents=True)
+    (run / "metrics.json").write_text("{}")
+    (run / ".hydra").mkdir()  # Hydra's files and the log are not outputs
+    with pytest.raises(ValueError) as e:
+        check_outputs(run, resume_from=None, checkpoint_dir="checkpoints")
+    assert str(e.value) == _outputs_error(run)
+    with pytest.raises(
+        ValueError, match="already holds another run's outputs"
+    ):  # resumes another run
+        check_outputs(
+            run, resume_from=str(tmp_path / "other" / "checkpoints"), checkpoint_dir="checkpoints"
+        )
+    check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
+    check_outputs(run, resume_from=str(run / "checkpoints"), checkpoint_dir="checkpoints")
+    check_outputs(
+        run, resume_from=str(run / "checkpoints" / "step_4"), checkpoint_dir="checkpoints"
+    )
+    # checkpoints kept elsewhere are outputs of the run too
+    (run / "metrics.json").unlink()
+    check_outputs(run, resume_from=None, checkpoint_dir=str(tmp_path / "ckpt"))
+    (tmp_path / "ckpt" / "step_1").mkdir(parents=True)
+    with pytest.raises(ValueError, match=re.escape(f"outputs ({tmp_path / 'ckpt'}/)")):
+        check_outputs(run, resume_from=None, checkpoint_dir=str(tmp_path / "ckpt"))
+
+
+HOLD = (
+    "import sys, pathlib; from dmt.run_dir import lock_run_dir; "
+    "lock_run_dir(pathlib.Path(sys.argv[1])); print('locked', flush=True); sys.stdin.read()"
+)
+
+
+def test_a_held_lock_refuses_a_second_run_and_a_killed_holder_leaves_none(tmp_path):
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run)],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        expected = f"run directory {run} is in use by another run (pid {holder.pid} on host {socket.gethostname()}, started "
+        with pytest.raises(ValueError) as e:
+            lock_run_dir(run)
+        assert str(e.value).startswith(expected), str(e.value)
+        assert str(e.value).endswith(
+            "); choose another hydra.run.dir, or wait until that run has ended"
+        )
+        with (
+            pytest.raises(ValueError, match="is in use by another run"),
+            claim_run_dir(run, resume_from="auto", checkpoint_dir="checkpoints"),
+        ):
+            pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert (run / LOCK_FILE).exists()  # the file stays, the lock went with the process
+    with claim_run_dir(run, resume_from=None, checkpoint_dir="checkpoints"):
+        lock, taken = lock_run_dir(run)  # the same process holds it: reentrant
+        assert not taken and f"pid={os.getpid()} " in (run / LOCK_FILE).read_text()
+    lock, taken = lock_run_dir(run)  # released at the end of the claim
+    assert taken
+    lock.release()

@@ -1,0 +1,71 @@
+"""The stuck-rank watchdog's bookkeeping (dmt/watchdog.py) on a real TCPStore, polled by hand."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch.distributed as dist
+
+from dmt.watchdog import Watchdog, heartbeat_interval, process_state, watched_peers
+
+
+def _ranks(server: dist.TCPStore, world_size: int, timeout_s: float) -> list[Watchdog]:
+    return [
+        Watchdog(
+            dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False),
+            rank=r,
+            world_size=world_size,
+            timeout_s=timeout_s,
+        )
+        for r in range(world_size)
+    ]
+
+
+def test_a_rank_whose_heartbeat_stops_is_named_and_a_finished_one_is_not():
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ranks = _ranks(server, 3, timeout_s=60)
+    for w in ranks:  # start() would also run the thread, which exits the process on a silent peer
+        w.store.add(f"heartbeat/{w.rank}", 1)
+    for w in ranks:
+        w.poll()
+    ranks[0].poll()  # has seen every rank's latest beat
+    assert ranks[0].silent_peers(0.25) == []
+    for _ in range(3):  # rank 1 stopped answering; rank 2 still beats
+        time.sleep(0.25)
+        ranks[2].poll()
+        ranks[0].poll()
+    silent = ranks[0].silent_peers(0.5)
+    assert [r for r, _ in silent] == [1] and silent[0][1] >= 0.75
+    assert (
+        ranks[0]
+        .describe(silent)
+        .startswith(
+            "rank 1 stopped answering (no heartbeat for 1 s; trainer.collective_timeout_s=60)"
+        )
+    )
+    ranks[1].store.add("heartbeat/1", 1 << 40)  # what finish() adds: rank 1 left cleanly
+    ranks[0].poll()
+    time.sleep(0.6)
+    assert [r for r, _ in ranks[0].silent_peers(0.5)] == [2]  # rank 2 went quiet too; 1 is done
+
+
+def test_heartbeat_interval_and_process_state():
+    assert (
+        heartbeat_interval(20) == 1.0
+        and heartbeat_interval(600) == 5.0
+        and heartbeat_interval(2) == 0.5
+    )
+    assert process_state(os.getpid()) == "R"
+
+
+def test_every_rank_is_watched_by_its_neighbors():
+    assert watched_peers(0, 2) == [1] and watched_peers(3, 5) == [0, 1, 2, 4]
+    world = 1000
+    watchers = {r: set() for r in range(world)}
+    for rank in range(world):
+        peers = watched_peers(rank, world)
+        assert len(peers) == 16 and rank not in peers
+        for p in peers:
+            watchers[p].add(rank)
+    assert all(len(w) == 16 for w in watchers.values())
