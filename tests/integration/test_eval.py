@@ -27,6 +27,7 @@ from dmt.data.criteo_preprocess import preprocess_criteo
 from dmt.data.source import make_kjt
 from dmt.evaluate import evaluate, main
 from dmt.metrics import binary_entropy
+from dmt.partitioner.cli import checkpoint_affinity
 from dmt.runtime import Runtime, close_runtime, init_runtime
 from dmt.train import to_config
 from dmt.trainer import Trainer
@@ -281,6 +282,10 @@ def test_a_two_rank_checkpoint_loads_in_one_process(tmp_path: Path, extra: list[
     report = evaluate(tmp_path / "checkpoints", "test")
     # the trainer gathers the ranks' halves of each batch: the same numbers up to float sums
     _assert_matches_trainer(report, metrics, "test", rtol=1e-7, atol=1e-8)
+    # dmt-partition --checkpoint reads the same checkpoint (SPTT: the DMT model's towers)
+    affinity, names = checkpoint_affinity(tmp_path / "checkpoints", "val", max_batches=2)
+    assert affinity.shape == (26, 26) and names[0] == "cat_0"
+    assert np.isfinite(affinity).all() and np.allclose(affinity, affinity.T)
 
 
 # -- Criteo runs: raw TSV through the training vocabularies -----------------------------------

@@ -117,6 +117,9 @@ def test_resume_auto_takes_the_newest_complete_checkpoint_and_skips_a_damaged_on
     data_file.write_bytes(data_file.read_bytes()[:100])
     (ckpts / "step_8").mkdir()  # an unfinished save: no meta.json
     assert checkpoint.latest(ckpts) == ckpts / "step_4"
+    # named explicitly, it is an error naming the file (it used to be "OSError: [Errno 22]")
+    with pytest.raises(ValueError, match=rf"is not a usable checkpoint: {data_file} has 100 bytes"):
+        _train(tmp_path / "explicit", "trainer.max_steps=8", f"trainer.resume_from={ckpts / 'step_6'}")
     assert f"skipping checkpoint {ckpts / 'step_6'}: {data_file} has 100 bytes" in caplog.text
     assert (
         f"skipping checkpoint {ckpts / 'step_8'}: {ckpts / 'step_8' / 'meta.json'} is missing"
