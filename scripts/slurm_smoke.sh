@@ -44,14 +44,15 @@ log "$(slurmctld -V), munge $(munged -V 2>&1 | awk '{print $2; exit}')"
 TMP="$(mktemp -d /tmp/dmt-slurm-smoke.XXXXXX)"
 chmod 700 "$TMP"
 PIDS=()
-# Every process of this cluster except the daemons started here (slurmstepd, job tasks): those that
-# inherited this cluster's SLURM_CONF from its slurmd.
+# Every process of this cluster but the daemons started here and their own children (i.e.
+# slurmstepd and job tasks): those that inherited this cluster's SLURM_CONF from its slurmd.
 cluster_leftovers() {
-    local f p
+    local f p ppid
     for f in $(grep -lzx "SLURM_CONF=$TMP/slurm.conf" /proc/[0-9]*/environ 2>/dev/null); do
         p="${f#/proc/}"
         p="${p%/environ}"
-        [[ "$p" == "$$" || " ${PIDS[*]} " == *" $p "* ]] || echo "$p"
+        ppid="$(ps -o ppid= -p "$p" 2>/dev/null | tr -d ' ')"
+        [[ -z "$ppid" || " $$ ${PIDS[*]} " == *" $p "* || " ${PIDS[*]} " == *" $ppid "* ]] || echo "$p"
     done
 }
 cleanup() {
