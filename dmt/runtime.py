@@ -1,18 +1,94 @@
 """The process's place in the job: built once at the entry point and passed in.
 
-``torchrun`` (or SLURM through submitit) sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/
-``LOCAL_WORLD_SIZE``; without them dmt runs as a world of one on an in-process store, so the same
-TorchRec sharded code path (DistributedModelParallel, fused kernels) serves a laptop run.
+The launcher decides the world (:func:`world_from_env`, a pure function of the environment):
+
+- ``torchrun`` sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE``/``MASTER_ADDR``/
+  ``MASTER_PORT``. They win over everything else, so a plain ``torchrun`` inside an ``salloc`` or
+  ``sbatch`` allocation works as it does anywhere.
+- Otherwise, a task of a SLURM job step (``srun``, or hydra-submitit-launcher's ``hydra/launcher=slurm``,
+  which runs one ``srun`` step per sweep point) forms one world of all the step's tasks from SLURM's
+  own variables: ``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``/``SLURM_NTASKS``, ``SLURM_LOCALID``, the
+  step's tasks on this node, and the first host of the step's node list as the rendezvous host, on
+  port ``20000 + SLURM_JOB_ID % 20000`` unless ``MASTER_ADDR``/``MASTER_PORT`` are set.
+- Without either, dmt runs as a world of one on an in-process store, so the same TorchRec sharded
+  code path (DistributedModelParallel, fused kernels) serves a laptop run. A process that sees a
+  multi-task SLURM job but would come up as a world of one (started in the batch script rather than
+  by ``srun``, or ``torchrun`` with one process per task) stops with an error instead of training
+  alone.
+
+submitit's ``TorchDistributedEnvironment`` computes the SLURM part from ``os.environ`` of an active
+submitit job only (not a plain ``srun``), and takes ``num_tasks // num_nodes`` as the local world
+size, so dmt reads the variables itself and exports the same torchrun variables that its
+``export()`` does (TorchRec reads ``LOCAL_WORLD_SIZE``/``LOCAL_RANK`` from the environment too).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+TORCHRUN_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+SLURM_VARS = (
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_STEP_NODELIST",
+    "SLURM_JOB_NODELIST",
+)
+SLURM_PORT_BASE = 20000
+SLURM_PORT_RANGE = 20000
+
+
+@dataclass(frozen=True)
+class World:
+    """Where a process sits in its job, as its launcher describes it (no process group yet).
+
+    ``master_addr``/``master_port`` are ``None`` for a world of one on an in-process store.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str | None
+    master_port: int | None
+    launcher: str  # "torchrun", "slurm" or "none"
+
+    def torchrun_env(self) -> dict[str, str]:
+        """The torchrun variables of this world (what ``init_process_group``'s ``env://`` reads)."""
+        env = {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+        }
+        if self.master_addr is not None:
+            env["MASTER_ADDR"] = self.master_addr
+            env["MASTER_PORT"] = str(self.master_port)
+        return env
 
 
 @dataclass(frozen=True)
@@ -31,34 +107,218 @@ class Runtime:
         return self.rank == 0
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return default if value is None else int(value)
+def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    if name not in env:
+        if default is None:
+            raise ValueError(f"environment variable {name} is not set ({_seen(env)})")
+        return default
+    try:
+        return int(env[name])
+    except ValueError:
+        raise ValueError(f"environment variable {name}={env[name]!r} is not an integer") from None
+
+
+def first_host(nodelist: str) -> str:
+    """First host of a SLURM node list: ``gpu-[003-004,007],cpu1`` -> ``gpu-003``."""
+    group = re.match(r"[^,\[\]]*(\[[^\[\]]*\][^,\[\]]*)*", nodelist.strip())
+    assert group is not None  # the pattern matches every string
+    host = re.sub(r"\[([^\]\-,]*)[^\]]*\]", r"\1", group.group(0))
+    rest = nodelist.strip()[group.end() :]
+    if not host or (rest and not rest.startswith(",")):
+        raise ValueError(f"cannot read the first host of the SLURM node list {nodelist!r}")
+    return host
+
+
+def tasks_per_node(spec: str) -> list[int]:
+    """Expand SLURM's tasks-per-node form: ``2(x3),1`` -> ``[2, 2, 2, 1]``."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if m is None:
+            raise ValueError(f"cannot read SLURM tasks per node {spec!r} (expected e.g. '2(x3),1')")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def _seen(env: Mapping[str, str]) -> str:
+    seen = [f"{k}={env[k]}" for k in TORCHRUN_VARS + SLURM_VARS if k in env]
+    return ", ".join(seen) if seen else "no torchrun or SLURM variables"
+
+
+def _torchrun_world(env: Mapping[str, str]) -> World:
+    missing = [k for k in ("RANK", "WORLD_SIZE") if k not in env]
+    if missing:
+        raise ValueError(
+            f"torchrun-style launch needs both RANK and WORLD_SIZE; {' and '.join(missing)} "
+            f"missing ({_seen(env)})"
+        )
+    world_size = _int(env, "WORLD_SIZE")
+    rendezvous = world_size > 1 or "MASTER_ADDR" in env
+    if rendezvous and not ("MASTER_ADDR" in env and "MASTER_PORT" in env):
+        raise ValueError(
+            f"torchrun-style launch of {world_size} processes needs MASTER_ADDR and MASTER_PORT "
+            f"({_seen(env)})"
+        )
+    return World(
+        rank=_int(env, "RANK"),
+        world_size=world_size,
+        local_rank=_int(env, "LOCAL_RANK", 0),
+        local_world_size=_int(env, "LOCAL_WORLD_SIZE", world_size),
+        master_addr=env["MASTER_ADDR"] if rendezvous else None,
+        master_port=_int(env, "MASTER_PORT") if rendezvous else None,
+        launcher="torchrun",
+    )
+
+
+def _slurm_world(env: Mapping[str, str]) -> World:
+    world_size = _int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1))
+    if world_size == 1:
+        return World(0, 1, 0, 1, None, None, "slurm")
+    per_node_spec = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE"))
+    if per_node_spec is not None:
+        per_node = tasks_per_node(per_node_spec)
+        node = _int(env, "SLURM_NODEID", 0)
+        if node >= len(per_node):
+            raise ValueError(f"SLURM_NODEID={node} is outside the tasks per node {per_node_spec!r}")
+        local_world_size = per_node[node]
+    elif "SLURM_NTASKS_PER_NODE" in env:
+        local_world_size = _int(env, "SLURM_NTASKS_PER_NODE")
+    else:
+        local_world_size = world_size
+    nodelist = env.get(
+        "SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST"))
+    )
+    if "MASTER_ADDR" in env:
+        master_addr = env["MASTER_ADDR"]
+    elif nodelist:
+        master_addr = first_host(nodelist)
+    else:
+        raise ValueError(f"SLURM step of {world_size} tasks without a node list ({_seen(env)})")
+    if "MASTER_PORT" in env:
+        master_port = _int(env, "MASTER_PORT")
+    elif "SLURM_JOB_ID" in env:
+        master_port = SLURM_PORT_BASE + _int(env, "SLURM_JOB_ID") % SLURM_PORT_RANGE
+    else:
+        raise ValueError(f"SLURM step of {world_size} tasks without SLURM_JOB_ID ({_seen(env)})")
+    return World(
+        rank=_int(env, "SLURM_PROCID"),
+        world_size=world_size,
+        local_rank=_int(env, "SLURM_LOCALID"),
+        local_world_size=local_world_size,
+        master_addr=master_addr,
+        master_port=master_port,
+        launcher="slurm",
+    )
+
+
+def world_from_env(env: Mapping[str, str]) -> World:
+    """The world this process belongs to, from its launcher's environment variables.
+
+    torchrun's variables win over SLURM's; a SLURM step task (``SLURM_PROCID`` and ``SLURM_STEP_ID``
+    set) forms a world of the step's tasks; anything else is a world of one. Raises ``ValueError``
+    when the job has several SLURM tasks but this process would come up as a world of one.
+
+    Example::
+
+        >>> world_from_env({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1",
+        ...                 "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
+        ...                 "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_NODELIST": "n[1-2]"})
+        World(rank=1, world_size=2, local_rank=0, local_world_size=1, master_addr='n1', master_port=20007, launcher='slurm')
+    """
+    if "RANK" in env or "WORLD_SIZE" in env:
+        world = _torchrun_world(env)
+    elif "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
+        world = _slurm_world(env)
+    else:
+        world = World(0, 1, 0, 1, None, None, "none")
+    slurm_tasks = _int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1))
+    if world.world_size == 1 and slurm_tasks > 1:
+        raise ValueError(
+            f"this process is one of {slurm_tasks} SLURM tasks but would train as a world of one "
+            f"({_seen(env)}); start one dmt process per task in a job step (srun, or "
+            "hydra/launcher=slurm), or give torchrun a world that covers the job's tasks"
+        )
+    return world
+
+
+def cuda_index(local_rank: int, device_count: int) -> int:
+    """CUDA device of a local rank: its own index, or 0 when the launcher binds one GPU per task."""
+    if local_rank < device_count:
+        return local_rank
+    if device_count == 1:
+        return 0
+    raise ValueError(
+        f"local rank {local_rank} has no CUDA device: {device_count} visible "
+        "(CUDA_VISIBLE_DEVICES); give each node one GPU per task"
+    )
 
 
 def init_runtime(device: str = "auto", *, timeout_s: float = 600.0) -> Runtime:
-    """Initialize the default process group (gloo on CPU, nccl on CUDA) and return the runtime."""
+    """Initialize the default process group (gloo on CPU, nccl on CUDA) and return the runtime.
+
+    The world comes from :func:`world_from_env`; a SLURM world is exported as torchrun variables
+    (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT``) so that TorchRec, which reads some of them, sees the same world.
+    """
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("trainer.device=cuda but no CUDA device is available")
-    rank = _env_int("RANK", 0)
-    world_size = _env_int("WORLD_SIZE", 1)
-    local_rank = _env_int("LOCAL_RANK", 0)
-    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+    world = world_from_env(os.environ)
     backend = "nccl" if use_cuda else "gloo"
-    dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    dev = (
+        torch.device("cuda", cuda_index(world.local_rank, torch.cuda.device_count()))
+        if use_cuda
+        else torch.device("cpu")
+    )
     if use_cuda:
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
         timeout = timedelta(seconds=timeout_s)
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            dist.init_process_group(backend, store=_elastic_store(world_size, timeout), rank=rank,
-                                    world_size=world_size, timeout=timeout)
-        elif "MASTER_ADDR" in os.environ or world_size > 1:
-            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+        if world.master_addr is None:
+            dist.init_process_group(
+                backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+            )
+        elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            dist.init_process_group(
+                backend,
+                store=_elastic_store(world.world_size, timeout),
+                rank=world.rank,
+                world_size=world.world_size,
+                timeout=timeout,
+            )
         else:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    return Runtime(rank, world_size, local_rank, local_world_size, dev, backend)
+            _export(world, os.environ)
+            dist.init_process_group(
+                backend,
+                init_method="env://",
+                rank=world.rank,
+                world_size=world.world_size,
+                timeout=timeout,
+            )
+    rendezvous = (
+        "in-process store"
+        if world.master_addr is None
+        else f"{world.master_addr}:{world.master_port}"
+    )
+    log.info(
+        "rank %d of %d (local rank %d of %d, launcher %s, rendezvous %s, %s on %s)",
+        world.rank,
+        world.world_size,
+        world.local_rank,
+        world.local_world_size,
+        world.launcher,
+        rendezvous,
+        backend,
+        dev,
+    )
+    return Runtime(
+        world.rank, world.world_size, world.local_rank, world.local_world_size, dev, backend
+    )
+
+
+def _export(world: World, environ: MutableMapping[str, str]) -> None:
+    for key, value in world.torchrun_env().items():
+        environ.setdefault(key, value)
 
 
 def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store:

@@ -1,0 +1,222 @@
+"""The launcher's world from its environment (``dmt.runtime.world_from_env``), no processes.
+
+The SLURM environments are what SLURM 22.05 gives a task of ``srun -N2 --ntasks-per-node=1`` and
+the batch script of ``sbatch -N2 --ntasks-per-node=2`` (recorded on the cluster that
+``scripts/slurm_smoke.sh`` starts), trimmed to the variables that matter.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dmt.runtime import (
+    TORCHRUN_VARS,
+    World,
+    cuda_index,
+    first_host,
+    tasks_per_node,
+    world_from_env,
+)
+
+# Task 1 of a 2-node step, one task per node (srun -N2 --ntasks-per-node=1, job 12).
+SLURM_STEP_TASK = {
+    "SLURM_JOB_ID": "12",
+    "SLURM_JOBID": "12",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEPID": "0",
+    "SLURM_PROCID": "1",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "1",
+    "SLURM_NTASKS": "2",
+    "SLURM_NPROCS": "2",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    "SLURM_TASKS_PER_NODE": "1(x2)",
+    "SLURM_STEP_NODELIST": "n[1-2]",
+    "SLURM_JOB_NODELIST": "n[1-2]",
+    "SLURM_NODELIST": "n[1-2]",
+    "SLURM_JOB_NUM_NODES": "2",
+}
+# The batch script of sbatch -N2 --ntasks-per-node=2 (job 2): no step, SLURM_PROCID=0.
+SLURM_BATCH = {
+    "SLURM_JOB_ID": "2",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_NTASKS": "4",
+    "SLURM_NTASKS_PER_NODE": "2",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_JOB_NODELIST": "n[1-2]",
+    "SLURM_JOB_NUM_NODES": "2",
+}
+TORCHRUN = {
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "MASTER_ADDR": "head",
+    "MASTER_PORT": "29500",
+}
+
+
+def test_laptop_is_a_world_of_one_on_an_in_process_store() -> None:
+    assert world_from_env({"HOME": "/root"}) == World(0, 1, 0, 1, None, None, "none")
+
+
+def test_torchrun() -> None:
+    assert world_from_env(TORCHRUN) == World(3, 4, 1, 2, "head", 29500, "torchrun")
+
+
+def test_torchrun_wins_inside_a_slurm_allocation() -> None:
+    # A plain torchrun in the batch script of a 4-task job, or in a job step.
+    assert world_from_env({**SLURM_BATCH, **TORCHRUN}) == world_from_env(TORCHRUN)
+    assert world_from_env({**SLURM_STEP_TASK, **TORCHRUN}) == world_from_env(TORCHRUN)
+
+
+def test_torchrun_world_of_one_keeps_its_rendezvous() -> None:
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"}
+    assert world_from_env(env) == World(0, 1, 0, 1, "127.0.0.1", 29400, "torchrun")
+
+
+def test_slurm_multi_node_step() -> None:
+    assert world_from_env(SLURM_STEP_TASK) == World(
+        rank=1,
+        world_size=2,
+        local_rank=0,
+        local_world_size=1,
+        master_addr="n1",
+        master_port=20012,
+        launcher="slurm",
+    )
+
+
+def test_slurm_port_from_job_id_and_master_overrides() -> None:
+    env = {**SLURM_STEP_TASK, "SLURM_JOB_ID": "1234567"}
+    assert world_from_env(env).master_port == 20000 + 1234567 % 20000
+    env = {**SLURM_STEP_TASK, "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29555"}
+    world = world_from_env(env)
+    assert (world.master_addr, world.master_port, world.launcher) == ("10.0.0.5", 29555, "slurm")
+
+
+def test_slurm_uneven_tasks_per_node() -> None:
+    # 7 tasks on 4 nodes laid out 2,2,2,1: the last node's task is alone on its host.
+    env = {
+        **SLURM_STEP_TASK,
+        "SLURM_PROCID": "6",
+        "SLURM_NODEID": "3",
+        "SLURM_NTASKS": "7",
+        "SLURM_STEP_NUM_TASKS": "7",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x3),1",
+        "SLURM_STEP_NODELIST": "gpu-[001-004]",
+    }
+    world = world_from_env(env)
+    assert (world.rank, world.world_size, world.local_world_size) == (6, 7, 1)
+    assert world.master_addr == "gpu-001"
+
+
+def test_slurm_single_task_step_is_a_world_of_one() -> None:
+    env = {
+        "SLURM_JOB_ID": "5",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_NTASKS": "1",
+        "SLURM_STEP_NUM_TASKS": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "1",
+        "SLURM_JOB_NODELIST": "n1",
+    }
+    assert world_from_env(env) == World(0, 1, 0, 1, None, None, "slurm")
+
+
+def test_multi_task_job_as_a_world_of_one_is_refused() -> None:
+    # dmt-train started in the batch script of a 4-task job, outside srun.
+    with pytest.raises(ValueError) as err:
+        world_from_env(SLURM_BATCH)
+    assert str(err.value) == (
+        "this process is one of 4 SLURM tasks but would train as a world of one "
+        "(SLURM_JOB_ID=2, SLURM_PROCID=0, SLURM_NTASKS=4, SLURM_LOCALID=0, SLURM_NODEID=0, "
+        "SLURM_TASKS_PER_NODE=2(x2), SLURM_NTASKS_PER_NODE=2, SLURM_JOB_NODELIST=n[1-2]); "
+        "start one dmt process per task in a job step (srun, or hydra/launcher=slurm), "
+        "or give torchrun a world that covers the job's tasks"
+    )
+
+
+def test_torchrun_world_of_one_per_slurm_task_is_refused() -> None:
+    # srun -N2 torchrun --standalone --nproc-per-node=1: two worlds of one.
+    env = {
+        **SLURM_STEP_TASK,
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29400",
+    }
+    with pytest.raises(ValueError, match=r"^this process is one of 2 SLURM tasks but would train"):
+        world_from_env(env)
+
+
+def test_torchrun_variables_must_be_complete() -> None:
+    with pytest.raises(ValueError, match=r"needs both RANK and WORLD_SIZE; WORLD_SIZE missing"):
+        world_from_env({"RANK": "0"})
+    with pytest.raises(
+        ValueError, match=r"launch of 2 processes needs MASTER_ADDR and MASTER_PORT"
+    ):
+        world_from_env({"RANK": "0", "WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match=r"WORLD_SIZE='two' is not an integer"):
+        world_from_env({"RANK": "0", "WORLD_SIZE": "two"})
+
+
+def test_same_world_as_submitit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """submitit's TorchDistributedEnvironment, the reference for an even layout (not its port)."""
+    from submitit.helpers import TorchDistributedEnvironment  # noqa: PLC0415
+
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {**SLURM_STEP_TASK, "SUBMITIT_EXECUTOR": "slurm"}.items():
+        monkeypatch.setenv(name, value)
+    ref = TorchDistributedEnvironment()
+    world = world_from_env(SLURM_STEP_TASK)
+    assert (world.rank, world.world_size, world.local_rank, world.local_world_size) == (
+        ref.rank,
+        ref.world_size,
+        ref.local_rank,
+        ref.local_world_size,
+    )
+    assert world.master_addr == ref.master_addr
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "host"),
+    [
+        ("n[1-2]", "n1"),
+        ("node7,node8", "node7"),
+        ("gpu-[003-004,007],cpu1", "gpu-003"),
+        ("rack[1-2]-node[01-04],x1", "rack1-node01"),
+        ("127.0.0.[1-2]", "127.0.0.1"),
+        ("solo", "solo"),
+    ],
+)
+def test_first_host(nodelist: str, host: str) -> None:
+    assert first_host(nodelist) == host
+
+
+@pytest.mark.parametrize("nodelist", ["", "n[", "n]1", ",n1"])
+def test_first_host_rejects_malformed_lists(nodelist: str) -> None:
+    with pytest.raises(ValueError, match="cannot read the first host of the SLURM node list"):
+        first_host(nodelist)
+
+
+def test_tasks_per_node() -> None:
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert tasks_per_node("8") == [8]
+    with pytest.raises(ValueError, match=r"cannot read SLURM tasks per node '2\(3\)'"):
+        tasks_per_node("2(3)")
+
+
+def test_cuda_index() -> None:
+    assert cuda_index(3, 8) == 3  # every task sees the node's GPUs
+    assert cuda_index(3, 1) == 0  # one GPU bound per task
+    with pytest.raises(ValueError, match="local rank 3 has no CUDA device: 2 visible"):
+        cuda_index(3, 2)
