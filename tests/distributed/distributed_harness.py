@@ -40,10 +40,13 @@ def _entry(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     results: Any,
+    backend: str,
 ) -> None:
     torch.set_num_threads(1)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"file://{init_file}",
         rank=rank,
         world_size=world_size,
@@ -56,12 +59,17 @@ def _entry(
 
 
 def run_on_ranks(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = 120.0,
+    backend: str = "gloo",
 ) -> list[Any]:
-    """Call ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank.
+    """Call ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return results by rank.
 
     ``fn`` must be a module-level function (it is pickled by name) and runs with the default
-    process group initialized. A failure on any rank is re-raised here with its traceback.
+    process group initialized (``backend``: gloo, or nccl with rank ``r`` on ``cuda:r``). A
+    failure on any rank is re-raised here with its traceback.
     """
     ctx = mp.get_context(_START_METHOD)
     results = ctx.SimpleQueue()
@@ -69,7 +77,7 @@ def run_on_ranks(
         init_file = os.path.join(tmp, "rendezvous")
         context = mp.start_processes(
             _entry,
-            args=(world_size, init_file, fn, args, results),
+            args=(world_size, init_file, fn, args, results, backend),
             nprocs=world_size,
             join=False,
             start_method=_START_METHOD,
@@ -94,3 +102,18 @@ def run_on_ranks(
             by_rank[rank] = value
     assert sorted(by_rank) == list(range(world_size)), sorted(by_rank)
     return [by_rank[r] for r in range(world_size)]
+
+
+def backends(min_gpus: int) -> list[Any]:
+    """``gloo`` (CPU), and ``nccl`` (one GPU per rank) that skips without ``min_gpus`` GPUs: the
+    parametrization of tests that must hold on both."""
+    import pytest  # noqa: PLC0415
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [
+        "gloo",
+        pytest.param(
+            "nccl",
+            marks=pytest.mark.skipif(gpus < min_gpus, reason=f"needs {min_gpus} GPUs, {gpus} here"),
+        ),
+    ]

@@ -16,7 +16,7 @@ from dmt import checkpoint
 from dmt.runtime import Runtime
 from dmt.train import compose_config, to_config
 from dmt.trainer import Trainer
-from tests.distributed.distributed_harness import run_on_ranks
+from tests.distributed.distributed_harness import backends, run_on_ranks
 
 BASE = [
     "logger=disabled",
@@ -41,20 +41,30 @@ SPTT = [
 
 
 def _train(
-    rank: int, world_size: int, overrides: list[str], out: str, local_world_size: int
+    rank: int, world_size: int, overrides: list[str], out: str, local_world_size: int, backend: str
 ) -> float:
     cfg = to_config(compose_config(*BASE, *overrides))
-    rt = Runtime(
-        rank, world_size, rank % local_world_size, local_world_size, torch.device("cpu"), "gloo"
-    )
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    rt = Runtime(rank, world_size, rank % local_world_size, local_world_size, device, backend)
     return Trainer(cfg, rt, Path(out)).fit().metrics["num_steps"]
 
 
 def _run(
-    world_size: int, overrides: list[str], out: Path, local_world_size: int | None = None
+    world_size: int,
+    overrides: list[str],
+    out: Path,
+    local_world_size: int | None = None,
+    backend: str = "gloo",
 ) -> None:
     steps = run_on_ranks(
-        _train, world_size, overrides, str(out), local_world_size or world_size, timeout_s=240
+        _train,
+        world_size,
+        overrides,
+        str(out),
+        local_world_size or world_size,
+        backend,
+        timeout_s=240,
+        backend=backend,
     )
     assert steps == [8.0] * world_size
 
@@ -64,17 +74,25 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
+@pytest.mark.parametrize("backend", backends(min_gpus=4))
 @pytest.mark.parametrize("resume_world", [1, 4])
 def test_flat_resume_at_another_world_size_matches_uninterrupted(
-    tmp_path: Path, resume_world: int
+    tmp_path: Path, resume_world: int, backend: str
 ) -> None:
     ref = tmp_path / "ref"
-    _run(2, [*FLAT, "trainer.checkpoint_every=4", "trainer.checkpoint_async=false"], ref)
+    # the reference writes asynchronously (DCP async_save), the resumed run synchronously
+    _run(
+        2,
+        [*FLAT, "trainer.checkpoint_every=4", "trainer.checkpoint_async=true"],
+        ref,
+        backend=backend,
+    )
     resumed = tmp_path / f"resumed_{resume_world}"
     _run(
         resume_world,
         [*FLAT, "trainer.checkpoint=true", f"trainer.resume_from={ref / 'checkpoints' / 'step_4'}"],
         resumed,
+        backend=backend,
     )
     want = checkpoint.load_model_state(ref / "checkpoints" / "step_8")
     got = checkpoint.load_model_state(resumed / "checkpoints")
@@ -84,17 +102,18 @@ def test_flat_resume_at_another_world_size_matches_uninterrupted(
     assert _max_diff(checkpoint.load_model_state(ref / "checkpoints" / "step_4"), want) > 1e-3
 
 
+@pytest.mark.parametrize("backend", backends(min_gpus=4))
 @pytest.mark.parametrize(
     ("resume_world", "resume_local", "sharding"),
     [(4, 2, "table_wise"), (4, 2, "row_wise"), (2, 1, "column_wise")],
 )
 def test_sptt_resume_on_another_topology_matches_uninterrupted(
-    tmp_path: Path, resume_world: int, resume_local: int, sharding: str
+    tmp_path: Path, resume_world: int, resume_local: int, sharding: str, backend: str
 ) -> None:
     """Two towers: G=2 (one rank per tower) resumed at G=4 (two ranks per tower, tables split)."""
     ref = tmp_path / "ref"
     sptt = [*SPTT, f"sptt.sharding_type={sharding}"]
-    _run(2, [*sptt, "sptt.local_world_size=1", "trainer.checkpoint_every=4"], ref)
+    _run(2, [*sptt, "sptt.local_world_size=1", "trainer.checkpoint_every=4"], ref, backend=backend)
     resumed = tmp_path / "resumed"
     _run(
         resume_world,
@@ -105,6 +124,7 @@ def test_sptt_resume_on_another_topology_matches_uninterrupted(
             f"trainer.resume_from={ref / 'checkpoints'}/step_4",
         ],
         resumed,
+        backend=backend,
     )
     want = checkpoint.load_model_state(ref / "checkpoints" / "step_8")
     got = checkpoint.load_model_state(resumed / "checkpoints")

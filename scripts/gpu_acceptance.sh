@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# First checks for a machine with 1-8 NVIDIA GPUs (dmt's CI has none; run this after
+# `DMT_VARIANT=gpu bash scripts/setup.sh`). Every step prints PASS or FAIL; the exit status is the
+# number of failures. Outputs go to a fresh temporary directory, removed at the end.
+#   bash scripts/gpu_acceptance.sh
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="$ROOT/.venv/bin/python"
+WORK="$(mktemp -d -t dmt-gpu-acceptance.XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
+cd "$ROOT"
+GPUS="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')"
+echo "GPUs visible: $GPUS ($("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda)'))"
+if [[ "$GPUS" -lt 1 ]]; then echo "no CUDA device: nothing to check" >&2; exit 1; fi
+FAILED=0
+step() {  # step NAME COMMAND...
+  local name="$1"; shift
+  echo "== $name"
+  if "$@" > "$WORK/$name.log" 2>&1; then echo "PASS $name"; else echo "FAIL $name (log below)"; tail -40 "$WORK/$name.log"; FAILED=$((FAILED + 1)); fi
+}
+TRAIN=(-m dmt.train logger=disabled trainer.progress_bar=false trainer.device=cuda)
+step train_one_gpu "$PY" "${TRAIN[@]}" hydra.run.dir="$WORK/one"
+step fused_adam "$PY" "${TRAIN[@]}" optim=adam trainer=smoke hydra.run.dir="$WORK/adam"
+step checkpoint_and_eval bash -c "'$PY' ${TRAIN[*]} trainer=smoke trainer.checkpoint=true hydra.run.dir='$WORK/ck' && '$ROOT/.venv/bin/dmt-eval' --checkpoint '$WORK/ck/checkpoints' --data test --device cuda --out '$WORK/ck/eval.json'"
+if [[ "$GPUS" -ge 2 ]]; then
+  step torchrun_flat "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 "${TRAIN[@]}" hydra.run.dir="$WORK/flat2"
+  step torchrun_sptt "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 "${TRAIN[@]}" \
+    experiment=dmt_4t_dlrm model.partition.num_towers=2 sptt=on sptt.local_world_size=1 hydra.run.dir="$WORK/sptt2"
+  step elastic_restart_checkpoint "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 --max-restarts=1 \
+    "${TRAIN[@]}" trainer.checkpoint_every=20 trainer.checkpoint_async=true trainer.resume_from=auto hydra.run.dir="$WORK/elastic"
+fi
+if [[ "$GPUS" -ge 4 ]]; then
+  # resharding resume on NCCL (flat and SPTT): the same tests as on gloo, with one GPU per rank
+  step reshard_nccl "$PY" -m pytest -q -p no:cacheprovider tests/distributed/test_checkpoint_reshard.py -k nccl
+fi
+echo "$FAILED failed"
+exit "$FAILED"
