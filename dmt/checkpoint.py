@@ -27,8 +27,10 @@ import os
 import random
 import re
 import time
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +51,10 @@ META_FILE = "meta.json"
 CONFIG_FILE = "config.yaml"
 FORMAT = "dcp-1"
 
-# Config keys a resume may change freely: how the job runs, not what it computes. ``optim.*``
-# may change only with trainer.resume_allow_config_change=true; everything else must match.
+# Config keys a resume may change freely: how the job runs, not what it computes. ``optim.*``,
+# and the run's length when the LR schedule spans it, may change only with
+# trainer.resume_allow_config_change=true; everything else must match.
 _FREE_KEYS = (
-    "trainer.epochs",
-    "trainer.max_steps",
     "trainer.eval_every",
     "trainer.log_every",
     "trainer.checkpoint_every",
@@ -78,7 +79,8 @@ _FREE_KEYS = (
     "data.criteo.test_path",
 )
 _FREE_PREFIXES = ("logger.",)
-_CHANGEABLE_PREFIXES = ("optim.",)
+_RUN_LENGTH_KEYS = ("trainer.epochs", "trainer.max_steps")
+_CHANGEABLE_PREFIXES = ("optim.", *_RUN_LENGTH_KEYS)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -160,14 +162,24 @@ class Checkpointer:
     :meth:`wait`, or at :meth:`close`).
     """
 
-    def __init__(self, root: Path, *, rank: int, world_size: int, async_save: bool = False) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        rank: int,
+        world_size: int,
+        async_save: bool = False,
+        timeout: timedelta | None = None,
+    ) -> None:
         self.root = Path(root)
         self.rank = rank
         self.world_size = world_size
         self.async_save = async_save
         self._pending: _Pending | None = None
         self._group = (
-            dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+            dist.new_group(backend="gloo", timeout=timeout)
+            if async_save and dist.is_initialized()
+            else None
         )
 
     def save(
@@ -183,21 +195,18 @@ class Checkpointer:
         """Save model, optimizer, data position and RNG as ``<root>/step_<step>``."""
         self.wait()
         path = self.root / f"step_{step}"
-        # Rank 0 decides (the other ranks may look while it moves a damaged one aside).
+        # Rank 0 decides (the other ranks may look while it moves a damaged one aside) and every
+        # rank raises its error alike.
         verdict: list[str | None] = [None]
-        if self.rank == 0 and (path / META_FILE).exists():
-            why = damage(path)
-            verdict[0] = "complete" if why is None else "damaged"
-            if why is not None:  # e.g. from before a restart: kept aside, never deleted
-                aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
-                log.warning("checkpoint %s is damaged (%s); moved to %s", path, why, aside)
-                os.replace(path, aside)
+        if self.rank == 0:
+            try:
+                verdict[0] = _make_way(path)
+            except OSError as e:
+                verdict[0] = f"cannot write checkpoint {path}: {e}"
         if dist.is_initialized() and self.world_size > 1:
             dist.broadcast_object_list(verdict, src=0)
-        if verdict[0] == "complete":
-            raise ValueError(
-                f"checkpoint {path} exists already; dmt never overwrites a complete checkpoint"
-            )
+        if verdict[0] is not None:
+            raise ValueError(verdict[0])
         path.mkdir(parents=True, exist_ok=True)
         state = {
             "model": model.state_dict(),
@@ -248,6 +257,20 @@ class Checkpointer:
             _fsync(path)
         if dist.is_initialized() and self.world_size > 1:
             dist.barrier()  # no rank goes on before the checkpoint is complete
+
+
+def _make_way(path: Path) -> str | None:
+    """Clear ``path`` for a new checkpoint: a damaged one (e.g. from before a restart) is moved
+    aside, never deleted; returns the error if a complete one is there."""
+    if not (path / META_FILE).exists():
+        return None
+    why = damage(path)
+    if why is None:
+        return f"checkpoint {path} exists already; dmt never overwrites a complete checkpoint"
+    aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+    log.warning("checkpoint %s is damaged (%s); moved to %s", path, why, aside)
+    os.replace(path, aside)
+    return None
 
 
 def save(
@@ -354,11 +377,16 @@ def config_differences(
 ) -> list[str]:
     """Keys whose values differ between a checkpoint's config and this run's and that a resume
     may not change: everything but how the job runs (``_FREE_KEYS``, ``logger.*``); ``optim.*``
-    only with ``allow_change``. Each as ``key: saved -> current``."""
+    only with ``allow_change``, and so the run's length (``trainer.epochs``/``max_steps``) when
+    the saved LR schedule decays until the end of training (it then spans the run). Each as
+    ``key: saved -> current``."""
     a, b = _flatten(saved), _flatten(current)
+    schedule_spans_run = a.get("optim.decay", "none") != "none" and not a.get("optim.decay_steps")
     out = []
     for key in sorted(set(a) | set(b)):
         if key in _FREE_KEYS or key.startswith(_FREE_PREFIXES):
+            continue
+        if key in _RUN_LENGTH_KEYS and not schedule_spans_run:
             continue
         if allow_change and key.startswith(_CHANGEABLE_PREFIXES):
             continue
@@ -382,7 +410,8 @@ def check_config(path: Path, current_yaml: str, *, allow_change: bool) -> None:
     )
     if diffs:
         hint = (
-            " (optimizer keys may change with trainer.resume_allow_config_change=true)"
+            " (optimizer and schedule keys, optim.*, trainer.epochs and trainer.max_steps, may "
+            "change with trainer.resume_allow_config_change=true)"
             if any(d.startswith(_CHANGEABLE_PREFIXES) for d in diffs)
             else ""
         )
@@ -422,6 +451,7 @@ def load(
         _materialize_optimizer_state(optimizer)
         state["optim"] = _optimizer_state(model, optimizer)
         absent = [k for k in _flatten(state["optim"], "optim.") if k not in saved]
+        _check_column_blocks(path, absent, saved)
         if absent and not partial_optimizer:
             raise ValueError(
                 f"checkpoint {path} holds no optimizer state for {len(absent)} entries (e.g. "
@@ -452,6 +482,28 @@ def load(
     if same_world:
         _set_rng_state(state["rng"][f"rank_{rank}"])
     return meta
+
+
+def _check_column_blocks(path: Path, absent: list[str], saved: Iterable[str]) -> None:
+    """Raise if optimizer state is absent only because a column-wise table is split into other
+    column blocks than when it was saved (row-wise state is kept per block: it cannot be
+    resharded across blocks, see dmt.sptt.sharded_state)."""
+    for key in absent:
+        base = key.split(".cols_")[0]
+        blocks = sorted(
+            k.removeprefix(base) or "(whole table)"
+            for k in saved
+            if k == base or k.startswith(base + ".cols_")
+        )
+        if blocks:
+            raise ValueError(
+                f"cannot resume from {path}: {base.removeprefix('optim.')} (row-wise optimizer "
+                f"state of a column-wise table) was saved for column blocks {blocks}, and this run "
+                f"needs {key.removeprefix(base) or '(whole table)'}; resume with the same "
+                "sptt.sharding_type and ranks per tower (sptt.local_world_size x "
+                "sptt.hosts_per_tower), or train with optim.sparse=adagrad or sgd, whose state "
+                "reshards freely"
+            )
 
 
 def _drop(tree: Any, keys: set[str], prefix: str) -> Any:

@@ -147,28 +147,18 @@ def lock_run_dir(run_dir: Path, *, record: bool = True) -> tuple[RunDirLock, boo
     return lock, True
 
 
-def check_unlocked(run_dir: Path) -> None:
-    """Raise if another job holds ``run_dir``'s lock (ranks of this job may pass)."""
-    lock_path = run_dir.absolute() / LOCK_FILE
-    if not lock_path.exists() or run_dir.absolute() in _HELD:
-        return
-    fd = os.open(lock_path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: probes never block each other
-    except BlockingIOError:
-        if f"job={_job_id()} " not in lock_path.read_text():
-            raise _in_use(run_dir.absolute(), lock_path) from None
-    finally:
-        os.close(fd)
-
-
 # -- outputs ------------------------------------------------------------------------------------
-def resumes(run_dir: Path, resume_from: str | None) -> bool:
-    """Whether ``trainer.resume_from`` continues the run in ``run_dir``."""
+def resumes(run_dir: Path, resume_from: str | None, checkpoint_dir: str = "checkpoints") -> bool:
+    """Whether ``trainer.resume_from`` continues the run in ``run_dir``: a path inside it, or
+    ``auto`` when it holds a complete checkpoint (``auto`` with none would start afresh over the
+    outputs there)."""
     if not resume_from:
         return False
     if resume_from == "auto":
-        return True
+        from dmt.checkpoint import latest  # noqa: PLC0415 (torch; only when resuming)
+
+        ckpt = Path(checkpoint_dir)
+        return latest(ckpt if ckpt.is_absolute() else run_dir / ckpt) is not None
     return Path(resume_from).absolute().is_relative_to(run_dir.absolute())
 
 
@@ -188,7 +178,7 @@ def check_outputs(run_dir: Path, *, resume_from: str | None, checkpoint_dir: str
     """Raise if ``run_dir`` holds another run's outputs and this run does not resume it."""
     run_dir = run_dir.absolute()
     found = outputs_of(run_dir, checkpoint_dir)
-    if found and not resumes(run_dir, resume_from):
+    if found and not resumes(run_dir, resume_from, checkpoint_dir):
         raise ValueError(
             f"run directory {run_dir} already holds another run's outputs ({', '.join(found)}); "
             "choose another hydra.run.dir (or leave it unset for a new one), or resume that run "
@@ -278,13 +268,25 @@ def claim_run_dir(
             lock.release()
 
 
+def _launch_rank() -> int:
+    """This process's rank as its launcher gives it (torchrun or a SLURM step), before any
+    process group exists; 0 when it cannot be told (the runtime reports that case)."""
+    from dmt.runtime import world_from_env  # noqa: PLC0415
+
+    try:
+        return world_from_env(os.environ).rank
+    except ValueError:
+        return 0
+
+
 class RunDirGuard(Callback):
     """Hydra callback: refuse a run directory before Hydra writes ``.hydra/`` and the log there
     (exit status 1 and the error on stderr).
 
-    Rank 0 (``RANK`` unset or 0) takes the lock here and keeps it until the run ends; other ranks
-    check that no other job holds it. All check the outputs. Multirun jobs get fresh directories
-    and are checked by :func:`claim_run_dir`.
+    Rank 0 (as torchrun or the SLURM step numbers it) takes the lock here and keeps it until the
+    run ends; the other ranks check the outputs only (probing the lock would race with rank 0's
+    claim) and learn rank 0's verdict in :func:`claim_run_dir`. Multirun jobs get fresh
+    directories and are checked by :func:`claim_run_dir`.
     """
 
     def __init__(self) -> None:
@@ -295,11 +297,10 @@ class RunDirGuard(Callback):
         resume_from = OmegaConf.select(config, "trainer.resume_from", default=None)
         checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
         try:
-            if os.environ.get("RANK", "0") == "0":
+            if _launch_rank() == 0:
                 lock, taken = claim(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
                 self.lock = lock if taken else None
-            else:
-                check_unlocked(run_dir)
+            else:  # the lock is rank 0's to take (claim_run_dir broadcasts its verdict)
                 check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
         except ValueError as e:
             # Hydra turns a callback's exception into a warning and runs the job anyway

@@ -104,7 +104,7 @@ class Trainer:
         if t.checkpoint or t.checkpoint_every:
             self.checkpointer = checkpoint.Checkpointer(
                 self.checkpoint_root(), rank=runtime.rank, world_size=runtime.world_size,
-                async_save=t.checkpoint_async,
+                async_save=t.checkpoint_async, timeout=timedelta(seconds=t.collective_timeout_s),
             )
 
     # -- evaluation ---------------------------------------------------------------------------
@@ -244,17 +244,22 @@ class Trainer:
         setting = self.cfg.trainer.resume_from
         if not setting:
             return None
-        found: list[Any] = [None]
+        found: list[Any] = [None, None]  # the checkpoint, or rank 0's error, for every rank
         if self.rt.is_main:
-            if setting == "auto":
-                found[0] = checkpoint.latest(self.checkpoint_root())
-                if found[0] is None:
-                    log.info("trainer.resume_from=auto: no complete checkpoint in %s; starting fresh",
-                             self.checkpoint_root())
-            else:
-                found[0] = checkpoint.resolve(Path(setting))
+            try:
+                if setting == "auto":
+                    found[0] = checkpoint.latest(self.checkpoint_root())
+                    if found[0] is None:
+                        log.info("trainer.resume_from=auto: no complete checkpoint in %s; "
+                                 "starting fresh", self.checkpoint_root())
+                else:
+                    found[0] = checkpoint.resolve(Path(setting))
+            except ValueError as e:
+                found[1] = str(e)
         if self.rt.world_size > 1:
             dist.broadcast_object_list(found, src=0)
+        if found[1] is not None:
+            raise ValueError(found[1])
         return None if found[0] is None else Path(found[0])
 
     def save(self, epoch: int, batch_in_epoch: int) -> Path:

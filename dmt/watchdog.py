@@ -124,7 +124,10 @@ class Watchdog:
         """Leave cleanly: stop the thread and tell the peers not to wait for this rank."""
         self._stop.set()
         self._thread.join()
-        self.store.add(f"heartbeat/{self.rank}", FINISHED)
+        try:
+            self.store.add(f"heartbeat/{self.rank}", FINISHED)
+        except (RuntimeError, OSError) as e:  # the store's host may have ended first: harmless
+            log.debug("rank %d: could not mark itself finished (%s)", self.rank, e)
 
     def stop(self) -> None:
         self._stop.set()

@@ -105,7 +105,7 @@ def test_flat_resume_at_another_world_size_matches_uninterrupted(
 @pytest.mark.parametrize("backend", backends(min_gpus=4))
 @pytest.mark.parametrize(
     ("resume_world", "resume_local", "sharding"),
-    [(4, 2, "table_wise"), (4, 2, "row_wise"), (2, 1, "column_wise")],
+    [(4, 2, "table_wise"), (4, 2, "row_wise"), (4, 2, "column_wise")],
 )
 def test_sptt_resume_on_another_topology_matches_uninterrupted(
     tmp_path: Path, resume_world: int, resume_local: int, sharding: str, backend: str
@@ -113,6 +113,10 @@ def test_sptt_resume_on_another_topology_matches_uninterrupted(
     """Two towers: G=2 (one rank per tower) resumed at G=4 (two ranks per tower, tables split)."""
     ref = tmp_path / "ref"
     sptt = [*SPTT, f"sptt.sharding_type={sharding}"]
+    if sharding == "column_wise":
+        # 1 -> 2 column blocks per table: Adagrad's (rows, cols) state reshards like the table
+        # (row-wise Adagrad keeps one state per block, see the next test)
+        sptt.append("optim.sparse=adagrad")
     _run(2, [*sptt, "sptt.local_world_size=1", "trainer.checkpoint_every=4"], ref, backend=backend)
     resumed = tmp_path / "resumed"
     _run(
@@ -130,3 +134,43 @@ def test_sptt_resume_on_another_topology_matches_uninterrupted(
     got = checkpoint.load_model_state(resumed / "checkpoints")
     assert _max_diff(got, want) < 1e-5
     assert _max_diff(checkpoint.load_model_state(ref / "checkpoints" / "step_4"), want) > 1e-3
+
+
+def test_sptt_rowwise_state_of_column_blocks_needs_the_same_split(tmp_path: Path) -> None:
+    ref = tmp_path / "ref"
+    sptt = [*SPTT, "sptt.sharding_type=column_wise"]  # row-wise Adagrad: state per column block
+    _run(2, [*sptt, "sptt.local_world_size=1", "trainer.checkpoint_every=4"], ref)
+    with pytest.raises(Exception) as e:
+        _run(
+            4,
+            [
+                *sptt,
+                "sptt.local_world_size=2",
+                "trainer.checkpoint=true",
+                f"trainer.resume_from={ref / 'checkpoints'}/step_4",
+            ],
+            tmp_path / "resumed",
+        )
+    assert "(row-wise optimizer state of a column-wise table) was saved for column blocks " in str(
+        e.value
+    )
+    assert "resume with the same sptt.sharding_type and ranks per tower" in str(e.value)
+
+
+def _resume_missing(rank: int, world_size: int, out: str) -> str:
+    cfg = to_config(compose_config(*BASE, *FLAT, f"trainer.resume_from={out}/nowhere"))
+    rt = Runtime(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
+    try:
+        Trainer(cfg, rt, Path(out)).fit()
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_bad_resume_path_fails_every_rank_with_rank_0s_message(tmp_path: Path) -> None:
+    messages = run_on_ranks(_resume_missing, 2, str(tmp_path), timeout_s=120)
+    assert messages[0] == messages[1]
+    assert messages[0] == (
+        f"trainer.resume_from={str(tmp_path / 'nowhere')!r}: no complete checkpoint "
+        "(step_N/meta.json) there"
+    )

@@ -34,63 +34,86 @@ def test_resume_with_another_model_stops_with_the_differing_keys(tmp_path: Path)
     """The issue's reproduction: it used to print "resumed at step 4" and restart the dense
     layers from random weights."""
     first = tmp_path / "first"
-    _train(first, "trainer.max_steps=4", "trainer.checkpoint=true", "optim.dense=sgd")
+    _train(first, "trainer.max_steps=8", "trainer.checkpoint_every=4", "optim.dense=sgd")
+    step_4 = first / "checkpoints" / "step_4"
     with pytest.raises(ValueError) as e:
         _train(
             tmp_path / "second",
             "trainer.max_steps=8",
             "optim.dense=sgd",
-            f"trainer.resume_from={first / 'checkpoints'}",
+            f"trainer.resume_from={step_4}",
             "model.top_mlp=[128,64,1]",
             "model.bottom_mlp=[32,8]",
         )
     msg = str(e.value)
-    assert msg.startswith(
-        f"cannot resume from {first / 'checkpoints' / 'step_4'}: this run's config differs"
-    )
+    assert msg.startswith(f"cannot resume from {step_4}: this run's config differs")
     assert (
         "model.bottom_mlp: [16, 8] -> [32, 8]" in msg
         and "model.top_mlp: [16, 1] -> [128, 64, 1]" in msg
     )
-    assert "optim" not in msg
+    assert "resume_allow_config_change" not in msg  # the model may not change at all
 
     # optimizer keys change only when asked to
     with pytest.raises(
         ValueError, match=r"optim.dense: 'sgd' -> 'adam'.*resume_allow_config_change=true"
     ):
-        _train(
-            tmp_path / "third",
-            "trainer.max_steps=8",
-            f"trainer.resume_from={first / 'checkpoints'}",
-        )
+        _train(tmp_path / "third", "trainer.max_steps=8", f"trainer.resume_from={step_4}")
+    # the run's length only when the schedule spans the run: the checkpoint's has no decay
+    with pytest.raises(ValueError, match=r"'sgd' -> 'adam'.*\)$") as e:
+        _train(tmp_path / "third", "trainer.max_steps=12", f"trainer.resume_from={step_4}")
+    assert "max_steps" not in str(e.value).split(" (")[0]
     m = _train(
         tmp_path / "fourth",
-        "trainer.max_steps=8",
+        "trainer.epochs=2",
+        "trainer.max_steps=12",
         "optim.dense=adam",
         "trainer.resume_allow_config_change=true",
-        f"trainer.resume_from={first / 'checkpoints'}",
+        f"trainer.resume_from={step_4}",
     )
-    assert m["num_steps"] == 8
+    assert m["num_steps"] == 12
+
+
+def test_resume_auto_without_a_checkpoint_does_not_replace_a_finished_run(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _train(run, "trainer.max_steps=2")
+    before = (run / "metrics.json").read_text()
+    with pytest.raises(ValueError, match=r"already holds another run's outputs \(metrics.json\)"):
+        _train(run, "trainer.max_steps=2", "trainer.resume_from=auto", "trainer.seed=1")
+    assert (run / "metrics.json").read_text() == before
 
 
 def test_config_differences_free_and_strict_keys() -> None:
     saved = {
         "model": {"name": "dlrm"},
-        "trainer": {"epochs": 1, "seed": 0},
+        "trainer": {"epochs": 1, "seed": 0, "log_every": 50},
         "optim": {"lr": 0.1},
         "logger": {"mode": "offline"},
     }
     same_job = {
         "model": {"name": "dlrm"},
-        "trainer": {"epochs": 3, "seed": 0},
+        "trainer": {"epochs": 1, "seed": 0, "log_every": 10},
         "optim": {"lr": 0.1},
         "logger": {"mode": "online"},
     }
     assert checkpoint.config_differences(saved, same_job, allow_change=False) == []
-    other = {"model": {"name": "dcn"}, "trainer": {"epochs": 1, "seed": 1}, "optim": {"lr": 0.2}}
+    other = {
+        "model": {"name": "dcn"},
+        "trainer": {"epochs": 3, "seed": 1, "log_every": 50},
+        "optim": {"lr": 0.2},
+    }
+    # no decay: the run may get longer
     assert checkpoint.config_differences(saved, other, allow_change=False) == [
         "model.name: 'dlrm' -> 'dcn'",
         "optim.lr: 0.1 -> 0.2",
+        "trainer.seed: 0 -> 1",
+    ]
+    # a decay until the end of training spans the run: its length is a schedule key
+    saved["optim"] |= {"decay": "linear", "decay_steps": 0}
+    other["optim"] |= {"decay": "linear", "decay_steps": 0}
+    assert checkpoint.config_differences(saved, other, allow_change=False) == [
+        "model.name: 'dlrm' -> 'dcn'",
+        "optim.lr: 0.1 -> 0.2",
+        "trainer.epochs: 1 -> 3",
         "trainer.seed: 0 -> 1",
     ]
     assert checkpoint.config_differences(saved, other, allow_change=True) == [
@@ -119,7 +142,9 @@ def test_resume_auto_takes_the_newest_complete_checkpoint_and_skips_a_damaged_on
     assert checkpoint.latest(ckpts) == ckpts / "step_4"
     # named explicitly, it is an error naming the file (it used to be "OSError: [Errno 22]")
     with pytest.raises(ValueError, match=rf"is not a usable checkpoint: {data_file} has 100 bytes"):
-        _train(tmp_path / "explicit", "trainer.max_steps=8", f"trainer.resume_from={ckpts / 'step_6'}")
+        _train(
+            tmp_path / "explicit", "trainer.max_steps=8", f"trainer.resume_from={ckpts / 'step_6'}"
+        )
     assert f"skipping checkpoint {ckpts / 'step_6'}: {data_file} has 100 bytes" in caplog.text
     assert (
         f"skipping checkpoint {ckpts / 'step_8'}: {ckpts / 'step_8' / 'meta.json'} is missing"

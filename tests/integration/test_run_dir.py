@@ -60,7 +60,10 @@ def test_a_second_run_into_the_same_directory_stops_and_a_resume_goes_on(tmp_pat
 
     resumed = train(
         compose_config(
-            *TINY, "trainer=smoke", "trainer.max_steps=3", f"trainer.resume_from={run}/checkpoints"
+            *TINY,
+            "trainer=smoke",
+            "trainer.max_steps=3",
+            f"trainer.resume_from={run}/checkpoints",
         ),
         run,
     )

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from dmt.run_dir import (
     LOCK_FILE,
+    _launch_rank,
     agreed_stamp,
     check_outputs,
     claim_run_dir,
@@ -84,6 +85,10 @@ def test_a_directory_with_outputs_is_refused_unless_the_run_resumes_it(tmp_path)
         check_outputs(
             run, resume_from=str(tmp_path / "other" / "checkpoints"), checkpoint_dir="checkpoints"
         )
+    # auto resumes only a run that has a complete checkpoint (else it would start afresh here)
+    with pytest.raises(ValueError, match="already holds another run's outputs"):
+        check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
+    (run / "checkpoints" / "step_4" / "meta.json").write_text('{"files": {}}')
     check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
     check_outputs(run, resume_from=str(run / "checkpoints"), checkpoint_dir="checkpoints")
     check_outputs(
@@ -137,3 +142,42 @@ def test_a_held_lock_refuses_a_second_run_and_a_killed_holder_leaves_none(tmp_pa
     lock, taken = lock_run_dir(run)  # released at the end of the claim
     assert taken
     lock.release()
+
+
+@pytest.mark.parametrize(
+    ("env", "rank"),
+    [
+        ({}, 0),
+        ({"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, 3),
+        # a task of an srun step: RANK is not set yet when Hydra's callback runs
+        (
+            {
+                "SLURM_JOB_ID": "7",
+                "SLURM_STEP_ID": "0",
+                "SLURM_PROCID": "1",
+                "SLURM_NTASKS": "2",
+                "SLURM_STEP_NUM_TASKS": "2",
+                "SLURM_LOCALID": "1",
+                "SLURM_NODEID": "0",
+                "SLURM_STEP_TASKS_PER_NODE": "2",
+                "SLURM_STEP_NODELIST": "n1",
+                "SLURM_JOB_NODELIST": "n1",
+            },
+            1,
+        ),
+    ],
+)
+def test_the_callback_knows_its_rank_from_the_launcher(monkeypatch, env, rank):
+    for key in list(os.environ):
+        if key.startswith(("SLURM_", "TORCHELASTIC_")) or key in (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert _launch_rank() == rank
