@@ -81,7 +81,18 @@ def test_a_running_run_holds_its_directory_and_a_killed_one_does_not(tmp_path):
     )
     try:
         deadline = time.monotonic() + 120
-        while not (lock.exists() and f"pid={holder.pid} " in lock.read_text()):
+        hydra_written = [
+            run / ".hydra" / f for f in ("config.yaml", "hydra.yaml", "overrides.yaml")
+        ]
+        log = run / "train.log"
+        # the lock is taken before Hydra writes .hydra/: wait for both
+        while not (
+            lock.exists()
+            and f"pid={holder.pid} " in lock.read_text()
+            and all(f.exists() for f in hydra_written)
+            and log.exists()  # Hydra opens the log after writing .hydra/
+            and log.stat().st_size > 0
+        ):
             assert holder.poll() is None and time.monotonic() < deadline, (
                 "the first run did not start"
             )
