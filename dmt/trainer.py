@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -17,6 +19,7 @@ from omegaconf import OmegaConf
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 from tqdm import tqdm
 
 from dmt import checkpoint
@@ -24,6 +27,7 @@ from dmt.config import Config
 from dmt.data import BatchSource, DataBundle, build_data
 from dmt.metrics import click_metrics
 from dmt.models import build_model, embedding_parameters
+from dmt.models.rec_model import RecModel
 from dmt.optim import (
     LRSchedule,
     apply_sparse_optimizer,
@@ -86,6 +90,7 @@ class Trainer:
                 TrainTask(plain), runtime, topology=topology, optim_cfg=cfg.optim,
                 sharding_type=cfg.sptt.sharding_type, init_seed=cfg.trainer.seed,
                 peer_permute=cfg.sptt.peer_permute,
+                even_batches=True,  # the training sources split whole global batches evenly
                 timeout=timedelta(seconds=cfg.trainer.collective_timeout_s),
             )
         else:
@@ -93,6 +98,11 @@ class Trainer:
             self.model = shard_model(TrainTask(plain), runtime, batch_size=cfg.data.batch_size)
             self.optimizer = build_optimizer(self.model, cfg.optim)
         self.peak_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        self.pipeline = (
+            build_pipeline(self.model, self.optimizer, runtime.device)
+            if cfg.trainer.pipeline
+            else None
+        )
         per_epoch = self.data.train.num_batches()
         self.total_steps = per_epoch * cfg.trainer.epochs
         if cfg.trainer.max_steps > 0:
@@ -144,64 +154,95 @@ class Trainer:
         return click_metrics(probs, ys)["auc"]
 
     # -- training -----------------------------------------------------------------------------
-    def train_step(self, batch: Batch) -> float:
+    def train_step(self, batch: Batch) -> torch.Tensor:
+        """One step of the plain loop (``trainer.pipeline=false``); returns the loss on the
+        device (no host sync)."""
         set_lr(self.optimizer, self.peak_lrs, self.schedule(self.step))
         self.optimizer.zero_grad()  # also pushes the LR into the fused embedding kernels
-        loss, _ = self.model(batch.to(self.rt.device))
+        loss, _ = self.model(batch.to(self.rt.device, non_blocking=True))
         loss.backward()  # the fused sparse optimizer updates the tables here
         self.optimizer.step()
         self.step += 1
-        return float(loss.detach())
+        return loss.detach()
+
+    def run_steps(self, batches: Iterator[Batch]) -> Iterator[torch.Tensor]:
+        """Train on ``batches``, yielding each step's loss (on the device). Pipelined
+        (``trainer.pipeline``): the pipeline copies batch i+1 and starts its input distribution
+        while batch i trains; it is drained when ``batches`` ends, so evaluation and checkpoints
+        happen between whole segments, exactly as in the plain loop."""
+        if self.pipeline is None:
+            for batch in batches:
+                yield self.train_step(batch)
+            return
+        while True:
+            set_lr(self.optimizer, self.peak_lrs, self.schedule(self.step))
+            try:
+                loss = self.pipeline.progress(batches)  # zero_grad pushes the LR, as above
+            except StopIteration:
+                # drained: the next segment refills; detached, the model runs as a plain
+                # module (evaluation) until the next progress() attaches it again
+                self.pipeline.reset()
+                if isinstance(self.pipeline, TrainPipelineSparseDist):
+                    self.pipeline.detach()
+                return
+            self.step += 1
+            yield loss
+
+    def _segment_end(self, epoch_end: int) -> int:
+        """The step the current segment runs to: the next evaluation, checkpoint, end of
+        epoch or end of training."""
+        t = self.cfg.trainer
+        ends = [self.total_steps, epoch_end]
+        for every in (t.eval_every, t.checkpoint_every):
+            if every:
+                ends.append((self.step // every + 1) * every)
+        return min(ends)
 
     def fit(self) -> TrainResult:
         t = self.cfg.trainer
-        start_epoch, start_batch = 0, 0
+        start_epoch = 0
         resume = self.resume_path()
         if resume is not None:
             checkpoint.check_config(resume, self.config_yaml(), allow_change=t.resume_allow_config_change)
             meta = checkpoint.load(resume, self.model, self.optimizer, rank=self.rt.rank,
                                    partial_optimizer=t.resume_allow_config_change)
             self.step = int(meta["step"])
-            start_epoch, start_batch = int(meta["epoch"]), int(meta["batch_in_epoch"])
+            start_epoch = int(meta["epoch"])  # the data position is the step (batch_in_epoch agrees)
             if self.rt.is_main:
                 log.info("resumed from %s at step %d (saved by %d ranks, now %d)", resume, self.step,
                          meta["world_size"], self.rt.world_size)
 
         start_step = self.step
         per_epoch = self.data.train.num_batches()
-        losses: list[float] = []
+        losses: list[torch.Tensor] = []  # on the device; read back at log steps and at the end
         metrics: dict[str, float] = {}
-        train_time, train_samples = 0.0, 0
+        train_time = 0.0
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not (t.progress_bar and self.rt.is_main),
                    desc="train", dynamic_ncols=True)
-        done = self.step >= self.total_steps
         for epoch in range(start_epoch, t.epochs):
-            if done:
+            if self.step >= self.total_steps:
                 break
-            it = self.data.train.batches(epoch, start_batch if epoch == start_epoch else 0)
-            tick = time.perf_counter()
-            for batch in it:
-                loss = self.train_step(batch)
-                train_samples += batch.labels.numel() * self.rt.world_size
-                losses.append(loss)
-                bar.update(1)
-                if self.step % t.log_every == 0:
-                    bar.set_postfix(loss=f"{loss:.4f}")
-                    self._log({"train/loss": loss, "train/lr_factor": self.schedule(self.step - 1)})
-                batch_in_epoch = self.step - epoch * per_epoch
+            epoch_end = (epoch + 1) * per_epoch
+            while self.step < min(epoch_end, self.total_steps):
+                end = self._segment_end(epoch_end)
+                first = self.step - epoch * per_epoch
+                batches = itertools.islice(self.data.train.batches(epoch, first), end - self.step)
+                if self.rt.device.type == "cuda":  # page-locked: the copies run asynchronously
+                    batches = (batch.pin_memory() for batch in batches)
+                tick = time.perf_counter()
+                for loss in self.run_steps(batches):
+                    losses.append(loss)
+                    bar.update(1)
+                    if self.step % t.log_every == 0:
+                        value = float(loss)  # the only host sync of a training step
+                        bar.set_postfix(loss=f"{value:.4f}")
+                        self._log({"train/loss": value, "train/lr_factor": self.schedule(self.step - 1)})
+                train_time += time.perf_counter() - tick
                 if t.eval_every and self.step % t.eval_every == 0:
-                    train_time += time.perf_counter() - tick
                     val = self.evaluate(self.data.val)
                     self._log({f"val/{k}": v for k, v in val.items()})
-                    tick = time.perf_counter()
                 if t.checkpoint_every and self.step % t.checkpoint_every == 0:
-                    train_time += time.perf_counter() - tick
-                    self.save(epoch, batch_in_epoch)
-                    tick = time.perf_counter()
-                if self.step >= self.total_steps:
-                    done = True
-                    break
-            train_time += time.perf_counter() - tick
+                    self.save(epoch, self.step - epoch * per_epoch)
         bar.close()
         last_epoch, last_batch = divmod(self.step, per_epoch)
         if t.checkpoint and not (t.checkpoint_every and self.step % t.checkpoint_every == 0):
@@ -214,10 +255,12 @@ class Trainer:
         test = self.evaluate(self.data.test)
         metrics.update({f"val_{k}": v for k, v in val.items()})
         metrics.update({f"test_{k}": v for k, v in test.items()})
+        train_samples = (self.step - start_step) * self.cfg.data.batch_size  # global batches
         metrics["train_samples_per_s"] = train_samples / train_time if train_time > 0 else 0.0
         metrics["num_train_samples"] = float(train_samples)
         metrics["num_steps"] = float(self.step)
-        metrics["train_loss_last"] = float(np.mean(losses[-50:])) if losses else float("nan")
+        loss_values = torch.stack(losses).float().cpu().tolist() if losses else []
+        metrics["train_loss_last"] = float(np.mean(loss_values[-50:])) if losses else float("nan")
         oracle = self.oracle_auc(self.data.test)
         if oracle is not None:
             metrics["oracle_test_auc"] = oracle
@@ -228,7 +271,7 @@ class Trainer:
         if self.rt.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             (self.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        return TrainResult(metrics, losses)
+        return TrainResult(metrics, loss_values)
 
     # -- helpers ------------------------------------------------------------------------------
     def checkpoint_root(self) -> Path:
@@ -274,6 +317,39 @@ class Trainer:
     def _log(self, values: dict[str, float]) -> None:
         if self.logger is not None and self.rt.is_main:
             self.logger.log(values, step=self.step)
+
+
+def build_pipeline(
+    model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> TrainPipelineSparseDist[Batch, torch.Tensor] | TrainPipelineBase[Batch, torch.Tensor]:
+    """TorchRec's training pipeline for a sharded ``TrainTask``.
+
+    Flat base models (DLRM, DCN) get ``TrainPipelineSparseDist``: batch ``i+1`` is copied to the
+    device and its input all-to-all (step a of the sharded EBC) runs while batch ``i`` trains.
+    Models it cannot trace (SPTT's ``ShardedDMT``, flat DMT models, whose towers split the
+    features) get ``TrainPipelineBase``, which overlaps the host-to-device copy only.
+    Each step's output is the detached loss.
+    """
+    if isinstance(unwrap(model), RecModel):
+
+        def forward(batch: Batch | None) -> tuple[torch.Tensor, torch.Tensor]:
+            loss, _ = model(batch)
+            return loss, loss.detach()
+
+        return TrainPipelineSparseDist(model, optimizer, device, custom_model_fwd=forward)
+    return TrainPipelineBase(_ReportLoss(model), optimizer, device)
+
+
+class _ReportLoss(nn.Module):
+    """``batch -> (loss, loss.detach())``: TrainPipelineBase reports the model's second output."""
+
+    def __init__(self, task: nn.Module) -> None:
+        super().__init__()
+        self.task = task
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, _ = self.task(batch)
+        return loss, loss.detach()
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -40,7 +40,17 @@ def make_kjt(feature_names: list[str], ids: np.ndarray) -> KeyedJaggedTensor:
     b, f, m = ids.shape
     values = torch.from_numpy(np.ascontiguousarray(ids.transpose(1, 0, 2)).reshape(-1))
     lengths = torch.full((f * b,), m, dtype=torch.int32)
-    return KeyedJaggedTensor(keys=feature_names, values=values, lengths=lengths)
+    # The per-key sizes are known here: given, no sharded module has to compute them from the
+    # lengths (a device-to-host copy on GPU) in its input distribution.
+    per_key = [b * m] * f
+    return KeyedJaggedTensor(
+        keys=feature_names,
+        values=values,
+        lengths=lengths,
+        stride=b,
+        length_per_key=per_key,
+        offset_per_key=[k * b * m for k in range(f + 1)],
+    )
 
 
 class InMemorySource:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torchrec import EmbeddingBagCollection, KeyedJaggedTensor
+from torchrec import EmbeddingBagCollection, KeyedJaggedTensor, KeyedTensor
 
 from dmt.models.mlp import mlp
 
@@ -55,11 +55,10 @@ class RecModel(nn.Module):
     def pooled_embeddings(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
         """Pooled embeddings ``(B, F, N)`` in ``feature_names`` order."""
         kt = self.embedding_bag_collection(sparse_features)
-        if list(kt.keys()) == self.feature_names:
-            return kt.values().view(-1, self.num_features, self.embedding_dim)
-        # a sharded EBC returns features in its sharding plan's order: read them by name
-        by_name = kt.to_dict()
-        return torch.stack([by_name[f] for f in self.feature_names], dim=1)
+        # By name: a sharded EBC returns features in its sharding plan's order. No Python branch
+        # on the keys, so the model stays fx-traceable (TorchRec's TrainPipelineSparseDist).
+        pooled = KeyedTensor.regroup([kt], [self.feature_names])[0]
+        return pooled.view(-1, self.num_features, self.embedding_dim)
 
     def dense_forward(self, dense_features: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         """Everything after the lookup: ``(B, num_dense)``, ``(B, F, N)`` -> logits ``(B,)``."""

@@ -359,6 +359,8 @@ class ShardedDMT(nn.Module):
         init_seed: seed of :meth:`SPTTDataflow.reset_tables` for ``meta`` tables.
         peer_permute: where step c permutes (``"output"``, ``"input"``, ``"auto"``, ``"skip"``;
             :mod:`dmt.sptt.peer_permute`); the same training either way.
+        even_batches: every rank trains on the same local batch size (no padding collective
+            in training; see :meth:`forward`).
     """
 
     def __init__(
@@ -372,9 +374,11 @@ class ShardedDMT(nn.Module):
         stats: CommStats | None = None,
         init_seed: int = 0,
         peer_permute: str = "output",
+        even_batches: bool = False,
     ) -> None:
         super().__init__()
         topo = plan.topology
+        self.even_batches = even_batches
         check_dmt_model(model, topo)
         device = device if device is not None else torch.device("cpu")
         self.topology = topo
@@ -561,9 +565,14 @@ class ShardedDMT(nn.Module):
     def forward(
         self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
     ) -> torch.Tensor:
-        """Logits ``(B,)`` of the local batch. Ranks may hold different ``B`` (the last,
-        partial batch of an evaluation split): smaller batches are padded with empty samples
-        to the largest (one scalar all-reduce per call), whose outputs are dropped."""
+        """Logits ``(B,)`` of the local batch. In evaluation ranks may hold different ``B``
+        (the last, partial batch of a split), and in training too unless ``even_batches``:
+        smaller batches are padded with empty samples to the largest (one scalar all-reduce and
+        a host sync per call), whose outputs are dropped. With ``even_batches`` (announced once,
+        at construction: the trainer's sources split whole global batches evenly) training
+        needs neither."""
+        if self.training and self.even_batches:
+            return self.dense_arch(dense_features, self.tower_outputs(sparse_features))
         size = dense_features.size(0)
         largest = torch.tensor([size], device=dense_features.device)
         dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self._world)
@@ -649,6 +658,7 @@ class DMTSharder:
         sparse_optimizer: SparseOptimizer | None = None,
         init_seed: int = 0,
         peer_permute: str = "output",
+        even_batches: bool = False,
     ) -> None:
         if isinstance(sharding_type, str) and sharding_type not in SHARDING_KINDS:
             raise ValueError(
@@ -659,6 +669,7 @@ class DMTSharder:
         self.sparse_optimizer = sparse_optimizer
         self.init_seed = init_seed
         self.peer_permute = check_peer_permute(peer_permute, "sptt.peer_permute")
+        self.even_batches = even_batches
 
     def plan(self, model: nn.Module) -> SPTTPlan:
         """Validate ``model`` and place its tables (pure; the same on every rank)."""
@@ -722,6 +733,7 @@ class DMTSharder:
             stats=stats,
             init_seed=self.init_seed,
             peer_permute=self.peer_permute,
+            even_batches=self.even_batches,
         )
 
 
@@ -760,6 +772,7 @@ def shard_dmt(
     init_seed: int = 0,
     timeout: timedelta = DEFAULT_TIMEOUT,
     peer_permute: str = "output",
+    even_batches: bool = False,
 ) -> tuple[nn.Module, CombinedOptimizer]:
     """Shard a DMT model (or the DMT model inside a task module) with SPTT and build its
     optimizer.
@@ -780,6 +793,7 @@ def shard_dmt(
         init_seed: seed for tables built on ``meta``.
         timeout: timeout of the process groups created here.
         peer_permute: where step c permutes (``sptt.peer_permute``); see :class:`DMTSharder`.
+        even_batches: see :class:`ShardedDMT`.
 
     Returns:
         ``(module, optimizer)``: ``task_or_model`` with its DMT model sharded (or the
@@ -805,6 +819,7 @@ def shard_dmt(
         sparse_optimizer=sparse_optimizer_spec(optim_cfg),
         init_seed=init_seed,
         peer_permute=peer_permute,
+        even_batches=even_batches,
     )
     plan = sharder.plan(model)
     if groups is None:

@@ -125,3 +125,21 @@ def test_kjt_holds_the_ids_feature_major():
         np.testing.assert_array_equal(
             batch.sparse_features[name].values().numpy(), d.sparse[:, f, :].reshape(-1)
         )
+
+
+def test_make_kjt_announces_the_per_key_sizes_it_would_otherwise_compute():
+    import numpy as np  # noqa: PLC0415
+    from torchrec import KeyedJaggedTensor  # noqa: PLC0415
+
+    from dmt.data.source import make_kjt  # noqa: PLC0415
+
+    ids = np.random.default_rng(0).integers(0, 50, size=(5, 3, 2))
+    kjt = make_kjt(["a", "b", "c"], ids)
+    computed = KeyedJaggedTensor(keys=["a", "b", "c"], values=kjt.values(), lengths=kjt.lengths())
+    assert kjt._length_per_key == [10, 10, 10]  # given, not derived lazily from the lengths
+    assert kjt.length_per_key() == computed.length_per_key()
+    assert kjt.offset_per_key() == computed.offset_per_key()
+    assert kjt.stride() == computed.stride() == 5
+    for key, jt in kjt.to_dict().items():
+        assert jt.values().tolist() == computed.to_dict()[key].values().tolist()
+        assert jt.values().tolist() == ids[:, "abc".index(key)].reshape(-1).tolist()

@@ -1,0 +1,114 @@
+"""The training step makes no host sync of dmt's own and no collective beyond its all-to-alls.
+
+Counted in the rank processes of the test only: every ``torch.distributed`` collective called
+from Python (TorchRec's and dmt's; DDP's gradient all-reduce runs in C++ and is not counted),
+and every ``Tensor.item/tolist/__float__/__int__/__bool__`` called from dmt's own code (a
+device-to-host copy on a GPU). ``Trainer.run_steps`` is the whole per-step path; the loss is
+read back only at logging steps, by ``fit``.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dmt.runtime import Runtime
+from dmt.train import compose_config, to_config
+from dmt.trainer import Trainer
+from tests.distributed.distributed_harness import run_on_ranks
+
+DMT_DIR = str(Path(__file__).resolve().parents[2] / "dmt")
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_object",
+    "broadcast",
+    "broadcast_object_list",
+    "all_to_all",
+    "all_to_all_single",
+    "reduce_scatter_tensor",
+    "barrier",
+    "send",
+    "recv",
+)
+SYNCS = ("item", "tolist", "__float__", "__int__", "__bool__")
+BASE = [
+    "logger=disabled",
+    "trainer.progress_bar=false",
+    "data.synthetic.num_train=4096",
+    "data.synthetic.num_val=256",
+    "data.synthetic.num_test=256",
+    "data.batch_size=256",
+    "model.embedding_dim=8",
+    "model.bottom_mlp=[16,8]",
+    "model.top_mlp=[16,1]",
+]
+MODELS = {
+    "flat": [],
+    "sptt": [
+        "experiment=dmt_4t_dlrm",
+        "model.partition.num_towers=2",
+        "sptt=on",
+        "sptt.local_world_size=1",
+        "model.bottom_mlp=[16,8]",
+        "model.top_mlp=[16,1]",
+        "model.embedding_dim=8",
+    ],
+}
+
+
+def _count(rank: int, world_size: int, overrides: list[str]) -> list[dict[str, int]]:
+    cfg = to_config(compose_config(*BASE, *overrides))
+    rt = Runtime(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
+    trainer = Trainer(cfg, rt, Path("/nonexistent"))
+    counts: collections.Counter[str] = collections.Counter()
+
+    def counting(name: str, fn: Any, dmt_only: bool) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            caller = sys._getframe(1).f_code.co_filename
+            if not dmt_only or caller.startswith(DMT_DIR):
+                counts[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    originals = {n: getattr(dist, n) for n in COLLECTIVES} | {
+        n: getattr(torch.Tensor, n) for n in SYNCS
+    }
+    try:
+        for n in COLLECTIVES:
+            setattr(dist, n, counting(n, originals[n], dmt_only=False))
+        for n in SYNCS:
+            setattr(torch.Tensor, n, counting(n, originals[n], dmt_only=True))
+        per_step = []
+        steps = trainer.run_steps(iter(trainer.data.train.batches(0)))
+        for _, _ in zip(range(6), steps):
+            per_step.append(dict(counts))
+            counts.clear()
+    finally:
+        for n in COLLECTIVES:
+            setattr(dist, n, originals[n])
+        for n in SYNCS:
+            setattr(torch.Tensor, n, originals[n])
+    return per_step[1:]  # the first step also fills the pipeline
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+@pytest.mark.parametrize("model", ["flat", "sptt"])
+def test_a_training_step_has_no_host_sync_and_only_its_all_to_alls(
+    model: str, pipeline: bool
+) -> None:
+    results = run_on_ranks(
+        _count, 2, [*MODELS[model], f"trainer.pipeline={pipeline}"], timeout_s=180
+    )
+    for per_step in results:
+        assert per_step == [per_step[0]] * len(per_step), per_step  # the same every step
+        assert not {k for k in per_step[0] if k in SYNCS}, per_step[0]  # no host sync from dmt
+        assert set(per_step[0]) <= {"all_to_all", "all_to_all_single"}, per_step[0]
+        assert per_step[0], "the step's all-to-alls were not seen: is the counting broken?"

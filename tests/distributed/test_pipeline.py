@@ -1,0 +1,101 @@
+"""Pipelined training (``trainer.pipeline=true``, TorchRec's train pipelines) computes exactly
+what the plain loop computes: the same losses and the same weights, flat and SPTT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dmt import checkpoint
+from dmt.runtime import Runtime
+from dmt.train import compose_config, to_config
+from dmt.trainer import Trainer
+from tests.distributed.distributed_harness import backends, run_on_ranks
+
+BASE = [
+    "logger=disabled",
+    "trainer.progress_bar=false",
+    "data.synthetic.num_train=4096",
+    "data.synthetic.num_val=512",
+    "data.synthetic.num_test=512",
+    "data.batch_size=256",
+    "trainer.epochs=2",
+    "trainer.max_steps=24",  # crosses the epoch boundary at 16
+    "trainer.eval_every=10",  # segments end at evaluations and checkpoints too
+    "trainer.checkpoint_every=12",
+    "trainer.eval_max_batches=1",
+    "model.embedding_dim=8",
+    "model.bottom_mlp=[16,8]",
+    "model.top_mlp=[16,1]",
+]
+MODELS = {
+    "dlrm": [],
+    "dcn": ["model=dcn", "model.dcn_low_rank=4"],
+    "dmt_flat": [
+        "experiment=dmt_4t_dlrm",
+        "model.bottom_mlp=[16,8]",
+        "model.top_mlp=[16,1]",
+        "model.embedding_dim=8",
+    ],
+    "sptt": [
+        "experiment=dmt_4t_dlrm",
+        "model.partition.num_towers=2",
+        "sptt=on",
+        "model.bottom_mlp=[16,8]",
+        "model.top_mlp=[16,1]",
+        "model.embedding_dim=8",
+    ],
+}
+
+
+def _train(rank: int, world_size: int, overrides: list[str], out: str, backend: str) -> list[float]:
+    cfg = to_config(compose_config(*BASE, *overrides))
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    rt = Runtime(rank, world_size, rank, world_size, device, backend)
+    trainer = Trainer(cfg, rt, Path(out))
+    assert (trainer.pipeline is not None) == cfg.trainer.pipeline
+    return trainer.fit().losses
+
+
+@pytest.mark.parametrize("backend", backends(min_gpus=8))
+@pytest.mark.parametrize(
+    ("model", "world_size"),
+    [
+        ("dlrm", 1),
+        ("dlrm", 2),
+        ("dlrm", 4),
+        ("dlrm", 8),
+        ("dcn", 2),
+        ("dmt_flat", 2),
+        ("sptt", 2),
+        ("sptt", 4),
+        ("sptt", 8),
+    ],
+)
+def test_pipelined_training_equals_the_plain_loop(
+    tmp_path: Path, model: str, world_size: int, backend: str
+) -> None:
+    extra = list(MODELS[model])
+    if model == "sptt":  # two towers of G/2 ranks
+        extra.append(f"sptt.local_world_size={world_size // 2}")
+    runs = {}
+    for pipeline in (True, False):
+        out = tmp_path / f"pipeline_{pipeline}"
+        losses = run_on_ranks(
+            _train,
+            world_size,
+            [*extra, f"trainer.pipeline={pipeline}"],
+            str(out),
+            backend,
+            timeout_s=240,
+            backend=backend,
+        )
+        runs[pipeline] = (losses, checkpoint.load_model_state(out / "checkpoints" / "step_24"))
+    (piped_losses, piped), (plain_losses, plain) = runs[True], runs[False]
+    assert len(piped_losses[0]) == 24
+    assert piped_losses == plain_losses
+    assert sorted(piped) == sorted(plain)
+    for key, value in plain.items():
+        torch.testing.assert_close(piped[key], value, rtol=0, atol=0, msg=key)
