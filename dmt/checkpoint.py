@@ -78,7 +78,7 @@ _FREE_KEYS = (
     "data.criteo.auto_preprocess",
     "data.criteo.test_path",
 )
-_FREE_PREFIXES = ("logger.",)
+_FREE_PREFIXES = ("logger.", "sharding.")  # the budget: DCP reshards any placement
 _RUN_LENGTH_KEYS = ("trainer.epochs", "trainer.max_steps")
 _CHANGEABLE_PREFIXES = ("optim.", *_RUN_LENGTH_KEYS)
 
@@ -376,8 +376,8 @@ def config_differences(
     saved: dict[str, Any], current: dict[str, Any], *, allow_change: bool
 ) -> list[str]:
     """Keys whose values differ between a checkpoint's config and this run's and that a resume
-    may not change: everything but how the job runs (``_FREE_KEYS``, ``logger.*``); ``optim.*``
-    only with ``allow_change``, and so the run's length (``trainer.epochs``/``max_steps``) when
+    may not change: everything but how the job runs (``_FREE_KEYS``, ``logger.*``,
+    ``sharding.*``); ``optim.*`` only with ``allow_change``, and so the run's length (``trainer.epochs``/``max_steps``) when
     the saved LR schedule decays until the end of training (it then spans the run). Each as
     ``key: saved -> current``."""
     a, b = _flatten(saved), _flatten(current)

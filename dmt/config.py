@@ -273,6 +273,23 @@ class SPTTConfig:
 
 
 @dataclass
+class ShardingConfig:
+    """Per-rank memory budget of the embedding tables and their optimizer state (flat and SPTT).
+
+    On CUDA a rank's tables go to HBM while they fit in ``hbm_gb``; the rest are cached in HBM
+    (``FUSED_UVM_CACHING``: ``uvm_cache_load_factor`` of their rows) and live in host memory,
+    within ``ddr_gb``. On CPU there is no HBM: every table lives in host memory, within ``ddr_gb``.
+    """
+
+    hbm_gb: float = 80.0
+    """GPU memory (GiB) per rank for tables plus optimizer state; ignored on CPU."""
+    ddr_gb: float = 128.0
+    """Host memory (GiB) per rank for tables plus optimizer state (UVM-cached tables on CUDA, all tables on CPU)."""
+    uvm_cache_load_factor: float = 0.2
+    """Fraction of a UVM-cached table's rows kept in HBM (strictly between 0 and 1)."""
+
+
+@dataclass
 class Config:
     """Root config: one field per config group."""
 
@@ -282,6 +299,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     sptt: SPTTConfig = field(default_factory=SPTTConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
 
 
 def register_configs() -> None:
@@ -297,6 +315,7 @@ def register_configs() -> None:
     cs.store(group="trainer", name="base_trainer", node=TrainerConfig)
     cs.store(group="logger", name="base_logger", node=LoggerConfig)
     cs.store(group="sptt", name="base_sptt", node=SPTTConfig, package="sptt")
+    cs.store(group="sharding", name="base_sharding", node=ShardingConfig, package="sharding")
     register_resolvers()  # ${dmt.run_stamp:} of conf/config.yaml's run directories
 
 
@@ -353,6 +372,22 @@ def validate_towers(m: ModelConfig) -> None:
             _positive("model.tower.dcn_num_layers", t.dcn_num_layers)
         if t.dcn_low_rank is not None:
             _positive("model.tower.dcn_low_rank", t.dcn_low_rank)
+
+
+def validate_sharding(s: ShardingConfig) -> None:
+    """Check the memory budget: positive sizes, a load factor strictly between 0 and 1."""
+    for name in ("hbm_gb", "ddr_gb"):
+        value = getattr(s, name)
+        if not value > 0:
+            raise ValueError(
+                f"sharding.{name}={value!r} must be a positive number of GiB per rank "
+                "(tables plus optimizer state)"
+            )
+    if not 0.0 < s.uvm_cache_load_factor < 1.0:
+        raise ValueError(
+            f"sharding.uvm_cache_load_factor={s.uvm_cache_load_factor!r} must be strictly between "
+            "0 and 1 (the fraction of a UVM-cached table's rows kept in HBM, e.g. 0.2)"
+        )
 
 
 def validate(cfg: Config) -> None:
@@ -434,6 +469,7 @@ def validate(cfg: Config) -> None:
         raise ValueError("trainer.eval_every and trainer.checkpoint_every must be >= 0")
     _positive("trainer.collective_timeout_s", t.collective_timeout_s)
     _choice("logger.mode", cfg.logger.mode, WANDB_MODES)
+    validate_sharding(cfg.sharding)
     sp = cfg.sptt
     if sp.timeout_s is not None:
         raise ValueError(

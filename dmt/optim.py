@@ -43,6 +43,14 @@ def _sparse_kwargs(cfg: OptimConfig) -> dict[str, Any]:
 CPU_SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
 
 
+def sparse_optimizer_name(optimizer_class: type) -> str:
+    """The ``optim.sparse`` name of a fused sparse optimizer class."""
+    for name, cls in _SPARSE.items():
+        if cls is optimizer_class:
+            return name
+    raise ValueError(f"{optimizer_class.__name__} is not one of the fused sparse optimizers {list(_SPARSE)}")
+
+
 def check_sparse_optimizer(cfg: OptimConfig, device_type: str) -> None:
     """FBGEMM's CPU embedding kernels implement only some fused optimizers."""
     if device_type == "cpu" and cfg.sparse not in CPU_SPARSE_OPTIMIZERS:

@@ -36,7 +36,7 @@ from dmt.optim import (
     set_lr,
 )
 from dmt.runtime import Runtime
-from dmt.sharding import shard_model
+from dmt.sharding import memory_budget, shard_model, write_sharding_plan
 from dmt.sptt.dmt_sharding import shard_dmt, topology_from
 
 log = logging.getLogger(__name__)
@@ -83,20 +83,23 @@ class Trainer:
             table_device="meta",
             dense_device=runtime.device,
         )
+        memory = memory_budget(cfg.sharding, runtime.device.type)
         if cfg.sptt.enabled:
             topology = topology_from(runtime, hosts_per_tower=cfg.sptt.hosts_per_tower,
                                      local_world_size=cfg.sptt.local_world_size)
             self.model, self.optimizer = shard_dmt(
                 TrainTask(plain), runtime, topology=topology, optim_cfg=cfg.optim,
                 sharding_type=cfg.sptt.sharding_type, init_seed=cfg.trainer.seed,
-                peer_permute=cfg.sptt.peer_permute,
+                peer_permute=cfg.sptt.peer_permute, memory=memory,
                 even_batches=True,  # the training sources split whole global batches evenly
                 timeout=timedelta(seconds=cfg.trainer.collective_timeout_s),
             )
         else:
             apply_sparse_optimizer(embedding_parameters(plain), cfg.optim)
-            self.model = shard_model(TrainTask(plain), runtime, batch_size=cfg.data.batch_size)
+            self.model = shard_model(TrainTask(plain), runtime, batch_size=cfg.data.batch_size,
+                                     memory=memory)
             self.optimizer = build_optimizer(self.model, cfg.optim)
+        write_sharding_plan(self.model, self.output_dir, rank=runtime.rank, memory=memory)
         self.peak_lrs = [g["lr"] for g in self.optimizer.param_groups]
         self.pipeline = (
             build_pipeline(self.model, self.optimizer, runtime.device)

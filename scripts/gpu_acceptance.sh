@@ -21,6 +21,8 @@ step() {  # step NAME COMMAND...
 TRAIN=(-m dmt.train logger=disabled trainer.progress_bar=false trainer.device=cuda)
 step train_one_gpu "$PY" "${TRAIN[@]}" hydra.run.dir="$WORK/one"
 step fused_adam "$PY" "${TRAIN[@]}" optim=adam trainer=smoke hydra.run.dir="$WORK/adam"
+# memory budget: tables that miss sharding.hbm_gb are UVM-cached (flat and SPTT), same training
+step uvm_caching "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_sharding_plan.py -k cuda
 step checkpoint_and_eval bash -c "'$PY' ${TRAIN[*]} trainer=smoke trainer.checkpoint=true hydra.run.dir='$WORK/ck' && '$ROOT/.venv/bin/dmt-eval' --checkpoint '$WORK/ck/checkpoints' --data test --device cuda --out '$WORK/ck/eval.json'"
 if [[ "$GPUS" -ge 2 ]]; then
   step torchrun_flat "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 "${TRAIN[@]}" hydra.run.dir="$WORK/flat2"

@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
 from torch import nn
 from torchrec.distributed.dist_data import KJTAllToAll
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
@@ -62,6 +63,7 @@ from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
+from dmt.memory import FUSED_UVM_CACHING
 from dmt.sptt.collectives import all_to_all_single, reduce_scatter
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.peer_permute import (
@@ -149,7 +151,13 @@ class SPTTDataflow(nn.Module):
         if shard_tables and sparse_optimizer is None:
             self.embedding_bag_collection = EmbeddingBagCollection(shard_tables, device=device)
         elif shard_tables:
-            self.embedding_bag_collection = _FusedShards(shard_tables, sparse_optimizer, device)
+            self.embedding_bag_collection = _FusedShards(
+                shard_tables,
+                sparse_optimizer,
+                device,
+                cached=[s.compute_kernel == FUSED_UVM_CACHING for s in self.shards],
+                cache_load_factor=plan.memory.uvm_cache_load_factor if plan.memory else None,
+            )
         if tower_output_dims is None:
             tower_output_dims = [(len(fs), self.embedding_dim) for fs in plan.tower_features]
         if len(tower_output_dims) != topo.num_towers:
@@ -595,12 +603,15 @@ def _shard_table(table: EmbeddingBagConfig, shard: TableShard) -> EmbeddingBagCo
 
 
 class _FusedShards(nn.Module):
-    """This rank's shards in TorchRec ``FusedEmbeddingBagCollection`` s, one per pooling type.
+    """This rank's shards in TorchRec ``FusedEmbeddingBagCollection`` s: ``fused`` for those in
+    the device's memory, ``fused_cached`` (CUDA only) for the UVM-cached ones (FBGEMM
+    ``EmbeddingLocation.MANAGED_CACHING``, ``cache_load_factor`` of their rows in HBM).
 
     ``FusedEmbeddingBagCollection`` batches its tables by pooling type and concatenates the
-    batches' outputs, so with mixed pooling its columns are not in table order. Handing it the
-    tables grouped by pooling (first appearance first) makes its column order that grouped
-    order, which one ``index_select`` maps back to shard order.
+    batches' outputs, so with mixed pooling its columns are not in table order. Handing each
+    module its tables grouped by pooling (first appearance first), and concatenating ``fused``
+    before ``fused_cached``, gives a known column order, which one ``index_select`` maps back
+    to shard order.
 
     Parameters are named ``embedding_bags.<table>.weight`` like a plain EBC's.
     """
@@ -610,18 +621,39 @@ class _FusedShards(nn.Module):
         tables: Sequence[EmbeddingBagConfig],
         sparse_optimizer: SparseOptimizer,
         device: torch.device | None,
+        *,
+        cached: Sequence[bool] = (),
+        cache_load_factor: float | None = None,
     ) -> None:
         super().__init__()
         optimizer_class, kwargs = sparse_optimizer
+        cached = list(cached) or [False] * len(tables)
         poolings = list(dict.fromkeys(t.pooling for t in tables))
-        grouped = sorted(range(len(tables)), key=lambda i: poolings.index(tables[i].pooling))
-        self._configs = [tables[i] for i in grouped]
-        self.fused = FusedEmbeddingBagCollection(
-            self._configs,
-            optimizer_type=optimizer_class,
-            optimizer_kwargs=dict(kwargs),
-            device=device,
+        grouped = sorted(
+            range(len(tables)), key=lambda i: (cached[i], poolings.index(tables[i].pooling))
         )
+        self._configs = [tables[i] for i in grouped]
+        in_device = [tables[i] for i in grouped if not cached[i]]
+        in_uvm = [tables[i] for i in grouped if cached[i]]
+        self.fused: FusedEmbeddingBagCollection | None = None
+        self.fused_cached: FusedEmbeddingBagCollection | None = None
+        if in_device:
+            self.fused = FusedEmbeddingBagCollection(
+                in_device,
+                optimizer_type=optimizer_class,
+                optimizer_kwargs=dict(kwargs),
+                device=device,
+            )
+        if in_uvm:
+            # CUDA only (FBGEMM's managed memory); the plan allows it only for a CUDA budget,
+            # so no CPU test reaches this line (see scripts/gpu_acceptance.sh).
+            self.fused_cached = FusedEmbeddingBagCollection(
+                in_uvm,
+                optimizer_type=optimizer_class,
+                optimizer_kwargs={**kwargs, "cache_load_factor": cache_load_factor},
+                device=device,
+                location=EmbeddingLocation.MANAGED_CACHING,
+            )
         # columns of table i in the fused output, in shard order
         starts, start = {}, 0
         for i in grouped:
@@ -634,18 +666,31 @@ class _FusedShards(nn.Module):
         self.register_buffer("_columns", torch.tensor(columns, device=device), persistent=False)
 
     @property
+    def _modules_in_order(self) -> list[FusedEmbeddingBagCollection]:
+        return [m for m in (self.fused, self.fused_cached) if m is not None]
+
+    @property
     def embedding_bags(self) -> nn.ModuleDict:
-        return self.fused.embedding_bags
+        modules = self._modules_in_order
+        if len(modules) == 1:
+            return modules[0].embedding_bags
+        return nn.ModuleDict({k: v for m in modules for k, v in m.embedding_bags.items()})
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return list(self._configs)
 
     def fused_optimizer(self) -> KeyedOptimizer:
-        optimizer = self.fused.fused_optimizer()
+        optimizers = [m.fused_optimizer() for m in self._modules_in_order]
+        optimizer = (
+            optimizers[0]
+            if len(optimizers) == 1
+            else CombinedOptimizer([("", o) for o in optimizers])
+        )
         assert isinstance(optimizer, CombinedOptimizer | KeyedOptimizer)
         return optimizer
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """Pooled embeddings ``(samples, sum of shard columns)``, in shard order."""
-        values = self.fused(features).values()
+        outputs = [m(features).values() for m in self._modules_in_order]
+        values = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         return values if self._in_order else values.index_select(1, self._columns)

@@ -62,7 +62,13 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimiz
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dmt.config import OptimConfig
-from dmt.optim import check_sparse_optimizer, dense_optimizer, sparse_optimizer_spec
+from dmt.memory import MemoryBudget
+from dmt.optim import (
+    check_sparse_optimizer,
+    dense_optimizer,
+    sparse_optimizer_name,
+    sparse_optimizer_spec,
+)
 from dmt.runtime import Runtime
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.dataflow import SparseOptimizer, SPTTDataflow
@@ -641,6 +647,9 @@ class DMTSharder:
         peer_permute: where step c permutes: ``"output"`` (pooled output, the paper's Figure 7),
             ``"input"`` (sparse input, before the lookup), ``"auto"`` (fewer bytes, per batch)
             or ``"skip"`` (step a delivers peer order); see :mod:`dmt.sptt.peer_permute`.
+        memory: every rank's budget for its shards plus the sparse optimizer's state
+            (``sharding.*``); ``None`` leaves memory unchecked. On CUDA, shards of a rank short
+            of HBM are UVM-cached (:func:`dmt.memory.choose_kernels`).
 
     Example::
 
@@ -659,6 +668,7 @@ class DMTSharder:
         init_seed: int = 0,
         peer_permute: str = "output",
         even_batches: bool = False,
+        memory: MemoryBudget | None = None,
     ) -> None:
         if isinstance(sharding_type, str) and sharding_type not in SHARDING_KINDS:
             raise ValueError(
@@ -670,6 +680,7 @@ class DMTSharder:
         self.init_seed = init_seed
         self.peer_permute = check_peer_permute(peer_permute, "sptt.peer_permute")
         self.even_batches = even_batches
+        self.memory = memory
 
     def plan(self, model: nn.Module) -> SPTTPlan:
         """Validate ``model`` and place its tables (pure; the same on every rank)."""
@@ -710,6 +721,10 @@ class DMTSharder:
             sharding_types=kinds,
             costs=[float(t.num_embeddings * N) for t in tables],
             column_multiple=4 if fused else 1,
+            sparse_optimizer=(
+                sparse_optimizer_name(self.sparse_optimizer[0]) if self.sparse_optimizer else None
+            ),
+            memory=self.memory,
         )
 
     def shard(
@@ -773,6 +788,7 @@ def shard_dmt(
     timeout: timedelta = DEFAULT_TIMEOUT,
     peer_permute: str = "output",
     even_batches: bool = False,
+    memory: MemoryBudget | None = None,
 ) -> tuple[nn.Module, CombinedOptimizer]:
     """Shard a DMT model (or the DMT model inside a task module) with SPTT and build its
     optimizer.
@@ -794,6 +810,8 @@ def shard_dmt(
         timeout: timeout of the process groups created here.
         peer_permute: where step c permutes (``sptt.peer_permute``); see :class:`DMTSharder`.
         even_batches: see :class:`ShardedDMT`.
+        memory: every rank's budget for tables plus optimizer state (``sharding.*``); see
+            :class:`DMTSharder`.
 
     Returns:
         ``(module, optimizer)``: ``task_or_model`` with its DMT model sharded (or the
@@ -820,6 +838,7 @@ def shard_dmt(
         init_seed=init_seed,
         peer_permute=peer_permute,
         even_batches=even_batches,
+        memory=memory,
     )
     plan = sharder.plan(model)
     if groups is None:

@@ -24,15 +24,30 @@ A :class:`SPTTPlan` holds the shards and derives the orders the dataflow needs:
   column in what step d received (:meth:`SPTTPlan.tower_column_index`);
 * step f returns the towers' outputs by tower; for pass-through towers
   :attr:`SPTTPlan.output_permutation` puts the concatenated features back into model order.
+
+Given a :class:`~dmt.memory.MemoryBudget`, :func:`build_plan` checks every rank's shards plus
+their optimizer state against it and gives each shard its compute kernel
+(:attr:`TableShard.compute_kernel`): in the rank's own memory, or, on CUDA, UVM-cached when the
+rank's HBM is short (:func:`dmt.memory.choose_kernels`). :meth:`SPTTPlan.describe` is the plan
+as ``sharding_plan.txt`` shows it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Literal
 
+from dmt.memory import (
+    COMPUTE_KERNELS,
+    FUSED,
+    FUSED_UVM_CACHING,
+    SPARSE_OPTIMIZERS,
+    MemoryBudget,
+    choose_kernels,
+    table_bytes,
+)
 from dmt.sptt.topology import Topology
 
 ShardingKind = Literal["table_wise", "column_wise", "row_wise"]
@@ -51,6 +66,9 @@ class TableShard:
     row_stop: int
     col_start: int
     col_stop: int
+    compute_kernel: str = FUSED
+    """TorchRec ``EmbeddingComputeKernel`` value: ``"fused"`` (HBM on CUDA, host memory on CPU)
+    or ``"fused_uvm_caching"`` (host memory with an HBM cache, CUDA)."""
 
     @property
     def num_rows(self) -> int:
@@ -76,6 +94,9 @@ class SPTTPlan:
         num_embeddings: rows of each feature's table.
         sharding_types: each feature's sharding kind (see the module docstring).
         shards: every shard of every table.
+        sparse_optimizer: the fused optimizer whose state the shards carry (``optim.sparse``
+            names; ``None``: none), for the bytes of :meth:`shard_bytes`.
+        memory: the budget the compute kernels were chosen for (``None``: unchecked).
     """
 
     topology: Topology
@@ -85,6 +106,8 @@ class SPTTPlan:
     num_embeddings: tuple[int, ...]
     sharding_types: tuple[str, ...]
     shards: tuple[TableShard, ...]
+    sparse_optimizer: str | None = None
+    memory: MemoryBudget | None = None
 
     def __post_init__(self) -> None:
         topo = self.topology
@@ -120,6 +143,22 @@ class SPTTPlan:
             )
         if any(not 0 <= s.feature < F for s in self.shards):
             raise ValueError(f"shards name features outside range({F})")
+        if self.sparse_optimizer is not None and self.sparse_optimizer not in SPARSE_OPTIMIZERS:
+            raise ValueError(
+                f"sparse_optimizer {self.sparse_optimizer!r} is not one of {list(SPARSE_OPTIMIZERS)}"
+            )
+        for s in self.shards:
+            if s.compute_kernel not in COMPUTE_KERNELS:
+                raise ValueError(
+                    f"a shard of {self.feature_names[s.feature]!r} has compute kernel "
+                    f"{s.compute_kernel!r}, not one of {list(COMPUTE_KERNELS)}"
+                )
+            cuda = self.memory is not None and self.memory.compute_device == "cuda"
+            if s.compute_kernel == FUSED_UVM_CACHING and not (cuda and self.sparse_optimizer):
+                raise ValueError(
+                    f"a shard of {self.feature_names[s.feature]!r} is UVM-cached, which needs "
+                    "a CUDA memory budget and a fused sparse optimizer"
+                )
         for f in range(F):
             self._check_shards(f, self.feature_shards(f))
 
@@ -240,6 +279,56 @@ class SPTTPlan:
             where[(f, c)] for f in self.tower_features[tower] for c in range(self.embedding_dim)
         )
 
+    # ---- memory ------------------------------------------------------------------------------
+
+    def shard_bytes(self, shard: TableShard) -> int:
+        """Bytes of ``shard`` plus its optimizer state (fp32)."""
+        return table_bytes(self.sparse_optimizer or "sgd", shard.num_rows, shard.num_cols)
+
+    def location(self, shard: TableShard) -> str:
+        """Where ``shard`` lives: ``"hbm"``, ``"uvm_caching"`` (host memory, cached in HBM),
+        ``"ddr"`` (CPU) or ``"device"`` (no budget given: the training device's memory)."""
+        if shard.compute_kernel == FUSED_UVM_CACHING:
+            return "uvm_caching"
+        if self.memory is None:
+            return "device"
+        return "hbm" if self.memory.compute_device == "cuda" else "ddr"
+
+    def describe(self) -> str:
+        """The plan, readable: the topology and budget, then per table its tower, sharding type
+        and shards (rank, rows, cols, compute kernel, location, bytes with optimizer state)."""
+        topo = self.topology
+        lines = [
+            f"SPTT plan: G={topo.world_size} ranks, L={topo.local_world_size} per host, "
+            f"K={topo.hosts_per_tower} hosts per tower, T={topo.num_towers} towers, "
+            f"N={self.embedding_dim}",
+            f"sparse optimizer: {self.sparse_optimizer or 'none'} (bytes: fp32 table + state)",
+            "memory budget: " + (self.memory.describe() if self.memory else "not checked"),
+            "",
+        ]
+        for f, name in enumerate(self.feature_names):
+            lines.append(
+                f"table {name}: tower {self.tower_of_feature(f)}, {self.sharding_types[f]}, "
+                f"{self.num_embeddings[f]} x {self.embedding_dim}"
+            )
+            for s in self.feature_shards(f):
+                lines.append(
+                    f"  rank {s.rank}: rows [{s.row_start}, {s.row_stop}) cols "
+                    f"[{s.col_start}, {s.col_stop}) kernel {s.compute_kernel} location "
+                    f"{self.location(s)} bytes {self.shard_bytes(s)}"
+                )
+        lines.append("")
+        for rank in range(topo.world_size):
+            held = self.rank_shards(rank)
+            total = sum(self.shard_bytes(s) for s in held)
+            cached = sum(
+                self.shard_bytes(s) for s in held if s.compute_kernel == FUSED_UVM_CACHING
+            )
+            lines.append(
+                f"rank {rank}: {len(held)} shard(s), {total} bytes, {cached} of them UVM-cached"
+            )
+        return "\n".join(lines) + "\n"
+
     @property
     def output_permutation(self) -> tuple[int, ...]:
         """Indices into the towers' features concatenated by tower that give model order."""
@@ -284,6 +373,8 @@ def build_plan(
     sharding_types: Mapping[str, str] | None = None,
     costs: Sequence[float] | None = None,
     column_multiple: int = 1,
+    sparse_optimizer: str | None = None,
+    memory: MemoryBudget | None = None,
 ) -> SPTTPlan:
     """Shard every feature's table inside its tower, balancing ``costs``.
 
@@ -303,9 +394,18 @@ def build_plan(
         costs: per-feature cost (e.g. rows x N, or lookups per sample); ``None`` counts tables.
         column_multiple: width unit of column-wise blocks (FBGEMM's kernels need 4); must
             divide ``N``.
+        sparse_optimizer: the fused optimizer (``optim.sparse`` names) whose state counts
+            against ``memory``; ``None``: no state.
+        memory: every rank's budget; ``None`` places every shard in the device's memory
+            unchecked. Given, each rank's shards plus optimizer state must fit (on CUDA,
+            UVM-caching the largest ones when HBM is short; :func:`dmt.memory.choose_kernels`).
 
     Returns:
         The plan.
+
+    Raises:
+        ValueError: on an impossible layout, or a rank whose shards do not fit in ``memory``
+            (naming the table, its bytes, the rank and the budget).
     """
     F = len(feature_names)
     kinds = ["table_wise"] * F
@@ -358,6 +458,8 @@ def build_plan(
             p = _least_loaded(load)
             load[p] += costs[f]
             shards.append(TableShard(f, topology.rank_at(t, p), 0, num_embeddings[f], 0, N))
+    if memory is not None:
+        shards = _place(shards, feature_names, num_embeddings, N, sparse_optimizer, memory)
     return SPTTPlan(
         topology=topology,
         feature_names=tuple(feature_names),
@@ -366,4 +468,32 @@ def build_plan(
         num_embeddings=tuple(num_embeddings),
         sharding_types=tuple(kinds),
         shards=tuple(shards),
+        sparse_optimizer=sparse_optimizer,
+        memory=memory,
     )
+
+
+def _place(
+    shards: list[TableShard],
+    feature_names: Sequence[str],
+    num_embeddings: Sequence[int],
+    embedding_dim: int,
+    sparse_optimizer: str | None,
+    memory: MemoryBudget,
+) -> list[TableShard]:
+    """``shards`` with the compute kernel :func:`choose_kernels` gives them on their rank."""
+    by_rank: dict[int, list[int]] = {}
+    for i, s in enumerate(shards):
+        by_rank.setdefault(s.rank, []).append(i)
+    out = list(shards)
+    for rank, held in sorted(by_rank.items()):
+        tables = []
+        for i in held:
+            s = shards[i]
+            name = feature_names[s.feature]
+            if (s.num_rows, s.num_cols) != (num_embeddings[s.feature], embedding_dim):
+                name += f" rows [{s.row_start}, {s.row_stop}) cols [{s.col_start}, {s.col_stop})"
+            tables.append((name, table_bytes(sparse_optimizer or "sgd", s.num_rows, s.num_cols)))
+        for i, kernel in zip(held, choose_kernels(tables, memory, rank=rank)):
+            out[i] = replace(shards[i], compute_kernel=kernel)
+    return out

@@ -95,6 +95,9 @@ def test_sptt_training_one_host_and_two_emulated_hosts_agree(tmp_path) -> None:
     assert a["test_auc"] > 0.6, a  # it learned
     for key in COMPARED:
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (key, a[key], b[key])
+    plan = (one / "sharding_plan.txt").read_text()  # rank 0's, the same topology either way
+    assert plan.startswith("SPTT plan: G=4 ranks, L=2 per host, K=1 hosts per tower, T=2 towers")
+    assert (two / "sharding_plan.txt").read_text() == plan
 
 
 def test_flat_baseline_runs_through_the_same_entry_point(tmp_path) -> None:
@@ -109,3 +112,6 @@ def test_flat_baseline_runs_through_the_same_entry_point(tmp_path) -> None:
     )
     metrics = _metrics(run_dir)
     assert metrics["num_steps"] == 16384 // 512 and metrics["test_auc"] > 0.6, metrics
+    plan = (run_dir / "sharding_plan.txt").read_text()
+    assert plan.startswith("flat TorchRec plan (EmbeddingShardingPlanner)\nmemory budget: cpu:")
+    assert all(f"t_cat_{i} " in plan for i in range(8)), plan

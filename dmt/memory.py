@@ -1,0 +1,184 @@
+"""Per-rank memory budget of the embedding tables and their optimizer state (pure).
+
+A rank's tables, with the fused sparse optimizer's state, must fit in its memory: on CUDA in HBM
+(``hbm_bytes``), or, for tables placed with UVM caching (TorchRec's ``FUSED_UVM_CACHING`` kernel,
+FBGEMM's ``EmbeddingLocation.MANAGED_CACHING``), in host memory (``ddr_bytes``) with a cache of
+``uvm_cache_load_factor`` of their rows in HBM; on CPU every table lives in host memory. The flat
+baseline hands the same budget to TorchRec's planner (:mod:`dmt.sharding`); the SPTT plan checks
+it with :func:`choose_kernels` (:func:`dmt.sptt.plan.build_plan`).
+
+Bytes are fp32: a table of ``rows x cols`` takes ``4 rows cols`` bytes, plus its optimizer state
+(:func:`optimizer_state_bytes`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+GIB = 1024**3
+VALUE_BYTES = 4  # fp32 weights and optimizer state
+
+# TorchRec's ``EmbeddingComputeKernel`` values (plan.py stays free of torch imports)
+FUSED = "fused"
+"""The table in the rank's own memory: HBM on CUDA, host memory on CPU."""
+FUSED_UVM_CACHING = "fused_uvm_caching"
+"""The table in host memory (UVM), ``uvm_cache_load_factor`` of its rows cached in HBM (CUDA)."""
+COMPUTE_KERNELS = (FUSED, FUSED_UVM_CACHING)
+COMPUTE_DEVICES = ("cpu", "cuda")
+
+#: optimizer-state values per table element (``rows x cols``) and per row, fp32
+_STATE_PER_ELEMENT = {"sgd": 0, "rowwise_adagrad": 0, "adagrad": 1, "adam": 2}
+_STATE_PER_ROW = {"sgd": 0, "rowwise_adagrad": 1, "adagrad": 0, "adam": 0}
+SPARSE_OPTIMIZERS = tuple(_STATE_PER_ELEMENT)
+
+
+def optimizer_state_bytes(optimizer: str, rows: int, cols: int) -> int:
+    """Bytes of the fused sparse optimizer's state of a ``rows x cols`` table (shard): row-wise
+    Adagrad one value per row, Adagrad one per element, Adam two per element, SGD none."""
+    if optimizer not in _STATE_PER_ELEMENT:
+        raise ValueError(f"sparse optimizer {optimizer!r} is not one of {list(SPARSE_OPTIMIZERS)}")
+    values = _STATE_PER_ELEMENT[optimizer] * rows * cols + _STATE_PER_ROW[optimizer] * rows
+    return VALUE_BYTES * values
+
+
+def table_bytes(optimizer: str, rows: int, cols: int) -> int:
+    """Bytes of a ``rows x cols`` fp32 table (shard) plus its optimizer state."""
+    return VALUE_BYTES * rows * cols + optimizer_state_bytes(optimizer, rows, cols)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Memory of every rank for tables plus optimizer state.
+
+    Args:
+        compute_device: ``"cuda"`` (HBM, UVM caching possible) or ``"cpu"`` (host memory only;
+            ``hbm_bytes`` is not used).
+        hbm_bytes: GPU memory per rank.
+        ddr_bytes: host memory per rank.
+        uvm_cache_load_factor: fraction of a UVM-cached table's rows kept in HBM, in ``(0, 1)``.
+    """
+
+    compute_device: str
+    hbm_bytes: int
+    ddr_bytes: int
+    uvm_cache_load_factor: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.compute_device not in COMPUTE_DEVICES:
+            raise ValueError(
+                f"compute_device={self.compute_device!r} is not one of {list(COMPUTE_DEVICES)}"
+            )
+        if self.hbm_bytes <= 0 or self.ddr_bytes <= 0:
+            raise ValueError(
+                f"hbm_bytes={self.hbm_bytes} and ddr_bytes={self.ddr_bytes} must be positive"
+            )
+        if not 0.0 < self.uvm_cache_load_factor < 1.0:
+            raise ValueError(
+                f"uvm_cache_load_factor={self.uvm_cache_load_factor} must be strictly between 0 "
+                "and 1"
+            )
+
+    @classmethod
+    def from_gib(
+        cls, compute_device: str, *, hbm_gb: float, ddr_gb: float, uvm_cache_load_factor: float
+    ) -> MemoryBudget:
+        """The budget of the ``sharding`` config group (sizes in GiB)."""
+        return cls(
+            compute_device=compute_device,
+            hbm_bytes=int(hbm_gb * GIB),
+            ddr_bytes=int(ddr_gb * GIB),
+            uvm_cache_load_factor=uvm_cache_load_factor,
+        )
+
+    def cached_hbm_bytes(self, nbytes: int) -> int:
+        """HBM a UVM-cached table of ``nbytes`` takes (its cache; TorchRec's planner model)."""
+        return math.ceil(nbytes * self.uvm_cache_load_factor)
+
+    def describe(self) -> str:
+        if self.compute_device == "cpu":
+            return f"cpu: host memory {_gib(self.ddr_bytes)} per rank (no HBM)"
+        return (
+            f"cuda: HBM {_gib(self.hbm_bytes)}, host memory {_gib(self.ddr_bytes)} per rank, "
+            f"UVM cache load factor {self.uvm_cache_load_factor}"
+        )
+
+
+def _gib(nbytes: int) -> str:
+    """``nbytes`` readable, e.g. ``"1.5 GiB (1610612736 bytes)"``."""
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if nbytes >= size:
+            return f"{nbytes / size:.3g} {unit} ({nbytes} bytes)"
+    return f"{nbytes} bytes"
+
+
+def choose_kernels(
+    tables: Sequence[tuple[str, int]], budget: MemoryBudget, *, rank: int
+) -> tuple[str, ...]:
+    """The compute kernel of each of one rank's tables (shards) under ``budget``.
+
+    CUDA: every table in HBM (:data:`FUSED`) if they fit in ``hbm_bytes``; otherwise the largest
+    tables (ties: first listed) are UVM-cached (:data:`FUSED_UVM_CACHING`) one by one until the
+    rest plus the caches fit, and the cached tables must fit in ``ddr_bytes``. CPU: every table
+    is :data:`FUSED` and all must fit in ``ddr_bytes``.
+
+    Args:
+        tables: ``(name, bytes of the table plus its optimizer state)`` of the rank's tables.
+        budget: the rank's memory.
+        rank: the rank (for the error message).
+
+    Raises:
+        ValueError: naming the table that does not fit, its bytes, the rank and the budget.
+    """
+    sizes = [int(b) for _, b in tables]
+    largest_first = sorted(range(len(tables)), key=lambda i: (-sizes[i], i))
+    total = sum(sizes)
+    if budget.compute_device == "cpu":
+        used = 0
+        for i in largest_first:
+            used += sizes[i]
+            if used > budget.ddr_bytes:
+                raise ValueError(
+                    _no_room(tables, i, rank, total)
+                    + f"; the budget is sharding.ddr_gb = {_gib(budget.ddr_bytes)} of host "
+                    "memory per rank (on CPU every table lives there): raise sharding.ddr_gb "
+                    "or use more ranks"
+                )
+        return (FUSED,) * len(tables)
+
+    kernels = [FUSED] * len(tables)
+    hbm, ddr = total, 0
+    for i in largest_first:
+        if hbm <= budget.hbm_bytes:
+            break
+        kernels[i] = FUSED_UVM_CACHING
+        hbm += budget.cached_hbm_bytes(sizes[i]) - sizes[i]
+        ddr += sizes[i]
+        if ddr > budget.ddr_bytes:
+            raise ValueError(
+                _no_room(tables, i, rank, total)
+                + f"; it would be UVM-cached, but the budget is sharding.hbm_gb = "
+                f"{_gib(budget.hbm_bytes)} of HBM and sharding.ddr_gb = {_gib(budget.ddr_bytes)}"
+                f" of host memory per rank, and the UVM-cached tables would take "
+                f"{_gib(ddr)} of host memory: raise sharding.ddr_gb or sharding.hbm_gb, or use "
+                "more ranks"
+            )
+    if hbm > budget.hbm_bytes:
+        i = largest_first[0]
+        raise ValueError(
+            _no_room(tables, i, rank, total)
+            + f"; even with every table UVM-cached (sharding.uvm_cache_load_factor = "
+            f"{budget.uvm_cache_load_factor}) the caches take {_gib(hbm)}, more than "
+            f"sharding.hbm_gb = {_gib(budget.hbm_bytes)} of HBM per rank: raise sharding.hbm_gb, "
+            "lower sharding.uvm_cache_load_factor, or use more ranks"
+        )
+    return tuple(kernels)
+
+
+def _no_room(tables: Sequence[tuple[str, int]], i: int, rank: int, total: int) -> str:
+    name, nbytes = tables[i]
+    return (
+        f"table {name!r} ({_gib(nbytes)} with its optimizer state) does not fit on rank {rank}, "
+        f"whose {len(tables)} table(s) take {_gib(total)}"
+    )

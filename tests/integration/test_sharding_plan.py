@@ -1,0 +1,103 @@
+"""``sharding_plan.txt`` in the run directory, flat and SPTT, and the budget from the config."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from dmt.train import train
+from tests.conftest import compose_config
+
+TINY = [
+    "logger=disabled",
+    "trainer=smoke",
+    "trainer.progress_bar=false",
+    "data.synthetic.num_sparse=6",
+    "data.synthetic.num_groups=2",
+    "data.synthetic.num_train=1024",
+    "data.synthetic.num_val=512",
+    "data.synthetic.num_test=512",
+    "data.batch_size=256",
+]
+SPTT = ["experiment=dmt_4t_dlrm", "model.partition.num_towers=1", "sptt=on"]
+
+
+def test_flat_run_writes_torchrec_plan(tmp_path, one_thread):
+    train(compose_config(*TINY), tmp_path)
+    lines = (tmp_path / "sharding_plan.txt").read_text().splitlines()
+    assert lines[:2] == [
+        "flat TorchRec plan (EmbeddingShardingPlanner)",
+        "memory budget: cpu: host memory 128 GiB (137438953472 bytes) per rank (no HBM)",
+    ]
+    header = next(line for line in lines if line.lstrip().startswith("param"))
+    assert [c.strip() for c in header.split("|")] == [
+        "param",
+        "sharding type",
+        "compute kernel",
+        "ranks",
+    ]
+    rows: dict[str, list[str]] = {}  # the first table: per table, then the shards table
+    for line in lines:
+        if line.startswith("t_cat_"):
+            rows.setdefault(line.split("|")[0].strip(), [c.strip() for c in line.split("|")])
+    assert sorted(rows) == sorted(f"t_cat_{i}" for i in range(6))
+    assert all(cols[2:] == ["fused", "[0]"] for cols in rows.values()), rows
+
+
+def test_sptt_run_writes_its_plan(tmp_path, one_thread):
+    train(compose_config(*TINY, *SPTT, "sharding.ddr_gb=0.5"), tmp_path)
+    lines = (tmp_path / "sharding_plan.txt").read_text().splitlines()
+    assert lines[:3] == [
+        "SPTT plan: G=1 ranks, L=1 per host, K=1 hosts per tower, T=1 towers, N=16",
+        "sparse optimizer: rowwise_adagrad (bytes: fp32 table + state)",
+        "memory budget: cpu: host memory 512 MiB (536870912 bytes) per rank (no HBM)",
+    ]
+    # 100 rows x 16 fp32 plus one row-wise Adagrad value per row
+    for f in range(6):
+        i = lines.index(f"table cat_{f}: tower 0, table_wise, 100 x 16")
+        assert lines[i + 1] == (
+            "  rank 0: rows [0, 100) cols [0, 16) kernel fused location ddr bytes 6800"
+        )
+    assert lines[-1] == "rank 0: 6 shard(s), 40800 bytes, 0 of them UVM-cached"
+
+
+@pytest.mark.parametrize("extra", [[], SPTT])
+def test_runs_fail_before_training_when_tables_exceed_the_budget(tmp_path, one_thread, extra):
+    with pytest.raises(ValueError, match=r"sharding.ddr_gb") as err:
+        train(compose_config(*TINY, *extra, "sharding.ddr_gb=0.00001"), tmp_path)
+    if extra:  # SPTT: the table, its bytes, the rank and the budget
+        assert re.match(
+            r"table 'cat_\d' \(6.64 KiB \(6800 bytes\) with its optimizer state\) does not fit on "
+            r"rank 0, whose 6 table\(s\) take 39.8 KiB \(40800 bytes\); the budget is "
+            r"sharding.ddr_gb = 10.5 KiB \(10737 bytes\) of host memory per rank",
+            str(err.value),
+        ), str(err.value)
+    else:  # flat: TorchRec's planner, with the budget
+        assert str(err.value).startswith(
+            "TorchRec's planner found no sharding of the tables within the memory budget (cpu: "
+            "host memory 10.5 KiB (10737 bytes) per rank (no HBM); sharding.hbm_gb, "
+            "sharding.ddr_gb): Unable to find a plan for this model because of insufficient "
+            "storage."
+        )
+    assert not (tmp_path / "metrics.json").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="UVM caching needs CUDA (FBGEMM)")
+@pytest.mark.parametrize("extra", [[], SPTT], ids=["flat", "sptt"])
+def test_cuda_uvm_caching_trains_like_hbm(tmp_path, extra):
+    """6 tables of 6.8 MB in 0.02 GiB of HBM: some are UVM-cached (mixed with HBM ones), and
+    training computes what it computes with every table in HBM."""
+    big = [*TINY, *extra, "trainer.device=cuda", "data.synthetic.cardinality=100000"]
+    roomy = train(compose_config(*big), tmp_path / "hbm")
+    short = train(compose_config(*big, "sharding.hbm_gb=0.02"), tmp_path / "uvm")
+    plan = (tmp_path / "uvm" / "sharding_plan.txt").read_text()
+    assert (
+        "fused_uvm_caching" in plan
+        and "fused_uvm_caching" not in (tmp_path / "hbm" / "sharding_plan.txt").read_text()
+    )
+    if extra:  # SPTT: the same shards and kernels but for the location
+        assert plan.count("location uvm_caching") == 4 and plan.count("location hbm") == 2, plan
+    for key in ("train_loss_last", "val_auc", "test_logloss"):
+        assert short[key] == pytest.approx(roomy[key], rel=1e-4, abs=1e-5), key

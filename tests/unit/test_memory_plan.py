@@ -1,0 +1,305 @@
+"""Per-rank memory budgets (dmt.memory) and the SPTT plan's placement under them, pure."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+
+from dmt.config import ShardingConfig, validate_sharding
+from dmt.memory import (
+    FUSED,
+    FUSED_UVM_CACHING,
+    MemoryBudget,
+    choose_kernels,
+    optimizer_state_bytes,
+    table_bytes,
+)
+from dmt.sptt.plan import SPTTPlan, TableShard, build_plan
+from dmt.sptt.topology import Topology
+
+KIB = 1024
+
+
+def test_kernel_names_are_torchrec_compute_kernels():
+    assert FUSED == EmbeddingComputeKernel.FUSED.value
+    assert FUSED_UVM_CACHING == EmbeddingComputeKernel.FUSED_UVM_CACHING.value
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "state_values"),
+    [("sgd", 0), ("rowwise_adagrad", 100), ("adagrad", 100 * 16), ("adam", 2 * 100 * 16)],
+)
+def test_optimizer_state_bytes(optimizer, state_values):
+    assert optimizer_state_bytes(optimizer, 100, 16) == 4 * state_values
+    assert table_bytes(optimizer, 100, 16) == 4 * (100 * 16 + state_values)
+
+
+def test_unknown_optimizer_is_refused():
+    with pytest.raises(ValueError, match=r"sparse optimizer 'lamb' is not one of \['sgd', "):
+        optimizer_state_bytes("lamb", 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"compute_device": "mtia"}, "compute_device='mtia' is not one of"),
+        ({"hbm_bytes": 0}, "hbm_bytes=0 and ddr_bytes=100 must be positive"),
+        ({"uvm_cache_load_factor": 1.0}, "uvm_cache_load_factor=1.0 must be strictly between"),
+    ],
+)
+def test_budget_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MemoryBudget(**{"compute_device": "cuda", "hbm_bytes": 100, "ddr_bytes": 100, **kwargs})
+
+
+def test_sharding_config_defaults_and_validation():
+    validate_sharding(ShardingConfig())
+    with pytest.raises(ValueError, match=r"sharding.hbm_gb=0 must be a positive number of GiB"):
+        validate_sharding(ShardingConfig(hbm_gb=0))
+    with pytest.raises(ValueError, match=r"sharding.ddr_gb=-1.0 must be a positive number"):
+        validate_sharding(ShardingConfig(ddr_gb=-1.0))
+    with pytest.raises(ValueError, match=r"sharding.uvm_cache_load_factor=0.0 must be strictly"):
+        validate_sharding(ShardingConfig(uvm_cache_load_factor=0.0))
+    b = MemoryBudget.from_gib("cuda", hbm_gb=80, ddr_gb=0.5, uvm_cache_load_factor=0.2)
+    assert (b.hbm_bytes, b.ddr_bytes) == (80 * 1024**3, 512 * 1024**2)
+
+
+# ---- choose_kernels: one rank ----------------------------------------------------------------
+
+
+def _cuda(hbm: int, ddr: int, load_factor: float = 0.25) -> MemoryBudget:
+    return MemoryBudget("cuda", hbm_bytes=hbm, ddr_bytes=ddr, uvm_cache_load_factor=load_factor)
+
+
+TABLES = [("a", 400), ("b", 1000), ("c", 200), ("d", 1000)]  # 2600 bytes
+
+
+def test_everything_in_hbm_when_it_fits():
+    assert choose_kernels(TABLES, _cuda(2600, 1), rank=0) == (FUSED,) * 4
+
+
+def test_largest_tables_are_cached_until_the_rest_fits():
+    # 2600 > 2000: cache b (first of the two largest): 1600 + 250 = 1850 <= 2000
+    assert choose_kernels(TABLES, _cuda(2000, 1000), rank=3) == (
+        FUSED,
+        FUSED_UVM_CACHING,
+        FUSED,
+        FUSED,
+    )
+    # 1100: b and d cached, 600 + 2 * 250 = 1100
+    assert choose_kernels(TABLES, _cuda(1100, 2000), rank=3) == (
+        FUSED,
+        FUSED_UVM_CACHING,
+        FUSED,
+        FUSED_UVM_CACHING,
+    )
+
+
+def test_cached_tables_must_fit_in_host_memory():
+    with pytest.raises(ValueError) as err:
+        choose_kernels(TABLES, _cuda(1100, 1999), rank=5)
+    assert str(err.value) == (
+        "table 'd' (1000 bytes with its optimizer state) does not fit on rank 5, whose 4 "
+        "table(s) take 2.54 KiB (2600 bytes); it would be UVM-cached, but the budget is "
+        "sharding.hbm_gb = 1.07 KiB (1100 bytes) of HBM and sharding.ddr_gb = 1.95 KiB "
+        "(1999 bytes) of host memory per rank, and the UVM-cached tables would take 1.95 KiB "
+        "(2000 bytes) of host memory: raise sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
+    )
+
+
+def test_caches_alone_can_exceed_hbm():
+    with pytest.raises(
+        ValueError,
+        match=r"even with every table UVM-cached .* the caches take "
+        r"650 bytes, more than sharding.hbm_gb = 649 bytes of HBM per rank",
+    ):
+        choose_kernels(TABLES, _cuda(649, 10_000), rank=0)
+
+
+def test_cpu_keeps_every_table_in_host_memory_or_fails():
+    cpu = MemoryBudget("cpu", hbm_bytes=1, ddr_bytes=2600)
+    assert choose_kernels(TABLES, cpu, rank=0) == (FUSED,) * 4
+    with pytest.raises(ValueError) as err:
+        choose_kernels(TABLES, MemoryBudget("cpu", hbm_bytes=1, ddr_bytes=1999), rank=1)
+    assert str(err.value) == (
+        "table 'd' (1000 bytes with its optimizer state) does not fit on rank 1, whose 4 "
+        "table(s) take 2.54 KiB (2600 bytes); the budget is sharding.ddr_gb = 1.95 KiB "
+        "(1999 bytes) of host memory per rank (on CPU every table lives there): raise "
+        "sharding.ddr_gb or use more ranks"
+    )
+
+
+# ---- build_plan: every rank of a topology ----------------------------------------------------
+
+
+def _rank_usage(plan: SPTTPlan, rank: int) -> tuple[int, int]:
+    """(HBM, host memory) of ``rank``'s shards under the plan's CUDA budget."""
+    assert plan.memory is not None
+    hbm = ddr = 0
+    for s in plan.rank_shards(rank):
+        nbytes = plan.shard_bytes(s)
+        if s.compute_kernel == FUSED_UVM_CACHING:
+            hbm += plan.memory.cached_hbm_bytes(nbytes)
+            ddr += nbytes
+        else:
+            hbm += nbytes
+    return hbm, ddr
+
+
+def _big_plan(world_size: int, memory: MemoryBudget | None, seed: int = 0) -> SPTTPlan:
+    topo = Topology(world_size, min(world_size, 8))
+    rng = random.Random(seed)
+    F = 4 * topo.num_towers + 3
+    features = list(range(F))
+    rng.shuffle(features)
+    towers = [features[t :: topo.num_towers] for t in range(topo.num_towers)]
+    rows = [rng.choice([64, 1000, 5000, 20_000]) for _ in range(F)]
+    names = [f"cat_{f}" for f in range(F)]
+    kinds = {names[f]: rng.choice(["table_wise", "row_wise", "column_wise"]) for f in range(F)}
+    return build_plan(
+        topo,
+        names,
+        towers,
+        embedding_dim=16,
+        num_embeddings=rows,
+        sharding_types=kinds,
+        costs=[float(r) for r in rows],
+        column_multiple=4,
+        sparse_optimizer="adagrad",
+        memory=memory,
+    )
+
+
+def _loads(plan: SPTTPlan) -> list[int]:
+    """Bytes of every rank's shards."""
+    ranks = range(plan.topology.world_size)
+    return [sum(plan.shard_bytes(s) for s in plan.rank_shards(r)) for r in ranks]
+
+
+@pytest.mark.parametrize("world_size", [2, 8, 16, 64])
+def test_plan_caches_exactly_the_ranks_short_of_hbm(world_size):
+    unchecked = _big_plan(world_size, None)
+    loads = _loads(unchecked)
+    # about half the ranks are short of HBM; every rank's caches (0.2) fit in 0.25 of the largest
+    hbm = max(sorted(loads)[(world_size - 1) // 2], max(loads) // 4)
+    memory = _cuda(hbm, 10 * max(loads), load_factor=0.2)
+    plan = _big_plan(world_size, memory)
+    assert [(s.feature, s.rank) for s in plan.shards] == [
+        (s.feature, s.rank) for s in unchecked.shards
+    ]
+    for rank in range(world_size):
+        used_hbm, used_ddr = _rank_usage(plan, rank)
+        assert used_hbm <= memory.hbm_bytes and used_ddr <= memory.ddr_bytes
+        cached = [s for s in plan.rank_shards(rank) if s.compute_kernel == FUSED_UVM_CACHING]
+        assert bool(cached) == (loads[rank] > hbm), rank
+        if cached:  # the smallest cached shard is at least as large as every shard left in HBM
+            left = [plan.shard_bytes(s) for s in plan.rank_shards(rank) if s not in cached]
+            assert min(plan.shard_bytes(s) for s in cached) >= max(left, default=0)
+            assert all(plan.location(s) == "uvm_caching" for s in cached)
+    assert all(plan.location(s) == "hbm" for s in plan.shards if s.compute_kernel == FUSED)
+    kernels = {s.compute_kernel for s in plan.shards}
+    assert kernels == {FUSED, FUSED_UVM_CACHING}, loads
+
+
+@pytest.mark.parametrize("world_size", [2, 64])
+def test_plan_fails_naming_table_bytes_rank_and_budget(world_size):
+    unchecked = _big_plan(world_size, None)
+    nbytes = max(unchecked.shard_bytes(s) for s in unchecked.shards)
+    # the first rank holding a largest shard fails first, naming it (its first in plan order)
+    first = min(s.rank for s in unchecked.shards if unchecked.shard_bytes(s) == nbytes)
+    biggest = next(
+        s for s in unchecked.shards if unchecked.shard_bytes(s) == nbytes and s.rank == first
+    )
+    # CPU: that table alone exceeds host memory
+    with pytest.raises(ValueError) as err:
+        _big_plan(world_size, MemoryBudget("cpu", hbm_bytes=1, ddr_bytes=nbytes - 1))
+    message = str(err.value)
+    name = unchecked.feature_names[biggest.feature]
+    assert message.startswith(f"table '{name}"), message
+    assert f"({nbytes} bytes) with its optimizer state) does not fit on rank {first}," in message
+    assert "sharding.ddr_gb = " in message
+    assert f"({nbytes - 1} bytes) of host memory per rank" in message
+    # CUDA: the largest table does not fit in HBM, and UVM-caching it takes too much host memory
+    with pytest.raises(ValueError) as err:
+        _big_plan(world_size, _cuda(nbytes - 1, nbytes - 1, load_factor=0.01))
+    assert re.fullmatch(
+        r"table 'cat_\d+( rows \[\d+, \d+\) cols \[\d+, \d+\))?' \(.* bytes\) with its "
+        r"optimizer state\) does not fit on rank \d+, whose \d+ table\(s\) take .*; it would be "
+        rf"UVM-cached, but the budget is sharding.hbm_gb = .* \({nbytes - 1} bytes\) of HBM and "
+        rf"sharding.ddr_gb = .* \({nbytes - 1} bytes\) of host memory per rank, .*",
+        str(err.value),
+    ), str(err.value)
+
+
+def test_cpu_plan_within_budget_places_everything_in_host_memory():
+    plan = _big_plan(8, MemoryBudget("cpu", hbm_bytes=1, ddr_bytes=1024**3))
+    assert {s.compute_kernel for s in plan.shards} == {FUSED}
+    assert {plan.location(s) for s in plan.shards} == {"ddr"}
+    unchecked = _big_plan(8, None)
+    assert {unchecked.location(s) for s in unchecked.shards} == {"device"}
+
+
+def test_uvm_caching_needs_a_cuda_budget_and_a_fused_optimizer():
+    topo = Topology(1, 1)
+    shard = TableShard(0, 0, 0, 10, 0, 4, compute_kernel=FUSED_UVM_CACHING)
+    common = dict(
+        topology=topo,
+        feature_names=("a",),
+        tower_features=((0,),),
+        embedding_dim=4,
+        num_embeddings=(10,),
+        sharding_types=("table_wise",),
+        shards=(shard,),
+    )
+    with pytest.raises(ValueError, match="is UVM-cached, which needs a CUDA memory budget"):
+        SPTTPlan(**common, sparse_optimizer="sgd", memory=MemoryBudget("cpu", 1, 1))
+    with pytest.raises(ValueError, match="is UVM-cached, which needs a CUDA memory budget"):
+        SPTTPlan(**common, memory=_cuda(1, 1))
+    SPTTPlan(**common, sparse_optimizer="sgd", memory=_cuda(1, 1))
+    bad = TableShard(0, 0, 0, 10, 0, 4, compute_kernel="fused_uvm")
+    with pytest.raises(ValueError, match=r"compute kernel 'fused_uvm', not one of"):
+        SPTTPlan(**{**common, "shards": (bad,)})
+
+
+def _three_tables(hbm: int) -> SPTTPlan:
+    return build_plan(
+        Topology(2, 2),
+        ["a", "b", "c"],
+        [[0, 1, 2]],
+        embedding_dim=4,
+        num_embeddings=[100, 300, 50],
+        sharding_types={"a": "row_wise"},
+        sparse_optimizer="rowwise_adagrad",
+        memory=_cuda(hbm=hbm, ddr=10**6, load_factor=0.5),
+    )
+
+
+def test_describe_lists_every_shard_with_location_and_bytes():
+    plan = _three_tables(hbm=7000)
+    # a's row blocks first, then b (the costliest) to position 0, c to position 1: rank 0
+    # holds 1000 + 6000 bytes, exactly its HBM; one byte less and b is UVM-cached
+    assert plan.describe().splitlines() == [
+        "SPTT plan: G=2 ranks, L=2 per host, K=1 hosts per tower, T=1 towers, N=4",
+        "sparse optimizer: rowwise_adagrad (bytes: fp32 table + state)",
+        "memory budget: cuda: HBM 6.84 KiB (7000 bytes), host memory 977 KiB (1000000 bytes) "
+        "per rank, UVM cache load factor 0.5",
+        "",
+        "table a: tower 0, row_wise, 100 x 4",
+        "  rank 0: rows [0, 50) cols [0, 4) kernel fused location hbm bytes 1000",
+        "  rank 1: rows [50, 100) cols [0, 4) kernel fused location hbm bytes 1000",
+        "table b: tower 0, table_wise, 300 x 4",
+        "  rank 0: rows [0, 300) cols [0, 4) kernel fused location hbm bytes 6000",
+        "table c: tower 0, table_wise, 50 x 4",
+        "  rank 1: rows [0, 50) cols [0, 4) kernel fused location hbm bytes 1000",
+        "",
+        "rank 0: 2 shard(s), 7000 bytes, 0 of them UVM-cached",
+        "rank 1: 2 shard(s), 2000 bytes, 0 of them UVM-cached",
+    ]
+    small = _three_tables(hbm=6999)
+    assert (
+        "  rank 0: rows [0, 300) cols [0, 4) kernel fused_uvm_caching location uvm_caching "
+        "bytes 6000" in small.describe().splitlines()
+    )
