@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torchmetrics.functional.classification import binary_auroc
 
 _EPS = 1e-7
@@ -31,3 +33,103 @@ def click_metrics(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]
         "calibration": float(probs.mean()) / max(ctr, _EPS),
         "num_samples": float(labels.numel()),
     }
+
+
+class StreamingClickMetrics:
+    """The metrics of :func:`click_metrics` from running sums: memory bounded by ``num_bins``.
+
+    State: one float64 tensor of ``4 + 4 * num_bins`` entries (2 MiB by default) on ``device``:
+    the sample count, click count, sum of predicted probabilities and sum of per-sample logloss
+    (exact, as :func:`click_metrics` computes them), then, over ``num_bins`` equal bins of the
+    logit on ``[-logit_range, logit_range]``, the count of negatives and of positives and the sum
+    of their positions inside the bin. AUC counts the pairs of different bins exactly; a pair in
+    one bin counts ``1/2 + (position of the positive - position of the negative)``, the first-order
+    estimate that is exact for ties and for densities linear across the bin. The measured
+    difference from the exact AUC is below 1e-4 from a few thousand samples on, on skewed and
+    clustered scores alike (tests/unit/test_metrics.py); on a set with few clicks one pair moves
+    the AUC by ``1 / (clicks * non-clicks)``, and a single bin (about 5e-4 in logit by default)
+    cannot rank scores inside it. :meth:`sync` adds the state over a process group with one
+    ``all_reduce``; counts stay exact in float64 below 2**53.
+
+    Example::
+
+        acc = StreamingClickMetrics(device=device)
+        for batch in batches:
+            acc.update(torch.sigmoid(logits), batch.labels)
+        metrics = acc.sync(group).compute()
+    """
+
+    NUM_SUMS = 4
+
+    def __init__(
+        self,
+        num_bins: int = 1 << 16,
+        logit_range: float = 16.2,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if num_bins < 1:
+            raise ValueError(f"num_bins must be >= 1, got {num_bins}")
+        if not logit_range > 0:
+            raise ValueError(f"logit_range must be > 0, got {logit_range}")
+        self.num_bins = num_bins
+        self.logit_range = float(logit_range)  # covers the 1e-7 clamp: logit(1 - 1e-7) = 16.12
+        self.state = torch.zeros(self.NUM_SUMS + 4 * num_bins, dtype=torch.float64, device=device)
+
+    def update(self, probs: torch.Tensor, labels: torch.Tensor) -> None:
+        """Adds predicted click probabilities ``probs`` (B) and 0/1 ``labels`` (B)."""
+        if probs.numel() != labels.numel():
+            raise ValueError(
+                f"probs and labels must have as many entries, got {probs.numel()} and {labels.numel()}"
+            )
+        p = probs.detach().reshape(-1).to(self.state.device, torch.float64).clamp(_EPS, 1 - _EPS)
+        y = labels.detach().reshape(-1).to(self.state.device, torch.float64)
+        logloss = -(y * p.log() + (1 - y) * torch.log1p(-p))
+        self.state[: self.NUM_SUMS] += torch.stack(
+            [p.new_tensor(float(p.numel())), y.sum(), p.sum(), logloss.sum()]
+        )
+        # position in bins: integer part = bin, fraction = place inside it
+        u = (p.log() - torch.log1p(-p) + self.logit_range) * (
+            self.num_bins / (2 * self.logit_range)
+        )
+        bins = u.floor().clamp_(0, self.num_bins - 1)
+        inside = (u - bins).clamp_(0, 1)
+        index = bins.long() + (y > 0.5).long() * self.num_bins
+        histograms = self.state[self.NUM_SUMS :].view(2, 2 * self.num_bins)
+        histograms[0] += torch.bincount(index, minlength=2 * self.num_bins)
+        histograms[1] += torch.bincount(index, weights=inside, minlength=2 * self.num_bins)
+
+    def sync(self, group: Any = None) -> StreamingClickMetrics:
+        """Sums the state over ``group`` (one ``all_reduce``); every rank then holds the total."""
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+            dist.all_reduce(self.state, op=dist.ReduceOp.SUM, group=group)
+        return self
+
+    def compute(self) -> dict[str, float]:
+        """``auc``, ``logloss``, ``ne``, ``calibration``, ``num_samples`` (NaN where undefined)."""
+        n, clicks, prob_sum, logloss_sum = self.state[: self.NUM_SUMS].tolist()
+        if n == 0:
+            nan = float("nan")
+            return {"auc": nan, "logloss": nan, "ne": nan, "calibration": nan, "num_samples": 0.0}
+        ctr = clicks / n
+        logloss = logloss_sum / n
+        histograms = self.state[self.NUM_SUMS :].view(4, self.num_bins)
+        return {
+            "auc": _binned_auc(*histograms) if 0 < ctr < 1 else float("nan"),
+            "logloss": logloss,
+            "ne": logloss / binary_entropy(ctr),
+            "calibration": prob_sum / n / max(ctr, _EPS),
+            "num_samples": n,
+        }
+
+
+def _binned_auc(
+    negatives: torch.Tensor,
+    positives: torch.Tensor,
+    neg_inside: torch.Tensor,
+    pos_inside: torch.Tensor,
+) -> float:
+    """AUC from per-bin counts and in-bin position sums (bins in ascending score order)."""
+    negatives_below = torch.cumsum(negatives, 0) - negatives
+    same_bin = 0.5 * positives * negatives + pos_inside * negatives - neg_inside * positives
+    wins = (positives * negatives_below).sum() + same_bin.sum()
+    return float(wins / (positives.sum() * negatives.sum()))

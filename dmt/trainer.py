@@ -25,7 +25,7 @@ from tqdm import tqdm
 from dmt import checkpoint
 from dmt.config import Config
 from dmt.data import BatchSource, DataBundle, build_data
-from dmt.metrics import click_metrics
+from dmt.metrics import StreamingClickMetrics
 from dmt.models import build_model, embedding_parameters
 from dmt.models.rec_model import RecModel
 from dmt.optim import (
@@ -123,24 +123,19 @@ class Trainer:
     # -- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, source: BatchSource) -> dict[str, float]:
+        """Metrics of :class:`StreamingClickMetrics` over every rank's share of ``source``: each
+        rank keeps running sums, then one ``all_reduce`` adds them (no prediction leaves a rank)."""
         self.model.eval()
-        probs, labels = [], []
+        acc = StreamingClickMetrics(device=self.rt.device)
         cap = self.cfg.trainer.eval_max_batches
         for i, batch in enumerate(source.batches(0)):
             if 0 < cap <= i:
                 break
-            _, logits = self.model(batch.to(self.rt.device))
-            probs.append(torch.sigmoid(logits).cpu())
-            labels.append(batch.labels)
+            batch = batch.to(self.rt.device)
+            _, logits = self.model(batch)
+            acc.update(torch.sigmoid(logits), batch.labels)
         self.model.train()
-        p = torch.cat(probs) if probs else torch.empty(0)
-        y = torch.cat(labels) if labels else torch.empty(0)
-        if self.rt.world_size > 1:
-            gathered: list[Any] = [None] * self.rt.world_size
-            dist.all_gather_object(gathered, (p, y))
-            p = torch.cat([g[0] for g in gathered])
-            y = torch.cat([g[1] for g in gathered])
-        return click_metrics(p, y)
+        return acc.sync().compute()
 
     def oracle_auc(self, source: BatchSource) -> float | None:
         """AUC of the true click probabilities on the samples ``evaluate`` scores (synthetic)."""
@@ -148,13 +143,9 @@ class Trainer:
         if local is None or self.cfg.trainer.eval_max_batches > 0:
             return None
         labels = np.concatenate([b.labels.numpy() for b in source.batches(0)])
-        probs, ys = torch.from_numpy(local), torch.from_numpy(labels)
-        if self.rt.world_size > 1:
-            gathered: list[Any] = [None] * self.rt.world_size
-            dist.all_gather_object(gathered, (probs, ys))
-            probs = torch.cat([g[0] for g in gathered])
-            ys = torch.cat([g[1] for g in gathered])
-        return click_metrics(probs, ys)["auc"]
+        acc = StreamingClickMetrics(device=self.rt.device)
+        acc.update(torch.from_numpy(local), torch.from_numpy(labels))
+        return acc.sync().compute()["auc"]
 
     # -- training -----------------------------------------------------------------------------
     def train_step(self, batch: Batch) -> torch.Tensor:

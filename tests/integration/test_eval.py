@@ -75,8 +75,12 @@ def _copy_run(run: Path, dest: Path) -> Path:
 
 
 def _assert_matches_trainer(report: dict, trained: dict, split: str, **tol: float) -> None:
+    """dmt-eval's exact metrics against the trainer's streaming ones (binned AUC: within 1e-4)."""
     for k in METRICS:
-        torch.testing.assert_close(report[k], trained[f"{split}_{k}"], msg=k, **tol)
+        if k == "auc":
+            torch.testing.assert_close(report[k], trained[f"{split}_{k}"], msg=k, rtol=0, atol=1e-4)
+        else:
+            torch.testing.assert_close(report[k], trained[f"{split}_{k}"], msg=k, **tol)
     assert report["rows"] == trained[f"{split}_num_samples"]
 
 
@@ -280,7 +284,7 @@ def test_a_two_rank_checkpoint_loads_in_one_process(tmp_path: Path, extra: list[
     )
     # the tables are split over the ranks: neither rank file alone holds the model
     report = evaluate(tmp_path / "checkpoints", "test")
-    # the trainer gathers the ranks' halves of each batch: the same numbers up to float sums
+    # the trainer adds the ranks' sums: the same numbers up to float sums (AUC: binned)
     _assert_matches_trainer(report, metrics, "test", rtol=1e-7, atol=1e-8)
     # dmt-partition --checkpoint reads the same checkpoint (SPTT: the DMT model's towers)
     affinity, names = checkpoint_affinity(tmp_path / "checkpoints", "val", max_batches=2)

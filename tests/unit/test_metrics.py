@@ -6,7 +6,7 @@ import torch
 from sklearn.metrics import log_loss, roc_auc_score
 
 from dmt.config import OptimConfig
-from dmt.metrics import click_metrics
+from dmt.metrics import StreamingClickMetrics, click_metrics
 from dmt.optim import LRSchedule
 
 
@@ -27,6 +27,87 @@ def test_metrics_match_sklearn_and_ne_definition():
 def test_predicting_the_click_rate_has_ne_one():
     y = torch.tensor([0, 0, 1, 0, 1, 0, 0, 0.0])
     assert click_metrics(torch.full((8,), 0.25), y)["ne"] == pytest.approx(1.0, abs=1e-6)
+
+
+def _scores(kind: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Click labels (3% or 50% rate) and float32 probabilities of one shape of distribution."""
+    y = rng.random(n) < (0.5 if kind == "balanced" else 0.03)
+    z = rng.standard_normal(n)
+    p = {
+        "logit_normal": lambda: 1 / (1 + np.exp(-(-3.5 + z + 1.2 * y))),
+        "clustered": lambda: 0.03 + 1e-3 * z + 2e-4 * y,  # every score within 0.03 +- 0.005
+        "ties": lambda: np.round(rng.random(n) * 10) / 20 + 0.2 * y,  # 20 distinct values
+        "skewed": lambda: 1 / (1 + np.exp(-(-12 + 3 * z + 2 * y))),  # many below the 1e-7 clamp
+        "balanced": lambda: rng.random(n) * 0.3 + 0.2 * y,
+        "constant": lambda: np.full(n, 0.25),
+    }[kind]()
+    return p.astype(np.float32), y.astype(np.float32)
+
+
+def _assert_close_to_exact(streamed: dict[str, float], exact: dict[str, float]) -> None:
+    assert streamed["auc"] == pytest.approx(exact["auc"], abs=1e-4)
+    for k in ("logloss", "ne", "calibration"):  # exact float64 sums
+        assert streamed[k] == pytest.approx(exact[k], rel=1e-12), k
+    assert streamed["num_samples"] == exact["num_samples"]
+
+
+@pytest.mark.parametrize("n", [20_000, 200_000])
+@pytest.mark.parametrize(
+    "kind", ["logit_normal", "clustered", "ties", "skewed", "balanced", "constant"]
+)
+def test_streaming_metrics_match_the_exact_ones(kind: str, n: int) -> None:
+    p, y = _scores(kind, n, np.random.default_rng(1))
+    acc = StreamingClickMetrics()
+    for chunk in np.array_split(np.arange(n), [1, 5000, 5001, 9000]):  # uneven batches
+        acc.update(torch.from_numpy(p[chunk]), torch.from_numpy(y[chunk]))
+    exact = click_metrics(torch.from_numpy(p), torch.from_numpy(y))
+    _assert_close_to_exact(acc.compute(), exact)
+    if kind == "constant":
+        assert acc.compute()["auc"] == pytest.approx(0.5, abs=1e-9) and exact["auc"] == 0.5
+
+
+def test_streaming_metrics_on_criteo_labels(shared_data) -> None:
+    """The Criteo sample's labels with a linear model's scores on its dense features."""
+    pd = pytest.importorskip("pandas")
+    table = pd.read_csv(
+        shared_data / "criteo-kaggle-sample" / "train.tsv", sep="\t", header=None, usecols=range(14)
+    )
+    y = table[0].to_numpy(np.float64)
+    x = np.log1p(np.clip(table.iloc[:, 1:].fillna(0).to_numpy(np.float64), 0, None))
+    x = np.c_[x, np.ones(len(x))]
+    p = np.clip(x @ np.linalg.lstsq(x, y, rcond=None)[0], 1e-3, 1 - 1e-3)
+    probs, labels = torch.from_numpy(p).float(), torch.from_numpy(y).float()
+    acc = StreamingClickMetrics()
+    acc.update(probs, labels)
+    exact = click_metrics(probs, labels)
+    assert exact["auc"] > 0.6  # the scores rank clicks
+    _assert_close_to_exact(acc.compute(), exact)
+
+
+def test_streaming_state_does_not_grow_with_the_samples() -> None:
+    acc = StreamingClickMetrics(num_bins=1024)
+    size = acc.state.numel()
+    assert size == 4 + 4 * 1024
+    rng = np.random.default_rng(0)
+    for n in (10, 1_000_000):
+        p, y = _scores("logit_normal", n, rng)
+        acc.update(torch.from_numpy(p), torch.from_numpy(y))
+        assert acc.state.numel() == size
+    assert [t.numel() for t in vars(acc).values() if isinstance(t, torch.Tensor)] == [size]
+    assert StreamingClickMetrics().state.nbytes <= (2 << 20) + 64  # default: about 2 MiB
+
+
+def test_streaming_metrics_undefined_cases() -> None:
+    acc = StreamingClickMetrics()
+    empty = acc.compute()
+    assert empty["num_samples"] == 0 and all(math.isnan(empty[k]) for k in ("auc", "ne", "logloss"))
+    acc.update(torch.tensor([0.2, 0.7]), torch.tensor([1.0, 1.0]))
+    assert math.isnan(acc.compute()["auc"])  # one class only, as click_metrics
+    assert math.isnan(click_metrics(torch.tensor([0.2, 0.7]), torch.tensor([1.0, 1.0]))["auc"])
+    with pytest.raises(ValueError, match="probs and labels must have as many entries, got 2 and 3"):
+        acc.update(torch.tensor([0.2, 0.7]), torch.ones(3))
+    with pytest.raises(ValueError, match="num_bins must be >= 1, got 0"):
+        StreamingClickMetrics(num_bins=0)
 
 
 def test_lr_schedule_warmup_and_decays():
