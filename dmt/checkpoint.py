@@ -223,7 +223,9 @@ class Checkpointer:
         }
         writer = dcp.FileSystemWriter(path, sync_files=True)
         if self.async_save:
-            future = dcp.async_save(state, storage_writer=writer, process_group=self._group)
+            response = dcp.async_save(state, storage_writer=writer, process_group=self._group)
+            # a Future, or (with an asynchronous stager) the staging and upload futures
+            future = response if isinstance(response, Future) else response.upload_completion
             self._pending = _Pending(path, future, meta, config)
         else:
             dcp.save(state, storage_writer=writer)
