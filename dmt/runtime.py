@@ -330,10 +330,15 @@ def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store:
     restart count (``TORCHELASTIC_RESTART_COUNT``) as a key prefix keeps the attempts apart.
     """
     store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-        is_master=False, timeout=timeout,
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,
+        timeout=timeout,
     )
-    return dist.PrefixStore(f"dmt/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    return dist.PrefixStore(
+        f"dmt/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store
+    )
 
 
 def close_runtime() -> None:

@@ -23,6 +23,7 @@ from dmt.run_dir import (
     lock_run_dir,
     run_stamp,
 )
+from dmt.runtime import TORCHRUN_VARS
 from tests.conftest import REPO
 
 SECOND = datetime(2025, 1, 31, 14, 3, 59, 0)
@@ -169,14 +170,7 @@ def test_a_held_lock_refuses_a_second_run_and_a_killed_holder_leaves_none(tmp_pa
 )
 def test_the_callback_knows_its_rank_from_the_launcher(monkeypatch, env, rank):
     for key in list(os.environ):
-        if key.startswith(("SLURM_", "TORCHELASTIC_")) or key in (
-            "RANK",
-            "WORLD_SIZE",
-            "LOCAL_RANK",
-            "LOCAL_WORLD_SIZE",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-        ):
+        if key.startswith(("SLURM_", "TORCHELASTIC_")) or key in TORCHRUN_VARS:
             monkeypatch.delenv(key)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
