@@ -37,7 +37,7 @@ from dmt.optim import (
 )
 from dmt.runtime import Runtime
 from dmt.sharding import memory_budget, shard_model, write_sharding_plan
-from dmt.sptt.dmt_sharding import shard_dmt, topology_from
+from dmt.sptt.dmt_sharding import ShardedDMT, shard_dmt, topology_from
 
 log = logging.getLogger(__name__)
 
@@ -85,19 +85,28 @@ class Trainer:
         )
         memory = memory_budget(cfg.sharding, runtime.device.type)
         if cfg.sptt.enabled:
-            topology = topology_from(runtime, hosts_per_tower=cfg.sptt.hosts_per_tower,
-                                     local_world_size=cfg.sptt.local_world_size)
+            topology = topology_from(
+                runtime,
+                hosts_per_tower=cfg.sptt.hosts_per_tower,
+                local_world_size=cfg.sptt.local_world_size,
+            )
             self.model, self.optimizer = shard_dmt(
-                TrainTask(plain), runtime, topology=topology, optim_cfg=cfg.optim,
-                sharding_type=cfg.sptt.sharding_type, init_seed=cfg.trainer.seed,
-                peer_permute=cfg.sptt.peer_permute, memory=memory,
+                TrainTask(plain),
+                runtime,
+                topology=topology,
+                optim_cfg=cfg.optim,
+                sharding_type=cfg.sptt.sharding_type,
+                init_seed=cfg.trainer.seed,
+                peer_permute=cfg.sptt.peer_permute,
+                memory=memory,
                 even_batches=True,  # the training sources split whole global batches evenly
                 timeout=timedelta(seconds=cfg.trainer.collective_timeout_s),
             )
         else:
             apply_sparse_optimizer(embedding_parameters(plain), cfg.optim)
-            self.model = shard_model(TrainTask(plain), runtime, batch_size=cfg.data.batch_size,
-                                     memory=memory)
+            self.model = shard_model(
+                TrainTask(plain), runtime, batch_size=cfg.data.batch_size, memory=memory
+            )
             self.optimizer = build_optimizer(self.model, cfg.optim)
         write_sharding_plan(self.model, self.output_dir, rank=runtime.rank, memory=memory)
         self.peak_lrs = [g["lr"] for g in self.optimizer.param_groups]
@@ -116,8 +125,11 @@ class Trainer:
         self.checkpointer: checkpoint.Checkpointer | None = None
         if t.checkpoint or t.checkpoint_every:
             self.checkpointer = checkpoint.Checkpointer(
-                self.checkpoint_root(), rank=runtime.rank, world_size=runtime.world_size,
-                async_save=t.checkpoint_async, timeout=timedelta(seconds=t.collective_timeout_s),
+                self.checkpoint_root(),
+                rank=runtime.rank,
+                world_size=runtime.world_size,
+                async_save=t.checkpoint_async,
+                timeout=timedelta(seconds=t.collective_timeout_s),
             )
 
     # -- evaluation ---------------------------------------------------------------------------
@@ -197,22 +209,41 @@ class Trainer:
         start_epoch = 0
         resume = self.resume_path()
         if resume is not None:
-            checkpoint.check_config(resume, self.config_yaml(), allow_change=t.resume_allow_config_change)
-            meta = checkpoint.load(resume, self.model, self.optimizer, rank=self.rt.rank,
-                                   partial_optimizer=t.resume_allow_config_change)
+            checkpoint.check_config(
+                resume, self.config_yaml(), allow_change=t.resume_allow_config_change
+            )
+            meta = checkpoint.load(
+                resume,
+                self.model,
+                self.optimizer,
+                rank=self.rt.rank,
+                partial_optimizer=t.resume_allow_config_change,
+            )
             self.step = int(meta["step"])
-            start_epoch = int(meta["epoch"])  # the data position is the step (batch_in_epoch agrees)
+            start_epoch = int(
+                meta["epoch"]
+            )  # the data position is the step (batch_in_epoch agrees)
             if self.rt.is_main:
-                log.info("resumed from %s at step %d (saved by %d ranks, now %d)", resume, self.step,
-                         meta["world_size"], self.rt.world_size)
+                log.info(
+                    "resumed from %s at step %d (saved by %d ranks, now %d)",
+                    resume,
+                    self.step,
+                    meta["world_size"],
+                    self.rt.world_size,
+                )
 
         start_step = self.step
         per_epoch = self.data.train.num_batches()
         losses: list[torch.Tensor] = []  # on the device; read back at log steps and at the end
         metrics: dict[str, float] = {}
         train_time = 0.0
-        bar = tqdm(total=self.total_steps, initial=self.step, disable=not (t.progress_bar and self.rt.is_main),
-                   desc="train", dynamic_ncols=True)
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            disable=not (t.progress_bar and self.rt.is_main),
+            desc="train",
+            dynamic_ncols=True,
+        )
         for epoch in range(start_epoch, t.epochs):
             if self.step >= self.total_steps:
                 break
@@ -230,7 +261,9 @@ class Trainer:
                     if self.step % t.log_every == 0:
                         value = float(loss)  # the only host sync of a training step
                         bar.set_postfix(loss=f"{value:.4f}")
-                        self._log({"train/loss": value, "train/lr_factor": self.schedule(self.step - 1)})
+                        self._log(
+                            {"train/loss": value, "train/lr_factor": self.schedule(self.step - 1)}
+                        )
                 train_time += time.perf_counter() - tick
                 if t.eval_every and self.step % t.eval_every == 0:
                     val = self.evaluate(self.data.val)
@@ -287,8 +320,11 @@ class Trainer:
                 if setting == "auto":
                     found[0] = checkpoint.latest(self.checkpoint_root())
                     if found[0] is None:
-                        log.info("trainer.resume_from=auto: no complete checkpoint in %s; "
-                                 "starting fresh", self.checkpoint_root())
+                        log.info(
+                            "trainer.resume_from=auto: no complete checkpoint in %s; "
+                            "starting fresh",
+                            self.checkpoint_root(),
+                        )
                 else:
                     found[0] = checkpoint.resolve(Path(setting))
             except ValueError as e:
@@ -304,7 +340,11 @@ class Trainer:
             epoch, batch_in_epoch = epoch + 1, 0
         assert self.checkpointer is not None
         return self.checkpointer.save(
-            self.model, self.optimizer, step=self.step, epoch=epoch, batch_in_epoch=batch_in_epoch,
+            self.model,
+            self.optimizer,
+            step=self.step,
+            epoch=epoch,
+            batch_in_epoch=batch_in_epoch,
             config=self.config_yaml(),
         )
 
@@ -318,13 +358,14 @@ def build_pipeline(
 ) -> TrainPipelineSparseDist[Batch, torch.Tensor] | TrainPipelineBase[Batch, torch.Tensor]:
     """TorchRec's training pipeline for a sharded ``TrainTask``.
 
-    Flat base models (DLRM, DCN) get ``TrainPipelineSparseDist``: batch ``i+1`` is copied to the
-    device and its input all-to-all (step a of the sharded EBC) runs while batch ``i`` trains.
-    Models it cannot trace (SPTT's ``ShardedDMT``, flat DMT models, whose towers split the
-    features) get ``TrainPipelineBase``, which overlaps the host-to-device copy only.
-    Each step's output is the detached loss.
+    Flat base models (DLRM, DCN) and SPTT's ``ShardedDMT`` get ``TrainPipelineSparseDist``:
+    batch ``i+1`` is copied to the device and its input all-to-all (the sharded EBC's, or SPTT's
+    step a in :class:`~dmt.sptt.sharded_towers.ShardedTowers`) runs while batch ``i`` trains.
+    Flat DMT models, whose towers' EBCs read features split out of the batch (an input the
+    pipeline cannot hand to the next batch's input dist), get ``TrainPipelineBase``, which
+    overlaps the host-to-device copy only. Each step's output is the detached loss.
     """
-    if isinstance(unwrap(model), RecModel):
+    if isinstance(unwrap(model), RecModel | ShardedDMT):
 
         def forward(batch: Batch | None) -> tuple[torch.Tensor, torch.Tensor]:
             loss, _ = model(batch)

@@ -180,15 +180,19 @@ class DMTModel(nn.Module):
         return [t(kjt) for t, kjt in zip(self.towers, self.split_features(sparse_features))]
 
     def interact(
-        self, dense_features: torch.Tensor, tower_outputs: list[torch.Tensor]
+        self, dense_features: torch.Tensor, tower_outputs: Sequence[torch.Tensor]
     ) -> torch.Tensor:
-        """Bottom MLP, global interaction and top MLP over the towers' outputs -> logits ``(B,)``."""
+        """Bottom MLP, global interaction and top MLP over the towers' outputs -> logits ``(B,)``.
+
+        The bottom MLP runs before ``tower_outputs`` is touched: a distributed caller may pass
+        outputs still in flight (SPTT's step f) and have them waited for only here."""
+        bottom = self.bottom(dense_features)
         if len(tower_outputs) != self.num_towers:
             raise ValueError(f"got {len(tower_outputs)} tower outputs for {self.num_towers} towers")
-        vectors = torch.cat(tower_outputs, dim=1) if self.num_towers > 1 else tower_outputs[0]
+        vectors = torch.cat(list(tower_outputs), dim=1) if self.num_towers > 1 else tower_outputs[0]
         if self._reorder:
             vectors = vectors.index_select(1, self._global_order)
-        return self.top(self.interaction(self.bottom(dense_features), vectors)).squeeze(-1)
+        return self.top(self.interaction(bottom, vectors)).squeeze(-1)
 
     def dense_forward(self, dense_features: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         """Everything after the lookup, from the pooled embeddings ``(B, F, N)`` in global feature

@@ -166,3 +166,155 @@ def reduce_scatter(
     out = _ReduceScatter.apply(input, group, record)
     assert isinstance(out, torch.Tensor)
     return out
+
+
+# ---- asynchronous all-to-all (step f as TorchRec's output dist) -----------------------------
+
+
+class AllToAllRequest:
+    """One asynchronous, differentiable all-to-all: :func:`all_to_all_single_async` starts it,
+    :meth:`wait` returns its output.
+
+    The forward runs as two autograd nodes, like TorchRec's ``All2All_Pooled_Req`` /
+    ``All2All_Pooled_Wait``: *start* sends the input and returns a placeholder; *wait* waits and
+    returns the received tensor. Their backward runs the other way round: *wait*'s backward starts
+    the gradient's all-to-all, *start*'s backward waits for it. Whatever autograd runs between the
+    two (the bottom MLP's backward, say) overlaps with the communication, in the forward and in the
+    backward.
+    """
+
+    def __init__(
+        self,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        group: dist.ProcessGroup,
+        record: Recorder | None,
+    ) -> None:
+        self.output_split_sizes = output_split_sizes
+        self.input_split_sizes = input_split_sizes
+        self.group = group
+        self.record = record
+        self.work: dist.Work | None = None
+        self.output: torch.Tensor | None = None
+        self.grad_work: dist.Work | None = None
+        self.grad_input: torch.Tensor | None = None
+        self._placeholder: torch.Tensor | None = None
+
+    def wait(self) -> torch.Tensor:
+        """The received tensor, 1-D, ordered by source group rank; call it once.
+
+        The request keeps no reference to the tensors it returns (whose autograd nodes refer to
+        the request): no reference cycle through autograd."""
+        if self._placeholder is None:
+            raise RuntimeError("the all-to-all was not started or was already waited for")
+        placeholder, self._placeholder = self._placeholder, None
+        out = _AllToAllWait.apply(placeholder, self)
+        assert isinstance(out, torch.Tensor)
+        return out
+
+
+def _start_all_to_all(
+    input: torch.Tensor,
+    output_split_sizes: list[int],
+    input_split_sizes: list[int],
+    group: dist.ProcessGroup,
+    record: Recorder | None,
+    direction: str,
+) -> tuple[dist.Work, torch.Tensor]:
+    input = input.contiguous()
+    output = input.new_empty(sum(output_split_sizes))
+    work = dist.all_to_all_single(
+        output,
+        input,
+        output_split_sizes=output_split_sizes,
+        input_split_sizes=input_split_sizes,
+        group=group,
+        async_op=True,
+    )
+    assert work is not None
+    if record is not None:
+        record([n * input.element_size() for n in input_split_sizes], direction)
+    return work, output
+
+
+class _AllToAllStart(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, input: torch.Tensor, request: AllToAllRequest
+    ) -> torch.Tensor:
+        ctx.request = request  # type: ignore[attr-defined]
+        request.work, request.output = _start_all_to_all(
+            input,
+            request.output_split_sizes,
+            request.input_split_sizes,
+            request.group,
+            request.record,
+            "forward",
+        )
+        return input.new_empty(0)
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad_placeholder: torch.Tensor
+    ) -> tuple[torch.Tensor | None, None]:
+        request: AllToAllRequest = ctx.request  # type: ignore[attr-defined]
+        assert request.grad_work is not None and request.grad_input is not None
+        request.grad_work.wait()
+        grad_input, request.grad_work, request.grad_input = request.grad_input, None, None
+        return grad_input, None
+
+
+class _AllToAllWait(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        placeholder: torch.Tensor,
+        request: AllToAllRequest,
+    ) -> torch.Tensor:
+        ctx.request = request  # type: ignore[attr-defined]
+        assert request.work is not None and request.output is not None
+        request.work.wait()
+        output, request.work, request.output = request.output, None, None
+        return output
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad_output: torch.Tensor
+    ) -> tuple[torch.Tensor, None]:
+        request: AllToAllRequest = ctx.request  # type: ignore[attr-defined]
+        request.grad_work, request.grad_input = _start_all_to_all(
+            grad_output,
+            request.input_split_sizes,
+            request.output_split_sizes,
+            request.group,
+            request.record,
+            "backward",
+        )
+        return grad_output.new_empty(0), None
+
+
+def all_to_all_single_async(
+    input: torch.Tensor,
+    *,
+    output_split_sizes: Sequence[int],
+    input_split_sizes: Sequence[int],
+    group: dist.ProcessGroup,
+    record: Recorder | None = None,
+) -> AllToAllRequest:
+    """Start :func:`all_to_all_single` without waiting; ``request.wait()`` gives its output.
+
+    The same result and gradient as :func:`all_to_all_single`; the backward's all-to-all also
+    runs asynchronously (see :class:`AllToAllRequest`). Every rank of ``group`` must start, wait
+    and backprop its requests in the same order.
+    """
+    if input.dim() != 1:
+        raise ValueError(f"all_to_all_single expects a 1-D tensor, got shape {tuple(input.shape)}")
+    if sum(input_split_sizes) != input.numel():
+        raise ValueError(
+            f"input_split_sizes sum to {sum(input_split_sizes)}, input has {input.numel()} elements"
+        )
+    request = AllToAllRequest(list(output_split_sizes), list(input_split_sizes), group, record)
+    placeholder = _AllToAllStart.apply(input, request)
+    assert isinstance(placeholder, torch.Tensor)
+    request._placeholder = placeholder
+    return request

@@ -57,6 +57,7 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
 from torch import nn
 from torchrec.distributed.dist_data import KJTAllToAll
+from torchrec.distributed.types import Awaitable, LazyAwaitable
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
@@ -64,7 +65,12 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from dmt.memory import FUSED_UVM_CACHING
-from dmt.sptt.collectives import all_to_all_single, reduce_scatter
+from dmt.sptt.collectives import (
+    AllToAllRequest,
+    all_to_all_single,
+    all_to_all_single_async,
+    reduce_scatter,
+)
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.peer_permute import (
     block_permutation,
@@ -278,6 +284,15 @@ class SPTTDataflow(nn.Module):
 
     def distribute_input(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """Step a: one jagged feature per shard of this rank, ``G B`` samples by source rank."""
+        received = self.start_input_dist(features).wait().wait()
+        self.check_received(received, features.stride())
+        return received
+
+    def start_input_dist(
+        self, features: KeyedJaggedTensor
+    ) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
+        """Start step a (TorchRec's two-stage ``KJTAllToAll``: the first ``wait`` exchanges the
+        per-key sizes, the second the ids); :meth:`check_received` checks what arrives."""
         plan, topo = self.plan, self.plan.topology
         if sorted(features.keys()) != sorted(plan.feature_names):
             raise ValueError(
@@ -314,14 +329,16 @@ class SPTTDataflow(nn.Module):
         )
         if self.stats is not None:
             self.stats.record("a", "world", topo.world_ranks, bytes_per_dst)
-        received = self._input_dist(kjt).wait().wait()
-        expected = features.stride() * topo.world_size
+        return self._input_dist(kjt)
+
+    def check_received(self, received: KeyedJaggedTensor, local_batch: int) -> None:
+        """Raise ``ValueError`` unless step a brought ``G B`` samples (``B = local_batch``)."""
+        expected = local_batch * self.plan.topology.world_size
         if received.stride() != expected:
             raise ValueError(
                 f"rank {self.rank}: received a global batch of {received.stride()} samples, "
                 f"expected G*B = {expected}; every rank must use the same local batch size"
             )
-        return received
 
     def _bucket_row_wise(
         self, feature: int, jagged: JaggedTensor
@@ -449,8 +466,33 @@ class SPTTDataflow(nn.Module):
 
     def peer_exchange(self, tower_output: torch.Tensor) -> list[torch.Tensor]:
         """Step f: all-to-all among peers; returns every tower's ``(B, V_t, D_t)``, by tower."""
-        topo = self.plan.topology
-        T = topo.num_towers
+        B, sizes, input_sizes = self._peer_splits(tower_output)
+        received = all_to_all_single(
+            tower_output.reshape(-1),
+            output_split_sizes=sizes,
+            input_split_sizes=input_sizes,
+            group=self.groups.peer,
+            record=self._recorder("f", "peer", self.plan.topology.peers_of(self.rank)),
+        )
+        return self.split_peer_output(received, B)
+
+    def start_peer_exchange(self, tower_output: torch.Tensor) -> PeerExchange:
+        """Step f without waiting (TorchRec's output dist): the all-to-all runs while the caller
+        computes what does not need the towers' outputs (the bottom MLP); ``wait()`` gives what
+        :meth:`peer_exchange` returns. Its backward is asynchronous too."""
+        B, sizes, input_sizes = self._peer_splits(tower_output)
+        request = all_to_all_single_async(
+            tower_output.reshape(-1),
+            output_split_sizes=sizes,
+            input_split_sizes=input_sizes,
+            group=self.groups.peer,
+            record=self._recorder("f", "peer", self.plan.topology.peers_of(self.rank)),
+        )
+        return PeerExchange(request, lambda received: self.split_peer_output(received, B))
+
+    def _peer_splits(self, tower_output: torch.Tensor) -> tuple[int, list[int], list[int]]:
+        """``(B, elements received from each peer, elements sent to each peer)`` of step f."""
+        T = self.plan.topology.num_towers
         V, D = self.tower_output_dims[self.tower]
         if tower_output.dim() != 3 or tower_output.shape[1:] != (V, D):
             raise ValueError(
@@ -458,14 +500,11 @@ class SPTTDataflow(nn.Module):
                 f"expected (T*B, {V}, {D}) from tower_output_dims"
             )
         B = tower_output.size(0) // T
+        return B, [B * v * d for v, d in self.tower_output_dims], [B * V * D] * T
+
+    def split_peer_output(self, received: torch.Tensor, B: int) -> list[torch.Tensor]:
+        """Step f's received elements as every tower's ``(B, V_t, D_t)``, by tower."""
         sizes = [B * v * d for v, d in self.tower_output_dims]
-        received = all_to_all_single(
-            tower_output.reshape(-1),
-            output_split_sizes=sizes,
-            input_split_sizes=[B * V * D] * T,
-            group=self.groups.peer,
-            record=self._recorder("f", "peer", topo.peers_of(self.rank)),
-        )
         return [
             chunk.view(B, v, d)
             for chunk, (v, d) in zip(received.split(sizes), self.tower_output_dims)
@@ -486,7 +525,13 @@ class SPTTDataflow(nn.Module):
         Returns:
             ``T`` tensors ``(B, V_t, D_t)``: every tower's output for the local samples.
         """
-        received = self.distribute_input(features)
+        tower_input = self.tower_input(self.distribute_input(features))
+        tower_output = tower_input if tower_module is None else tower_module(tower_input)
+        return self.peer_exchange(tower_output)
+
+    def tower_input(self, received: KeyedJaggedTensor) -> torch.Tensor:
+        """Steps b-e on what step a delivered: the tower's embeddings of its ``T`` peers'
+        samples, ``(T B, F_t, N)``, in the tower's feature order."""
         site = self.peer_permute_site(received)
         if site == "input":
             received = self.peer_permute_input(received)
@@ -495,10 +540,7 @@ class SPTTDataflow(nn.Module):
             pooled = self.peer_permute(pooled)
         elif site == "none":
             self._record_shuffle("none", 0)
-        blocks = self.intra_tower_exchange(pooled)
-        tower_input = self.shuffle_to_tower_layout(blocks)
-        tower_output = tower_input if tower_module is None else tower_module(tower_input)
-        return self.peer_exchange(tower_output)
+        return self.shuffle_to_tower_layout(self.intra_tower_exchange(pooled))
 
     def pooled_embeddings(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """Pass-through towers: the pooled embeddings ``(B, F, N)`` of all features, model order.
@@ -534,6 +576,24 @@ class SPTTDataflow(nn.Module):
         if self.stats is None:
             return None
         return lambda nbytes, direction: self._record_shuffle(what, nbytes, direction)
+
+
+class PeerExchange(LazyAwaitable[list[torch.Tensor]]):
+    """Step f in flight (:meth:`SPTTDataflow.start_peer_exchange`); ``wait()`` returns every
+    tower's ``(B, V_t, D_t)``, by tower (the same list however often it is called)."""
+
+    def __init__(
+        self, request: AllToAllRequest, split: Callable[[torch.Tensor], list[torch.Tensor]]
+    ) -> None:
+        super().__init__()
+        self._request = request
+        self._split = split
+        self._outputs: list[torch.Tensor] | None = None
+
+    def _wait_impl(self) -> list[torch.Tensor]:
+        if self._outputs is None:
+            self._outputs = self._split(self._request.wait())
+        return self._outputs
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -55,6 +55,7 @@ from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
+from torchrec.distributed.types import LazyAwaitable
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim import RowWiseAdagrad
@@ -76,6 +77,7 @@ from dmt.sptt.peer_permute import check_peer_permute
 from dmt.sptt.plan import SHARDING_KINDS, SPTTPlan, TableShard, build_plan
 from dmt.sptt.process_groups import DEFAULT_TIMEOUT, SPTTProcessGroups, create_process_groups
 from dmt.sptt.sharded_state import TABLE_KEY, column_blocks, plain_name, sharded_table
+from dmt.sptt.sharded_towers import ShardedTowers
 from dmt.sptt.topology import Topology
 
 __all__ = [
@@ -232,32 +234,7 @@ def _has_trainable(module: nn.Module | None) -> bool:
     return module is not None and any(p.requires_grad for p in module.parameters())
 
 
-# ---- gradient scaling and accounting -------------------------------------------------------
-
-
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; multiplies the gradient by ``scale`` in the backward."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx, input: torch.Tensor, scale: float
-    ) -> torch.Tensor:
-        ctx.scale = scale  # type: ignore[attr-defined]
-        return input.view_as(input)
-
-    @staticmethod
-    def backward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
-    ) -> tuple[torch.Tensor, None]:
-        return grad * ctx.scale, None  # type: ignore[attr-defined]
-
-
-def _scale_grad(input: torch.Tensor, scale: float) -> torch.Tensor:
-    if scale == 1.0:
-        return input
-    out = _ScaleGrad.apply(input, scale)
-    assert isinstance(out, torch.Tensor)
-    return out
+# ---- accounting ----------------------------------------------------------------------------
 
 
 @dataclass
@@ -335,8 +312,27 @@ class _DenseArch(nn.Module):
         # The model's own buffers stay the model's: interact reads them, DDP does not sync them.
         self._interact: Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor] = model.interact
 
-    def forward(self, dense_features: torch.Tensor, tower_outputs: list[torch.Tensor]) -> Any:
+    def forward(
+        self,
+        dense_features: torch.Tensor,
+        tower_outputs: list[torch.Tensor] | LazyAwaitable[list[torch.Tensor]],
+    ) -> Any:
+        if not isinstance(tower_outputs, list):  # step f in flight: interact waits last
+            tower_outputs = _Deferred(tower_outputs)
         return self._interact(dense_features, tower_outputs)
+
+
+class _Deferred(Sequence[torch.Tensor]):
+    """The towers' outputs of a step f in flight, waited for at the first access."""
+
+    def __init__(self, awaitable: LazyAwaitable[list[torch.Tensor]]) -> None:
+        self._awaitable = awaitable
+
+    def __len__(self) -> int:
+        return len(self._awaitable.wait())
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._awaitable.wait()[index]
 
 
 class ShardedDMT(nn.Module):
@@ -346,10 +342,13 @@ class ShardedDMT(nn.Module):
     (B,)`` on this rank's local batch, like the plain model's. Every rank must call it in step
     (it runs collectives); ``B`` may differ between ranks (see :meth:`forward`).
 
-    Submodules: ``dataflow`` (this rank's table shards and steps a-f), ``tower_module`` (this
-    rank's replica of its tower's module; DDP over the tower group when it has parameters,
-    ``None`` for a pass-through tower) and ``dense_arch`` (DDP over the world of everything
-    outside the towers).
+    Submodules: ``towers``, a TorchRec sharded module (:class:`~dmt.sptt.sharded_towers.
+    ShardedTowers`: step a as its input dist, steps b-e and this rank's replica of its tower's
+    module as its compute, step f as its output dist), which holds ``dataflow`` (this rank's
+    table shards and steps a-f) and ``tower_module`` (DDP over the tower group when it has
+    parameters, ``None`` for a pass-through tower); and ``dense_arch`` (DDP over the world of
+    everything outside the towers). TorchRec's ``TrainPipelineSparseDist`` pipelines ``towers``
+    like a sharded EBC.
 
     Args:
         model: the plain DMT model; checked with :func:`check_dmt_model`. Its dense modules are
@@ -394,7 +393,7 @@ class ShardedDMT(nn.Module):
             _tower_output_dims(tower, len(names), plan.embedding_dim)
             for tower, names in zip(model.towers, model.partition)
         ]
-        self.dataflow = SPTTDataflow(
+        dataflow = SPTTDataflow(
             plan,
             _tables(model),
             groups=groups,
@@ -410,21 +409,20 @@ class ShardedDMT(nn.Module):
             for name, weight in tower.embedding_bag_collection.state_dict().items()
         }
         if all(w.is_meta for w in weights.values()):
-            self.dataflow.reset_tables(init_seed)
+            dataflow.reset_tables(init_seed)
         elif any(w.is_meta for w in weights.values()):
             raise ValueError("either all or none of the model's tables may be on meta")
         else:
-            self.dataflow.load_table_weights(weights)
+            dataflow.load_table_weights(weights)
 
         dense_arch = _DenseArch(model)
         own = model.towers[self.tower].tower_module
-        self.tower_module: nn.Module | None = None
-        self._trainable_tower = _has_trainable(own)
-        if self._trainable_tower:
+        trainable = _has_trainable(own)
+        tower_module: nn.Module | None = own
+        if trainable:
             assert own is not None
-            self.tower_module = _data_parallel(own, groups.tower, device, stats, "tm", "tower")
-        elif own is not None:
-            self.tower_module = own
+            tower_module = _data_parallel(own, groups.tower, device, stats, "tm", "tower")
+        self.towers = ShardedTowers(dataflow, tower_module, trainable=trainable)
         self.dense_arch = _data_parallel(dense_arch, groups.world, device, stats, "dense", "world")
 
         # The state dict speaks the plain model's names (dmt.sptt.sharded_state).
@@ -438,10 +436,20 @@ class ShardedDMT(nn.Module):
         self._table_param_key = {
             key.split(".")[-2]: key
             for key in internal
-            if key.startswith("dataflow.") and key.endswith(".weight")
+            if key.startswith("towers.dataflow.") and key.endswith(".weight")
         }
         self.register_state_dict_post_hook(_to_plain_state_dict)
         self.register_load_state_dict_pre_hook(_from_plain_state_dict)
+
+    @property
+    def dataflow(self) -> SPTTDataflow:
+        """This rank's table shards and steps a-f."""
+        return self.towers.dataflow
+
+    @property
+    def tower_module(self) -> nn.Module | None:
+        """This rank's replica of its tower's module (DDP when trainable; ``None``: pass-through)."""
+        return self.towers.tower_module
 
     # ---- state under the plain model's names (DCP checkpoints, dmt-eval, dmt-export) ----------
 
@@ -477,9 +485,7 @@ class ShardedDMT(nn.Module):
         """Every table as a ``ShardedTensor`` under the plain model's key (no collective)."""
         local = self._local_shards()
         return {
-            self._table_key(f): self._sharded(
-                f, {local[f][0]: local[f][2]} if f in local else {}
-            )
+            self._table_key(f): self._sharded(f, {local[f][0]: local[f][2]} if f in local else {})
             for f in range(len(self._table_configs))
         }
 
@@ -550,23 +556,13 @@ class ShardedDMT(nn.Module):
         return [
             (name, p)
             for name, p in self.named_parameters()
-            if p.requires_grad and id(p) not in fused and not name.startswith("dataflow.")
+            if p.requires_grad and id(p) not in fused and not name.startswith("towers.dataflow.")
         ]
-
-    def _apply_tower_module(self, embeddings: torch.Tensor) -> torch.Tensor:
-        """``(T B, F_t, N) -> (T B, V_t, D_t)`` with the gradient scales of the module doc."""
-        topo = self.topology
-        if not self._trainable_tower:
-            out = embeddings if self.tower_module is None else self.tower_module(embeddings)
-            return _scale_grad(out, 1.0 / topo.world_size)
-        assert self.tower_module is not None
-        out = self.tower_module(_scale_grad(embeddings, 1.0 / topo.tower_size))
-        return _scale_grad(out, 1.0 / topo.num_towers)
 
     def tower_outputs(self, sparse_features: KeyedJaggedTensor) -> list[torch.Tensor]:
         """Every tower's output for the local samples, ``T`` tensors ``(B, V_t, D_t)``; every
         rank must pass the same ``B``."""
-        return self.dataflow(sparse_features, tower_module=self._apply_tower_module)
+        return self.towers(sparse_features).wait()
 
     def forward(
         self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
@@ -578,14 +574,14 @@ class ShardedDMT(nn.Module):
         at construction: the trainer's sources split whole global batches evenly) training
         needs neither."""
         if self.training and self.even_batches:
-            return self.dense_arch(dense_features, self.tower_outputs(sparse_features))
+            return self.dense_arch(dense_features, self.towers(sparse_features))
         size = dense_features.size(0)
         largest = torch.tensor([size], device=dense_features.device)
         dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self._world)
         padded = int(largest.item())
         if padded != size:
             dense_features, sparse_features = _pad_batch(dense_features, sparse_features, padded)
-        logits = self.dense_arch(dense_features, self.tower_outputs(sparse_features))
+        logits = self.dense_arch(dense_features, self.towers(sparse_features))
         return logits[:size] if padded != size else logits
 
 

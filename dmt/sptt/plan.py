@@ -321,9 +321,7 @@ class SPTTPlan:
         for rank in range(topo.world_size):
             held = self.rank_shards(rank)
             total = sum(self.shard_bytes(s) for s in held)
-            cached = sum(
-                self.shard_bytes(s) for s in held if s.compute_kernel == FUSED_UVM_CACHING
-            )
+            cached = sum(self.shard_bytes(s) for s in held if s.compute_kernel == FUSED_UVM_CACHING)
             lines.append(
                 f"rank {rank}: {len(held)} shard(s), {total} bytes, {cached} of them UVM-cached"
             )

@@ -47,12 +47,12 @@ def plain_name(internal: str, tower: int) -> str | None:
     """The plain DMT model's name of a :class:`ShardedDMT` state key or parameter name
     (``None`` for the dataflow's, whose tables are handled as sharded tensors).
 
-    ``tower_module[.module].x`` -> ``towers.<tower>.tower_module.x``; ``dense_arch.module.x`` ->
-    ``x`` (``module.`` is DDP's wrapper)."""
-    if internal.startswith("dataflow."):
+    ``towers.tower_module[.module].x`` -> ``towers.<tower>.tower_module.x``;
+    ``dense_arch.module.x`` -> ``x`` (``module.`` is DDP's wrapper)."""
+    if internal.startswith("towers.dataflow."):
         return None
-    if internal.startswith("tower_module."):
-        rest = internal.removeprefix("tower_module.")
+    if internal.startswith("towers.tower_module."):
+        rest = internal.removeprefix("towers.tower_module.")
         return f"towers.{tower}.tower_module.{rest.removeprefix('module.')}"
     if internal.startswith("dense_arch."):
         return internal.removeprefix("dense_arch.").removeprefix("module.")

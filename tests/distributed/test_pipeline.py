@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torchrec.distributed.types import ShardedModule
 
 from dmt import checkpoint
 from dmt.runtime import Runtime
@@ -49,6 +50,15 @@ MODELS = {
     ],
 }
 
+# the sharded modules whose input dist TrainPipelineSparseDist runs a batch ahead (flat DMT models
+# train through TrainPipelineBase: their towers read features split out of the batch)
+PIPELINED = {
+    "dlrm": ("ShardedEmbeddingBagCollection",),
+    "dcn": ("ShardedEmbeddingBagCollection",),
+    "dmt_flat": (),
+    "sptt": ("ShardedTowers",),
+}
+
 
 def _train(rank: int, world_size: int, overrides: list[str], out: str, backend: str) -> list[float]:
     cfg = to_config(compose_config(*BASE, *overrides))
@@ -56,7 +66,10 @@ def _train(rank: int, world_size: int, overrides: list[str], out: str, backend: 
     rt = Runtime(rank, world_size, rank, world_size, device, backend)
     trainer = Trainer(cfg, rt, Path(out))
     assert (trainer.pipeline is not None) == cfg.trainer.pipeline
-    return trainer.fit().losses
+    losses = trainer.fit().losses
+    # TorchRec's pipeline marks the sharded modules whose input dist it runs a batch ahead
+    sharded = [m for m in trainer.model.modules() if isinstance(m, ShardedModule)]
+    return losses, sorted(type(m).__name__ for m in sharded if m.is_pipelined)
 
 
 @pytest.mark.parametrize("backend", backends(min_gpus=8))
@@ -92,7 +105,12 @@ def test_pipelined_training_equals_the_plain_loop(
             timeout_s=240,
             backend=backend,
         )
-        runs[pipeline] = (losses, checkpoint.load_model_state(out / "checkpoints" / "step_24"))
+        runs[pipeline] = (
+            [rank_losses for rank_losses, _ in losses],
+            checkpoint.load_model_state(out / "checkpoints" / "step_24"),
+        )
+        pipelined = {tuple(names) for _, names in losses}
+        assert pipelined == {PIPELINED[model] if pipeline else ()}, pipelined
     (piped_losses, piped), (plain_losses, plain) = runs[True], runs[False]
     assert len(piped_losses[0]) == 24
     assert piped_losses == plain_losses

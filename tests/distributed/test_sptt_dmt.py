@@ -213,8 +213,9 @@ def _pairs(sharded: ShardedDMT, ref: torch.nn.Module, tower: int):
     """(sharded parameter, reference parameter) of the tower-module replica and the dense arch."""
     ref_params = dict(ref.named_parameters())
     for name, p in sharded.named_dense_parameters():
-        if name.startswith("tower_module.module."):
-            ref_name = f"towers.{tower}.tower_module." + name.removeprefix("tower_module.module.")
+        if name.startswith("towers.tower_module.module."):
+            rest = name.removeprefix("towers.tower_module.module.")
+            ref_name = f"towers.{tower}.tower_module.{rest}"
         else:
             ref_name = name.removeprefix("dense_arch.module.")
         yield name, p, ref_params[ref_name]
