@@ -200,6 +200,16 @@ class AllToAllRequest:
         self.grad_input: torch.Tensor | None = None
         self._placeholder: torch.Tensor | None = None
 
+    @property
+    def in_flight(self) -> bool:
+        """The forward all-to-all was started and not yet waited for."""
+        return self._placeholder is not None
+
+    @property
+    def grad_in_flight(self) -> bool:
+        """The backward's all-to-all was started and not yet waited for."""
+        return self.grad_work is not None
+
     def wait(self) -> torch.Tensor:
         """The received tensor, 1-D, ordered by source group rank; call it once.
 

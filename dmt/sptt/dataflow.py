@@ -590,6 +590,11 @@ class PeerExchange(LazyAwaitable[list[torch.Tensor]]):
         self._split = split
         self._outputs: list[torch.Tensor] | None = None
 
+    @property
+    def request(self) -> AllToAllRequest:
+        """The all-to-all in flight (its ``in_flight``, ``grad_in_flight``)."""
+        return self._request
+
     def _wait_impl(self) -> list[torch.Tensor]:
         if self._outputs is None:
             self._outputs = self._split(self._request.wait())
