@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import logging
@@ -19,7 +20,11 @@ from omegaconf import OmegaConf
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
+from torchrec.distributed.train_pipeline import (
+    EvalPipelineSparseDist,
+    TrainPipelineBase,
+    TrainPipelineSparseDist,
+)
 from tqdm import tqdm
 
 from dmt import checkpoint
@@ -115,6 +120,11 @@ class Trainer:
             if cfg.trainer.pipeline
             else None
         )
+        self.eval_pipeline = (
+            build_eval_pipeline(self.model, self.optimizer, runtime.device)
+            if cfg.trainer.pipeline
+            else None
+        )
         per_epoch = self.data.train.num_batches()
         self.total_steps = per_epoch * cfg.trainer.epochs
         if cfg.trainer.max_steps > 0:
@@ -140,14 +150,42 @@ class Trainer:
         self.model.eval()
         acc = StreamingClickMetrics(device=self.rt.device)
         cap = self.cfg.trainer.eval_max_batches
-        for i, batch in enumerate(source.batches(0)):
-            if 0 < cap <= i:
-                break
-            batch = batch.to(self.rt.device)
-            _, logits = self.model(batch)
-            acc.update(torch.sigmoid(logits), batch.labels)
+        batches = itertools.islice(source.batches(0), cap if cap > 0 else None)
+        for logits, labels in self._eval_steps(batches):
+            acc.update(torch.sigmoid(logits), labels)
         self.model.train()
         return acc.sync().compute()
+
+    def _eval_steps(self, batches: Iterator[Batch]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(logits, labels)`` of every batch on the device. Pipelined (flat models with
+        ``trainer.pipeline``): TorchRec's ``EvalPipelineSparseDist`` starts batch ``i+1``'s input
+        all-to-all during batch ``i``'s forward and is detached at the end, so training can
+        attach its own pipeline again."""
+        if self.eval_pipeline is None:
+            for batch in batches:
+                batch = batch.to(self.rt.device)
+                _, logits = self.model(batch)
+                yield logits, batch.labels
+            return
+        labels: collections.deque[torch.Tensor] = collections.deque()  # in the pipeline's order
+
+        def feed() -> Iterator[Batch]:
+            for batch in batches:
+                labels.append(batch.labels)
+                yield batch
+
+        pipeline, fed = self.eval_pipeline, feed()
+        pipeline.attach(self.model)
+        try:
+            while True:
+                try:
+                    logits = pipeline.progress(fed)
+                except StopIteration:
+                    return
+                yield logits, labels.popleft().to(self.rt.device)
+        finally:
+            pipeline.reset()
+            pipeline.detach()
 
     def oracle_auc(self, source: BatchSource) -> float | None:
         """AUC of the true click probabilities on the samples ``evaluate`` scores (synthetic)."""
@@ -373,6 +411,18 @@ def build_pipeline(
 
         return TrainPipelineSparseDist(model, optimizer, device, custom_model_fwd=forward)
     return TrainPipelineBase(_ReportLoss(model), optimizer, device)
+
+
+def build_eval_pipeline(
+    model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> EvalPipelineSparseDist[Batch, torch.Tensor] | None:
+    """TorchRec's ``EvalPipelineSparseDist`` for a flat base model (DLRM, DCN), whose steps
+    return the logits; ``None`` for the others, evaluated by the plain loop: SPTT's ranks may
+    hold last batches of different sizes, which ``ShardedDMT`` pads after a collective that the
+    pipeline's tracing cannot follow, and flat DMT models' towers split the features."""
+    if not isinstance(unwrap(model), RecModel):
+        return None
+    return EvalPipelineSparseDist(model, optimizer, device)
 
 
 class _ReportLoss(nn.Module):

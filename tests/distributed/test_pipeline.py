@@ -3,6 +3,7 @@ what the plain loop computes: the same losses and the same weights, flat and SPT
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,8 @@ BASE = [
     "trainer.max_steps=24",  # crosses the epoch boundary at 16
     "trainer.eval_every=10",  # segments end at evaluations and checkpoints too
     "trainer.checkpoint_every=12",
-    "trainer.eval_max_batches=1",
+    "trainer.eval_max_batches=3",
+    "data.eval_batch_size=64",
     "model.embedding_dim=8",
     "model.bottom_mlp=[16,8]",
     "model.top_mlp=[16,1]",
@@ -108,11 +110,18 @@ def test_pipelined_training_equals_the_plain_loop(
         runs[pipeline] = (
             [rank_losses for rank_losses, _ in losses],
             checkpoint.load_model_state(out / "checkpoints" / "step_24"),
+            json.loads((out / "metrics.json").read_text()),
         )
         pipelined = {tuple(names) for _, names in losses}
         assert pipelined == {PIPELINED[model] if pipeline else ()}, pipelined
-    (piped_losses, piped), (plain_losses, plain) = runs[True], runs[False]
+    (piped_losses, piped, piped_metrics), (plain_losses, plain, plain_metrics) = (
+        runs[True],
+        runs[False],
+    )
     assert len(piped_losses[0]) == 24
+    # evaluation (EvalPipelineSparseDist for flat base models) scores the same predictions
+    for key in ("val_auc", "val_logloss", "test_auc", "test_logloss", "test_calibration"):
+        assert piped_metrics[key] == plain_metrics[key], key
     assert piped_losses == plain_losses
     assert sorted(piped) == sorted(plain)
     for key, value in plain.items():
