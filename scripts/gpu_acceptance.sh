@@ -31,6 +31,12 @@ if [[ "$GPUS" -ge 2 ]]; then
   step elastic_restart_checkpoint "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 --max-restarts=1 \
     "${TRAIN[@]}" trainer.checkpoint_every=20 trainer.checkpoint_async=true trainer.resume_from=auto hydra.run.dir="$WORK/elastic"
 fi
+if [[ "$GPUS" -ge 2 ]]; then
+  # SPTT on NCCL equals the single-process model (logits, loss, gradients, weights; fp32), for
+  # every case that fits the GPUs here; pipelined training equals the plain loop, flat and SPTT
+  step sptt_equivalence_nccl "$PY" -m pytest -q -p no:cacheprovider tests/distributed/test_sptt_dmt.py -k nccl
+  step pipeline_exactness_nccl "$PY" -m pytest -q -p no:cacheprovider tests/distributed/test_pipeline.py -k nccl
+fi
 if [[ "$GPUS" -ge 4 ]]; then
   # resharding resume on NCCL (flat and SPTT): the same tests as on gloo, with one GPU per rank
   step reshard_nccl "$PY" -m pytest -q -p no:cacheprovider tests/distributed/test_checkpoint_reshard.py -k nccl

@@ -74,7 +74,7 @@ def _train(rank: int, world_size: int, overrides: list[str], out: str, backend: 
     return losses, sorted(type(m).__name__ for m in sharded if m.is_pipelined)
 
 
-@pytest.mark.parametrize("backend", backends(min_gpus=8))
+@pytest.mark.parametrize("backend", backends(min_gpus=1))
 @pytest.mark.parametrize(
     ("model", "world_size"),
     [
@@ -92,6 +92,9 @@ def _train(rank: int, world_size: int, overrides: list[str], out: str, backend: 
 def test_pipelined_training_equals_the_plain_loop(
     tmp_path: Path, model: str, world_size: int, backend: str
 ) -> None:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "nccl" and gpus < world_size:
+        pytest.skip(f"needs {world_size} GPUs, {gpus} here")
     extra = list(MODELS[model])
     if model == "sptt":  # two towers of G/2 ranks
         extra.append(f"sptt.local_world_size={world_size // 2}")

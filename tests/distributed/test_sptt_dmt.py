@@ -38,7 +38,7 @@ from dmt.sptt.dmt_sharding import DMTSharder, ShardedDMT, shard_dmt, sparse_opti
 from dmt.sptt.process_groups import create_process_groups
 from dmt.sptt.topology import Topology
 from dmt.trainer import TrainTask
-from tests.distributed.distributed_harness import run_on_ranks
+from tests.distributed.distributed_harness import backends, run_on_ranks
 
 N = 8  # embedding dim (FBGEMM: multiple of 4; two column blocks)
 D = 2  # tower module output vector size
@@ -239,7 +239,7 @@ def _variant(case: Case, variant: Variant, rank: int, groups, runtime: Runtime) 
     tower = topo.tower_of(rank)
     cfg = _optim_cfg(variant)
 
-    ref = _build(case, variant)
+    ref = _build(case, variant).to(runtime.device)
     init = copy.deepcopy(ref)
     ref_tables = list(_table_weights(ref).values())
     ref_tables_set = {id(p) for p in ref_tables}
@@ -263,15 +263,15 @@ def _variant(case: Case, variant: Variant, rank: int, groups, runtime: Runtime) 
     else:
         sharded = DMTSharder(
             topo, sharding_type=_sharding(case, variant), peer_permute=variant.peer_permute
-        ).shard(copy.deepcopy(init), groups, stats=stats)
+        ).shard(copy.deepcopy(init), groups, device=runtime.device, stats=stats)
         task = TrainTask(sharded)
         optimizer = None
     assert isinstance(sharded, ShardedDMT)
     assert dist.get_world_size(groups.peer) == topo.num_towers
 
     for step in range(STEPS):
-        batch = _batch(case, step, lo, hi)
-        global_batch = _batch(case, step, 0, case.world_size * B)
+        batch = _batch(case, step, lo, hi).to(runtime.device)
+        global_batch = _batch(case, step, 0, case.world_size * B).to(runtime.device)
         ref_sparse.zero_grad()
         ref_dense.zero_grad()
         ref_logits = ref(global_batch.dense_features, global_batch.sparse_features)
@@ -325,7 +325,9 @@ def _check_step_f(stats: CommStats, topo: Topology, rank: int, model: torch.nn.M
     assert counter.bytes_cross_host == counter.bytes_sent
 
 
-def _case_worker(rank: int, world_size: int, case: Case) -> list[dict[str, int]]:
+def _case_worker(
+    rank: int, world_size: int, case: Case, backend: str = "gloo"
+) -> list[dict[str, int]]:
     topo = Topology(world_size, case.local_world_size, case.hosts_per_tower)
     groups = create_process_groups(topo, timeout=timedelta(seconds=30))
     runtime = Runtime(
@@ -333,16 +335,27 @@ def _case_worker(rank: int, world_size: int, case: Case) -> list[dict[str, int]]
         world_size,
         rank % case.local_world_size,
         case.local_world_size,
-        torch.device("cpu"),
-        "gloo",
+        torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu"),
+        backend,
     )
     return [_variant(case, v, rank, groups, runtime) for v in case.variants]
 
 
+def _run_case(case: Case, backend: str) -> list[list[dict[str, int]]]:
+    """Run every variant of ``case`` on its ranks (one GPU per rank with ``nccl``)."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "nccl" and gpus < case.world_size:
+        pytest.skip(f"needs {case.world_size} GPUs, {gpus} here")
+    return run_on_ranks(
+        _case_worker, case.world_size, case, backend, timeout_s=180, backend=backend
+    )
+
+
+@pytest.mark.parametrize("backend", backends(min_gpus=2))
 @pytest.mark.parametrize("name", list(CASES))
-def test_sharded_dmt_trains_like_single_process(name: str) -> None:
+def test_sharded_dmt_trains_like_single_process(name: str, backend: str) -> None:
     case = CASES[name]
-    results = run_on_ranks(_case_worker, case.world_size, case, timeout_s=180)
+    results = _run_case(case, backend)
     topo = Topology(case.world_size, case.local_world_size, case.hosts_per_tower)
     for i, variant in enumerate(case.variants):
         stats = [r[i] for r in results]
@@ -411,12 +424,13 @@ PEER_PERMUTE_CASES = {
 }
 
 
+@pytest.mark.parametrize("backend", backends(min_gpus=4))
 @pytest.mark.parametrize("name", list(PEER_PERMUTE_CASES))
-def test_peer_permute_variants_train_like_single_process(name: str) -> None:
+def test_peer_permute_variants_train_like_single_process(name: str, backend: str) -> None:
     """Permuting the input, choosing by bytes, or skipping step c trains exactly like the
     single-process model (logits, loss, gradients, weights after two steps), like the default."""
     case = PEER_PERMUTE_CASES[name]
-    results = run_on_ranks(_case_worker, case.world_size, case, timeout_s=180)
+    results = _run_case(case, backend)
     for i, variant in enumerate(case.variants):
         shuffled = {
             key.split("/")[1]
