@@ -301,31 +301,35 @@ class SPTTDataflow(nn.Module):
         if features.weights_or_none() is not None:
             raise ValueError("weighted features are not supported")
         jagged = features.to_dict()
-        buckets = {
-            f: self._bucket_row_wise(f, jagged[plan.feature_names[f]]) for f in self._row_wise
-        }
+        # ids per key, known on the host when the data pipeline gave the KJT its per-key sizes
+        # (dmt's loaders do): TorchRec's KJTAllToAll needs them, and computing them would sync
+        ids_per_feature = dict(zip(features.keys(), features.length_per_key()))
+        buckets = self._bucket_row_wise(jagged)
         keys: list[str] = []
         lengths: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
+        ids_per_key: list[int] = []
         bytes_per_dst: list[int] = []
         for rank in range(topo.world_size):
             nbytes = 0
             for shard in plan.rank_shards(rank):
                 name = plan.feature_names[shard.feature]
                 if shard.feature in buckets:
-                    shard_lengths, shard_values = buckets[shard.feature][topo.position_of(rank)]
+                    piece = buckets[shard.feature][topo.position_of(rank)]
                 else:
-                    shard_lengths, shard_values = jagged[name].lengths(), jagged[name].values()
+                    piece = (jagged[name].lengths(), jagged[name].values(), ids_per_feature[name])
                 keys.append(name)
-                lengths.append(shard_lengths)
-                values.append(shard_values)
-                nbytes += _nbytes(shard_lengths) + _nbytes(shard_values)
+                lengths.append(piece[0])
+                values.append(piece[1])
+                ids_per_key.append(piece[2])
+                nbytes += _nbytes(piece[0]) + piece[2] * piece[1].element_size()
             bytes_per_dst.append(nbytes)
         kjt = KeyedJaggedTensor(
             keys=keys,
             values=torch.cat(values),
             lengths=torch.cat(lengths),
             stride=features.stride(),
+            length_per_key=ids_per_key,
         )
         if self.stats is not None:
             self.stats.record("a", "world", topo.world_ranks, bytes_per_dst)
@@ -341,19 +345,39 @@ class SPTTDataflow(nn.Module):
             )
 
     def _bucket_row_wise(
-        self, feature: int, jagged: JaggedTensor
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Split a row-wise feature's bags by row block: ``(lengths, local ids)`` per position."""
-        starts = getattr(self, f"_row_starts_{feature}")
-        ids, lengths = jagged.values(), jagged.lengths()
-        num_blocks, B = starts.numel(), lengths.numel()
-        block = torch.bucketize(ids, starts[1:], right=True)
-        key = block * B + torch.repeat_interleave(torch.arange(B, device=ids.device), lengths)
-        order = torch.argsort(key, stable=True)
-        counts = torch.bincount(key, minlength=num_blocks * B).view(num_blocks, B)
-        local = (ids - starts[block]).to(ids.dtype)[order]
-        per_block = local.split(counts.sum(1).tolist())
-        return [(counts[p].to(lengths.dtype), per_block[p]) for p in range(num_blocks)]
+        self, jagged: Mapping[str, JaggedTensor]
+    ) -> dict[int, list[tuple[torch.Tensor, torch.Tensor, int]]]:
+        """Split every row-wise feature's bags by row block: ``(lengths, local ids, number of
+        ids)`` per position. One host sync for all of them (the blocks' sizes, which TorchRec's
+        ``KJTAllToAll`` needs on the host, as for its own row-wise sharding); none without
+        row-wise features."""
+        if not self._row_wise:
+            return {}
+        per_feature = []
+        for f in self._row_wise:
+            starts = getattr(self, f"_row_starts_{f}")
+            piece = jagged[self.plan.feature_names[f]]
+            ids, lengths = piece.values(), piece.lengths()
+            num_blocks, B = starts.numel(), lengths.numel()
+            block = torch.bucketize(ids, starts[1:], right=True)
+            sample = torch.repeat_interleave(
+                torch.arange(B, device=ids.device), lengths, output_size=ids.numel()
+            )
+            key = block * B + sample
+            order = torch.argsort(key, stable=True)
+            counts = torch.zeros(num_blocks * B, dtype=lengths.dtype, device=ids.device)
+            counts.index_add_(0, key, torch.ones_like(key, dtype=lengths.dtype))
+            local = (ids - starts[block]).to(ids.dtype)[order]
+            per_feature.append((counts.view(num_blocks, B), local))
+        sizes = torch.cat([counts.sum(1) for counts, _ in per_feature]).tolist()
+        out: dict[int, list[tuple[torch.Tensor, torch.Tensor, int]]] = {}
+        for f, (counts, local) in zip(self._row_wise, per_feature):
+            block_sizes, sizes = sizes[: counts.size(0)], sizes[counts.size(0) :]
+            out[f] = [
+                (counts[p], piece, n)
+                for p, (piece, n) in enumerate(zip(local.split(block_sizes), block_sizes))
+            ]
+        return out
 
     def lookup(self, received: KeyedJaggedTensor) -> torch.Tensor:
         """Step b: pooled embeddings of this rank's shards, ``(G B, W_r + R_t N)``."""
