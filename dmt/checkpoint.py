@@ -191,8 +191,10 @@ class Checkpointer:
         epoch: int,
         batch_in_epoch: int,
         config: str | None = None,
+        lr_scheduler: dict[str, Any] | None = None,
     ) -> Path:
-        """Save model, optimizer, data position and RNG as ``<root>/step_<step>``."""
+        """Save model, optimizer, data position and RNG as ``<root>/step_<step>``, and the LR
+        scheduler's (small, rank-independent) ``state_dict`` in ``meta.json``."""
         self.wait()
         path = self.root / f"step_{step}"
         # Rank 0 decides (the other ranks may look while it moves a damaged one aside) and every
@@ -221,6 +223,8 @@ class Checkpointer:
             "world_size": self.world_size,
             "cwd": os.getcwd(),
         }
+        if lr_scheduler is not None:
+            meta["lr_scheduler"] = lr_scheduler
         writer = dcp.FileSystemWriter(path, sync_files=True)
         if self.async_save:
             response = dcp.async_save(state, storage_writer=writer, process_group=self._group)

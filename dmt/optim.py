@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
@@ -48,7 +49,9 @@ def sparse_optimizer_name(optimizer_class: type) -> str:
     for name, cls in _SPARSE.items():
         if cls is optimizer_class:
             return name
-    raise ValueError(f"{optimizer_class.__name__} is not one of the fused sparse optimizers {list(_SPARSE)}")
+    raise ValueError(
+        f"{optimizer_class.__name__} is not one of the fused sparse optimizers {list(_SPARSE)}"
+    )
 
 
 def check_sparse_optimizer(cfg: OptimConfig, device_type: str) -> None:
@@ -74,7 +77,9 @@ def dense_optimizer(params: list[nn.Parameter], cfg: OptimConfig) -> torch.optim
     if cfg.dense == "adagrad":
         return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
     if cfg.dense == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(
+            params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
+        )
     return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
@@ -87,8 +92,11 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> CombinedOptimizer:
 
 
 class LRSchedule:
-    """Multiplier of the peak LR at a step: linear warmup, then constant, linear or cosine decay
-    to ``min_lr_ratio`` over ``decay_steps`` (0: until ``total_steps``)."""
+    """Multiplier of the peak LR at a step: linear warmup over ``warmup_steps``, then constant,
+    linear or cosine decay to ``min_lr_ratio`` over ``decay_steps`` (0: until ``total_steps``).
+
+    Decay starts at ``max(decay_start, warmup_steps)``: the LR reaches its peak at the end of the
+    warmup and only then decays."""
 
     def __init__(self, cfg: OptimConfig, total_steps: int) -> None:
         self.cfg = cfg
@@ -98,12 +106,41 @@ class LRSchedule:
         c = self.cfg
         if c.warmup_steps and step < c.warmup_steps:
             return (step + 1) / c.warmup_steps
-        if c.decay == "none" or step < c.decay_start:
+        start = max(c.decay_start, c.warmup_steps)
+        if c.decay == "none" or step < start:
             return 1.0
-        span = c.decay_steps or max(self.total_steps - c.decay_start, 1)
-        t = min((step - c.decay_start) / span, 1.0)
+        span = c.decay_steps or max(self.total_steps - start, 1)
+        t = min((step - start) / span, 1.0)
         shape = 1.0 - t if c.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * t))
         return c.min_lr_ratio + (1.0 - c.min_lr_ratio) * shape
+
+
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int
+) -> LambdaLR:
+    """``optimizer``'s LR schedule as a ``torch.optim.lr_scheduler.LambdaLR`` of
+    :class:`LRSchedule`: every param group's LR is its peak (its LR now) times the factor at the
+    scheduler's step. Step it after every optimizer step; the fused sparse optimizer reads its
+    group's LR at the next ``zero_grad``. Its ``state_dict`` goes into checkpoints."""
+    factor = LRSchedule(cfg, total_steps)
+    # a plain function: LambdaLR keeps no state of it (the schedule is the config's)
+    return LambdaLR(optimizer, lambda step: factor(step))
+
+
+def restore_lr_scheduler(scheduler: LambdaLR, state: dict[str, Any] | None, step: int) -> None:
+    """Put ``scheduler`` where a checkpoint's ``state`` (``None``: a checkpoint without one) left
+    it, at ``step``; the peak LRs stay this run's (a resume may change ``optim.lr``)."""
+    state = dict(state) if state else {"last_epoch": step, "_step_count": step + 1}
+    if int(state["last_epoch"]) != step:
+        raise ValueError(
+            f"the checkpoint's LR schedule is at step {state['last_epoch']}, its training at {step}"
+        )
+    state["base_lrs"] = list(scheduler.base_lrs)
+    state.pop("_last_lr", None)
+    scheduler.load_state_dict({**scheduler.state_dict(), **state})
+    factors = [f(scheduler.last_epoch) for f in scheduler.lr_lambdas]
+    for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, factors):
+        group["lr"] = base * factor
 
 
 def set_lr(optimizer: torch.optim.Optimizer, peaks: list[float], factor: float) -> None:

@@ -35,10 +35,11 @@ from dmt.models import build_model, embedding_parameters
 from dmt.models.rec_model import RecModel
 from dmt.optim import (
     LRSchedule,
+    build_lr_scheduler,
     apply_sparse_optimizer,
     build_optimizer,
     check_sparse_optimizer,
-    set_lr,
+    restore_lr_scheduler,
 )
 from dmt.runtime import Runtime
 from dmt.sharding import memory_budget, shard_model, write_sharding_plan
@@ -114,7 +115,6 @@ class Trainer:
             )
             self.optimizer = build_optimizer(self.model, cfg.optim)
         write_sharding_plan(self.model, self.output_dir, rank=runtime.rank, memory=memory)
-        self.peak_lrs = [g["lr"] for g in self.optimizer.param_groups]
         self.pipeline = (
             build_pipeline(self.model, self.optimizer, runtime.device)
             if cfg.trainer.pipeline
@@ -130,6 +130,7 @@ class Trainer:
         if cfg.trainer.max_steps > 0:
             self.total_steps = min(self.total_steps, cfg.trainer.max_steps)
         self.schedule = LRSchedule(cfg.optim, self.total_steps)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim, self.total_steps)
         self.step = 0
         t = cfg.trainer
         self.checkpointer: checkpoint.Checkpointer | None = None
@@ -201,11 +202,11 @@ class Trainer:
     def train_step(self, batch: Batch) -> torch.Tensor:
         """One step of the plain loop (``trainer.pipeline=false``); returns the loss on the
         device (no host sync)."""
-        set_lr(self.optimizer, self.peak_lrs, self.schedule(self.step))
         self.optimizer.zero_grad()  # also pushes the LR into the fused embedding kernels
         loss, _ = self.model(batch.to(self.rt.device, non_blocking=True))
         loss.backward()  # the fused sparse optimizer updates the tables here
         self.optimizer.step()
+        self.lr_scheduler.step()  # the next step's LR
         self.step += 1
         return loss.detach()
 
@@ -219,7 +220,6 @@ class Trainer:
                 yield self.train_step(batch)
             return
         while True:
-            set_lr(self.optimizer, self.peak_lrs, self.schedule(self.step))
             try:
                 loss = self.pipeline.progress(batches)  # zero_grad pushes the LR, as above
             except StopIteration:
@@ -229,6 +229,7 @@ class Trainer:
                 if isinstance(self.pipeline, TrainPipelineSparseDist):
                     self.pipeline.detach()
                 return
+            self.lr_scheduler.step()
             self.step += 1
             yield loss
 
@@ -258,6 +259,7 @@ class Trainer:
                 partial_optimizer=t.resume_allow_config_change,
             )
             self.step = int(meta["step"])
+            restore_lr_scheduler(self.lr_scheduler, meta.get("lr_scheduler"), self.step)
             start_epoch = int(
                 meta["epoch"]
             )  # the data position is the step (batch_in_epoch agrees)
@@ -384,6 +386,7 @@ class Trainer:
             epoch=epoch,
             batch_in_epoch=batch_in_epoch,
             config=self.config_yaml(),
+            lr_scheduler=self.lr_scheduler.state_dict(),
         )
 
     def _log(self, values: dict[str, float]) -> None:

@@ -120,3 +120,49 @@ def test_lr_schedule_warmup_and_decays():
     )
     c = LRSchedule(OptimConfig(decay="cosine"), total_steps=10)
     assert c(0) == 1.0 and c(5) == pytest.approx(0.5) and c(10) == pytest.approx(0.0)
+
+
+def test_decay_starts_after_warmup():
+    """With the default decay_start=0 the LR still reaches its peak at the end of the warmup and
+    decays from there over the rest of the run (optim=adam's warmup-then-linear schedule)."""
+    s = LRSchedule(OptimConfig(warmup_steps=100, decay="linear", min_lr_ratio=0.0), 1100)
+    assert s(0) == pytest.approx(0.01) and s(98) == pytest.approx(0.99)
+    assert s(99) == 1.0 and s(100) == 1.0  # the peak: the last warmup step and the first after
+    assert s(600) == pytest.approx(0.5) and s(1100) == 0.0
+    # a later decay_start still wins; an earlier one is moved to the end of the warmup
+    late = LRSchedule(OptimConfig(warmup_steps=10, decay="linear", decay_start=50), 150)
+    assert late(49) == 1.0 and late(100) == pytest.approx(0.5)
+
+
+def test_lr_scheduler_drives_every_group_and_restores_from_its_state():
+    """The schedule is a torch LambdaLR: each group's LR is its peak times the factor; its state
+    (JSON, as in a checkpoint's meta.json) puts a new scheduler at the same step, keeping the new
+    run's peak LRs."""
+    import json
+
+    from dmt.optim import build_lr_scheduler, restore_lr_scheduler
+
+    cfg = OptimConfig(warmup_steps=4, decay="cosine", min_lr_ratio=0.1)
+    params = [torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))]
+    opt = torch.optim.SGD([{"params": [params[0]], "lr": 1.0}, {"params": [params[1]], "lr": 0.5}])
+    sched = build_lr_scheduler(opt, cfg, total_steps=20)
+    factor = LRSchedule(cfg, 20)
+    lrs = []
+    for _ in range(10):
+        lrs.extend(g["lr"] for g in opt.param_groups)
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([f * factor(i) for i in range(10) for f in (1.0, 0.5)])
+    state = json.loads(json.dumps(sched.state_dict()))
+
+    opt2 = torch.optim.SGD([{"params": [params[0]], "lr": 2.0}, {"params": [params[1]], "lr": 0.5}])
+    sched2 = build_lr_scheduler(opt2, cfg, total_steps=20)
+    restore_lr_scheduler(sched2, state, step=10)
+    assert [g["lr"] for g in opt2.param_groups] == pytest.approx([2 * factor(10), 0.5 * factor(10)])
+    opt2.step()
+    sched2.step()
+    assert opt2.param_groups[1]["lr"] == pytest.approx(0.5 * factor(11))
+    with pytest.raises(
+        ValueError, match="the checkpoint's LR schedule is at step 10, its training at 9"
+    ):
+        restore_lr_scheduler(sched2, state, step=9)
