@@ -90,14 +90,15 @@ class Trainer:
             self.model, self.optimizer = shard_dmt(
                 TrainTask(plain), runtime, topology=topology, optim_cfg=cfg.optim,
                 sharding_type=cfg.sptt.sharding_type, init_seed=cfg.trainer.seed,
-                peer_permute=cfg.sptt.peer_permute, memory=memory,
+                peer_permute=cfg.sptt.peer_permute, comm_precision=cfg.sptt.comm_precision,
+                memory=memory,
                 even_batches=True,  # the training sources split whole global batches evenly
                 timeout=timedelta(seconds=cfg.trainer.collective_timeout_s),
             )
         else:
             apply_sparse_optimizer(embedding_parameters(plain), cfg.optim)
             self.model = shard_model(TrainTask(plain), runtime, batch_size=cfg.data.batch_size,
-                                     memory=memory)
+                                     memory=memory, comm_precision=cfg.sptt.comm_precision)
             self.optimizer = build_optimizer(self.model, cfg.optim)
         write_sharding_plan(self.model, self.output_dir, rank=runtime.rank, memory=memory)
         self.peak_lrs = [g["lr"] for g in self.optimizer.param_groups]

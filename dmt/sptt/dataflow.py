@@ -64,7 +64,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from dmt.memory import FUSED_UVM_CACHING
-from dmt.sptt.collectives import all_to_all_single, reduce_scatter
+from dmt.sptt.collectives import all_to_all_single, comm_dtype_of, reduce_scatter
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.peer_permute import (
     block_permutation,
@@ -107,6 +107,10 @@ class SPTTDataflow(nn.Module):
             the lookup), ``"auto"`` (the one that moves fewer bytes, per batch) or ``"skip"``
             (step a delivers peer order); see :mod:`dmt.sptt.peer_permute`. Every rank may
             choose differently: step c is local.
+        comm_precision: dtype of the pooled embeddings (and their gradients) on the wire in
+            steps d and f: ``"fp32"`` (as computed), ``"bf16"`` or ``"fp16"`` (rounded once per
+            collective, received values cast back; bytes halve). Step a's ids are never cast.
+            See :mod:`dmt.sptt.collectives`.
 
     Example::
 
@@ -130,10 +134,13 @@ class SPTTDataflow(nn.Module):
         device: torch.device | None = None,
         sparse_optimizer: SparseOptimizer | None = None,
         peer_permute: str = "output",
+        comm_precision: str = "fp32",
     ) -> None:
         super().__init__()
         topo = plan.topology
         self.peer_permute_setting = check_peer_permute(peer_permute)
+        self.comm_precision = comm_precision
+        self.comm_dtype = comm_dtype_of(comm_precision)
         if groups.topology != topo:
             raise ValueError(f"groups were built for {groups.topology}, the plan for {topo}")
         _check_tables(plan, tables)
@@ -427,6 +434,7 @@ class SPTTDataflow(nn.Module):
             input_split_sizes=[TB * width] * topo.tower_size,
             group=self.groups.tower,
             record=self._recorder("d", "tower", mates),
+            comm_dtype=self.comm_dtype,
         )
         blocks = [
             chunk.view(TB, w) for chunk, w in zip(received.split([TB * w for w in widths]), widths)
@@ -436,6 +444,7 @@ class SPTTDataflow(nn.Module):
                 pooled[:, width:].reshape(-1),
                 group=self.groups.tower,
                 record=self._recorder("d", "tower", mates),
+                comm_dtype=self.comm_dtype,
             )
             blocks.append(summed.view(TB, -1))
         return blocks
@@ -465,6 +474,7 @@ class SPTTDataflow(nn.Module):
             input_split_sizes=[B * V * D] * T,
             group=self.groups.peer,
             record=self._recorder("f", "peer", topo.peers_of(self.rank)),
+            comm_dtype=self.comm_dtype,
         )
         return [
             chunk.view(B, v, d)
