@@ -181,7 +181,13 @@ class _ReduceScatter(torch.autograd.Function):
         else:
             # the low-precision blocks travel, the sum runs in the input's dtype
             received = wire.new_empty(input.numel())
-            dist.all_to_all_single(received, wire, group=group)
+            dist.all_to_all_single(
+                received,
+                wire,
+                output_split_sizes=[block] * size,
+                input_split_sizes=[block] * size,
+                group=group,
+            )
             output = received.view(size, block).to(input.dtype).sum(dim=0)
         if record is not None:
             record([block * wire.element_size()] * size, "forward")
