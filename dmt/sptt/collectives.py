@@ -16,8 +16,11 @@ what it received back to the input's dtype; the backward does the same to the gr
 is summed in the low precision: the reduce-scatter then runs as an all-to-all of the
 low-precision blocks followed by a local sum in the input's dtype, which sends the same bytes as
 a bandwidth-optimal reduce-scatter (``(S - 1) / S`` of the input per rank) and rounds every
-partial sum exactly once, whatever algorithm the backend would have used. The recorded bytes are
-those of ``comm_dtype``. gloo (and NCCL) move bf16 and fp16 natively.
+partial sum exactly once, whatever algorithm the backend would have used. The block a rank keeps
+for itself is rounded too (also in a group of one), so the numbers do not depend on which rank
+holds what. The recorded bytes are those of ``comm_dtype``. gloo (torch 2.13) and NCCL move bf16
+and fp16 natively in ``all_to_all_single``, ``reduce_scatter_tensor`` and
+``all_gather_into_tensor``, so no bit-cast is needed.
 
 Every rank of ``group`` must call a collective, and later backprop through its output, in the
 same order; an input that does not require grad on one rank while it does on another would leave
