@@ -6,9 +6,9 @@ Modes (one training step = forward, backward with the fused sparse optimizer, de
   TorchRec (``DistributedModelParallel``; tables table-wise, or the planner's choice with
   ``--flat-sharding planner``) -- the paper's baseline;
 * ``flat-1tower``: the same model through :func:`dmt.sptt.dmt_sharding.shard_dmt` with one tower
-  spanning the world. It moves exactly the bytes of TorchRec's table-wise flat lookup (step a =
-  the KJT all-to-all to the table owners, step d = the pooled-embedding all-to-all over all ``G``
-  ranks, no step f), so it is where the flat byte counts come from;
+  spanning the world. It moves the bytes of TorchRec's table-wise flat lookup (step a = the KJT
+  all-to-all to the table owners, step d = the pooled-embedding all-to-all over all ``G`` ranks,
+  no step f): SPTT's code path against TorchRec's on the same flows;
 * ``sptt``: the pass-through model with SPTT on ``T = G / (K L)`` towers (same semantics);
 * ``dmt``: the DMT model with DLRM tower modules (``c = 1, p = 0, D = --tower-dim``) on the same
   towers: compression ratio ``N / D``.
@@ -18,14 +18,28 @@ c permutes (paper section 3.1.3, :mod:`dmt.sptt.peer_permute`), as ``sptt:input`
 the pooled output, the sparse input before the lookup, the smaller of the two, or nothing (step a
 delivers peer order). The ``c MB`` column gives the bytes step c shuffled (local, no wire).
 
-Reported per mode: the median over ``--runs`` runs of the median step time of each run, and, per
-step and summed over all ranks, the bytes each process group carries and how many cross a host
-boundary (``L`` ranks per host). Gradient all-reduces are counted with the ring model
-(``2 (n - 1) / n`` of the buffer per rank).
+``--pipeline on,off`` trains each mode through TorchRec's train pipeline
+(:func:`dmt.trainer.build_pipeline`, as ``trainer.pipeline=true``) and through the plain loop;
+``--comm-precision fp32,bf16`` sets ``sptt.comm_precision`` (SPTT steps d and f; TorchRec's
+quantized comms for the flat modes). Every combination is its own model, and all of them run
+interleaved; speed-ups and byte ratios compare with ``flat`` at the same pipeline and precision.
+
+Reported per (mode, pipeline, comm_precision): the median over ``--runs`` runs of the median step
+time of each run, and, per step and summed over all ranks, the bytes each process group carries
+and how many cross a host boundary (``L`` ranks per host), measured on ``--trace-steps`` further
+steps by :class:`dmt.sptt.comm_trace.CommTrace`: every c10d collective the step issues (TorchRec's
+own all-to-alls for the flat modes, DDP's all-reduces, SPTT's steps), whatever code issued it.
+Gradient all-reduces are counted with the ring model (``2 (n - 1) / n`` of the buffer per rank).
+SPTT modes also report their own :class:`~dmt.sptt.comm_stats.CommStats` per step and group of
+the same steps (the trace adds TorchRec's small split-size exchange of step a to it).
+``--json FILE`` writes a list of records with ``mode``, ``peer_permute``, ``pipeline``,
+``comm_precision``, ``world_size``, ``local_world_size``, ``batch_per_rank``, ``ms_per_step``
+(median), ``cross_host_mb`` and ``total_mb`` (traced, per step, summed over ranks) and details.
 
 Hosts are emulated: ``L`` consecutive ranks form a host. On one machine (gloo, CPU)::
 
     python benchmarks/bench_sptt.py --world-size 8 --local-world-size 2
+    python benchmarks/bench_sptt.py --pipeline on,off --comm-precision fp32,bf16 --json out.json
 
 To put every emulated host in its own network namespace, with 1 Gbit/s between hosts, see
 ``scripts/netns_throttle.sh``; it starts one copy per host with ``--nnodes``/``--node-rank``/
@@ -39,12 +53,14 @@ CPU timings with more ranks than cores mostly measure contention; the byte count
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -53,7 +69,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 from torchrec.datasets.utils import Batch
-from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
+from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
 from torchrec.distributed.planner import Topology as PlannerTopology
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -63,17 +79,20 @@ from dmt.models import build_dmt_model, embedding_parameters, naive_partition
 from dmt.models.accounting import compression_ratio
 from dmt.optim import apply_sparse_optimizer, build_optimizer
 from dmt.runtime import Runtime
-from dmt.sharding import shard_model
+from dmt.sharding import flat_sharders, shard_model
+from dmt.sptt.collectives import COMM_PRECISIONS
 from dmt.sptt.comm_stats import CommStats
+from dmt.sptt.comm_trace import CommTrace
 from dmt.sptt.dmt_sharding import shard_dmt
 from dmt.sptt.peer_permute import PEER_PERMUTES
 from dmt.sptt.process_groups import create_process_groups
 from dmt.sptt.topology import Topology
-from dmt.trainer import TrainTask
+from dmt.trainer import TrainTask, build_pipeline
 
 MODES = ("flat", "flat-1tower", "sptt", "dmt")
 GROUP_OF_STEP = {"a": "world", "d": "tower", "f": "peer", "tm": "tower", "dense": "world"}
 SHUFFLED = ("output", "input", "none")  # what step c permuted
+PIPELINES = {"on": True, "off": False}
 
 
 def _parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -94,9 +113,22 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
         default="output",
         help=f"where step c permutes in sptt/dmt: comma-separated, of {PEER_PERMUTES}",
     )
+    p.add_argument(
+        "--pipeline",
+        default="off",
+        help="on (TorchRec's train pipeline, dmt.trainer.build_pipeline), off (plain loop) or on,off",
+    )
+    p.add_argument(
+        "--comm-precision",
+        default="fp32",
+        help=f"sptt.comm_precision of every mode: comma-separated, of {tuple(COMM_PRECISIONS)}",
+    )
     p.add_argument("--iters", type=int, default=10, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before each run")
     p.add_argument("--runs", type=int, default=3, help="runs per mode (modes interleaved)")
+    p.add_argument(
+        "--trace-steps", type=int, default=2, help="untimed steps whose bytes are measured"
+    )
     p.add_argument("--json", default=None, help="write the results here (rank 0)")
     env = os.environ  # scripts/netns_throttle.sh sets DMT_NNODES, DMT_NODE_RANK, DMT_INIT_FILE
     p.add_argument(
@@ -115,6 +147,14 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.peer_permute.split(",")) - set(PEER_PERMUTES)
     if unknown:
         p.error(f"unknown --peer-permute {sorted(unknown)}; choose from {PEER_PERMUTES}")
+    unknown = set(args.pipeline.split(",")) - set(PIPELINES)
+    if unknown:
+        p.error(f"unknown --pipeline {sorted(unknown)}; choose from on, off, on,off")
+    unknown = set(args.comm_precision.split(",")) - set(COMM_PRECISIONS)
+    if unknown:
+        p.error(f"unknown --comm-precision {sorted(unknown)}; choose from {tuple(COMM_PRECISIONS)}")
+    if args.trace_steps < 1:
+        p.error("--trace-steps must be at least 1")
     if args.world_size % args.nnodes:
         p.error("--world-size must be a multiple of --nnodes")
     if args.nnodes > 1 and not args.init_file:
@@ -172,12 +212,16 @@ def _batches(args: argparse.Namespace, rank: int, device: torch.device) -> list[
 OPTIM = OptimConfig(sparse="rowwise_adagrad", sparse_lr=0.05, dense="sgd", lr=0.01)
 
 
-def _flat(args: argparse.Namespace, runtime: Runtime) -> tuple[nn.Module, Any, None]:
+def _flat(
+    args: argparse.Namespace, runtime: Runtime, precision: str
+) -> tuple[nn.Module, Any, None]:
     model = _model(args, 1, "passthrough")
     apply_sparse_optimizer(embedding_parameters(model), OPTIM)
     task = TrainTask(model)
     if args.flat_sharding == "planner":
-        dmp = shard_model(task, runtime, batch_size=args.batch * runtime.world_size)
+        dmp = shard_model(
+            task, runtime, batch_size=args.batch * runtime.world_size, comm_precision=precision
+        )
     else:
         planner = EmbeddingShardingPlanner(
             topology=PlannerTopology(
@@ -190,7 +234,7 @@ def _flat(args: argparse.Namespace, runtime: Runtime) -> tuple[nn.Module, Any, N
                 f"t_{f}": ParameterConstraints(sharding_types=["table_wise"]) for f in _names(args)
             },
         )
-        sharders = get_default_sharders()
+        sharders = flat_sharders(precision)
         plan = planner.collective_plan(task, sharders, dist.GroupMember.WORLD)
         dmp = DistributedModelParallel(task, device=runtime.device, plan=plan, sharders=sharders)
     return dmp, build_optimizer(dmp, OPTIM), None
@@ -203,6 +247,7 @@ def _sptt(
     hosts: Topology,
     tower: str,
     peer_permute: str = "output",
+    precision: str = "fp32",
 ) -> tuple[nn.Module, Any, CommStats]:
     stats = CommStats(hosts, runtime.rank)
     groups = create_process_groups(topo, timeout=timedelta(minutes=5))
@@ -214,25 +259,108 @@ def _sptt(
         optim_cfg=OPTIM,
         stats=stats,
         peer_permute=peer_permute,
+        comm_precision=precision,
+        even_batches=True,  # every rank trains on B samples, as in training
     )
     return task, optimizer, stats
 
 
-def _time_steps(
-    step: Callable[[Batch], None], batches: list[Batch], args: argparse.Namespace, cuda: bool
-) -> list[float]:
+@dataclass
+class Variant:
+    """One (mode, peer permute, pipeline, precision) combination, built and ready to step."""
+
+    mode: str
+    peer_permute: str | None
+    pipeline: bool
+    precision: str
+    step: Callable[[], None]
+    stats: CommStats | None
+
+    @property
+    def name(self) -> str:
+        mode = self.mode if self.peer_permute is None else f"{self.mode}:{self.peer_permute}"
+        return f"{mode} pipe={'on' if self.pipeline else 'off'} {self.precision}"
+
+    @property
+    def setting(self) -> tuple[bool, str]:
+        """What ``flat`` must share to be this variant's baseline."""
+        return self.pipeline, self.precision
+
+
+def _stepper(
+    module: nn.Module,
+    optimizer: Any,
+    batches: list[Batch],
+    pipeline: bool,
+    device: torch.device,
+) -> Callable[[], None]:
+    """One training step per call on the next of ``batches`` (cycled): through TorchRec's
+    train pipeline (as ``trainer.pipeline=true``) or the plain loop."""
+    feed: Iterator[Batch] = itertools.cycle(batches)
+    if pipeline:
+        train = build_pipeline(module, optimizer, device)
+
+        def progress() -> None:
+            train.progress(feed)
+
+        return progress
+
+    def step() -> None:
+        optimizer.zero_grad()
+        loss, _ = module(next(feed))
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def _time_steps(step: Callable[[], None], args: argparse.Namespace, cuda: bool) -> list[float]:
     times = []
-    for i in range(args.warmup + args.iters):
+    for _ in range(args.warmup + args.iters):
         dist.barrier()
         start = time.perf_counter()
-        step(batches[i % len(batches)])
+        step()
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return times[args.warmup :]
 
 
-def _main_on_rank(args: argparse.Namespace) -> dict[str, Any] | None:
+def _build(
+    args: argparse.Namespace, runtime: Runtime, hosts: Topology, batches: list[Batch]
+) -> list[Variant]:
+    """Every variant, built on every rank in the same order (process groups are collective)."""
+    world_size = runtime.world_size
+    settings = args.peer_permute.split(",")
+    variants = []
+    for precision, pipe in itertools.product(
+        args.comm_precision.split(","), args.pipeline.split(",")
+    ):
+        pipeline = PIPELINES[pipe]
+        for mode in args.modes.split(","):
+            built: list[tuple[str | None, tuple[nn.Module, Any, CommStats | None]]] = []
+            if mode == "flat":
+                built.append((None, _flat(args, runtime, precision)))
+            elif mode == "flat-1tower":
+                one_tower = Topology(world_size, world_size)
+                built.append(
+                    (
+                        None,
+                        _sptt(args, runtime, one_tower, hosts, "passthrough", "output", precision),
+                    )
+                )
+            else:
+                tower = "passthrough" if mode == "sptt" else "dlrm"
+                for setting in settings:
+                    variant = _sptt(args, runtime, hosts, hosts, tower, setting, precision)
+                    built.append((setting if len(settings) > 1 else None, variant))
+            for setting, (module, optimizer, stats) in built:
+                step = _stepper(module, optimizer, batches, pipeline, runtime.device)
+                variants.append(Variant(mode, setting, pipeline, precision, step, stats))
+    return variants
+
+
+def _main_on_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
     local_rank = rank % args.local_world_size
@@ -241,58 +369,78 @@ def _main_on_rank(args: argparse.Namespace) -> dict[str, Any] | None:
         rank, world_size, local_rank, args.local_world_size, device, dist.get_backend()
     )
     hosts = Topology(world_size, args.local_world_size, args.hosts_per_tower)
-    settings = args.peer_permute.split(",")
-    built: dict[str, tuple[nn.Module, Any, CommStats | None]] = {}
-    for mode in args.modes.split(","):  # every rank builds the modes in the same order
-        if mode == "flat":
-            built[mode] = _flat(args, runtime)
-        elif mode == "flat-1tower":
-            built[mode] = _sptt(
-                args, runtime, Topology(world_size, world_size), hosts, "passthrough"
-            )
-        else:
-            tower = "passthrough" if mode == "sptt" else "dlrm"
-            for setting in settings:
-                name = mode if len(settings) == 1 else f"{mode}:{setting}"
-                built[name] = _sptt(args, runtime, hosts, hosts, tower, setting)
-    modes = list(built)
-    batches = _batches(args, rank, device)
+    variants = _build(args, runtime, hosts, _batches(args, rank, device))
 
-    run_medians: dict[str, list[float]] = {m: [] for m in modes}
+    run_medians: dict[str, list[float]] = {v.name: [] for v in variants}
     for _ in range(args.runs):
-        for mode in modes:
-            module, optimizer, stats = built[mode]
+        for v in variants:
+            run_medians[v.name].append(statistics.median(_time_steps(v.step, args, cuda)))
 
-            def step(batch: Batch, module: nn.Module = module, optimizer: Any = optimizer) -> None:
-                optimizer.zero_grad()
-                loss, _ = module(batch)
-                loss.backward()
-                optimizer.step()
-
-            if stats is not None:
-                stats.reset()
-            run_medians[mode].append(statistics.median(_time_steps(step, batches, args, cuda)))
-
-    results: dict[str, Any] = {}
-    for mode in modes:
-        stats = built[mode][2]
-        counts = _world_totals(stats, device) if stats is not None else {}
-        steps_counted = args.warmup + args.iters  # the last run's (stats are reset before each)
-        results[mode] = {
-            "ms_per_step": statistics.median(run_medians[mode]) * 1e3,
-            "ms_per_step_runs": [t * 1e3 for t in run_medians[mode]],
-            "bytes_per_step": {k: v / steps_counted for k, v in counts.items()},
+    records = []
+    for v in variants:
+        # the bytes of --trace-steps further steps: CommTrace sees every collective they issue;
+        # an SPTT mode's own CommStats counts the same steps
+        if v.stats is not None:
+            v.stats.reset()
+        trace = CommTrace(CommStats(hosts, rank))
+        dist.barrier()
+        with trace:
+            for _ in range(args.trace_steps):
+                v.step()
+        if trace.unaccounted:
+            raise RuntimeError(f"{v.name}: collectives without a byte model: {trace.unaccounted}")
+        traced = _world_totals(_traced_by_group(trace, hosts, rank), device)
+        counted = _world_totals(_stats_keys(v.stats), device) if v.stats is not None else {}
+        per_step = 1 / args.trace_steps
+        record: dict[str, Any] = {
+            "mode": v.mode,
+            "peer_permute": v.peer_permute,
+            "pipeline": v.pipeline,
+            "comm_precision": v.precision,
+            "world_size": world_size,
+            "local_world_size": args.local_world_size,
+            "hosts_per_tower": args.hosts_per_tower,
+            "batch_per_rank": args.batch,
+            "ms_per_step": statistics.median(run_medians[v.name]) * 1e3,
+            "ms_per_step_runs": [t * 1e3 for t in run_medians[v.name]],
+            "cross_host_mb": traced["all/bytes_cross_host"] * per_step / 1e6,
+            "total_mb": traced["all/bytes_sent"] * per_step / 1e6,
+            "traced_bytes_per_step": {k: x * per_step for k, x in traced.items()},
+            "bytes_per_step": {k: x * per_step for k, x in counted.items()},
         }
-        if mode.startswith("dmt"):
-            dmt_model = _model(args, hosts.num_towers, "dlrm")
-            results[mode]["compression_ratio"] = compression_ratio(dmt_model)
-    if rank != 0:
-        return None
-    return results
+        if v.mode == "dmt":
+            record["compression_ratio"] = compression_ratio(_model(args, hosts.num_towers, "dlrm"))
+        records.append(record)
+    return records if rank == 0 else None
 
 
-def _world_totals(stats: CommStats, device: torch.device) -> dict[str, float]:
-    """``{"<step>/<group>/<direction>/<field>": sum over ranks}`` (collective)."""
+def _traced_by_group(trace: CommTrace, hosts: Topology, rank: int) -> dict[str, float]:
+    """This rank's traced bytes by the role of each collective's group: ``world`` (all ranks),
+    ``tower`` (this rank's tower: K L ranks), ``peer`` (its T peers), else ``other``."""
+    roles = {
+        tuple(range(hosts.world_size)): "world",
+        tuple(hosts.tower_ranks(hosts.tower_of(rank))): "tower",
+        tuple(hosts.peers_of(rank)): "peer",
+    }
+    out = {
+        f"{g}/{field}": 0.0
+        for g in ("all", "world", "tower", "peer", "other")
+        for field in ("bytes_sent", "bytes_cross_host")
+    }
+    for call in trace.calls:
+        role = roles.get(call.ranks, "other")
+        for dst, nbytes in zip(call.ranks, call.bytes_per_rank):
+            if dst == rank:
+                continue
+            cross = nbytes if hosts.crosses_host(rank, dst) else 0
+            for g in ("all", role):
+                out[f"{g}/bytes_sent"] += nbytes
+                out[f"{g}/bytes_cross_host"] += cross
+    return out
+
+
+def _stats_keys(stats: CommStats) -> dict[str, float]:
+    """``{"<step>/<group>/<direction>/<field>": this rank's value}`` over every step's keys."""
     local = stats.as_dict()
     keys = sorted(
         f"{step}/{GROUP_OF_STEP[step]}/{d}/{field}"
@@ -305,97 +453,85 @@ def _world_totals(stats: CommStats, device: torch.device) -> dict[str, float]:
         for d in ("forward", "backward")
         for field in ("calls", "bytes_shuffled")
     ]
-    values = torch.tensor(
-        [float(local.get(k, 0)) for k in keys], dtype=torch.float64, device=device
-    )
+    return {k: float(local.get(k, 0)) for k in keys}
+
+
+def _world_totals(local: dict[str, float], device: torch.device) -> dict[str, float]:
+    """``local`` summed over ranks (collective; the same keys on every rank)."""
+    keys = sorted(local)
+    values = torch.tensor([local[k] for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(values)
     return dict(zip(keys, values.tolist()))
 
 
-def _group_totals(bytes_per_step: dict[str, float]) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
-    for key, value in bytes_per_step.items():
-        step, group, _, field = key.split("/")
-        if step == "c":
-            continue
-        entry = out.setdefault(group, {"bytes_sent": 0.0, "bytes_cross_host": 0.0})
-        entry[field] += value
-    return out
+def _label(r: dict[str, Any]) -> str:
+    mode = r["mode"] if r["peer_permute"] is None else f"{r['mode']}:{r['peer_permute']}"
+    return f"{mode} {'on' if r['pipeline'] else 'off'} {r['comm_precision']}"
 
 
-def _report(args: argparse.Namespace, results: dict[str, Any]) -> str:
+def _report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
     hosts = Topology(args.world_size, args.local_world_size, args.hosts_per_tower)
     lines = [
         f"G={args.world_size} L={args.local_world_size} K={args.hosts_per_tower} "
         f"T={hosts.num_towers} F={args.features} N={args.dim} D={args.tower_dim} B={args.batch} "
         f"rows={args.rows} hotness={args.hotness} flat={args.flat_sharding}; median of "
-        f"{args.runs} runs x {args.iters} steps; MB per step summed over ranks (fwd+bwd)",
-        f"{'mode':12s} {'ms/step':>9s} {'x flat':>7s} {'world MB':>9s} {'tower MB':>9s} "
-        f"{'peer MB':>9s} {'total MB':>9s} {'cross MB':>9s} {'cross x':>8s} {'c MB':>8s}",
+        f"{args.runs} runs x {args.iters} steps; MB per step summed over ranks (fwd+bwd), "
+        f"measured on {args.trace_steps} steps",
+        f"{'mode pipeline precision':28s} {'ms/step':>9s} {'x flat':>7s} {'world MB':>9s} "
+        f"{'tower MB':>9s} {'peer MB':>9s} {'total MB':>9s} {'cross MB':>9s} {'cross x':>8s} "
+        f"{'c MB':>8s}",
     ]
-    flat_ms = results.get("flat", {}).get("ms_per_step")
-    flat_bytes = results.get("flat-1tower", {}).get("bytes_per_step")
-    flat_cross = (
-        sum(v for k, v in flat_bytes.items() if k.endswith("bytes_cross_host"))
-        if flat_bytes
-        else None
-    )
-    for mode, r in results.items():
-        groups = _group_totals(r["bytes_per_step"]) if r["bytes_per_step"] else {}
-        mb = {g: groups.get(g, {}).get("bytes_sent", 0.0) / 1e6 for g in ("world", "tower", "peer")}
-        cross = sum(g["bytes_cross_host"] for g in groups.values()) if groups else None
-        if mode == "flat" and flat_bytes:  # flat bytes are those of its 1-tower equivalent
-            groups = _group_totals(flat_bytes)
-            mb = {
-                g: groups.get(g, {}).get("bytes_sent", 0.0) / 1e6
-                for g in ("world", "tower", "peer")
-            }
-            cross = flat_cross
-        speed = f"{flat_ms / r['ms_per_step']:7.2f}" if flat_ms else "      -"
-        ratio = f"{flat_cross / cross:8.2f}" if flat_cross and cross else "       -"
-        total = sum(mb.values())
+    flat = {(r["pipeline"], r["comm_precision"]): r for r in records if r["mode"] == "flat"}
+    for r in records:
+        base = flat.get((r["pipeline"], r["comm_precision"]))
+        traced = r["traced_bytes_per_step"]
+        mb = {g: traced[f"{g}/bytes_sent"] / 1e6 for g in ("world", "tower", "peer")}
+        speed = f"{base['ms_per_step'] / r['ms_per_step']:7.2f}" if base else "      -"
+        cross = r["cross_host_mb"]
+        ratio = f"{base['cross_host_mb'] / cross:8.2f}" if base and cross else "       -"
         shuffled = sum(v for k, v in r["bytes_per_step"].items() if k.endswith("/bytes_shuffled"))
         lines.append(
-            f"{mode:12s} {r['ms_per_step']:9.2f} {speed} {mb['world']:9.3f} {mb['tower']:9.3f} "
-            f"{mb['peer']:9.3f} {total:9.3f} "
-            f"{(cross or 0) / 1e6:9.3f} {ratio} {shuffled / 1e6:8.3f}"
+            f"{_label(r):28s} {r['ms_per_step']:9.2f} {speed} {mb['world']:9.3f} "
+            f"{mb['tower']:9.3f} {mb['peer']:9.3f} {r['total_mb']:9.3f} {cross:9.3f} {ratio} "
+            f"{shuffled / 1e6:8.3f}"
         )
     lines.append(
-        f"groups: world = G = {args.world_size} ranks (step a, dense all-reduce); tower = K L = "
-        f"{hosts.tower_size} ranks (step d, tower-module all-reduce; flat: one tower = the "
-        f"world); peer = T = {hosts.num_towers} ranks (step f)"
+        f"groups: world = G = {args.world_size} ranks (step a, dense all-reduce, flat's "
+        f"all-to-alls); tower = K L = {hosts.tower_size} ranks (step d, tower-module all-reduce); "
+        f"peer = T = {hosts.num_towers} ranks (step f)"
     )
     lines.append(
-        "x flat: flat ms / mode ms (speed-up); cross x: flat cross-host bytes / mode's. "
-        "flat's bytes are flat-1tower's (the same flows). c MB: bytes step c's peer permute "
-        "shuffled in memory (not on a wire; mode:setting = --peer-permute setting)."
+        "x flat: flat ms / mode ms (speed-up), cross x: flat cross-host bytes / mode's, both "
+        "against flat at the same pipeline and precision. Bytes: CommTrace (every collective). "
+        "c MB: bytes step c's peer permute shuffled in memory (not on a wire)."
     )
-    ratios = [r["compression_ratio"] for r in results.values() if "compression_ratio" in r]
+    ratios = [r["compression_ratio"] for r in records if "compression_ratio" in r]
     if ratios:
         lines.append(f"dmt compression ratio F N / sum O_t = {ratios[0]:.2f}")
-    for mode, r in results.items():
-        lines.append(f"  {mode}: runs ms/step {[round(t, 2) for t in r['ms_per_step_runs']]}")
-        for key in sorted(r["bytes_per_step"]):
-            if key.startswith("c/") and key.endswith("/calls") and r["bytes_per_step"][key]:
-                moved = r["bytes_per_step"][key.replace("/calls", "/bytes_shuffled")]
+    for r in records:
+        lines.append(f"  {_label(r)}: runs ms/step {[round(t, 2) for t in r['ms_per_step_runs']]}")
+        counted = r["bytes_per_step"]
+        for key in sorted(counted):
+            if key.startswith("c/") and key.endswith("/calls") and counted[key]:
+                moved = counted[key.replace("/calls", "/bytes_shuffled")]
                 what = key.removesuffix("/calls")
                 lines.append(f"    {what:28s} {moved / 1e6:9.3f} MB  shuffled (step c, local)")
-            if key.endswith("bytes_sent") and r["bytes_per_step"][key]:
-                cross = r["bytes_per_step"][key.replace("bytes_sent", "bytes_cross_host")]
+            if key.endswith("bytes_sent") and counted[key]:
+                cross = counted[key.replace("bytes_sent", "bytes_cross_host")]
                 lines.append(
-                    f"    {key.removesuffix('/bytes_sent'):28s} {r['bytes_per_step'][key] / 1e6:9.3f} MB"
-                    f"  cross-host {cross / 1e6:9.3f} MB"
+                    f"    {key.removesuffix('/bytes_sent'):28s} {counted[key] / 1e6:9.3f} MB"
+                    f"  cross-host {cross / 1e6:9.3f} MB  (CommStats)"
                 )
     return "\n".join(lines)
 
 
 def _run(args: argparse.Namespace) -> None:
-    results = _main_on_rank(args)
-    if results is not None:
-        print(_report(args, results), flush=True)
+    records = _main_on_rank(args)
+    if records is not None:
+        print(_report(args, records), flush=True)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"args": vars(args), "results": results}, f, indent=2)
+                json.dump(records, f, indent=2)
 
 
 def _spawned(local: int, args: argparse.Namespace, init_file: str) -> None:

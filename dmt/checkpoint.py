@@ -72,6 +72,7 @@ _FREE_KEYS = (
     "sptt.hosts_per_tower",
     "sptt.sharding_type",
     "sptt.peer_permute",
+    "sptt.comm_precision",  # the wire's dtype; the state is fp32 either way
     "sptt.timeout_s",
     "data.criteo.raw_path",
     "data.criteo.preprocessed_dir",

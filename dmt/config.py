@@ -269,6 +269,7 @@ class SPTTConfig:
     local_world_size: int | None = None  # L: ranks per host (None: torchrun's LOCAL_WORLD_SIZE); set to emulate hosts
     sharding_type: str = "table_wise"  # tables inside a tower: table_wise, column_wise or row_wise
     peer_permute: str = "output"  # step c (§3.1.3): permute the pooled "output", the sparse "input" (b, c swapped), "auto" (fewer bytes) or "skip" (step a delivers peer order)
+    comm_precision: str = "fp32"  # dtype of the pooled-embedding collectives on the wire, forward and backward: fp32, bf16 or fp16 (bytes halve); SPTT steps d and f, and TorchRec's QCommsConfig for the flat baseline (read with sptt=off too)
     timeout_s: float | None = None  # removed: trainer.collective_timeout_s sets every group's timeout (setting this is an error)
 
 
@@ -476,6 +477,7 @@ def validate(cfg: Config) -> None:
             f"sptt.timeout_s={sp.timeout_s} was replaced by trainer.collective_timeout_s, the timeout "
             f"of every process group (flat and SPTT): set trainer.collective_timeout_s={sp.timeout_s} instead"
         )
+    _choice("sptt.comm_precision", sp.comm_precision, ("fp32", "bf16", "fp16"))
     if sp.enabled:
         if cfg.model.partition.kind == "none":
             raise ValueError(

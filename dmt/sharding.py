@@ -5,6 +5,10 @@ allow) within the per-rank memory budget (``sharding.*``, :class:`dmt.memory.Mem
 CUDA in HBM, or UVM-cached (``FUSED_UVM_CACHING``) when HBM is short, as the SPTT plan does; on
 CPU in host memory. ``DistributedModelParallel`` wraps the dense part in DDP.
 :func:`sharding_plan_text` is the plan of either path as ``sharding_plan.txt`` shows it.
+
+``sptt.comm_precision`` (``bf16``/``fp16``) quantizes the pooled-embedding all-to-alls and
+reduce-scatters of the sharded tables, forward and backward, with TorchRec's own codecs
+(:func:`flat_sharders`), so the baseline and SPTT compare at equal precision.
 """
 
 from __future__ import annotations
@@ -13,17 +17,29 @@ from pathlib import Path
 
 import torch.distributed as dist
 from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.fbgemm_qcomm_codec import (
+    CommOp,
+    CommType,
+    QCommsConfig,
+    QuantizedCommCodecs,
+    get_qcomm_codecs,
+)
+from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
+from torchrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.types import KernelConfig, PlannerError, TopologyFactory
 from torchrec.distributed.planner.types import TrainerConfig as PlannerTrainerConfig
-from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingType
+from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dmt.config import ShardingConfig
 from dmt.memory import MemoryBudget
 from dmt.runtime import Runtime
+from dmt.sptt.collectives import comm_dtype_of
 from dmt.sptt.dmt_sharding import ShardedDMT
 
 PLAN_FILE = "sharding_plan.txt"
@@ -95,6 +111,51 @@ def planner_topology(memory: MemoryBudget, *, world_size: int, local_world_size:
     )
 
 
+# the sharders whose pooled-embedding collectives TorchRec quantizes with a codec registry
+_QCOMM_SHARDERS = (
+    EmbeddingBagCollectionSharder,
+    FusedEmbeddingBagCollectionSharder,
+    FeatureProcessedEmbeddingBagCollectionSharder,
+    EmbeddingCollectionSharder,
+)
+
+
+def qcomm_codecs_registry(comm_precision: str) -> dict[str, QuantizedCommCodecs] | None:
+    """TorchRec's codec registry of ``comm_precision`` (``sptt.comm_precision``): FBGEMM codecs
+    that cast the pooled (and sequence) embedding all-to-alls and the pooled reduce-scatter to
+    bf16 or fp16, forward and backward (``QCommsConfig(forward_precision=...,
+    backward_precision=...)``). ``None`` for ``"fp32"``.
+
+    Built with ``get_qcomm_codecs`` per op rather than ``get_qcomm_codecs_registry``: the latter
+    turns bf16 into fp16 on CPU (gloo lacked bf16 once), while gloo in torch 2.13 moves bf16 and
+    the FBGEMM codecs cast to it on CPU, so ``bf16`` means bf16 on every device.
+    """
+    dtype = comm_dtype_of(comm_precision)  # validates the setting
+    if dtype is None:
+        return None
+    comm_type = CommType(comm_precision)
+    config = QCommsConfig(forward_precision=comm_type, backward_precision=comm_type)
+    ops = (
+        CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL,
+        CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER,
+        CommOp.SEQUENCE_EMBEDDINGS_ALL_TO_ALL,
+    )
+    return {op.name: get_qcomm_codecs(config) for op in ops}
+
+
+def flat_sharders(comm_precision: str = "fp32") -> list[ModuleSharder[nn.Module]]:
+    """TorchRec's default sharders, the embedding ones given :func:`qcomm_codecs_registry` of
+    ``comm_precision`` (``"fp32"``: exactly ``get_default_sharders()``)."""
+    registry = qcomm_codecs_registry(comm_precision)
+    sharders = get_default_sharders()
+    if registry is None:
+        return sharders
+    return [
+        type(s)(qcomm_codecs_registry=registry) if type(s) in _QCOMM_SHARDERS else s
+        for s in sharders
+    ]
+
+
 def plan_tables(
     module: nn.Module,
     memory: MemoryBudget,
@@ -102,9 +163,12 @@ def plan_tables(
     world_size: int,
     local_world_size: int,
     batch_size: int,
+    comm_precision: str = "fp32",
 ) -> ShardingPlan:
     """TorchRec's plan of ``module``'s tables (no collective): never data-parallel, kernels of
-    :func:`compute_kernels`, within ``memory`` per rank. ``batch_size`` is the global batch.
+    :func:`compute_kernels`, within ``memory`` per rank. ``batch_size`` is the global batch;
+    ``comm_precision`` gives the planner's cost model the sharders that will run
+    (:func:`flat_sharders`).
 
     Raises ``ValueError`` naming the budget when the planner finds no plan within it.
     """
@@ -114,7 +178,7 @@ def plan_tables(
         constraints=table_constraints(module, memory),
     )
     try:
-        return planner.plan(module, get_default_sharders())
+        return planner.plan(module, flat_sharders(comm_precision))
     except PlannerError as e:
         raise ValueError(
             f"TorchRec's planner found no sharding of the tables within the memory budget "
@@ -128,14 +192,18 @@ def shard_model(
     *,
     batch_size: int,
     memory: MemoryBudget | None = None,
+    comm_precision: str = "fp32",
 ) -> DistributedModelParallel:
     """Plan and shard ``module`` (tables on the meta device) over the default process group,
-    within ``memory`` per rank (``None``: the ``sharding`` group's defaults).
+    within ``memory`` per rank (``None``: the ``sharding`` group's defaults). ``comm_precision``
+    (``sptt.comm_precision``: ``"fp32"``, ``"bf16"``, ``"fp16"``) is the dtype of the tables'
+    pooled-embedding collectives on the wire, forward and backward (:func:`flat_sharders`).
 
     Raises ``ValueError`` on every rank when the planner finds no plan within the budget.
     """
     if memory is None:
         memory = memory_budget(ShardingConfig(), runtime.device.type)
+    sharders = flat_sharders(comm_precision)  # validates before any collective
     # rank 0 plans; its plan, or its error, reaches every rank (TorchRec's collective_plan
     # would leave the other ranks waiting for a plan that never comes)
     found: list[ShardingPlan | str | None] = [None]
@@ -147,6 +215,7 @@ def shard_model(
                 world_size=runtime.world_size,
                 local_world_size=runtime.local_world_size,
                 batch_size=batch_size,
+                comm_precision=comm_precision,
             )
         except ValueError as e:
             found[0] = str(e)
@@ -155,9 +224,7 @@ def shard_model(
     if isinstance(found[0], str):
         raise ValueError(found[0])
     assert isinstance(found[0], ShardingPlan)
-    return DistributedModelParallel(
-        module, device=runtime.device, plan=found[0], sharders=get_default_sharders()
-    )
+    return DistributedModelParallel(module, device=runtime.device, plan=found[0], sharders=sharders)
 
 
 def sharding_plan_text(model: nn.Module, memory: MemoryBudget | None = None) -> str:

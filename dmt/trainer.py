@@ -35,8 +35,8 @@ from dmt.models import build_model, embedding_parameters
 from dmt.models.rec_model import RecModel
 from dmt.optim import (
     LRSchedule,
-    build_lr_scheduler,
     apply_sparse_optimizer,
+    build_lr_scheduler,
     build_optimizer,
     check_sparse_optimizer,
     restore_lr_scheduler,
@@ -104,6 +104,7 @@ class Trainer:
                 sharding_type=cfg.sptt.sharding_type,
                 init_seed=cfg.trainer.seed,
                 peer_permute=cfg.sptt.peer_permute,
+                comm_precision=cfg.sptt.comm_precision,
                 memory=memory,
                 even_batches=True,  # the training sources split whole global batches evenly
                 timeout=timedelta(seconds=cfg.trainer.collective_timeout_s),
@@ -111,7 +112,11 @@ class Trainer:
         else:
             apply_sparse_optimizer(embedding_parameters(plain), cfg.optim)
             self.model = shard_model(
-                TrainTask(plain), runtime, batch_size=cfg.data.batch_size, memory=memory
+                TrainTask(plain),
+                runtime,
+                batch_size=cfg.data.batch_size,
+                memory=memory,
+                comm_precision=cfg.sptt.comm_precision,
             )
             self.optimizer = build_optimizer(self.model, cfg.optim)
         write_sharding_plan(self.model, self.output_dir, rank=runtime.rank, memory=memory)

@@ -10,6 +10,18 @@ these small wrappers around ``torch.distributed.all_to_all_single`` (steps d and
 the backward sends every gradient back where its activation came from, unscaled. The scaling to
 the gradient of the global mean loss is :class:`~dmt.sptt.dmt_sharding.ShardedDMT`'s business.
 
+Compressed communication (``sptt.comm_precision``): with ``comm_dtype`` (``torch.bfloat16`` or
+``torch.float16``) a collective rounds what it sends to ``comm_dtype`` once, moves it, and casts
+what it received back to the input's dtype; the backward does the same to the gradient. Nothing
+is summed in the low precision: the reduce-scatter then runs as an all-to-all of the
+low-precision blocks followed by a local sum in the input's dtype, which sends the same bytes as
+a bandwidth-optimal reduce-scatter (``(S - 1) / S`` of the input per rank) and rounds every
+partial sum exactly once, whatever algorithm the backend would have used. The block a rank keeps
+for itself is rounded too (also in a group of one), so the numbers do not depend on which rank
+holds what. The recorded bytes are those of ``comm_dtype``. gloo (torch 2.13) and NCCL move bf16
+and fp16 natively in ``all_to_all_single``, ``reduce_scatter_tensor`` and
+``all_gather_into_tensor``, so no bit-cast is needed.
+
 Every rank of ``group`` must call a collective, and later backprop through its output, in the
 same order; an input that does not require grad on one rank while it does on another would leave
 the other ranks waiting, so callers make empty inputs require grad too.
@@ -25,6 +37,34 @@ import torch.distributed as dist
 Recorder = Callable[[list[int], str], None]
 """``record(bytes_sent_to_each_group_rank, direction)``, called once per collective."""
 
+COMM_PRECISIONS: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+"""``sptt.comm_precision`` values and the dtype the pooled-embedding collectives send."""
+
+
+def comm_dtype_of(precision: str) -> torch.dtype | None:
+    """The ``comm_dtype`` of a ``comm_precision`` setting: ``None`` for ``"fp32"`` (send the
+    tensors as they are), ``torch.bfloat16`` / ``torch.float16`` for ``"bf16"`` / ``"fp16"``.
+
+    Raises ``ValueError`` naming the setting for any other value.
+    """
+    if precision not in COMM_PRECISIONS:
+        raise ValueError(
+            f"sptt.comm_precision={precision!r} is not supported; "
+            f"expected one of {list(COMM_PRECISIONS)}"
+        )
+    return None if precision == "fp32" else COMM_PRECISIONS[precision]
+
+
+def _to_wire(tensor: torch.Tensor, comm_dtype: torch.dtype | None) -> torch.Tensor:
+    """``tensor`` as it goes on the wire: contiguous, in ``comm_dtype`` if given."""
+    if comm_dtype is not None and tensor.dtype != comm_dtype:
+        tensor = tensor.to(comm_dtype)
+    return tensor.contiguous()
+
 
 class _AllToAllSingle(torch.autograd.Function):
     @staticmethod
@@ -35,12 +75,16 @@ class _AllToAllSingle(torch.autograd.Function):
         input_split_sizes: list[int],
         group: dist.ProcessGroup,
         record: Recorder | None,
+        comm_dtype: torch.dtype | None,
     ) -> torch.Tensor:
         ctx.output_split_sizes = output_split_sizes  # type: ignore[attr-defined]
         ctx.input_split_sizes = input_split_sizes  # type: ignore[attr-defined]
         ctx.group = group  # type: ignore[attr-defined]
         ctx.record = record  # type: ignore[attr-defined]
-        return _all_to_all(input, output_split_sizes, input_split_sizes, group, record, "forward")
+        ctx.comm_dtype = comm_dtype  # type: ignore[attr-defined]
+        return _all_to_all(
+            input, output_split_sizes, input_split_sizes, group, record, "forward", comm_dtype
+        )
 
     @staticmethod
     def backward(  # type: ignore[override]
@@ -53,8 +97,9 @@ class _AllToAllSingle(torch.autograd.Function):
             ctx.group,  # type: ignore[attr-defined]
             ctx.record,  # type: ignore[attr-defined]
             "backward",
+            ctx.comm_dtype,  # type: ignore[attr-defined]
         )
-        return grad_input, None, None, None, None
+        return grad_input, None, None, None, None, None
 
 
 def _all_to_all(
@@ -64,18 +109,20 @@ def _all_to_all(
     group: dist.ProcessGroup,
     record: Recorder | None,
     direction: str,
+    comm_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    output = input.new_empty(sum(output_split_sizes))
+    wire = _to_wire(input, comm_dtype)
+    output = wire.new_empty(sum(output_split_sizes))
     dist.all_to_all_single(
         output,
-        input.contiguous(),
+        wire,
         output_split_sizes=output_split_sizes,
         input_split_sizes=input_split_sizes,
         group=group,
     )
     if record is not None:
-        record([n * input.element_size() for n in input_split_sizes], direction)
-    return output
+        record([n * wire.element_size() for n in input_split_sizes], direction)
+    return output.to(input.dtype)
 
 
 def all_to_all_single(
@@ -85,6 +132,7 @@ def all_to_all_single(
     input_split_sizes: Sequence[int],
     group: dist.ProcessGroup,
     record: Recorder | None = None,
+    comm_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """All-to-all of a flat tensor with uneven splits, differentiable.
 
@@ -94,9 +142,13 @@ def all_to_all_single(
         input_split_sizes: elements sent to each group rank (sums to ``input.numel()``).
         group: the process group.
         record: optional callback told the bytes sent to each group rank, forward and backward.
+        comm_dtype: dtype on the wire (``None``: ``input``'s); the input, and in the backward the
+            gradient, are rounded to it once and the received values cast back to ``input``'s
+            dtype.
 
     Returns:
-        1-D tensor of ``sum(output_split_sizes)`` elements, ordered by source group rank.
+        1-D tensor of ``sum(output_split_sizes)`` elements (``input``'s dtype), ordered by source
+        group rank.
     """
     if input.dim() != 1:
         raise ValueError(f"all_to_all_single expects a 1-D tensor, got shape {tuple(input.shape)}")
@@ -105,7 +157,7 @@ def all_to_all_single(
             f"input_split_sizes sum to {sum(input_split_sizes)}, input has {input.numel()} elements"
         )
     out = _AllToAllSingle.apply(
-        input, list(output_split_sizes), list(input_split_sizes), group, record
+        input, list(output_split_sizes), list(input_split_sizes), group, record, comm_dtype
     )
     assert isinstance(out, torch.Tensor)
     return out
@@ -118,14 +170,30 @@ class _ReduceScatter(torch.autograd.Function):
         input: torch.Tensor,
         group: dist.ProcessGroup,
         record: Recorder | None,
+        comm_dtype: torch.dtype | None,
     ) -> torch.Tensor:
         ctx.group = group  # type: ignore[attr-defined]
         ctx.record = record  # type: ignore[attr-defined]
+        ctx.comm_dtype = comm_dtype  # type: ignore[attr-defined]
         size = dist.get_world_size(group)
-        output = input.new_empty(input.numel() // size)
-        dist.reduce_scatter_tensor(output, input.contiguous(), group=group)
+        block = input.numel() // size
+        wire = _to_wire(input, comm_dtype)
+        if wire.dtype == input.dtype:
+            output = input.new_empty(block)
+            dist.reduce_scatter_tensor(output, wire, group=group)
+        else:
+            # the low-precision blocks travel, the sum runs in the input's dtype
+            received = wire.new_empty(input.numel())
+            dist.all_to_all_single(
+                received,
+                wire,
+                output_split_sizes=[block] * size,
+                input_split_sizes=[block] * size,
+                group=group,
+            )
+            output = received.view(size, block).to(input.dtype).sum(dim=0)
         if record is not None:
-            record([output.numel() * output.element_size()] * size, "forward")
+            record([block * wire.element_size()] * size, "forward")
         return output
 
     @staticmethod
@@ -134,16 +202,21 @@ class _ReduceScatter(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, ...]:
         group = ctx.group  # type: ignore[attr-defined]
         size = dist.get_world_size(group)
-        grad_input = grad_output.new_empty(grad_output.numel() * size)
-        dist.all_gather_into_tensor(grad_input, grad_output.contiguous(), group=group)
+        wire = _to_wire(grad_output, ctx.comm_dtype)  # type: ignore[attr-defined]
+        grad_input = wire.new_empty(wire.numel() * size)
+        dist.all_gather_into_tensor(grad_input, wire, group=group)
         record = ctx.record  # type: ignore[attr-defined]
         if record is not None:
-            record([grad_output.numel() * grad_output.element_size()] * size, "backward")
-        return grad_input, None, None
+            record([wire.numel() * wire.element_size()] * size, "backward")
+        return grad_input.to(grad_output.dtype), None, None, None
 
 
 def reduce_scatter(
-    input: torch.Tensor, *, group: dist.ProcessGroup, record: Recorder | None = None
+    input: torch.Tensor,
+    *,
+    group: dist.ProcessGroup,
+    record: Recorder | None = None,
+    comm_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Sum ``input`` over ``group`` and keep block ``i`` on group rank ``i``, differentiable.
 
@@ -154,16 +227,19 @@ def reduce_scatter(
         input: 1-D tensor of ``group size`` equal blocks.
         group: the process group.
         record: optional callback told the bytes sent to each group rank, forward and backward.
+        comm_dtype: dtype on the wire (``None``: ``input``'s). Every rank's block is rounded to
+            it once, exchanged all-to-all and summed in ``input``'s dtype; the backward rounds the
+            gradient once and all-gathers it in ``comm_dtype``.
 
     Returns:
-        1-D tensor, the sum over ranks of this rank's block.
+        1-D tensor (``input``'s dtype), the sum over ranks of this rank's block.
     """
     size = dist.get_world_size(group)
     if input.dim() != 1 or input.numel() % size:
         raise ValueError(
             f"reduce_scatter expects a 1-D tensor of {size} equal blocks, got {tuple(input.shape)}"
         )
-    out = _ReduceScatter.apply(input, group, record)
+    out = _ReduceScatter.apply(input, group, record, comm_dtype)
     assert isinstance(out, torch.Tensor)
     return out
 
@@ -189,11 +265,14 @@ class AllToAllRequest:
         input_split_sizes: list[int],
         group: dist.ProcessGroup,
         record: Recorder | None,
+        comm_dtype: torch.dtype | None = None,
     ) -> None:
         self.output_split_sizes = output_split_sizes
         self.input_split_sizes = input_split_sizes
         self.group = group
         self.record = record
+        self.comm_dtype = comm_dtype
+        self.dtype: torch.dtype | None = None  # the input's, which output and gradient get back
         self.work: dist.Work | None = None
         self.output: torch.Tensor | None = None
         self.grad_work: dist.Work | None = None
@@ -230,8 +309,9 @@ def _start_all_to_all(
     group: dist.ProcessGroup,
     record: Recorder | None,
     direction: str,
+    comm_dtype: torch.dtype | None,
 ) -> tuple[dist.Work, torch.Tensor]:
-    input = input.contiguous()
+    input = _to_wire(input, comm_dtype)
     output = input.new_empty(sum(output_split_sizes))
     work = dist.all_to_all_single(
         output,
@@ -253,6 +333,7 @@ class _AllToAllStart(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, input: torch.Tensor, request: AllToAllRequest
     ) -> torch.Tensor:
         ctx.request = request  # type: ignore[attr-defined]
+        request.dtype = input.dtype
         request.work, request.output = _start_all_to_all(
             input,
             request.output_split_sizes,
@@ -260,6 +341,7 @@ class _AllToAllStart(torch.autograd.Function):
             request.group,
             request.record,
             "forward",
+            request.comm_dtype,
         )
         return input.new_empty(0)
 
@@ -271,7 +353,7 @@ class _AllToAllStart(torch.autograd.Function):
         assert request.grad_work is not None and request.grad_input is not None
         request.grad_work.wait()
         grad_input, request.grad_work, request.grad_input = request.grad_input, None, None
-        return grad_input, None
+        return grad_input.to(request.dtype), None
 
 
 class _AllToAllWait(torch.autograd.Function):
@@ -285,7 +367,7 @@ class _AllToAllWait(torch.autograd.Function):
         assert request.work is not None and request.output is not None
         request.work.wait()
         output, request.work, request.output = request.output, None, None
-        return output
+        return output.to(request.dtype)
 
     @staticmethod
     def backward(  # type: ignore[override]
@@ -299,6 +381,7 @@ class _AllToAllWait(torch.autograd.Function):
             request.group,
             request.record,
             "backward",
+            request.comm_dtype,
         )
         return grad_output.new_empty(0), None
 
@@ -310,10 +393,12 @@ def all_to_all_single_async(
     input_split_sizes: Sequence[int],
     group: dist.ProcessGroup,
     record: Recorder | None = None,
+    comm_dtype: torch.dtype | None = None,
 ) -> AllToAllRequest:
     """Start :func:`all_to_all_single` without waiting; ``request.wait()`` gives its output.
 
-    The same result and gradient as :func:`all_to_all_single`; the backward's all-to-all also
+    The same result and gradient as :func:`all_to_all_single` (with the same ``comm_dtype``
+    rounding); the backward's all-to-all also
     runs asynchronously (see :class:`AllToAllRequest`). Every rank of ``group`` must start, wait
     and backprop its requests in the same order.
     """
@@ -323,7 +408,9 @@ def all_to_all_single_async(
         raise ValueError(
             f"input_split_sizes sum to {sum(input_split_sizes)}, input has {input.numel()} elements"
         )
-    request = AllToAllRequest(list(output_split_sizes), list(input_split_sizes), group, record)
+    request = AllToAllRequest(
+        list(output_split_sizes), list(input_split_sizes), group, record, comm_dtype
+    )
     placeholder = _AllToAllStart.apply(input, request)
     assert isinstance(placeholder, torch.Tensor)
     request._placeholder = placeholder

@@ -69,6 +69,7 @@ from dmt.sptt.collectives import (
     AllToAllRequest,
     all_to_all_single,
     all_to_all_single_async,
+    comm_dtype_of,
     reduce_scatter,
 )
 from dmt.sptt.comm_stats import CommStats
@@ -113,6 +114,10 @@ class SPTTDataflow(nn.Module):
             the lookup), ``"auto"`` (the one that moves fewer bytes, per batch) or ``"skip"``
             (step a delivers peer order); see :mod:`dmt.sptt.peer_permute`. Every rank may
             choose differently: step c is local.
+        comm_precision: dtype of the pooled embeddings (and their gradients) on the wire in
+            steps d and f: ``"fp32"`` (as computed), ``"bf16"`` or ``"fp16"`` (rounded once per
+            collective, received values cast back; bytes halve). Step a's ids are never cast.
+            See :mod:`dmt.sptt.collectives`.
 
     Example::
 
@@ -136,10 +141,13 @@ class SPTTDataflow(nn.Module):
         device: torch.device | None = None,
         sparse_optimizer: SparseOptimizer | None = None,
         peer_permute: str = "output",
+        comm_precision: str = "fp32",
     ) -> None:
         super().__init__()
         topo = plan.topology
         self.peer_permute_setting = check_peer_permute(peer_permute)
+        self.comm_precision = comm_precision
+        self.comm_dtype = comm_dtype_of(comm_precision)
         if groups.topology != topo:
             raise ValueError(f"groups were built for {groups.topology}, the plan for {topo}")
         _check_tables(plan, tables)
@@ -468,6 +476,7 @@ class SPTTDataflow(nn.Module):
             input_split_sizes=[TB * width] * topo.tower_size,
             group=self.groups.tower,
             record=self._recorder("d", "tower", mates),
+            comm_dtype=self.comm_dtype,
         )
         blocks = [
             chunk.view(TB, w) for chunk, w in zip(received.split([TB * w for w in widths]), widths)
@@ -477,6 +486,7 @@ class SPTTDataflow(nn.Module):
                 pooled[:, width:].reshape(-1),
                 group=self.groups.tower,
                 record=self._recorder("d", "tower", mates),
+                comm_dtype=self.comm_dtype,
             )
             blocks.append(summed.view(TB, -1))
         return blocks
@@ -497,6 +507,7 @@ class SPTTDataflow(nn.Module):
             input_split_sizes=input_sizes,
             group=self.groups.peer,
             record=self._recorder("f", "peer", self.plan.topology.peers_of(self.rank)),
+            comm_dtype=self.comm_dtype,
         )
         return self.split_peer_output(received, B)
 
@@ -511,6 +522,7 @@ class SPTTDataflow(nn.Module):
             input_split_sizes=input_sizes,
             group=self.groups.peer,
             record=self._recorder("f", "peer", self.plan.topology.peers_of(self.rank)),
+            comm_dtype=self.comm_dtype,
         )
         return PeerExchange(request, lambda received: self.split_peer_output(received, B))
 

@@ -71,6 +71,7 @@ from dmt.optim import (
     sparse_optimizer_spec,
 )
 from dmt.runtime import Runtime
+from dmt.sptt.collectives import comm_dtype_of
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.dataflow import SparseOptimizer, SPTTDataflow
 from dmt.sptt.peer_permute import check_peer_permute
@@ -364,6 +365,8 @@ class ShardedDMT(nn.Module):
         init_seed: seed of :meth:`SPTTDataflow.reset_tables` for ``meta`` tables.
         peer_permute: where step c permutes (``"output"``, ``"input"``, ``"auto"``, ``"skip"``;
             :mod:`dmt.sptt.peer_permute`); the same training either way.
+        comm_precision: dtype of steps d and f on the wire, ``"fp32"``, ``"bf16"`` or
+            ``"fp16"`` (``sptt.comm_precision``; :class:`SPTTDataflow`).
         even_batches: every rank trains on the same local batch size (no padding collective
             in training; see :meth:`forward`).
     """
@@ -379,6 +382,7 @@ class ShardedDMT(nn.Module):
         stats: CommStats | None = None,
         init_seed: int = 0,
         peer_permute: str = "output",
+        comm_precision: str = "fp32",
         even_batches: bool = False,
     ) -> None:
         super().__init__()
@@ -402,6 +406,7 @@ class ShardedDMT(nn.Module):
             device=device,
             sparse_optimizer=sparse_optimizer,
             peer_permute=peer_permute,
+            comm_precision=comm_precision,
         )
         weights = {
             name.removeprefix("embedding_bags.").removesuffix(".weight"): weight
@@ -643,6 +648,8 @@ class DMTSharder:
         peer_permute: where step c permutes: ``"output"`` (pooled output, the paper's Figure 7),
             ``"input"`` (sparse input, before the lookup), ``"auto"`` (fewer bytes, per batch)
             or ``"skip"`` (step a delivers peer order); see :mod:`dmt.sptt.peer_permute`.
+        comm_precision: dtype of the pooled embeddings and their gradients on the wire in
+            steps d and f: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (``sptt.comm_precision``).
         memory: every rank's budget for its shards plus the sparse optimizer's state
             (``sharding.*``); ``None`` leaves memory unchecked. On CUDA, shards of a rank short
             of HBM are UVM-cached (:func:`dmt.memory.choose_kernels`).
@@ -663,6 +670,7 @@ class DMTSharder:
         sparse_optimizer: SparseOptimizer | None = None,
         init_seed: int = 0,
         peer_permute: str = "output",
+        comm_precision: str = "fp32",
         even_batches: bool = False,
         memory: MemoryBudget | None = None,
     ) -> None:
@@ -675,6 +683,8 @@ class DMTSharder:
         self.sparse_optimizer = sparse_optimizer
         self.init_seed = init_seed
         self.peer_permute = check_peer_permute(peer_permute, "sptt.peer_permute")
+        comm_dtype_of(comm_precision)  # validates before any collective
+        self.comm_precision = comm_precision
         self.even_batches = even_batches
         self.memory = memory
 
@@ -744,6 +754,7 @@ class DMTSharder:
             stats=stats,
             init_seed=self.init_seed,
             peer_permute=self.peer_permute,
+            comm_precision=self.comm_precision,
             even_batches=self.even_batches,
         )
 
@@ -783,6 +794,7 @@ def shard_dmt(
     init_seed: int = 0,
     timeout: timedelta = DEFAULT_TIMEOUT,
     peer_permute: str = "output",
+    comm_precision: str = "fp32",
     even_batches: bool = False,
     memory: MemoryBudget | None = None,
 ) -> tuple[nn.Module, CombinedOptimizer]:
@@ -805,6 +817,8 @@ def shard_dmt(
         init_seed: seed for tables built on ``meta``.
         timeout: timeout of the process groups created here.
         peer_permute: where step c permutes (``sptt.peer_permute``); see :class:`DMTSharder`.
+        comm_precision: steps d and f on the wire (``sptt.comm_precision``); see
+            :class:`DMTSharder`.
         even_batches: see :class:`ShardedDMT`.
         memory: every rank's budget for tables plus optimizer state (``sharding.*``); see
             :class:`DMTSharder`.
@@ -833,6 +847,7 @@ def shard_dmt(
         sparse_optimizer=sparse_optimizer_spec(optim_cfg),
         init_seed=init_seed,
         peer_permute=peer_permute,
+        comm_precision=comm_precision,
         even_batches=even_batches,
         memory=memory,
     )

@@ -94,6 +94,7 @@ def test_config_differences_free_and_strict_keys() -> None:
         "trainer": {"epochs": 1, "seed": 0, "log_every": 10},
         "optim": {"lr": 0.1},
         "logger": {"mode": "online"},
+        "sptt": {"comm_precision": "bf16"},  # absent from older checkpoints' configs
     }
     assert checkpoint.config_differences(saved, same_job, allow_change=False) == []
     other = {

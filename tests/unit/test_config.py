@@ -1,4 +1,5 @@
 import pytest
+import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
@@ -74,6 +75,11 @@ def test_paper_configs_match_the_paper_accounting():
             r"sptt.timeout_s=30.0 was replaced by trainer.collective_timeout_s, the timeout of every "
             r"process group \(flat and SPTT\): set trainer.collective_timeout_s=30.0 instead",
         ),
+        (  # read by the flat baseline too, so checked with sptt=off
+            ["sptt.comm_precision=int8"],
+            r"^sptt.comm_precision='int8' is not supported; expected one of "
+            r"\['fp32', 'bf16', 'fp16'\]$",
+        ),
     ],
 )
 def test_bad_configs_raise_clear_errors(overrides, message):
@@ -98,3 +104,21 @@ def test_sparse_adam_on_cpu_is_rejected():
 
     with pytest.raises(ValueError, match=r"optim.sparse='adam' needs a CUDA device"):
         check_sparse_optimizer(typed_config("optim=adam").optim, "cpu")
+
+
+def test_comm_precision_is_checked_where_it_is_used():
+    """The sharders, called without the config, give the config's message."""
+    from dmt.sharding import flat_sharders
+    from dmt.sptt.collectives import comm_dtype_of
+
+    message = (
+        r"^sptt.comm_precision='FP16' is not supported; expected one of \['fp32', 'bf16', 'fp16'\]$"
+    )
+    for check in (comm_dtype_of, flat_sharders):
+        with pytest.raises(ValueError, match=message):
+            check("FP16")
+    assert [comm_dtype_of(p) for p in ("fp32", "bf16", "fp16")] == [
+        None,
+        torch.bfloat16,
+        torch.float16,
+    ]
