@@ -34,8 +34,9 @@ class TowerConfig:
 
     module: str = "passthrough"  # "passthrough" (SPTT alone, D = N), "dlrm" (Listing 1) or "dcn" (Listing 2)
     dim: int = 64  # D: size of every output vector (dlrm, dcn; passthrough keeps N)
-    c: int = 1  # dlrm: output vectors per feature (projection N -> c*D of each embedding)
-    p: int = 0  # dlrm: output vectors per tower (linear F_t*N -> p*D of the flattened embeddings)
+    c: int = 1  # dlrm, dcn: output vectors per feature (dlrm: projection N -> c*D of each embedding)
+    p: int = 0  # dlrm, dcn: output vectors per tower (dlrm: linear F_t*N -> p*D of the flattened embeddings)
+    skip_square: bool = False  # dlrm, dcn: leave out a linear whose output size equals its input size
     dcn_num_layers: int | None = None  # dcn: tower CrossNet layers (None: model.dcn_num_layers)
     dcn_low_rank: int | None = None  # dcn: tower CrossNet rank (None: model.dcn_low_rank)
 
@@ -361,11 +362,11 @@ def validate_towers(m: ModelConfig) -> None:
     if t.module == "passthrough":
         return
     _positive("model.tower.dim", t.dim)
-    if t.module == "dlrm":
+    if t.module in ("dlrm", "dcn"):
         if t.c < 0 or t.p < 0 or t.c + t.p == 0:
             raise ValueError(
                 f"model.tower.c={t.c} and model.tower.p={t.p} must be >= 0 with c + p >= 1 "
-                "(the DLRM tower module outputs c vectors per feature plus p per tower)"
+                "(the tower module outputs c vectors per feature plus p per tower)"
             )
     if t.module == "dcn":
         if t.dcn_num_layers is not None:

@@ -97,7 +97,7 @@ def build_tower_module(
     if cfg.module == "passthrough":
         return PassThrough(num_features, embedding_dim)
     if cfg.module == "dlrm":
-        return DLRMTowerModule(num_features, embedding_dim, cfg.dim, c=cfg.c, p=cfg.p)
+        return DLRMTowerModule(num_features, embedding_dim, cfg.dim, c=cfg.c, p=cfg.p, skip_square=cfg.skip_square)
     if cfg.module == "dcn":
         layers, rank = cfg.dcn_num_layers, cfg.dcn_low_rank
         if model is not None:
@@ -105,7 +105,7 @@ def build_tower_module(
             rank = model.dcn_low_rank if rank is None else rank
         if layers is None or rank is None:
             raise ValueError("a dcn tower module needs dcn_num_layers and dcn_low_rank")
-        return DCNTowerModule(num_features, embedding_dim, cfg.dim, num_cross_layers=layers, low_rank=rank)
+        return DCNTowerModule(num_features, embedding_dim, cfg.dim, num_cross_layers=layers, low_rank=rank, c=cfg.c, p=cfg.p, skip_square=cfg.skip_square)
     raise ValueError(
         f"model.tower.module={cfg.module!r} is not supported; expected one of ['passthrough', 'dlrm', 'dcn']"
     )

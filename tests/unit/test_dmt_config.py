@@ -24,7 +24,8 @@ EXPECTED = {
     "paper_sptt_dcn": (26, 1.0),
     **{f"paper_dmt_{t}t_dlrm": (t, 2.0) for t in (2, 4, 8, 26)},
     "paper_dmt_16t_dlrm": (16, 26 / 16),
-    **{f"paper_dmt_{t}t_dcn": (t, 1.0) for t in (2, 4, 8, 16)},
+    **{f"paper_dmt_{t}t_dcn": (t, 26 / t) for t in (2, 4, 8, 16)},  # one 128-vector per tower
+    "paper_dmt_26t_dcn": (26, 1.0),
     **{f"paper_dmt_8t_dlrm_cr{r}": (8, float(r)) for r in (2, 4, 8, 16)},
     "dmt_4t_dlrm": (4, 2.0),
     "dmt_4t_dcn": (4, 2.0),
@@ -89,13 +90,8 @@ def test_tp_partition_file_builds_those_towers(tmp_path):
         dense_device="meta",
     )
     assert isinstance(model, DMTModel) and model.partition == towers
-    # inspect.json carries the DMT fields
-    assert json.loads(json.dumps(report))["tower_output_sizes"] == [
-        6 * 128,
-        7 * 128,
-        7 * 128,
-        6 * 128,
-    ]
+    # inspect.json carries the DMT fields (paper DCN towers: one 128-vector each)
+    assert json.loads(json.dumps(report))["tower_output_sizes"] == [128] * 4
 
 
 def test_tp_partition_with_the_wrong_tower_count_is_refused(tmp_path):
