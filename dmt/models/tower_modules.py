@@ -155,8 +155,8 @@ class DCNTowerModule(TowerModule):
         num_features: ``F_t``.
         embedding_dim: ``N``.
         dim: ``D``.
-        num_cross_layers: cross layers of the tower's CrossNet.
-        low_rank: rank of each cross layer.
+        dcn_num_layers: cross layers of the tower's CrossNet.
+        dcn_low_rank: rank of each cross layer.
         c: output vectors per feature (``>= 0``).
         p: output vectors per tower (``>= 0``); ``c + p >= 1``.
         skip_square: leave out the projection when ``F_t N = O_t`` (as the paper's 16T row
@@ -169,8 +169,8 @@ class DCNTowerModule(TowerModule):
         embedding_dim: int,
         dim: int,
         *,
-        num_cross_layers: int,
-        low_rank: int,
+        dcn_num_layers: int,
+        dcn_low_rank: int,
         c: int = 1,
         p: int = 0,
         skip_square: bool = False,
@@ -181,8 +181,8 @@ class DCNTowerModule(TowerModule):
             num_features=num_features,
             embedding_dim=embedding_dim,
             dim=dim,
-            num_cross_layers=num_cross_layers,
-            low_rank=low_rank,
+            dcn_num_layers=dcn_num_layers,
+            dcn_low_rank=dcn_low_rank,
         )
         _check_vectors("DCNTowerModule", c, p)
         self.num_features, self.embedding_dim, self.dim = num_features, embedding_dim, dim
@@ -190,7 +190,7 @@ class DCNTowerModule(TowerModule):
         self.num_vectors = c * num_features + p
         width = num_features * embedding_dim
         self.crossnet = LowRankCrossNet(
-            in_features=width, num_layers=num_cross_layers, low_rank=low_rank
+            in_features=width, num_layers=dcn_num_layers, low_rank=dcn_low_rank
         )
         self.projection = _projection(width, self.num_vectors * dim, skip_square)
 

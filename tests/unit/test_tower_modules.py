@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dmt.config import ModelConfig, TowerConfig
+from dmt.config import (
+    DCNTowerConfig,
+    DLRMTowerConfig,
+    DotInteractionConfig,
+    ModelConfig,
+    PassThroughTowerConfig,
+)
 from dmt.models import (
     DCNTowerModule,
     DLRMTowerModule,
@@ -55,7 +61,7 @@ def test_dlrm_tower_module_is_listing_1(F, N, c, p, D):
 )
 def test_dcn_tower_module_is_listing_2(F, N, D, layers, rank, c, p):
     torch.manual_seed(0)
-    tm = DCNTowerModule(F, N, D, num_cross_layers=layers, low_rank=rank, c=c, p=p)
+    tm = DCNTowerModule(F, N, D, dcn_num_layers=layers, dcn_low_rank=rank, c=c, p=p)
     embs = torch.randn(7, F, N)
     out = tm(embs)
     V = c * F + p
@@ -79,13 +85,13 @@ def test_dcn_tower_module_is_listing_2(F, N, D, layers, rank, c, p):
         (lambda s: DLRMTowerModule(3, 8, 4, c=1, p=0, skip_square=s), 0),
         (
             lambda s: DCNTowerModule(
-                1, 8, 8, num_cross_layers=1, low_rank=2, c=0, p=1, skip_square=s
+                1, 8, 8, dcn_num_layers=1, dcn_low_rank=2, c=0, p=1, skip_square=s
             ),
             1,
         ),
         (
             lambda s: DCNTowerModule(
-                2, 8, 8, num_cross_layers=1, low_rank=2, c=0, p=1, skip_square=s
+                2, 8, 8, dcn_num_layers=1, dcn_low_rank=2, c=0, p=1, skip_square=s
             ),
             0,
         ),
@@ -118,38 +124,45 @@ NAMES = [f"cat_{i}" for i in range(26)]
     "tower,num_towers,sizes,ratio",
     [
         # paper Table 5: 8 DLRM towers, c=1, p=0, N=128, D=64/32/16/8 -> CR 2/4/8/16
-        (TowerConfig(module="dlrm", dim=64, c=1, p=0), 8, [256, 256] + [192] * 6, 2.0),
-        (TowerConfig(module="dlrm", dim=32, c=1, p=0), 8, [128, 128] + [96] * 6, 4.0),
-        (TowerConfig(module="dlrm", dim=16, c=1, p=0), 8, [64, 64] + [48] * 6, 8.0),
-        (TowerConfig(module="dlrm", dim=8, c=1, p=0), 8, [32, 32] + [24] * 6, 16.0),
+        (DLRMTowerConfig(dim=64, c=1, p=0), 8, [256, 256] + [192] * 6, 2.0),
+        (DLRMTowerConfig(dim=32, c=1, p=0), 8, [128, 128] + [96] * 6, 4.0),
+        (DLRMTowerConfig(dim=16, c=1, p=0), 8, [64, 64] + [48] * 6, 8.0),
+        (DLRMTowerConfig(dim=8, c=1, p=0), 8, [32, 32] + [24] * 6, 16.0),
         # 16 towers, p=1, c=0, D=128: one 128-vector per tower
-        (TowerConfig(module="dlrm", dim=128, c=0, p=1), 16, [128] * 16, 26 / 16),
+        (DLRMTowerConfig(dim=128, c=0, p=1), 16, [128] * 16, 26 / 16),
         (
-            TowerConfig(module="dlrm", dim=32, c=2, p=1),
+            DLRMTowerConfig(dim=32, c=2, p=1),
             4,
             [32 * 15, 32 * 15, 32 * 13, 32 * 13],
             3328 / 1792,
         ),
         (
-            TowerConfig(module="dcn", dim=128, dcn_num_layers=1, dcn_low_rank=8),
+            DCNTowerConfig(dim=128, dcn_num_layers=1, dcn_low_rank=8),
             4,
             [896, 896, 768, 768],
             1.0,
         ),
-        (TowerConfig(module="dcn", dim=16, dcn_num_layers=1, dcn_low_rank=8), 2, [208, 208], 8.0),
+        (DCNTowerConfig(dim=16, dcn_num_layers=1, dcn_low_rank=8), 2, [208, 208], 8.0),
         # paper Table 4 DCN reading: one 128-vector per tower
         (
-            TowerConfig(module="dcn", dim=128, dcn_num_layers=1, dcn_low_rank=8, c=0, p=1),
+            DCNTowerConfig(dim=128, dcn_num_layers=1, dcn_low_rank=8, c=0, p=1),
             4,
             [128] * 4,
             6.5,
         ),
-        (TowerConfig(module="passthrough"), 3, [9 * 128, 9 * 128, 8 * 128], 1.0),
+        (PassThroughTowerConfig(), 3, [9 * 128, 9 * 128, 8 * 128], 1.0),
     ],
 )
 def test_tower_output_sizes_and_compression_ratio(tower, num_towers, sizes, ratio):
-    bottom = tower.dim if tower.module != "passthrough" else 128
-    cfg = ModelConfig(name="dlrm", embedding_dim=128, bottom_mlp=[bottom], top_mlp=[1], tower=tower)
+    bottom = getattr(tower, "dim", 128)  # pass-through towers keep N
+    cfg = ModelConfig(
+        name="dlrm",
+        interaction=DotInteractionConfig(),
+        embedding_dim=128,
+        bottom_mlp=[bottom],
+        top_mlp=[1],
+        tower=tower,
+    )
     model = build_dmt_model(
         cfg,
         naive_partition(NAMES, num_towers),
@@ -177,11 +190,14 @@ def test_tower_output_sizes_and_compression_ratio(tower, num_towers, sizes, rati
             r"DLRMTowerModule: dim=0 must be a positive integer",
         ),
         (lambda: DLRMTowerModule(3, 8, -4, c=1, p=0), r"dim=-4 must be a positive integer"),
-        (lambda: DCNTowerModule(3, 8, 0, num_cross_layers=1, low_rank=2), r"DCNTowerModule: dim=0"),
-        (lambda: DCNTowerModule(3, 8, 4, num_cross_layers=0, low_rank=2), r"num_cross_layers=0"),
-        (lambda: DCNTowerModule(3, 8, 4, num_cross_layers=1, low_rank=0), r"low_rank=0"),
         (
-            lambda: DCNTowerModule(3, 8, 4, num_cross_layers=1, low_rank=2, c=0, p=0),
+            lambda: DCNTowerModule(3, 8, 0, dcn_num_layers=1, dcn_low_rank=2),
+            r"DCNTowerModule: dim=0",
+        ),
+        (lambda: DCNTowerModule(3, 8, 4, dcn_num_layers=0, dcn_low_rank=2), r"dcn_num_layers=0"),
+        (lambda: DCNTowerModule(3, 8, 4, dcn_num_layers=1, dcn_low_rank=0), r"dcn_low_rank=0"),
+        (
+            lambda: DCNTowerModule(3, 8, 4, dcn_num_layers=1, dcn_low_rank=2, c=0, p=0),
             r"DCNTowerModule: c=0 and p=0 must be integers >= 0 with c \+ p >= 1",
         ),
         (lambda: PassThrough(0, 8), r"PassThrough: num_features=0"),
