@@ -218,6 +218,17 @@ def test_invalid_dmt_settings_raise(overrides, message):
         typed_config("experiment=dmt_4t_dlrm", *overrides)
 
 
+def test_a_target_that_is_not_a_tower_module_is_refused():
+    with pytest.raises(
+        TypeError, match=r"model.tower built a Identity, not a dmt.models.TowerModule"
+    ):
+        typed_config("experiment=dmt_4t_dlrm", "model.tower._target_=torch.nn.Identity")
+    with pytest.raises(
+        TypeError, match=r"model.interaction built a Identity without an int output_dim"
+    ):
+        typed_config("model.interaction._target_=torch.nn.Identity")
+
+
 @pytest.mark.parametrize(
     "overrides,message",
     [
