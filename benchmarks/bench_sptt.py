@@ -74,7 +74,14 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterCons
 from torchrec.distributed.planner import Topology as PlannerTopology
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dmt.config import ModelConfig, OptimConfig, PartitionConfig, TowerConfig
+from dmt.config import (
+    DLRMTowerConfig,
+    DotInteractionConfig,
+    ModelConfig,
+    OptimConfig,
+    PartitionConfig,
+    PassThroughTowerConfig,
+)
 from dmt.models import build_dmt_model, embedding_parameters, naive_partition
 from dmt.models.accounting import compression_ratio
 from dmt.optim import apply_sparse_optimizer, build_optimizer
@@ -173,10 +180,11 @@ def _model(args: argparse.Namespace, num_towers: int, tower: str) -> nn.Module:
     D = args.dim if tower == "passthrough" else args.tower_dim
     cfg = ModelConfig(
         name="dlrm",
+        interaction=DotInteractionConfig(),
         embedding_dim=args.dim,
         bottom_mlp=[64, D],
         top_mlp=[64, 1],
-        tower=TowerConfig(module=tower, dim=D, c=1, p=0),
+        tower=PassThroughTowerConfig() if tower == "passthrough" else DLRMTowerConfig(dim=D, c=1, p=0),
         partition=PartitionConfig(kind="explicit"),
     )
     torch.manual_seed(0)

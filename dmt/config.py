@@ -15,8 +15,6 @@ from omegaconf import MISSING
 
 from dmt.run_dir import register_resolvers
 
-MODEL_NAMES = ("dlrm", "dcn")
-TOWER_MODULES = ("passthrough", "dlrm", "dcn")
 PARTITION_KINDS = ("none", "naive", "tp", "per_feature", "explicit")
 SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "adam", "sgd")
 DENSE_OPTIMIZERS = ("adagrad", "adam", "sgd")
@@ -29,15 +27,75 @@ WANDB_MODES = ("online", "offline", "disabled")
 
 @dataclass
 class TowerConfig:
-    """Tower module of every tower of a DMT model (paper §4, Listings 1-2):
-    ``(B, F_t, N) -> (B, V_t, D)``."""
+    """Schema of a tower module (paper §4, Listings 1-2), ``(B, F_t, N) -> (B, V_t, D)``:
+    ``_target_`` names a :class:`~dmt.models.tower_modules.TowerModule` class and the other
+    fields are its keyword arguments; the model builder adds ``num_features`` (``F_t``) and
+    ``embedding_dim`` (``N``) per tower. ``conf/tower/<name>.yaml`` picks one (``tower=<name>``).
 
-    module: str = "passthrough"  # "passthrough" (SPTT alone, D = N), "dlrm" (Listing 1) or "dcn" (Listing 2)
-    dim: int = 64  # D: size of every output vector (dlrm, dcn; passthrough keeps N)
-    c: int = 1  # dlrm: output vectors per feature (projection N -> c*D of each embedding)
-    p: int = 0  # dlrm: output vectors per tower (linear F_t*N -> p*D of the flattened embeddings)
-    dcn_num_layers: int | None = None  # dcn: tower CrossNet layers (None: model.dcn_num_layers)
-    dcn_low_rank: int | None = None  # dcn: tower CrossNet rank (None: model.dcn_low_rank)
+    A new tower module is its class plus a YAML file in ``conf/tower/`` (``docs/tower_modules.md``);
+    a dataclass schema like the ones below is optional and adds type checks at composition.
+    """
+
+    _target_: str = MISSING  # the TowerModule class, e.g. dmt.models.tower_modules.DLRMTowerModule
+
+
+@dataclass
+class PassThroughTowerConfig(TowerConfig):
+    """Pass-through towers: SPTT alone (paper Table 3), ``V_t = F_t``, ``D = N``."""
+
+    _target_: str = "dmt.models.tower_modules.PassThrough"
+
+
+@dataclass
+class DLRMTowerConfig(TowerConfig):
+    """DLRM tower module (Listing 1): ``c`` vectors of size ``D`` per feature plus ``p`` per tower."""
+
+    _target_: str = "dmt.models.tower_modules.DLRMTowerModule"
+    dim: int = 64  # D: size of every output vector
+    c: int = 1  # output vectors per feature (projection N -> c*D of each embedding)
+    p: int = 0  # output vectors per tower (linear F_t*N -> p*D of the flattened embeddings)
+    skip_square: bool = False  # leave out a linear whose output size equals its input size
+
+
+@dataclass
+class DCNTowerConfig(TowerConfig):
+    """DCN tower module (Listing 2): a low-rank CrossNet over the tower's flattened embeddings,
+    then ``Linear(F_t*N -> (c F_t + p) D)``. ``conf/tower/dcn.yaml`` takes the CrossNet sizes from
+    ``model.dcn_num_layers`` and ``model.dcn_low_rank`` unless set."""
+
+    _target_: str = "dmt.models.tower_modules.DCNTowerModule"
+    dim: int = 128  # D: size of every output vector
+    dcn_num_layers: int = 3  # cross layers of the tower's CrossNet
+    dcn_low_rank: int = 64  # rank of each of its layers
+    c: int = 1  # output vectors per feature (Listing 2 as printed: c=1, p=0)
+    p: int = 0  # output vectors per tower
+    skip_square: bool = False  # leave out the projection when F_t*N equals its output size
+
+
+@dataclass
+class InteractionConfig:
+    """Schema of a global feature interaction: ``_target_`` names the class; the model builder
+    adds ``num_vectors`` (``V``: pooled embeddings or tower output vectors), ``dim`` (``D``, their
+    size) and ``dense_dim`` (the bottom MLP's output size)."""
+
+    _target_: str = MISSING  # the interaction class, e.g. dmt.models.interaction.DotInteraction
+
+
+@dataclass
+class DotInteractionConfig(InteractionConfig):
+    """DLRM's pairwise dot products (the dense vector joins them: bottom_mlp[-1] must be D)."""
+
+    _target_: str = "dmt.models.interaction.DotInteraction"
+
+
+@dataclass
+class CrossInteractionConfig(InteractionConfig):
+    """DCNv2's low-rank CrossNet over ``[dense, flattened sparse vectors]``. ``conf/model/dcn.yaml``
+    sets its sizes from ``model.dcn_num_layers`` and ``model.dcn_low_rank``."""
+
+    _target_: str = "dmt.models.interaction.CrossInteraction"
+    num_layers: int = 3  # cross layers
+    low_rank: int = 64  # rank of each cross layer
 
 
 @dataclass
@@ -52,19 +110,23 @@ class PartitionConfig:
 
 @dataclass
 class ModelConfig:
-    """Base model (DLRM or DCNv2) over one embedding table per sparse feature, or its DMT form
-    (``partition.kind != "none"``: per-tower tables and tower modules, then the same global arch)."""
+    """Base model over one embedding table per sparse feature (bottom MLP, ``interaction``, top
+    MLP: DLRM, DCNv2, or any interaction), or its DMT form (``partition.kind != "none"``:
+    per-tower tables and ``tower`` modules, then the same global arch)."""
 
-    name: str = MISSING  # "dlrm" (dot interaction) or "dcn" (low-rank CrossNet)
+    name: str = MISSING  # the model's name in reports and logs ("dlrm", "dcn", ...); selects no code
+    interaction: Any = MISSING  # global interaction: an InteractionConfig (``_target_`` + settings)
     embedding_dim: int = 16  # N: embedding dimension of every table
     num_embeddings_per_feature: list[int] | None = None  # rows per table; None: from the data
     bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])  # dense arch sizes; DLRM: last == embedding_dim
     top_mlp: list[int] = field(default_factory=lambda: [256, 128, 1])  # over arch sizes; last must be 1
     bottom_final_activation: bool = False  # ReLU after the last bottom layer (TorchRec's default; can kill dense outputs)
-    dcn_num_layers: int = 3  # DCN: number of low-rank cross layers
-    dcn_low_rank: int = 64  # DCN: rank of each cross layer
+    dcn_num_layers: int = 3  # DCN: cross layers (conf/model/dcn.yaml's interaction and conf/tower/dcn.yaml read it)
+    dcn_low_rank: int = 64  # DCN: rank of each cross layer (likewise)
     pooling: str = "sum"  # multi-hot pooling: "sum" or "mean"
-    tower: TowerConfig = field(default_factory=TowerConfig)  # DMT: tower module of every tower
+    # DMT: tower module of every tower, a TowerConfig (``_target_`` + settings); Any, so that a
+    # tower module's YAML may bring its own schema (conf/tower/*.yaml) or none (checked when built)
+    tower: Any = field(default_factory=lambda: {"_target_": PassThroughTowerConfig._target_})
     partition: PartitionConfig = field(default_factory=PartitionConfig)  # DMT: features of each tower
 
 
@@ -309,7 +371,14 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     cs.store(group="model", name="base_model", node=ModelConfig)
-    cs.store(group="tower", name="base_tower", node=TowerConfig, package="model.tower")
+    for name, node in (
+        ("base_passthrough", PassThroughTowerConfig),
+        ("base_dlrm", DLRMTowerConfig),
+        ("base_dcn", DCNTowerConfig),
+    ):  # the schemas conf/tower/*.yaml extend
+        cs.store(group="tower", name=name, node=node, package="model.tower")
+    for name, node in (("base_dot", DotInteractionConfig), ("base_cross", CrossInteractionConfig)):
+        cs.store(group="model/interaction", name=name, node=node, package="model.interaction")
     cs.store(group="partition", name="base_partition", node=PartitionConfig, package="model.partition")
     cs.store(group="data", name="base_data", node=DataConfig)
     cs.store(group="optim", name="base_optim", node=OptimConfig)
@@ -337,15 +406,15 @@ def _positive(setting: str, value: Any) -> None:
 
 
 def validate_towers(m: ModelConfig) -> None:
-    """Check ``model.tower`` and ``model.partition`` (the features themselves are checked when the
-    model is built, against the data's feature names)."""
-    t, p = m.tower, m.partition
+    """Check ``model.partition`` (the features themselves are checked when the model is built,
+    against the data's feature names) and that tower modules other than pass-through have towers."""
+    p = m.partition
     _choice("model.partition.kind", p.kind, PARTITION_KINDS)
-    _choice("model.tower.module", t.module, TOWER_MODULES)
     if p.kind == "none":
-        if t.module != "passthrough":
+        target = _target(m.tower)
+        if target != PassThroughTowerConfig._target_:
             raise ValueError(
-                f"model.tower.module={t.module!r} needs towers, but model.partition.kind='none'; "
+                f"model.tower ({target}) needs towers, but model.partition.kind='none'; "
                 "pick a partition (partition=naive|tp|per_feature)"
             )
         return
@@ -359,20 +428,11 @@ def validate_towers(m: ModelConfig) -> None:
         raise ValueError(
             "model.partition.kind='explicit' needs model.partition.towers (lists of feature names)"
         )
-    if t.module == "passthrough":
-        return
-    _positive("model.tower.dim", t.dim)
-    if t.module == "dlrm":
-        if t.c < 0 or t.p < 0 or t.c + t.p == 0:
-            raise ValueError(
-                f"model.tower.c={t.c} and model.tower.p={t.p} must be >= 0 with c + p >= 1 "
-                "(the DLRM tower module outputs c vectors per feature plus p per tower)"
-            )
-    if t.module == "dcn":
-        if t.dcn_num_layers is not None:
-            _positive("model.tower.dcn_num_layers", t.dcn_num_layers)
-        if t.dcn_low_rank is not None:
-            _positive("model.tower.dcn_low_rank", t.dcn_low_rank)
+
+
+def _target(node: Any) -> Any:
+    """``_target_`` of a component config (a dataclass or, for a schema-less YAML, a dict)."""
+    return node.get("_target_") if isinstance(node, dict) else getattr(node, "_target_", None)
 
 
 def validate_sharding(s: ShardingConfig) -> None:
@@ -394,30 +454,23 @@ def validate_sharding(s: ShardingConfig) -> None:
 def validate(cfg: Config) -> None:
     """Check semantics the schema cannot express. Raises ValueError naming the setting."""
     m = cfg.model
-    _choice("model.name", m.name, MODEL_NAMES)
+    if not isinstance(m.name, str) or not m.name:
+        raise ValueError(
+            f"model.name={m.name!r} must be a non-empty name (it labels reports and logs)"
+        )
     _choice("model.pooling", m.pooling, POOLINGS)
     _positive("model.embedding_dim", m.embedding_dim)
     _positive("model.bottom_mlp", list(m.bottom_mlp))
     _positive("model.top_mlp", list(m.top_mlp))
     if m.top_mlp[-1] != 1:
         raise ValueError(f"model.top_mlp must end in 1 (one logit), got {list(m.top_mlp)}")
+    _positive("model.dcn_num_layers", m.dcn_num_layers)
+    _positive("model.dcn_low_rank", m.dcn_low_rank)
     validate_towers(m)
-    dmt = m.partition.kind != "none"
-    towers_project = dmt and m.tower.module != "passthrough"
-    if m.name == "dlrm" and not towers_project and m.bottom_mlp[-1] != m.embedding_dim:
-        raise ValueError(
-            f"model.bottom_mlp[-1]={m.bottom_mlp[-1]} must equal model.embedding_dim={m.embedding_dim} "
-            "for DLRM (the dense output joins the dot interaction)"
-        )
-    if m.name == "dlrm" and towers_project and m.bottom_mlp[-1] != m.tower.dim:
-        raise ValueError(
-            f"model.bottom_mlp[-1]={m.bottom_mlp[-1]} must equal model.tower.dim={m.tower.dim} for "
-            "DMT-DLRM (the dense output joins the dot interaction of the towers' D-sized vectors); "
-            f"set the bottom MLP's last size to {m.tower.dim}"
-        )
-    if m.name == "dcn":
-        _positive("model.dcn_num_layers", m.dcn_num_layers)
-        _positive("model.dcn_low_rank", m.dcn_low_rank)
+    # The components' own checks (sizes, c/p, dims that must agree), before any data is read.
+    from dmt.models.factory import check_components  # noqa: PLC0415 (torch; dmt.models imports this module)
+
+    check_components(m)
     if m.num_embeddings_per_feature is not None:
         _positive("model.num_embeddings_per_feature", list(m.num_embeddings_per_feature))
 

@@ -38,11 +38,21 @@ def schema(conf: Config) -> tuple[list[str], list[int], int]:
 
 def inspect_config(conf: Config) -> dict[str, Any]:
     names, cards, num_dense = schema(conf)
-    model = build_model(conf.model, feature_names=names, cardinalities=cards, num_dense=num_dense,
-                        table_device="meta", dense_device="meta")
-    report: dict[str, Any] = {"model": conf.model.name, "num_features": len(names)}
+    model = build_model(
+        conf.model,
+        feature_names=names,
+        cardinalities=cards,
+        num_dense=num_dense,
+        table_device="meta",
+        dense_device="meta",
+    )
+    report: dict[str, Any] = {
+        "model": conf.model.name,
+        "interaction": type(model.interaction).__name__,
+        "num_features": len(names),
+    }
     if conf.model.partition.kind != "none":
-        report["tower_module"] = conf.model.tower.module
+        report["tower_module"] = type(model.towers[0].tower_module).__name__
         report["partition"] = conf.model.partition.kind
     report.update({k: v for k, v in asdict(model_stats(model)).items() if v is not None})
     report["num_parameters_g"] = report["num_parameters"] / 1e9
@@ -50,7 +60,9 @@ def inspect_config(conf: Config) -> dict[str, Any]:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    lines = [f"{k:28s} {v:,.4f}" if isinstance(v, float) else f"{k:28s} {v}" for k, v in report.items()]
+    lines = [
+        f"{k:28s} {v:,.4f}" if isinstance(v, float) else f"{k:28s} {v}" for k, v in report.items()
+    ]
     return "\n".join(lines)
 
 

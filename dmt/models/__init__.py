@@ -5,6 +5,7 @@ from dmt.models.dlrm import DLRM
 from dmt.models.dmt import DMTDCN, DMTDLRM, DMTModel, Tower, copy_base_weights
 from dmt.models.factory import (
     build_dmt_model,
+    build_interaction,
     build_model,
     build_tower_module,
     embedding_parameters,
@@ -37,6 +38,7 @@ __all__ = [
     "Tower",
     "TowerModule",
     "build_dmt_model",
+    "build_interaction",
     "build_model",
     "build_tower_module",
     "check_partition",

@@ -10,7 +10,9 @@ from dmt.models.rec_model import RecModel
 
 class DCN(RecModel):
     """DCNv2 (Wang et al., 2021), stacked: a low-rank CrossNet over
-    ``cat([bottom(dense), flatten(pooled)])`` feeds the top MLP.
+    ``cat([bottom(dense), flatten(pooled)])`` feeds the top MLP: a :class:`~dmt.models.RecModel`
+    with :class:`~dmt.models.CrossInteraction` (what :func:`~dmt.models.build_model` builds from
+    ``conf/model/dcn.yaml``).
     """
 
     def __init__(
@@ -26,12 +28,18 @@ class DCN(RecModel):
     ) -> None:
         tables = embedding_bag_collection.embedding_bag_configs()
         num_features = sum(len(t.feature_names) for t in tables)
-        in_features = bottom_mlp[-1] + num_features * tables[0].embedding_dim
+        interaction = CrossInteraction(
+            num_features,
+            tables[0].embedding_dim,
+            bottom_mlp[-1],
+            num_layers=num_cross_layers,
+            low_rank=low_rank,
+        )
         super().__init__(
             embedding_bag_collection,
             num_dense,
             bottom_mlp,
-            CrossInteraction(in_features, num_cross_layers, low_rank),
+            interaction,
             top_mlp,
             bottom_final_activation=bottom_final_activation,
         )

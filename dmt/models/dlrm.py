@@ -9,7 +9,9 @@ from dmt.models.rec_model import RecModel
 
 
 class DLRM(RecModel):
-    """DLRM (Naumov et al., 2019) on a TorchRec ``EmbeddingBagCollection``.
+    """DLRM (Naumov et al., 2019) on a TorchRec ``EmbeddingBagCollection``: a
+    :class:`~dmt.models.RecModel` with :class:`~dmt.models.DotInteraction` (what
+    :func:`~dmt.models.build_model` builds from ``conf/model/dlrm.yaml``).
 
     The bottom MLP's output joins the ``F`` pooled embeddings in the dot interaction, so its last
     size must equal the embedding dim ``N``.
@@ -34,15 +36,11 @@ class DLRM(RecModel):
         tables = embedding_bag_collection.embedding_bag_configs()
         num_features = sum(len(t.feature_names) for t in tables)
         dim = tables[0].embedding_dim
-        if bottom_mlp[-1] != dim:
-            raise ValueError(
-                f"DLRM bottom_mlp[-1]={bottom_mlp[-1]} must equal the embedding dim {dim}"
-            )
         super().__init__(
             embedding_bag_collection,
             num_dense,
             bottom_mlp,
-            DotInteraction(num_features, dim),
+            DotInteraction(num_features, dim, bottom_mlp[-1]),
             top_mlp,
             bottom_final_activation=bottom_final_activation,
         )

@@ -101,11 +101,12 @@ class DMTModel(nn.Module):
         bottom_final_activation: ReLU after the last bottom layer.
 
     Use :func:`dmt.models.build_model` (or :class:`DMTDLRM` / :class:`DMTDCN`) to build one.
+    Every tower module must output vectors of one size ``D``.
 
     Example::
 
-        cfg = ModelConfig(name="dlrm", embedding_dim=16, bottom_mlp=[64, 8],
-                          tower=TowerConfig(module="dlrm", dim=8, c=1, p=0))
+        cfg = ModelConfig(name="dlrm", interaction=DotInteractionConfig(), embedding_dim=16,
+                          bottom_mlp=[64, 8], tower=DLRMTowerConfig(dim=8, c=1, p=0))
         model = build_dmt_model(cfg, naive_partition(names, 4), feature_names=names,
                                 cardinalities=rows, num_dense=13)
         outs = model.tower_outputs(kjt)       # 4 tensors (B, F_t, 8)
@@ -127,6 +128,7 @@ class DMTModel(nn.Module):
         self.feature_names: list[str] = list(feature_names)
         self.partition: list[list[str]] = [list(t.feature_names) for t in towers]
         check_partition(self.partition, self.feature_names)
+        _output_dim(towers)
         dims = {t.embedding_dim for t in towers}
         if len(dims) != 1:
             raise ValueError(f"all towers' tables must share one embedding_dim, got {sorted(dims)}")
@@ -226,18 +228,12 @@ class DMTDLRM(DMTModel):
         feature_names: Sequence[str],
         bottom_final_activation: bool = False,
     ) -> None:
-        dim = _output_dim(towers)
-        if bottom_mlp[-1] != dim:
-            raise ValueError(
-                f"DMT-DLRM bottom_mlp[-1]={bottom_mlp[-1]} must equal the towers' output vector size "
-                f"D={dim} (the dense output joins the dot interaction)"
-            )
         num_vectors = sum(t.tower_module.num_vectors for t in towers)
         super().__init__(
             towers,
             num_dense,
             bottom_mlp,
-            DotInteraction(num_vectors, dim),
+            DotInteraction(num_vectors, _output_dim(towers), bottom_mlp[-1]),
             top_mlp,
             feature_names=feature_names,
             bottom_final_activation=bottom_final_activation,
@@ -260,13 +256,18 @@ class DMTDCN(DMTModel):
         low_rank: int = 64,
         bottom_final_activation: bool = False,
     ) -> None:
-        _output_dim(towers)
-        width = bottom_mlp[-1] + sum(t.tower_module.output_size for t in towers)
+        interaction = CrossInteraction(
+            sum(t.tower_module.num_vectors for t in towers),
+            _output_dim(towers),
+            bottom_mlp[-1],
+            num_layers=num_cross_layers,
+            low_rank=low_rank,
+        )
         super().__init__(
             towers,
             num_dense,
             bottom_mlp,
-            CrossInteraction(width, num_cross_layers, low_rank),
+            interaction,
             top_mlp,
             feature_names=feature_names,
             bottom_final_activation=bottom_final_activation,

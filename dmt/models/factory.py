@@ -1,17 +1,27 @@
-"""Build a model from its typed config (the edge where config becomes objects)."""
+"""Build a model from its typed config (the edge where config becomes objects).
+
+The interaction (``model.interaction``) and the tower modules (``model.tower``) are built with
+``hydra.utils.instantiate`` from their ``_target_``; this module adds the sizes they depend on
+(features, embedding dim, vectors) and the tables, and assembles :class:`RecModel` or
+:class:`DMTModel`. No component is chosen by name here.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
 
-from dmt.config import ModelConfig, TowerConfig
-from dmt.models.dcn import DCN
-from dmt.models.dlrm import DLRM
-from dmt.models.dmt import DMTDCN, DMTDLRM, DMTModel, Tower
+from dmt.config import ModelConfig
+from dmt.models.dmt import DMTModel, Tower
 from dmt.models.partition import check_partition, resolve_partition
-from dmt.models.tower_modules import DCNTowerModule, DLRMTowerModule, PassThrough, TowerModule
+from dmt.models.rec_model import RecModel
+from dmt.models.tower_modules import TowerModule
 
 
 def table_name(feature: str) -> str:
@@ -45,6 +55,71 @@ def embedding_parameters(model: nn.Module) -> list[nn.Parameter]:
     ]
 
 
+def _instantiate(node: Any, setting: str, **sizes: int) -> Any:
+    """``hydra.utils.instantiate(node, **sizes)``, its errors as a ``ValueError`` naming ``setting``
+    (the class's own message for a bad value; the ``_target_`` when it cannot be imported).
+
+    ``node``: a component config (dataclass, dict or DictConfig) with a ``_target_``."""
+    if node is None or isinstance(node, str):  # None or MISSING ("???")
+        raise ValueError(
+            f"{setting} is not set: give it a config with a _target_ (e.g. DotInteractionConfig(), "
+            "DLRMTowerConfig(), or a conf/ YAML)"
+        )
+    conf = OmegaConf.create(node)
+    target = conf.get("_target_")
+    if not isinstance(target, str) or not target:
+        raise ValueError(f"{setting} has no _target_ (the class to build), got {dict(conf)}")
+    try:
+        return instantiate(conf, **sizes)
+    except InstantiationException as e:
+        cause = e.__cause__
+        if isinstance(cause, ValueError | TypeError):
+            raise ValueError(f"{setting}: {cause}") from cause
+        raise ValueError(f"{setting}: cannot build _target_={target!r}: {e}") from e
+
+
+def build_tower_module(cfg: Any, *, num_features: int, embedding_dim: int) -> TowerModule:
+    """The tower module ``cfg`` (``model.tower``: ``_target_`` and settings) describes for a
+    tower of ``num_features`` features of dim ``embedding_dim``."""
+    module = _instantiate(
+        cfg, "model.tower", num_features=num_features, embedding_dim=embedding_dim
+    )
+    if not isinstance(module, TowerModule):
+        raise TypeError(
+            f"model.tower built a {type(module).__name__}, not a dmt.models.TowerModule "
+            "(forward (B, F_t, N) -> (B, V_t, D) with num_features, embedding_dim, num_vectors, dim)"
+        )
+    return module
+
+
+def build_interaction(cfg: ModelConfig, *, num_vectors: int, dim: int) -> nn.Module:
+    """The global interaction ``cfg.interaction`` over ``num_vectors`` sparse vectors of size
+    ``dim`` and the bottom MLP's output."""
+    interaction = _instantiate(
+        cfg.interaction,
+        "model.interaction",
+        num_vectors=num_vectors,
+        dim=dim,
+        dense_dim=cfg.bottom_mlp[-1],
+    )
+    if not isinstance(getattr(interaction, "output_dim", None), int):
+        raise TypeError(
+            f"model.interaction built a {type(interaction).__name__} without an int output_dim "
+            "(the top MLP's input size)"
+        )
+    return interaction
+
+
+def check_components(cfg: ModelConfig) -> None:
+    """Build ``cfg``'s interaction and, for a DMT model, a one-feature tower module on the meta
+    device, so that their own checks fail before any data is read (:func:`dmt.config.validate`)."""
+    with torch.device("meta"):
+        dim = cfg.embedding_dim
+        if cfg.partition.kind != "none":
+            dim = build_tower_module(cfg.tower, num_features=1, embedding_dim=cfg.embedding_dim).dim
+        build_interaction(cfg, num_vectors=1, dim=dim)
+
+
 def build_model(
     cfg: ModelConfig,
     *,
@@ -54,8 +129,9 @@ def build_model(
     table_device: torch.device | str = "cpu",
     dense_device: torch.device | str = "cpu",
 ) -> nn.Module:
-    """DLRM or DCN for the given features, or their DMT form when ``cfg.partition.kind`` is not
-    ``"none"`` (see :func:`build_dmt_model`).
+    """The base model (:class:`RecModel`: tables, bottom MLP, ``cfg.interaction``, top MLP) for
+    the given features, or its DMT form when ``cfg.partition.kind`` is not ``"none"`` (see
+    :func:`build_dmt_model`).
 
     Tables go on ``table_device``: ``meta`` before sharding (the sharder allocates them) or for
     accounting. Dense modules go on ``dense_device``; keep it real for training, since modules
@@ -63,8 +139,12 @@ def build_model(
     """
     if cfg.partition.kind != "none":
         return build_dmt_model(
-            cfg, resolve_partition(cfg.partition, feature_names), feature_names=feature_names,
-            cardinalities=cardinalities, num_dense=num_dense, table_device=table_device,
+            cfg,
+            resolve_partition(cfg.partition, feature_names),
+            feature_names=feature_names,
+            cardinalities=cardinalities,
+            num_dense=num_dense,
+            table_device=table_device,
             dense_device=dense_device,
         )
     sizes = list(cfg.num_embeddings_per_feature or cardinalities)
@@ -73,42 +153,15 @@ def build_model(
         device=torch.device(table_device),
     )
     with torch.device(dense_device):
-        if cfg.name == "dlrm":
-            model: nn.Module = DLRM(
-                ebc, num_dense, list(cfg.bottom_mlp), list(cfg.top_mlp),
-                bottom_final_activation=cfg.bottom_final_activation,
-            )
-        elif cfg.name == "dcn":
-            model = DCN(
-                ebc, num_dense, list(cfg.bottom_mlp), list(cfg.top_mlp),
-                num_cross_layers=cfg.dcn_num_layers, low_rank=cfg.dcn_low_rank,
-                bottom_final_activation=cfg.bottom_final_activation,
-            )
-        else:
-            raise ValueError(f"model.name={cfg.name!r} is not supported; expected one of ['dlrm', 'dcn']")
-    return model
-
-
-def build_tower_module(
-    cfg: TowerConfig, *, num_features: int, embedding_dim: int, model: ModelConfig | None = None
-) -> TowerModule:
-    """The tower module ``cfg`` describes for a tower of ``num_features`` features of dim
-    ``embedding_dim``; DCN towers take unset CrossNet sizes from ``model``."""
-    if cfg.module == "passthrough":
-        return PassThrough(num_features, embedding_dim)
-    if cfg.module == "dlrm":
-        return DLRMTowerModule(num_features, embedding_dim, cfg.dim, c=cfg.c, p=cfg.p)
-    if cfg.module == "dcn":
-        layers, rank = cfg.dcn_num_layers, cfg.dcn_low_rank
-        if model is not None:
-            layers = model.dcn_num_layers if layers is None else layers
-            rank = model.dcn_low_rank if rank is None else rank
-        if layers is None or rank is None:
-            raise ValueError("a dcn tower module needs dcn_num_layers and dcn_low_rank")
-        return DCNTowerModule(num_features, embedding_dim, cfg.dim, num_cross_layers=layers, low_rank=rank)
-    raise ValueError(
-        f"model.tower.module={cfg.module!r} is not supported; expected one of ['passthrough', 'dlrm', 'dcn']"
-    )
+        interaction = build_interaction(cfg, num_vectors=len(feature_names), dim=cfg.embedding_dim)
+        return RecModel(
+            ebc,
+            num_dense,
+            list(cfg.bottom_mlp),
+            interaction,
+            list(cfg.top_mlp),
+            bottom_final_activation=cfg.bottom_final_activation,
+        )
 
 
 def build_dmt_model(
@@ -121,8 +174,9 @@ def build_dmt_model(
     table_device: torch.device | str = "cpu",
     dense_device: torch.device | str = "cpu",
 ) -> DMTModel:
-    """DMT-DLRM or DMT-DCN (``cfg.name``) with towers ``partition`` (feature names per tower) and
-    ``cfg.tower`` modules; ``cfg.partition`` is not read, so any partition can be passed.
+    """The DMT form of ``cfg``'s model with towers ``partition`` (feature names per tower) and
+    ``cfg.tower`` modules, then ``cfg.interaction`` over the towers' vectors; ``cfg.partition`` is
+    not read, so any partition can be passed.
 
     Every tower gets its own EBC (the features' tables, as in the base model) and tower module.
     """
@@ -142,18 +196,23 @@ def build_dmt_model(
             device=torch.device(table_device),
         )
         with torch.device(dense_device):
-            module = build_tower_module(cfg.tower, num_features=len(features), embedding_dim=N, model=cfg)
+            module = build_tower_module(cfg.tower, num_features=len(features), embedding_dim=N)
         towers.append(Tower(ebc, module))
+    dims = {t.tower_module.dim for t in towers}
+    if len(dims) != 1:
+        raise ValueError(
+            f"tower modules output vectors of sizes {sorted(dims)}; the global interaction needs one D"
+        )
     with torch.device(dense_device):
-        if cfg.name == "dlrm":
-            return DMTDLRM(
-                towers, num_dense, list(cfg.bottom_mlp), list(cfg.top_mlp), feature_names=feature_names,
-                bottom_final_activation=cfg.bottom_final_activation,
-            )
-        if cfg.name == "dcn":
-            return DMTDCN(
-                towers, num_dense, list(cfg.bottom_mlp), list(cfg.top_mlp), feature_names=feature_names,
-                num_cross_layers=cfg.dcn_num_layers, low_rank=cfg.dcn_low_rank,
-                bottom_final_activation=cfg.bottom_final_activation,
-            )
-    raise ValueError(f"model.name={cfg.name!r} is not supported; expected one of ['dlrm', 'dcn']")
+        interaction = build_interaction(
+            cfg, num_vectors=sum(t.tower_module.num_vectors for t in towers), dim=dims.pop()
+        )
+        return DMTModel(
+            towers,
+            num_dense,
+            list(cfg.bottom_mlp),
+            interaction,
+            list(cfg.top_mlp),
+            feature_names=feature_names,
+            bottom_final_activation=cfg.bottom_final_activation,
+        )

@@ -1,7 +1,13 @@
 """Global feature interactions of DLRM (pairwise dot) and DCNv2 (low-rank CrossNet).
 
 Both take the bottom-MLP output ``dense`` of shape ``(B, D0)`` and the sparse vectors ``sparse`` of
-shape ``(B, V, D)`` (``V`` pooled embeddings or tower outputs) and return the top MLP's input.
+shape ``(B, V, D)`` (``V`` pooled embeddings or tower outputs) and return the top MLP's input,
+of size ``output_dim``.
+
+An interaction is built from its config (``model.interaction``: ``_target_`` and its settings,
+:class:`dmt.config.InteractionConfig`) by :func:`dmt.models.build_model`, which adds the sizes it
+depends on as keyword arguments: ``num_vectors`` (``V``), ``dim`` (``D``) and ``dense_dim``
+(``D0``). A new interaction is a class with that signature plus its settings.
 """
 
 from __future__ import annotations
@@ -11,19 +17,34 @@ from torch import nn
 from torchrec.modules.crossnet import LowRankCrossNet
 
 
+def _check_positive(interaction: str, **values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{interaction}: {name}={value!r} must be a positive integer")
+
+
 class DotInteraction(nn.Module):
     """Pairwise dot products of ``[dense, sparse_0, ..., sparse_{V-1}]`` (upper triangle, no
     diagonal) concatenated with ``dense``.
 
     Args:
         num_vectors: ``V``, the number of sparse vectors.
-        dim: ``D``, their size; the dense vector must have the same size.
+        dim: ``D``, their size.
+        dense_dim: ``D0``, the dense vector's size; it joins the dot products, so it must be ``D``
+            (``None``: ``D``).
 
     Output: ``(B, D + (V + 1) V / 2)``.
     """
 
-    def __init__(self, num_vectors: int, dim: int) -> None:
+    def __init__(self, num_vectors: int, dim: int, dense_dim: int | None = None) -> None:
         super().__init__()
+        _check_positive("DotInteraction", num_vectors=num_vectors, dim=dim)
+        if dense_dim is not None and dense_dim != dim:
+            raise ValueError(
+                f"DotInteraction: the dense vector has size {dense_dim} (model.bottom_mlp[-1]) but "
+                f"the sparse vectors have size {dim} (the embedding dim N, or the towers' D); it "
+                f"joins their dot products: set model.bottom_mlp[-1] to {dim}"
+            )
         self.num_vectors = num_vectors
         self.dim = dim
         rows, cols = torch.triu_indices(num_vectors + 1, num_vectors + 1, offset=1)
@@ -43,13 +64,38 @@ class DotInteraction(nn.Module):
 class CrossInteraction(nn.Module):
     """DCNv2's low-rank CrossNet over ``cat([dense, flatten(sparse)])``.
 
+    Args:
+        num_vectors: ``V``, the number of sparse vectors.
+        dim: ``D``, their size.
+        dense_dim: ``D0``, the dense vector's size.
+        num_layers: cross layers.
+        low_rank: rank of each cross layer.
+
     Output: ``(B, D0 + V * D)``.
     """
 
-    def __init__(self, in_features: int, num_layers: int, low_rank: int) -> None:
+    def __init__(
+        self,
+        num_vectors: int,
+        dim: int,
+        dense_dim: int,
+        *,
+        num_layers: int = 3,
+        low_rank: int = 64,
+    ) -> None:
         super().__init__()
-        self.in_features = in_features
-        self.crossnet = LowRankCrossNet(in_features=in_features, num_layers=num_layers, low_rank=low_rank)
+        _check_positive(
+            "CrossInteraction",
+            num_vectors=num_vectors,
+            dim=dim,
+            dense_dim=dense_dim,
+            num_layers=num_layers,
+            low_rank=low_rank,
+        )
+        self.in_features = dense_dim + num_vectors * dim
+        self.crossnet = LowRankCrossNet(
+            in_features=self.in_features, num_layers=num_layers, low_rank=low_rank
+        )
 
     @property
     def output_dim(self) -> int:

@@ -22,6 +22,21 @@ def _check_positive(module: str, **values: int) -> None:
             raise ValueError(f"{module}: {name}={value!r} must be a positive integer")
 
 
+def _check_vectors(module: str, c: int, p: int) -> None:
+    if not (isinstance(c, int) and isinstance(p, int)) or c < 0 or p < 0 or c + p == 0:
+        raise ValueError(
+            f"{module}: c={c!r} and p={p!r} must be integers >= 0 with c + p >= 1 "
+            "(c vectors per feature plus p per tower)"
+        )
+
+
+def _projection(in_features: int, out_features: int, skip_square: bool) -> nn.Module:
+    """``Linear(in -> out)``, or the identity when ``skip_square`` and the sizes are equal."""
+    if skip_square and in_features == out_features:
+        return nn.Identity()
+    return nn.Linear(in_features, out_features)
+
+
 class TowerModule(nn.Module):
     """Base class: ``forward(embs (B, F_t, N)) -> (B, V_t, D)``.
 
@@ -78,6 +93,10 @@ class DLRMTowerModule(TowerModule):
         dim: ``D``.
         c: output vectors per feature (``>= 0``).
         p: output vectors per tower (``>= 0``); ``c + p >= 1``.
+        skip_square: leave out a linear whose output is as large as its input (``F_t N = p D``
+            or ``N = c D``), e.g. ``Linear(N -> N)`` of a one-feature tower with ``p=1, D=N``:
+            after a table it only reparametrizes the table. The paper's 16-tower rows of
+            Table 4 count no such layer (``conf/experiment/paper_dmt_16t_*.yaml``).
 
     Example::
 
@@ -85,22 +104,28 @@ class DLRMTowerModule(TowerModule):
         tm(torch.randn(32, 4, 128)).shape  # (32, 4, 64); tm.output_size == 256
     """
 
-    def __init__(self, num_features: int, embedding_dim: int, dim: int, *, c: int, p: int) -> None:
+    def __init__(
+        self,
+        num_features: int,
+        embedding_dim: int,
+        dim: int,
+        *,
+        c: int,
+        p: int,
+        skip_square: bool = False,
+    ) -> None:
         super().__init__()
         _check_positive(
             "DLRMTowerModule", num_features=num_features, embedding_dim=embedding_dim, dim=dim
         )
-        if not (isinstance(c, int) and isinstance(p, int)) or c < 0 or p < 0 or c + p == 0:
-            raise ValueError(
-                f"DLRMTowerModule: c={c!r} and p={p!r} must be integers >= 0 with c + p >= 1 "
-                "(c vectors per feature plus p per tower)"
-            )
+        _check_vectors("DLRMTowerModule", c, p)
         self.num_features, self.embedding_dim, self.dim = num_features, embedding_dim, dim
         self.c, self.p = c, p
         self.num_vectors = p + c * num_features
         # Absent rather than zero-width when c or p is 0, so no empty layer shows up in accounting.
-        self.tower_linear = nn.Linear(num_features * embedding_dim, p * dim) if p else None
-        self.feature_linear = nn.Linear(embedding_dim, c * dim) if c else None
+        width = num_features * embedding_dim
+        self.tower_linear = _projection(width, p * dim, skip_square) if p else None
+        self.feature_linear = _projection(embedding_dim, c * dim, skip_square) if c else None
 
     def forward(self, embs: torch.Tensor) -> torch.Tensor:
         self._check_input(embs)
@@ -115,7 +140,11 @@ class DLRMTowerModule(TowerModule):
 
 class DCNTowerModule(TowerModule):
     """Listing 2: a small CrossNet over the tower's ``F_t N`` flattened embeddings, then
-    ``Linear(F_t N -> F_t D)``, viewed ``(B, F_t, D)``. ``O_t = F_t D``.
+    ``Linear(F_t N -> (c F_t + p) D)``, viewed ``(B, c F_t + p, D)``. ``O_t = D (c F_t + p)``.
+
+    Listing 2 as printed is ``c=1, p=0`` (``O_t = F_t D``). ``c=0, p=1`` sends one ``D``-vector
+    per tower (as Listing 1 does with ``p=1``); it is the reading that reproduces the paper's
+    Table 4 DMT-DCN FLOPs (``conf/experiment/paper_dmt_*t_dcn.yaml``).
 
     The CrossNet is TorchRec's ``LowRankCrossNet`` (``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``),
     the same operator as DCN's global interaction, as the paper builds tower modules from the
@@ -126,8 +155,12 @@ class DCNTowerModule(TowerModule):
         num_features: ``F_t``.
         embedding_dim: ``N``.
         dim: ``D``.
-        num_cross_layers: cross layers of the tower's CrossNet.
-        low_rank: rank of each cross layer.
+        dcn_num_layers: cross layers of the tower's CrossNet.
+        dcn_low_rank: rank of each cross layer.
+        c: output vectors per feature (``>= 0``).
+        p: output vectors per tower (``>= 0``); ``c + p >= 1``.
+        skip_square: leave out the projection when ``F_t N = O_t`` (as the paper's 16T row
+            does for its one-feature towers; see :class:`DLRMTowerModule`).
     """
 
     def __init__(
@@ -136,8 +169,11 @@ class DCNTowerModule(TowerModule):
         embedding_dim: int,
         dim: int,
         *,
-        num_cross_layers: int,
-        low_rank: int,
+        dcn_num_layers: int,
+        dcn_low_rank: int,
+        c: int = 1,
+        p: int = 0,
+        skip_square: bool = False,
     ) -> None:
         super().__init__()
         _check_positive(
@@ -145,18 +181,20 @@ class DCNTowerModule(TowerModule):
             num_features=num_features,
             embedding_dim=embedding_dim,
             dim=dim,
-            num_cross_layers=num_cross_layers,
-            low_rank=low_rank,
+            dcn_num_layers=dcn_num_layers,
+            dcn_low_rank=dcn_low_rank,
         )
+        _check_vectors("DCNTowerModule", c, p)
         self.num_features, self.embedding_dim, self.dim = num_features, embedding_dim, dim
-        self.num_vectors = num_features
+        self.c, self.p = c, p
+        self.num_vectors = c * num_features + p
         width = num_features * embedding_dim
         self.crossnet = LowRankCrossNet(
-            in_features=width, num_layers=num_cross_layers, low_rank=low_rank
+            in_features=width, num_layers=dcn_num_layers, low_rank=dcn_low_rank
         )
-        self.projection = nn.Linear(width, num_features * dim)
+        self.projection = _projection(width, self.num_vectors * dim, skip_square)
 
     def forward(self, embs: torch.Tensor) -> torch.Tensor:
         self._check_input(embs)
         out = self.projection(self.crossnet(embs.flatten(1)))
-        return out.view(embs.size(0), self.num_features, self.dim)
+        return out.view(embs.size(0), self.num_vectors, self.dim)

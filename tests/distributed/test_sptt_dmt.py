@@ -27,7 +27,16 @@ from torchrec.distributed.planner import Topology as PlannerTopology
 from torchrec.distributed.types import ShardedTensor
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dmt.config import ModelConfig, OptimConfig, PartitionConfig, TowerConfig
+from dmt.config import (
+    CrossInteractionConfig,
+    DCNTowerConfig,
+    DLRMTowerConfig,
+    DotInteractionConfig,
+    ModelConfig,
+    OptimConfig,
+    PartitionConfig,
+    PassThroughTowerConfig,
+)
 from dmt.models import build_dmt_model
 from dmt.models.accounting import compression_ratio
 from dmt.optim import dense_optimizer
@@ -134,15 +143,25 @@ def _names(case: Case) -> list[str]:
 def _build(case: Case, variant: Variant) -> torch.nn.Module:
     names = _names(case)
     passthrough = variant.tower == "passthrough"
+    tower = {
+        "passthrough": PassThroughTowerConfig(),
+        "dlrm": DLRMTowerConfig(dim=D, c=1, p=1),
+        "dcn": DCNTowerConfig(dim=D, dcn_num_layers=1, dcn_low_rank=2),
+    }[variant.tower]
+    interaction = {
+        "dlrm": DotInteractionConfig(),
+        "dcn": CrossInteractionConfig(num_layers=1, low_rank=2),
+    }[variant.name]
     cfg = ModelConfig(
         name=variant.name,
+        interaction=interaction,
         embedding_dim=N,
         bottom_mlp=[4, N if passthrough else D],
         top_mlp=[4, 1],
         dcn_num_layers=1,
         dcn_low_rank=2,
         pooling=variant.pooling,
-        tower=TowerConfig(module=variant.tower, dim=D, c=1, p=1, dcn_num_layers=1, dcn_low_rank=2),
+        tower=tower,
         partition=PartitionConfig(kind="explicit"),
     )
     torch.manual_seed(0)

@@ -198,7 +198,7 @@ def _edit_config(step_dir: Path, **changes: object) -> Path:
     path = step_dir / "config.yaml"
     cfg = OmegaConf.load(path)
     for key, value in changes.items():
-        OmegaConf.update(cfg, key.replace("__", "."), value)
+        OmegaConf.update(cfg, key.replace("__", "."), value, merge=False)
     OmegaConf.save(cfg, path)
     return path
 
@@ -215,7 +215,8 @@ def test_config_that_does_not_match_the_weights(synthetic_run: Path, tmp_path: P
     )
     assert "embedding_bags.t_cat_0.weight: checkpoint (100, 16), config (50, 16)" in msg
 
-    _edit_config(step, data__synthetic__cardinality=100, model__name="dcn")
+    cross = {"_target_": "dmt.models.interaction.CrossInteraction", "num_layers": 3, "low_rank": 64}
+    _edit_config(step, data__synthetic__cardinality=100, model__name="dcn", model__interaction=cross)
     with pytest.raises(
         ValueError,
         match=r"model.top.0.weight: checkpoint \(256, 367\), config \(256, 432\); 9 tensors missing from the checkpoint \(e.g. model\.interaction\.crossnet",
@@ -225,6 +226,7 @@ def test_config_that_does_not_match_the_weights(synthetic_run: Path, tmp_path: P
     _edit_config(
         step,
         model__name="dlrm",
+        model__interaction={"_target_": "dmt.models.interaction.DotInteraction"},
         sptt__enabled=True,
         model__partition__kind="naive",
         model__partition__num_towers=2,
@@ -235,9 +237,9 @@ def test_config_that_does_not_match_the_weights(synthetic_run: Path, tmp_path: P
     ):
         evaluate(step, "test")
 
-    _edit_config(step, sptt__enabled=False, model__partition__kind="none", model__name="resnet")
+    _edit_config(step, sptt__enabled=False, model__partition__kind="none", model__embedding_dim=0)
     with pytest.raises(
-        ValueError, match=r"config.yaml: invalid training config: model.name='resnet'"
+        ValueError, match=r"config.yaml: invalid training config: model.embedding_dim=0"
     ):
         evaluate(step, "test")
     (step / "config.yaml").write_text("model:\n  no_such_key: 1\n")

@@ -50,15 +50,16 @@ def test_paper_configs_match_the_paper_accounting():
     "overrides,message",
     [
         (
-            ["model.name=transformer"],
-            r"model.name='transformer' is not supported; expected one of \['dlrm', 'dcn'\]",
+            ["model.interaction._target_=dmt.models.Transformer"],
+            r"model.interaction: cannot build _target_='dmt.models.Transformer'",
         ),
         (["model.embedding_dim=0"], r"model.embedding_dim=0 must be positive"),
         (["model.top_mlp=[64,-1,1]"], r"model.top_mlp\[1\]=-1 must be a positive integer"),
         (["model.top_mlp=[64,2]"], r"model.top_mlp must end in 1"),
         (
             ["model.bottom_mlp=[64,32]"],
-            r"model.bottom_mlp\[-1\]=32 must equal model.embedding_dim=16 for DLRM",
+            r"model.interaction: DotInteraction: the dense vector has size 32 "
+            r"\(model.bottom_mlp\[-1\]\) but the sparse vectors have size 16",
         ),
         (["data.batch_size=0"], r"data.batch_size=0 must be positive"),
         (["data.synthetic.num_groups=40"], r"data.synthetic.num_groups=40 exceeds num_sparse=26"),

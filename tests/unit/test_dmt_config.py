@@ -6,8 +6,15 @@ import json
 
 import pytest
 import yaml
+from hydra.errors import ConfigCompositionException
 
-from dmt.config import ModelConfig, PartitionConfig, TowerConfig
+from dmt.config import (
+    DCNTowerConfig,
+    DLRMTowerConfig,
+    DotInteractionConfig,
+    ModelConfig,
+    PartitionConfig,
+)
 from dmt.inspect import inspect_config
 from dmt.models import DMTModel, build_model, check_partition, resolve_partition
 from tests.conftest import REPO, typed_config
@@ -24,7 +31,8 @@ EXPECTED = {
     "paper_sptt_dcn": (26, 1.0),
     **{f"paper_dmt_{t}t_dlrm": (t, 2.0) for t in (2, 4, 8, 26)},
     "paper_dmt_16t_dlrm": (16, 26 / 16),
-    **{f"paper_dmt_{t}t_dcn": (t, 1.0) for t in (2, 4, 8, 16)},
+    **{f"paper_dmt_{t}t_dcn": (t, 26 / t) for t in (2, 4, 8, 16)},  # one 128-vector per tower
+    "paper_dmt_26t_dcn": (26, 1.0),
     **{f"paper_dmt_8t_dlrm_cr{r}": (8, float(r)) for r in (2, 4, 8, 16)},
     "dmt_4t_dlrm": (4, 2.0),
     "dmt_4t_dcn": (4, 2.0),
@@ -89,13 +97,8 @@ def test_tp_partition_file_builds_those_towers(tmp_path):
         dense_device="meta",
     )
     assert isinstance(model, DMTModel) and model.partition == towers
-    # inspect.json carries the DMT fields
-    assert json.loads(json.dumps(report))["tower_output_sizes"] == [
-        6 * 128,
-        7 * 128,
-        7 * 128,
-        6 * 128,
-    ]
+    # inspect.json carries the DMT fields (paper DCN towers: one 128-vector each)
+    assert json.loads(json.dumps(report))["tower_output_sizes"] == [128] * 4
 
 
 def test_tp_partition_with_the_wrong_tower_count_is_refused(tmp_path):
@@ -145,6 +148,7 @@ def test_bad_partitions_raise(partition, message):
         check_partition(partition, SMALL)
     cfg = ModelConfig(
         name="dlrm",
+        interaction=DotInteractionConfig(),
         embedding_dim=4,
         bottom_mlp=[4],
         top_mlp=[1],
@@ -181,20 +185,31 @@ def test_bad_partition_files_and_counts_raise(tmp_path):
     [
         (
             ["model.tower.c=0", "model.tower.p=0"],
-            r"model.tower.c=0 and model.tower.p=0 must be >= 0 with c \+ p >= 1",
+            r"model.tower: DLRMTowerModule: c=0 and p=0 must be integers >= 0 with c \+ p >= 1",
         ),
-        (["model.tower.c=-1"], r"model.tower.c=-1 and model.tower.p=0 must be"),
-        (["model.tower.p=-2"], r"model.tower.c=1 and model.tower.p=-2 must be"),
-        (["model.tower.dim=0"], r"model.tower.dim=0 must be positive"),
+        (["model.tower.c=-1"], r"model.tower: DLRMTowerModule: c=-1 and p=0 must be"),
+        (["model.tower.p=-2"], r"model.tower: DLRMTowerModule: c=1 and p=-2 must be"),
+        (["model.tower.dim=0"], r"model.tower: DLRMTowerModule: dim=0 must be a positive integer"),
         (
             ["model.tower.dim=4"],
-            r"model.bottom_mlp\[-1\]=8 must equal model.tower.dim=4 for DMT-DLRM",
+            r"model.interaction: DotInteraction: the dense vector has size 8 "
+            r"\(model.bottom_mlp\[-1\]\) but the sparse vectors have size 4",
         ),
         (["model.partition.num_towers=0"], r"model.partition.num_towers=0 must be positive"),
         (["model.partition.num_towers=null"], r"'naive' needs model.partition.num_towers"),
         (["model.partition.kind=random"], r"model.partition.kind='random' is not supported"),
-        (["model.tower.module=mlp"], r"model.tower.module='mlp' is not supported"),
-        (["model.partition.kind=none"], r"model.tower.module='dlrm' needs towers"),
+        (
+            ["model.tower._target_=dmt.models.MLPTower"],
+            r"model.tower: cannot build _target_='dmt.models.MLPTower'",
+        ),
+        (
+            ["model.tower._target_=dmt.models.DotInteraction"],
+            r"model.tower: DotInteraction.__init__\(\) got an unexpected keyword argument",
+        ),
+        (
+            ["model.partition.kind=none"],
+            r"model.tower \(dmt.models.tower_modules.DLRMTowerModule\) needs towers",
+        ),
         (["model.partition.kind=explicit"], r"'explicit' needs model.partition.towers"),
     ],
 )
@@ -203,29 +218,63 @@ def test_invalid_dmt_settings_raise(overrides, message):
         typed_config("experiment=dmt_4t_dlrm", *overrides)
 
 
+def test_a_target_that_is_not_a_tower_module_is_refused():
+    with pytest.raises(
+        TypeError, match=r"model.tower built a Identity, not a dmt.models.TowerModule"
+    ):
+        typed_config("experiment=dmt_4t_dlrm", "model.tower._target_=torch.nn.Identity")
+    with pytest.raises(
+        TypeError, match=r"model.interaction built a Identity without an int output_dim"
+    ):
+        typed_config("model.interaction._target_=torch.nn.Identity")
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["model.tower.c=abc"], r"Error merging override model.tower.c=abc"),
+        (["model.tower.width=3"], r"Could not override 'model.tower.width'"),
+        (["model.tower.dcn_num_layers=null"], r"model.tower.dcn_num_layers=null"),
+    ],
+)
+def test_tower_schema_checks_types_and_keys_at_composition(overrides, message):
+    with pytest.raises(ConfigCompositionException, match=message):
+        typed_config("experiment=dmt_4t_dcn", *overrides)
+
+
 def test_dcn_tower_settings_are_checked_and_default_to_the_models_crossnet():
-    with pytest.raises(ValueError, match=r"model.tower.dcn_low_rank=0 must be positive"):
+    with pytest.raises(
+        ValueError, match=r"model.tower: DCNTowerModule: dcn_low_rank=0 must be a positive integer"
+    ):
         typed_config("experiment=dmt_4t_dcn", "model.tower.dcn_low_rank=0")
     conf = typed_config(
-        "experiment=dmt_4t_dcn", "model.tower.dcn_num_layers=null", "model.tower.dcn_low_rank=null"
+        "model=dcn",
+        "+partition=naive",
+        "model.partition.num_towers=4",
+        "+tower=dcn",
+        "model.dcn_num_layers=2",
+        "model.dcn_low_rank=5",
     )
+    assert isinstance(conf.model.tower, DCNTowerConfig)
     model = build_model(conf.model, feature_names=NAMES, cardinalities=[10] * 26, num_dense=13)
     crossnet = model.towers[0].tower_module.crossnet
-    assert len(crossnet.V_kernels) == conf.model.dcn_num_layers
-    assert crossnet.V_kernels[0].shape[0] == conf.model.dcn_low_rank
+    assert len(crossnet.V_kernels) == 2 and crossnet.V_kernels[0].shape[0] == 5
+    assert len(model.interaction.crossnet.V_kernels) == 2
 
 
 def test_dmt_dlrm_model_needs_the_bottom_to_end_at_d():
     cfg = ModelConfig(
         name="dlrm",
+        interaction=DotInteractionConfig(),
         embedding_dim=8,
         bottom_mlp=[8],
         top_mlp=[1],
-        tower=TowerConfig(module="dlrm", dim=4),
+        tower=DLRMTowerConfig(dim=4),
         partition=PartitionConfig(kind="naive", num_towers=2),
     )
     with pytest.raises(
         ValueError,
-        match=r"DMT-DLRM bottom_mlp\[-1\]=8 must equal the towers' output vector size D=4",
+        match=r"model.interaction: DotInteraction: the dense vector has size 8 "
+        r"\(model.bottom_mlp\[-1\]\) but the sparse vectors have size 4",
     ):
         build_model(cfg, feature_names=SMALL, cardinalities=[5] * 6, num_dense=2)

@@ -6,11 +6,18 @@ import pytest
 import torch
 from torchrec import KeyedJaggedTensor
 
-from dmt.config import ModelConfig, PartitionConfig, TowerConfig
+from dmt.config import (
+    CrossInteractionConfig,
+    DCNTowerConfig,
+    DLRMTowerConfig,
+    DotInteractionConfig,
+    ModelConfig,
+    PartitionConfig,
+)
 from dmt.models import (
-    DMTDCN,
-    DMTDLRM,
+    CrossInteraction,
     DMTModel,
+    DotInteraction,
     build_dmt_model,
     build_model,
     copy_base_weights,
@@ -35,9 +42,17 @@ def kjt(batch: int, multi_hot: int = 2, seed: int = 0) -> KeyedJaggedTensor:
     return KeyedJaggedTensor(keys=NAMES, values=values, lengths=lengths)
 
 
+INTERACTIONS = {  # what conf/model/{dlrm,dcn}.yaml set
+    "dlrm": DotInteractionConfig(),
+    "dcn": CrossInteractionConfig(num_layers=2, low_rank=4),
+}
+TOWERS = {"dlrm": DLRMTowerConfig, "dcn": DCNTowerConfig}
+
+
 def model_cfg(name: str, **changes) -> ModelConfig:
     cfg = ModelConfig(
         name=name,
+        interaction=INTERACTIONS[name],
         embedding_dim=8,
         bottom_mlp=[16, 8],
         top_mlp=[12, 1],
@@ -70,7 +85,7 @@ def gradients(model) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("grouping", sorted(GROUPINGS))
-@pytest.mark.parametrize("name,cls", [("dlrm", DMTDLRM), ("dcn", DMTDCN)])
+@pytest.mark.parametrize("name,cls", [("dlrm", DotInteraction), ("dcn", CrossInteraction)])
 def test_passthrough_towers_compute_exactly_the_base_model(name, cls, grouping):
     torch.manual_seed(0)
     base = build(model_cfg(name))
@@ -78,7 +93,7 @@ def test_passthrough_towers_compute_exactly_the_base_model(name, cls, grouping):
         torch.nn.init.normal_(p)
     torch.manual_seed(1)  # different init, so only copy_base_weights can make them agree
     dmt = build(model_cfg(name), GROUPINGS[grouping])
-    assert isinstance(dmt, cls)
+    assert isinstance(dmt, DMTModel) and isinstance(dmt.interaction, cls)
     copy_base_weights(dmt, base)
     dense, sparse = torch.randn(5, NUM_DENSE), kjt(5)
 
@@ -101,7 +116,7 @@ def test_passthrough_towers_compute_exactly_the_base_model(name, cls, grouping):
 
 def test_interface_used_by_sptt():
     torch.manual_seed(0)
-    cfg = model_cfg("dlrm", bottom_mlp=[16, 4], tower=TowerConfig(module="dlrm", dim=4, c=1, p=1))
+    cfg = model_cfg("dlrm", bottom_mlp=[16, 4], tower=DLRMTowerConfig(dim=4, c=1, p=1))
     model = build(cfg, GROUPINGS["grouped"])
     assert isinstance(model, DMTModel)
     assert model.feature_names == NAMES and model.partition == GROUPINGS["grouped"]
@@ -127,7 +142,7 @@ def test_interface_used_by_sptt():
 @pytest.mark.parametrize("module", ["dlrm", "dcn"])
 def test_dmt_models_train_every_parameter(name, module):
     torch.manual_seed(0)
-    cfg = model_cfg(name, bottom_mlp=[16, 4], tower=TowerConfig(module=module, dim=4, c=2, p=1))
+    cfg = model_cfg(name, bottom_mlp=[16, 4], tower=TOWERS[module](dim=4, c=2, p=1))
     model = build(cfg, naive_partition(NAMES, 4))
     out = model(torch.randn(6, NUM_DENSE), kjt(6))
     assert out.shape == (6,)
@@ -155,7 +170,7 @@ def test_naive_partition_is_the_papers_strided_assignment():
 def test_meta_build_for_accounting_and_tables_on_meta():
     cfg = model_cfg(
         "dcn",
-        tower=TowerConfig(module="dcn", dim=4),
+        tower=DCNTowerConfig(dim=4),
         partition=PartitionConfig(kind="naive", num_towers=2),
     )
     model = build_model(

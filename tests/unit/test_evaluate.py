@@ -100,9 +100,11 @@ def test_read_config_errors(tmp_path: Path) -> None:
         match=r"bad.yaml: not a dmt training config: Value 'many' of type 'str' could not be converted to Integer \(at trainer.epochs\)$",
     ):
         read_config(bad)
-    bad.write_text("model:\n  name: dlrm\ntrainer:\n  epochs: 0\n")
+    dot = "  interaction: {_target_: dmt.models.interaction.DotInteraction}\n"
+    bad.write_text(f"model:\n  name: dlrm\n{dot}trainer:\n  epochs: 0\n")
     with pytest.raises(ValueError, match=r"bad.yaml: invalid training config: trainer.epochs=0"):
         read_config(bad)
     good = tmp_path / "good.yaml"
-    good.write_text("model:\n  name: dcn\n")
+    cross = "  interaction: {_target_: dmt.models.interaction.CrossInteraction}\n"
+    good.write_text(f"model:\n  name: dcn\n{cross}")
     assert read_config(good).model.name == "dcn"

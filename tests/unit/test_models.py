@@ -2,8 +2,15 @@ import pytest
 import torch
 from torchrec import EmbeddingBagCollection, KeyedJaggedTensor
 
-from dmt.config import ModelConfig
-from dmt.models import DCN, DLRM, DotInteraction, build_model, embedding_tables
+from dmt.config import CrossInteractionConfig, DotInteractionConfig, ModelConfig
+from dmt.models import (
+    DLRM,
+    CrossInteraction,
+    DotInteraction,
+    RecModel,
+    build_model,
+    embedding_tables,
+)
 
 NAMES = [f"cat_{i}" for i in range(5)]
 CARDS = [7, 11, 3, 20, 5]
@@ -16,9 +23,16 @@ def kjt(batch: int, multi_hot: int = 1, seed: int = 0) -> KeyedJaggedTensor:
     return KeyedJaggedTensor(keys=NAMES, values=values, lengths=lengths)
 
 
+INTERACTIONS = {  # what conf/model/{dlrm,dcn}.yaml set
+    "dlrm": DotInteractionConfig(),
+    "dcn": CrossInteractionConfig(num_layers=2, low_rank=4),
+}
+
+
 def tiny(name: str, pooling: str = "sum"):
     cfg = ModelConfig(
         name=name,
+        interaction=INTERACTIONS[name],
         embedding_dim=8,
         bottom_mlp=[16, 8],
         top_mlp=[12, 1],
@@ -29,12 +43,12 @@ def tiny(name: str, pooling: str = "sum"):
     return build_model(cfg, feature_names=NAMES, cardinalities=CARDS, num_dense=3)
 
 
-@pytest.mark.parametrize("name,cls", [("dlrm", DLRM), ("dcn", DCN)])
+@pytest.mark.parametrize("name,cls", [("dlrm", DotInteraction), ("dcn", CrossInteraction)])
 @pytest.mark.parametrize("multi_hot,pooling", [(1, "sum"), (3, "sum"), (3, "mean")])
 def test_forward_shape_and_every_parameter_gets_a_gradient(name, cls, multi_hot, pooling):
     torch.manual_seed(0)
     model = tiny(name, pooling)
-    assert isinstance(model, cls)
+    assert isinstance(model, RecModel) and isinstance(model.interaction, cls)
     out = model(torch.randn(6, 3), kjt(6, multi_hot))
     assert out.shape == (6,)
     out.sum().backward()
@@ -79,7 +93,8 @@ def test_dcn_uses_crossnet_over_dense_and_flattened_embeddings():
 def test_dlrm_rejects_bottom_mlp_not_ending_in_embedding_dim():
     ebc = EmbeddingBagCollection(tables=embedding_tables(NAMES, CARDS, 8))
     with pytest.raises(
-        ValueError, match=r"DLRM bottom_mlp\[-1\]=16 must equal the embedding dim 8"
+        ValueError,
+        match=r"DotInteraction: the dense vector has size 16 \(model.bottom_mlp\[-1\]\) but the sparse vectors have size 8",
     ):
         DLRM(ebc, num_dense=3, bottom_mlp=[16], top_mlp=[4, 1])
 

@@ -6,7 +6,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dmt.config import ModelConfig, OptimConfig, PartitionConfig, TowerConfig
+from dmt.config import (
+    DLRMTowerConfig,
+    DotInteractionConfig,
+    ModelConfig,
+    OptimConfig,
+    PartitionConfig,
+    PassThroughTowerConfig,
+)
 from dmt.models import build_dmt_model
 from dmt.runtime import Runtime
 from dmt.sptt.dmt_sharding import DMTSharder, check_dmt_model, shard_dmt, topology_from
@@ -18,10 +25,11 @@ NAMES = [f"cat_{i}" for i in range(6)]
 def _model(partition: list[list[str]], *, dim: int = 8, tower: str = "dlrm"):
     cfg = ModelConfig(
         name="dlrm",
+        interaction=DotInteractionConfig(),
         embedding_dim=dim,
         bottom_mlp=[4, dim if tower == "passthrough" else 2],
         top_mlp=[4, 1],
-        tower=TowerConfig(module=tower, dim=2, c=1, p=0),
+        tower=PassThroughTowerConfig() if tower == "passthrough" else DLRMTowerConfig(dim=2, c=1, p=0),
         partition=PartitionConfig(kind="explicit"),
     )
     return build_dmt_model(cfg, partition, feature_names=NAMES, cardinalities=[10] * 6, num_dense=3)
@@ -120,10 +128,11 @@ def test_dense_parts_must_not_be_on_meta() -> None:
     tables_on_meta = build_dmt_model(
         ModelConfig(
             name="dlrm",
+            interaction=DotInteractionConfig(),
             embedding_dim=8,
             bottom_mlp=[4, 2],
             top_mlp=[4, 1],
-            tower=TowerConfig(module="dlrm", dim=2, c=1, p=0),
+            tower=DLRMTowerConfig(dim=2, c=1, p=0),
             partition=PartitionConfig(kind="explicit"),
         ),
         TWO_TOWERS,

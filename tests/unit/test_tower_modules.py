@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dmt.config import ModelConfig, TowerConfig
+from dmt.config import (
+    DCNTowerConfig,
+    DLRMTowerConfig,
+    DotInteractionConfig,
+    ModelConfig,
+    PassThroughTowerConfig,
+)
 from dmt.models import (
     DCNTowerModule,
     DLRMTowerModule,
@@ -44,20 +50,63 @@ def test_dlrm_tower_module_is_listing_1(F, N, c, p, D):
 
 
 @pytest.mark.parametrize(
-    "F,N,D,layers,rank", [(1, 8, 4, 1, 2), (3, 8, 4, 2, 8), (4, 16, 32, 3, 64)]
+    "F,N,D,layers,rank,c,p",
+    [
+        (1, 8, 4, 1, 2, 1, 0),
+        (3, 8, 4, 2, 8, 1, 0),
+        (4, 16, 32, 3, 64, 1, 0),
+        (3, 8, 16, 1, 4, 0, 1),
+        (2, 4, 4, 1, 2, 2, 1),
+    ],
 )
-def test_dcn_tower_module_is_listing_2(F, N, D, layers, rank):
+def test_dcn_tower_module_is_listing_2(F, N, D, layers, rank, c, p):
     torch.manual_seed(0)
-    tm = DCNTowerModule(F, N, D, num_cross_layers=layers, low_rank=rank)
+    tm = DCNTowerModule(F, N, D, dcn_num_layers=layers, dcn_low_rank=rank, c=c, p=p)
     embs = torch.randn(7, F, N)
     out = tm(embs)
-    assert out.shape == (7, F, D) and tm.output_size == F * D
+    V = c * F + p
+    assert out.shape == (7, V, D) and tm.output_size == V * D
     assert len(tm.crossnet.V_kernels) == layers and tm.crossnet.V_kernels[0].shape == (rank, F * N)
     x0 = embs.reshape(7, F * N)
     x = x0
-    for V, W, b in zip(tm.crossnet.V_kernels, tm.crossnet.W_kernels, tm.crossnet.bias):
-        x = x0 * (x @ V.T @ W.T + b) + x
-    torch.testing.assert_close(out, tm.projection(x).reshape(7, F, D))
+    for V_l, W, b in zip(tm.crossnet.V_kernels, tm.crossnet.W_kernels, tm.crossnet.bias):
+        x = x0 * (x @ V_l.T @ W.T + b) + x
+    torch.testing.assert_close(out, tm.projection(x).reshape(7, V, D))
+
+
+@pytest.mark.parametrize(
+    "make,linears",
+    [
+        # one feature, p=1, D=N: Linear(N -> N) left out; two features: Linear(2N -> N) kept
+        (lambda s: DLRMTowerModule(1, 8, 8, c=0, p=1, skip_square=s), 1),
+        (lambda s: DLRMTowerModule(2, 8, 8, c=0, p=1, skip_square=s), 0),
+        (lambda s: DLRMTowerModule(3, 8, 8, c=1, p=0, skip_square=s), 1),
+        (lambda s: DLRMTowerModule(3, 8, 4, c=2, p=0, skip_square=s), 1),
+        (lambda s: DLRMTowerModule(3, 8, 4, c=1, p=0, skip_square=s), 0),
+        (
+            lambda s: DCNTowerModule(
+                1, 8, 8, dcn_num_layers=1, dcn_low_rank=2, c=0, p=1, skip_square=s
+            ),
+            1,
+        ),
+        (
+            lambda s: DCNTowerModule(
+                2, 8, 8, dcn_num_layers=1, dcn_low_rank=2, c=0, p=1, skip_square=s
+            ),
+            0,
+        ),
+    ],
+)
+def test_skip_square_leaves_out_only_square_linears(make, linears):
+    def count(tm):
+        return sum(isinstance(m, torch.nn.Linear) for m in tm.modules())
+
+    full, skipped = make(False), make(True)
+    assert count(full) - count(skipped) == linears
+    embs = torch.randn(5, full.num_features, full.embedding_dim)
+    assert skipped(embs).shape == full(embs).shape
+    if isinstance(skipped, DLRMTowerModule) and linears and count(skipped) == 0:
+        torch.testing.assert_close(skipped(embs).flatten(1), embs.flatten(1))
 
 
 def test_passthrough_is_the_identity():
@@ -75,31 +124,45 @@ NAMES = [f"cat_{i}" for i in range(26)]
     "tower,num_towers,sizes,ratio",
     [
         # paper Table 5: 8 DLRM towers, c=1, p=0, N=128, D=64/32/16/8 -> CR 2/4/8/16
-        (TowerConfig(module="dlrm", dim=64, c=1, p=0), 8, [256, 256] + [192] * 6, 2.0),
-        (TowerConfig(module="dlrm", dim=32, c=1, p=0), 8, [128, 128] + [96] * 6, 4.0),
-        (TowerConfig(module="dlrm", dim=16, c=1, p=0), 8, [64, 64] + [48] * 6, 8.0),
-        (TowerConfig(module="dlrm", dim=8, c=1, p=0), 8, [32, 32] + [24] * 6, 16.0),
+        (DLRMTowerConfig(dim=64, c=1, p=0), 8, [256, 256] + [192] * 6, 2.0),
+        (DLRMTowerConfig(dim=32, c=1, p=0), 8, [128, 128] + [96] * 6, 4.0),
+        (DLRMTowerConfig(dim=16, c=1, p=0), 8, [64, 64] + [48] * 6, 8.0),
+        (DLRMTowerConfig(dim=8, c=1, p=0), 8, [32, 32] + [24] * 6, 16.0),
         # 16 towers, p=1, c=0, D=128: one 128-vector per tower
-        (TowerConfig(module="dlrm", dim=128, c=0, p=1), 16, [128] * 16, 26 / 16),
+        (DLRMTowerConfig(dim=128, c=0, p=1), 16, [128] * 16, 26 / 16),
         (
-            TowerConfig(module="dlrm", dim=32, c=2, p=1),
+            DLRMTowerConfig(dim=32, c=2, p=1),
             4,
             [32 * 15, 32 * 15, 32 * 13, 32 * 13],
             3328 / 1792,
         ),
         (
-            TowerConfig(module="dcn", dim=128, dcn_num_layers=1, dcn_low_rank=8),
+            DCNTowerConfig(dim=128, dcn_num_layers=1, dcn_low_rank=8),
             4,
             [896, 896, 768, 768],
             1.0,
         ),
-        (TowerConfig(module="dcn", dim=16, dcn_num_layers=1, dcn_low_rank=8), 2, [208, 208], 8.0),
-        (TowerConfig(module="passthrough"), 3, [9 * 128, 9 * 128, 8 * 128], 1.0),
+        (DCNTowerConfig(dim=16, dcn_num_layers=1, dcn_low_rank=8), 2, [208, 208], 8.0),
+        # paper Table 4 DCN reading: one 128-vector per tower
+        (
+            DCNTowerConfig(dim=128, dcn_num_layers=1, dcn_low_rank=8, c=0, p=1),
+            4,
+            [128] * 4,
+            6.5,
+        ),
+        (PassThroughTowerConfig(), 3, [9 * 128, 9 * 128, 8 * 128], 1.0),
     ],
 )
 def test_tower_output_sizes_and_compression_ratio(tower, num_towers, sizes, ratio):
-    bottom = tower.dim if tower.module != "passthrough" else 128
-    cfg = ModelConfig(name="dlrm", embedding_dim=128, bottom_mlp=[bottom], top_mlp=[1], tower=tower)
+    bottom = getattr(tower, "dim", 128)  # pass-through towers keep N
+    cfg = ModelConfig(
+        name="dlrm",
+        interaction=DotInteractionConfig(),
+        embedding_dim=128,
+        bottom_mlp=[bottom],
+        top_mlp=[1],
+        tower=tower,
+    )
     model = build_dmt_model(
         cfg,
         naive_partition(NAMES, num_towers),
@@ -127,9 +190,16 @@ def test_tower_output_sizes_and_compression_ratio(tower, num_towers, sizes, rati
             r"DLRMTowerModule: dim=0 must be a positive integer",
         ),
         (lambda: DLRMTowerModule(3, 8, -4, c=1, p=0), r"dim=-4 must be a positive integer"),
-        (lambda: DCNTowerModule(3, 8, 0, num_cross_layers=1, low_rank=2), r"DCNTowerModule: dim=0"),
-        (lambda: DCNTowerModule(3, 8, 4, num_cross_layers=0, low_rank=2), r"num_cross_layers=0"),
-        (lambda: DCNTowerModule(3, 8, 4, num_cross_layers=1, low_rank=0), r"low_rank=0"),
+        (
+            lambda: DCNTowerModule(3, 8, 0, dcn_num_layers=1, dcn_low_rank=2),
+            r"DCNTowerModule: dim=0",
+        ),
+        (lambda: DCNTowerModule(3, 8, 4, dcn_num_layers=0, dcn_low_rank=2), r"dcn_num_layers=0"),
+        (lambda: DCNTowerModule(3, 8, 4, dcn_num_layers=1, dcn_low_rank=0), r"dcn_low_rank=0"),
+        (
+            lambda: DCNTowerModule(3, 8, 4, dcn_num_layers=1, dcn_low_rank=2, c=0, p=0),
+            r"DCNTowerModule: c=0 and p=0 must be integers >= 0 with c \+ p >= 1",
+        ),
         (lambda: PassThrough(0, 8), r"PassThrough: num_features=0"),
     ],
 )
