@@ -36,6 +36,17 @@ if [[ "$GPUS" -ge 2 ]]; then
   # every case that fits the GPUs here; pipelined training equals the plain loop, flat and SPTT
   step sptt_equivalence_nccl "$PY" -m pytest -q -p no:cacheprovider tests/distributed/test_sptt_dmt.py -k nccl
   step pipeline_exactness_nccl "$PY" -m pytest -q -p no:cacheprovider tests/distributed/test_pipeline.py -k nccl
+  # compressed communication: SPTT steps d and f and the flat all-to-alls in bf16 (QCommsConfig)
+  step bf16_comms_sptt "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 "${TRAIN[@]}" \
+    experiment=dmt_4t_dlrm model.partition.num_towers=2 sptt=on sptt.local_world_size=1 sptt.comm_precision=bf16 hydra.run.dir="$WORK/bf16sptt"
+  step bf16_comms_flat "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 "${TRAIN[@]}" \
+    sptt.comm_precision=bf16 hydra.run.dir="$WORK/bf16flat"
+  # throughput: flat vs SPTT vs DMT, pipelined and not, fp32 and bf16, all GPUs as one host
+  # (the figures are the point here, not PASS: read them in the log)
+  step throughput_benchmark "$PY" -m torch.distributed.run --standalone --nproc-per-node="$GPUS" \
+    benchmarks/bench_sptt.py --local-world-size "$GPUS" --batch 2048 --modes flat,sptt,dmt \
+    --pipeline on,off --comm-precision fp32,bf16 --runs 3 --json "$WORK/bench_sptt.json"
+  tail -30 "$WORK/throughput_benchmark.log"
 fi
 if [[ "$GPUS" -ge 4 ]]; then
   # resharding resume on NCCL (flat and SPTT): the same tests as on gloo, with one GPU per rank
