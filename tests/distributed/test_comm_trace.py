@@ -10,7 +10,14 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dmt.config import ModelConfig, OptimConfig, PartitionConfig, TowerConfig
+from dmt.config import (
+    DLRMTowerConfig,
+    DotInteractionConfig,
+    ModelConfig,
+    OptimConfig,
+    PartitionConfig,
+    PassThroughTowerConfig,
+)
 from dmt.models import build_dmt_model, embedding_parameters, naive_partition
 from dmt.optim import apply_sparse_optimizer, build_optimizer
 from dmt.runtime import Runtime
@@ -32,10 +39,15 @@ def _model(num_towers: int, tower: str) -> torch.nn.Module:
     dim = N if tower == "passthrough" else D
     cfg = ModelConfig(
         name="dlrm",
+        interaction=DotInteractionConfig(),
         embedding_dim=N,
         bottom_mlp=[8, dim],
         top_mlp=[8, 1],
-        tower=TowerConfig(module=tower, dim=dim, c=1, p=0),
+        tower=(
+            PassThroughTowerConfig()
+            if tower == "passthrough"
+            else DLRMTowerConfig(dim=dim, c=1, p=0)
+        ),
         partition=PartitionConfig(kind="explicit"),
     )
     torch.manual_seed(0)
