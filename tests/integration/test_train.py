@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from dmt.runtime import close_runtime, init_runtime
 from dmt import checkpoint
+from dmt.runtime import close_runtime, init_runtime
 from dmt.train import to_config, train
 from dmt.trainer import Trainer, unwrap
 from tests.conftest import REPO, compose_config
