@@ -40,6 +40,8 @@ _CDF_CACHE_ROWS = 1 << 22
 _ZIPF_HEAD = 1 << 12
 #: ``ZipfSampler``: cells of the guide table over the head's CDF
 _ZIPF_GUIDE = 1 << 16
+#: random mode: rows processed at a time after drawing a chunk's uniforms (temporaries in cache)
+_BLOCK_ROWS = 2048
 
 
 @dataclass(frozen=True)
@@ -128,25 +130,34 @@ class ZipfSampler:
         e = 1.0 - self.skew
         return (self.a**e + e * v) ** (1.0 / e)
 
-    def sample(self, rng: np.random.Generator, size: tuple[int, int, int]) -> np.ndarray:
-        """0-based ranks ``(n, F, M)``: ``[:, f]`` follows feature ``f``'s Zipf."""
+    def sample(
+        self, rng: np.random.Generator, size: tuple[int, int, int], out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """0-based ranks ``(n, F, M)`` (into ``out`` if given): ``[:, f]`` follows feature
+        ``f``'s Zipf."""
         x = rng.random(size)
+        ranks = np.empty(size, dtype=np.int64) if out is None else out
+        for lo in range(0, size[0], _BLOCK_ROWS):  # blocks whose temporaries stay in cache
+            self._ranks(x[lo : lo + _BLOCK_ROWS], ranks[lo : lo + _BLOCK_ROWS])
+        return ranks
+
+    def _ranks(self, x: np.ndarray, out: np.ndarray) -> None:
+        """``out[:] =`` the ranks of uniforms ``x`` ``(b, F, M)`` (``x`` is overwritten)."""
         x *= self.norm[None, :, None]  # uniform over [0, Z_f)
         # the head's inverse for every draw (a tail draw stops at rank <= K - 1: overwritten below)
         cell = (x * self.scale).astype(np.int64)
         np.minimum(cell, _ZIPF_GUIDE - 1, out=cell)
-        ranks = self.guide[cell]
+        np.take(self.guide, cell, out=out)
         for _ in range(self.steps):
-            ranks += self.head_padded[ranks] <= x
+            out += self.head_padded[out] <= x
         tail = np.flatnonzero(x >= self.head_sum)
         if tail.size:
-            cards = self.cards[tail // size[2] % size[1]]
+            cards = self.cards[tail // x.shape[2] % x.shape[1]]
             y = self._tail_inverse(x.ravel()[tail] - self.head_sum)
             # rank k holds [k - 1/2, k + 1/2): 0-based k - 1 = floor(y - 1/2)
-            ranks.ravel()[tail] = np.clip(
+            out.ravel()[tail] = np.clip(
                 np.floor(y - 0.5).astype(np.int64), len(self.head), cards - 1
             )
-        return ranks
 
 
 class SyntheticWorld:
@@ -220,17 +231,23 @@ class SyntheticWorld:
         z += 1.0
         return np.log(z, out=z)
 
-    def _random_ids(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """Independent background ids ``(n, F, M)`` of every feature at once (random mode)."""
+    def _random_ids(
+        self, rng: np.random.Generator, n: int, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Independent background ids ``(n, F, M)`` of every feature at once (random mode),
+        into ``out`` if given."""
         size = (n, self.cfg.num_sparse, self.cfg.multi_hot)
         cards = self.cards[None, :, None]
+        ranks = np.empty(size, dtype=np.int64) if out is None else out
         if self._zipf is None:
-            ranks = np.minimum((rng.random(size) * cards).astype(np.int64), cards - 1)
+            np.minimum((rng.random(size) * cards).astype(np.int64), cards - 1, out=ranks)
         else:
-            ranks = self._zipf.sample(rng, size)
-        ranks *= self.relabel_mult[None, :, None]
-        ranks += self.relabel_seeds[None, :, None]
-        ranks %= cards
+            self._zipf.sample(rng, size, out=ranks)
+        for lo in range(0, n, _BLOCK_ROWS):
+            block = ranks[lo : lo + _BLOCK_ROWS]
+            block *= self.relabel_mult[None, :, None]
+            block += self.relabel_seeds[None, :, None]
+            block %= cards
         return ranks
 
     def _sample_inputs(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -312,7 +329,13 @@ class SyntheticWorld:
 
         def fill(k: int) -> None:
             lo, hi = k * _CHUNK, min((k + 1) * _CHUNK, num_samples)
-            part = self._sample_chunk(np.random.default_rng([cfg.seed, _SPLITS[split], k]), hi - lo)
+            rng = np.random.default_rng([cfg.seed, _SPLITS[split], k])
+            if cfg.mode == "random":  # _sample_chunk's draws (dense, ids, labels), in place
+                out.dense[lo:hi] = self._random_dense(rng, hi - lo)
+                self._random_ids(rng, hi - lo, out=out.sparse[lo:hi])
+                out.labels[lo:hi] = rng.random(hi - lo) < cfg.click_rate
+                return
+            part = self._sample_chunk(rng, hi - lo)
             out.dense[lo:hi] = part.dense
             out.sparse[lo:hi] = part.sparse
             out.labels[lo:hi] = part.labels
