@@ -143,6 +143,7 @@ class ZipfSampler:
 
     def _ranks(self, x: np.ndarray, out: np.ndarray) -> None:
         """``out[:] =`` the ranks of uniforms ``x`` ``(b, F, M)`` (``x`` is overwritten)."""
+        assert out.flags.c_contiguous  # the tail is written through out.ravel(), a view
         x *= self.norm[None, :, None]  # uniform over [0, Z_f)
         # the head's inverse for every draw (a tail draw stops at rank <= K - 1: overwritten below)
         cell = (x * self.scale).astype(np.int64)
