@@ -16,7 +16,6 @@ from pathlib import Path
 import yaml
 
 from dmt.config import PartitionConfig
-from dmt.partitioner.baselines import naive_partition as naive_indices
 
 
 def describe_features(names: Sequence[str]) -> str:
@@ -56,6 +55,21 @@ def check_partition(partition: Sequence[Sequence[str]], feature_names: Sequence[
         )
 
 
+def strided_towers(num_features: int, num_towers: int) -> list[list[int]]:
+    """Feature indices of the paper's naive towers (§5.2.3): tower ``t`` gets ``t, t + T, ...``.
+
+    The one definition of the strided assignment: :func:`naive_partition` names its features,
+    and the Tower Partitioner's baseline (:func:`dmt.partitioner.naive_partition`) is this.
+    ``num_towers`` is not checked here (more towers than features leave towers empty).
+
+    Example::
+
+        >>> strided_towers(26, 8)[:3]
+        [[0, 8, 16, 24], [1, 9, 17, 25], [2, 10, 18]]
+    """
+    return [list(range(tower, num_features, num_towers)) for tower in range(num_towers)]
+
+
 def naive_partition(feature_names: Sequence[str], num_towers: int) -> list[list[str]]:
     """The paper's naive baseline: tower ``t`` gets features ``t, t + T, t + 2T, ...``.
 
@@ -70,7 +84,7 @@ def naive_partition(feature_names: Sequence[str], num_towers: int) -> list[list[
             f"num_towers={num_towers!r} must be an integer in [1, {F}] for {F} sparse features "
             "(more towers than features would leave towers empty)"
         )
-    return [[feature_names[i] for i in tower] for tower in naive_indices(F, num_towers)]
+    return [[feature_names[i] for i in tower] for tower in strided_towers(F, num_towers)]
 
 
 def per_feature_partition(feature_names: Sequence[str]) -> list[list[str]]:

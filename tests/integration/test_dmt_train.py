@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from torchrec import EmbeddingBagCollection
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from dmt.models import DMTModel
 from dmt.train import train
@@ -19,8 +22,6 @@ SMALL = [
     "data.synthetic.num_test=8000",
     "data.batch_size=256",
 ]
-
-
 
 
 def run(tmp_path, name: str, *overrides: str) -> dict[str, float]:
@@ -61,6 +62,22 @@ def test_trainer_builds_and_shards_the_dmt_model(tmp_path, one_thread):
             ["cat_2", "cat_6"],
             ["cat_3", "cat_7"],
         ]
+        # sharded by TorchRec: every tower's tables on the fused FBGEMM kernel (the sparse
+        # optimizer runs in the backward), planned tower by tower, and the plan written
+        assert isinstance(trainer.model, DistributedModelParallel)
+        plan = trainer.model.plan.plan
+        assert set(plan) == {f"model.towers.{t}.embedding_bag_collection" for t in range(4)}
+        for t, features in enumerate(model.partition):
+            assert isinstance(
+                model.towers[t].embedding_bag_collection, ShardedEmbeddingBagCollection
+            )
+            tables = plan[f"model.towers.{t}.embedding_bag_collection"]
+            assert set(tables) == {f"t_{f}" for f in features}
+            assert all(p.compute_kernel == "fused" and p.ranks == [0] for p in tables.values())
+        assert not any(
+            isinstance(m, EmbeddingBagCollection) for m in trainer.model.modules()
+        )  # no table left unsharded
+        assert all(f"t_cat_{i}" in (tmp_path / "sharding_plan.txt").read_text() for i in range(8))
         losses = trainer.fit().losses
         assert len(losses) == 2 and all(loss > 0 for loss in losses)
     finally:

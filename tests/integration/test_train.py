@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from dmt import checkpoint
 from dmt.runtime import close_runtime, init_runtime
 from dmt.train import to_config, train
 from dmt.trainer import Trainer, unwrap
@@ -84,6 +85,30 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path):
     assert resumed_state.keys() == full_state.keys()
     for k in full_state:
         torch.testing.assert_close(resumed_state[k], full_state[k], rtol=0, atol=0, msg=k)
+
+
+def test_resume_from_a_periodic_checkpoint_reproduces_an_uninterrupted_run(tmp_path):
+    """``trainer.checkpoint_every`` saves mid-run; resuming one continues at exactly its step and
+    data position: mid-epoch (step 20 = epoch 1, batch 4) and at an epoch boundary (step 16 =
+    epoch 1, batch 0), each to the uninterrupted run's losses and weights."""
+    common = ["optim.warmup_steps=5", "data.shuffle=true", "trainer.epochs=2"]  # 16 steps/epoch
+    common += ["trainer.max_steps=24"]
+    full_losses, full_state = _run([*common, "trainer.checkpoint_every=4"], tmp_path / "full")
+    ckpt = tmp_path / "full" / "checkpoints"
+    assert [p.name for _, p in checkpoint.step_dirs(ckpt)] == [
+        f"step_{s}" for s in (24, 20, 16, 12, 8, 4)
+    ]
+    for step, epoch, batch in [(4, 0, 4), (12, 0, 12), (16, 1, 0), (20, 1, 4)]:
+        meta = json.loads((ckpt / f"step_{step}" / "meta.json").read_text())
+        assert (meta["step"], meta["epoch"], meta["batch_in_epoch"]) == (step, epoch, batch), meta
+    for step in (20, 16):
+        losses, state = _run(
+            [*common, f"trainer.resume_from={ckpt / f'step_{step}'}"], tmp_path / f"from_{step}"
+        )
+        assert losses == full_losses[step:], step  # bit-identical: the same batches, in order
+        assert state.keys() == full_state.keys()
+        for k in full_state:
+            torch.testing.assert_close(state[k], full_state[k], rtol=0, atol=0, msg=f"{step} {k}")
 
 
 def test_resume_from_a_directory_without_checkpoints_fails_clearly(tmp_path):

@@ -6,7 +6,23 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from dmt.inspect import inspect_config
 from tests.conftest import REPO, compose_config, typed_config
 
-GROUPS = ["model", "data", "optim", "trainer", "logger"]
+GROUPS = ["model", "data", "optim", "trainer", "logger", "sptt", "sharding", "tower", "partition"]
+#: what an option needs beside it: tower and partition options configure a DMT model (an
+#: experiment that has one; DCN's, whose interaction takes towers of any output size), sptt=on
+#: trains one, a tp partition reads a file (not read here)
+CONTEXT = {
+    "tower": ["experiment=dmt_4t_dcn"],
+    "partition": ["experiment=dmt_4t_dlrm", "model.partition.path=towers.yaml"],
+    "sptt": ["experiment=dmt_4t_dlrm"],
+}
+#: what each option must set, where a group has a field that names it
+CHOSEN = {
+    "model": lambda conf: conf.model.name,
+    "tower": lambda conf: conf.model.tower.module,
+    "partition": lambda conf: conf.model.partition.kind,
+    "sptt": lambda conf: "on" if conf.sptt.enabled else "off",
+    "data": lambda conf: "synthetic" if conf.data.kind == "synthetic" else "criteo",
+}
 
 
 def options(group: str) -> list[str]:
@@ -15,26 +31,37 @@ def options(group: str) -> list[str]:
 
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_group_option_composes(group):
+    """Every option of the group composes and validates (the Criteo data options too: they need
+    their data only to build the data set) and sets what it names."""
     opts = options(group)
     assert opts, group
     for opt in opts:
-        overrides = [f"{group}={opt}"]
-        if group == "data" and opt.startswith("criteo") and "synthetic" not in opt:
-            continue  # needs the data set; covered by the Criteo tests
-        typed_config(*overrides)
+        conf = typed_config(*CONTEXT.get(group, []), f"{group}={opt}")
+        if group in CHOSEN:
+            expected = opt if group != "data" else "synthetic" if "synthetic" in opt else "criteo"
+            assert CHOSEN[group](conf) == expected, (group, opt)
+        if group == "data" and conf.data.kind == "criteo":
+            assert conf.data.criteo is not None and conf.data.criteo.preprocessed_dir, opt
 
 
 EXPERIMENTS = options("experiment")
+#: the Criteo data's shape (26 categorical, 13 dense) for inspecting a Criteo experiment without
+#: its preprocessed arrays (table sizes only change the parameter count)
+CRITEO_SCHEMA = ([f"cat_{i}" for i in range(26)], [1000] * 26, 13)
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_every_experiment_composes_and_inspects(name):
+def test_every_experiment_composes_and_inspects(name, monkeypatch):
     conf = typed_config(f"experiment={name}")
     if conf.data.kind != "synthetic":
-        assert conf.data.criteo is not None  # composes; inspecting needs the preprocessed arrays
-        return
+        assert conf.data.criteo is not None
+        assert conf.data.criteo.raw_path == "../shared/data/criteo-kaggle-sample/train.tsv", name
+        monkeypatch.setattr("dmt.data.criteo_dataset.criteo_schema", lambda data: CRITEO_SCHEMA)
     report = inspect_config(conf)
     assert report["num_parameters"] > 0 and report["train_mflops_per_sample"] > 0
+    if conf.data.kind != "synthetic":
+        assert report["num_features"] == 26
+        assert report["num_embedding_parameters"] == 26 * 1000 * conf.model.embedding_dim
 
 
 def test_paper_configs_match_the_paper_accounting():

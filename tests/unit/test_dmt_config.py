@@ -113,7 +113,10 @@ def test_tp_partition_with_the_wrong_tower_count_is_refused(tmp_path):
 
 
 def test_tp_partition_needs_a_path():
-    with pytest.raises(Exception, match=r"path"):
+    with pytest.raises(
+        ValueError,
+        match=r"^model\.partition\.kind='tp' needs model\.partition\.path \(a partition YAML\)$",
+    ):
         typed_config("experiment=dmt_4t_dlrm", "partition=tp")
 
 

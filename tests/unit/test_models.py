@@ -90,6 +90,30 @@ def test_dcn_uses_crossnet_over_dense_and_flattened_embeddings():
     assert model.top[0].in_features == 8 + len(NAMES) * 8
 
 
+def test_dcn_forward_equals_manual_composition():
+    """bottom(dense), then 2 low-rank (4) cross layers ``x_{l+1} = x_0 * (W_l V_l x_l + b_l) + x_l``
+    over ``[bottom(dense), flattened pooled embeddings]`` in feature order, then the top MLP."""
+    torch.manual_seed(0)
+    model = tiny("dcn")
+    cross = model.interaction.crossnet
+    with torch.no_grad():  # biases start at zero: make them count
+        for b in cross.bias:
+            b.normal_()
+    assert [tuple(v.shape) for v in cross.V_kernels] == [(4, 48), (4, 48)]
+    assert [tuple(w.shape) for w in cross.W_kernels] == [(48, 4), (48, 4)]
+    dense, sparse = torch.randn(4, 3), kjt(4)
+    pooled = [
+        model.embedding_bag_collection.embedding_bags[f"t_{n}"].weight[sparse[n].values()]
+        for n in NAMES
+    ]
+    x0 = torch.cat([model.bottom(dense), *pooled], 1)  # (B, 8 + 5 * 8)
+    x = x0
+    for v, w, b in zip(cross.V_kernels, cross.W_kernels, cross.bias, strict=True):
+        x = x0 * (x @ v.T @ w.T + b) + x
+    expected = model.top(x).squeeze(1)
+    torch.testing.assert_close(model(dense, sparse), expected)
+
+
 def test_dlrm_rejects_bottom_mlp_not_ending_in_embedding_dim():
     ebc = EmbeddingBagCollection(tables=embedding_tables(NAMES, CARDS, 8))
     with pytest.raises(

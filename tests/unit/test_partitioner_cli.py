@@ -133,11 +133,54 @@ def test_summary_table():
     assert lines[4].split() == ["1", "2", "0.5000", "c,", "d"]
 
 
-def test_heatmap_subsamples_large_matrices(tmp_path):
+def _drawn(monkeypatch) -> tuple[list[np.ndarray], list[tuple[float, float, float]]]:
+    """Record what the heatmap draws: the images and each tower outline's (x, y, width)."""
+    from matplotlib.axes import Axes  # noqa: PLC0415
+
+    images: list[np.ndarray] = []
+    boxes: list[tuple[float, float, float]] = []
+    imshow, add_patch = Axes.imshow, Axes.add_patch
+
+    def record_image(self, data, *args, **kwargs):
+        images.append(np.asarray(data))
+        return imshow(self, data, *args, **kwargs)
+
+    def record_patch(self, patch):
+        x, y = patch.get_xy()
+        boxes.append((float(x), float(y), float(patch.get_width())))
+        return add_patch(self, patch)
+
+    monkeypatch.setattr(Axes, "imshow", record_image)
+    monkeypatch.setattr(Axes, "add_patch", record_patch)
+    return images, boxes
+
+
+def test_heatmap_subsamples_large_matrices(tmp_path, monkeypatch):
+    """1,400 features in 2 interleaved towers: drawn as 1,024 evenly spaced rows and columns of
+    the tower-ordered matrix, the outlines in the subsampled image's coordinates."""
     affinity, _ = planted_affinity([700, 700], noise=0.0, seed=0)
     towers = [list(range(0, 1400, 2)), list(range(1, 1400, 2))]
+    images, boxes = _drawn(monkeypatch)
     path = plot_affinity_heatmap(tmp_path / "big.png", affinity, towers)
     assert path.read_bytes().startswith(PNG_MAGIC)
+    (image,) = images
+    assert image.shape == (1024, 1024)
+    order = np.concatenate(towers)
+    picked = order[np.linspace(0, 1399, 1024).round().astype(np.int64)]
+    np.testing.assert_array_equal(image, affinity[np.ix_(picked, picked)])
+    split = int(np.searchsorted(np.linspace(0, 1399, 1024).round(), 700)) - 0.5
+    assert boxes == [(-0.5, -0.5, split + 0.5), (split, split, 1023.5 - split)]
+    assert abs(split - 511.5) <= 1
+
+
+def test_heatmap_keeps_every_feature_of_a_small_matrix(tmp_path, monkeypatch):
+    affinity, _ = planted_affinity([3, 3], noise=0.0, seed=0)
+    towers = [[0, 2, 4], [1, 3, 5]]
+    images, boxes = _drawn(monkeypatch)
+    plot_affinity_heatmap(tmp_path / "small.png", affinity, towers)
+    (image,) = images
+    np.testing.assert_array_equal(image, affinity[np.ix_([0, 2, 4, 1, 3, 5], [0, 2, 4, 1, 3, 5])])
+    assert boxes == [(-0.5, -0.5, 3.0), (2.5, 2.5, 3.0)]
 
 
 def test_checkpoint_mode_errors(tmp_path, capsys):
@@ -146,11 +189,31 @@ def test_checkpoint_mode_errors(tmp_path, capsys):
     assert missing.value.code == 2
     assert f"--checkpoint {str(tmp_path / 'nope')!r}: no such directory" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["--checkpoint", str(tmp_path), "--max-batches", "0", "--num-towers", "2",
-              "--out", str(tmp_path)])
+        main(
+            [
+                "--checkpoint",
+                str(tmp_path),
+                "--max-batches",
+                "0",
+                "--num-towers",
+                "2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
     assert "--max-batches must be at least 1; got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # one source only
-        main(["--checkpoint", str(tmp_path), "--affinity", "a.npy", "--num-towers", "2",
-              "--out", str(tmp_path)])
+        main(
+            [
+                "--checkpoint",
+                str(tmp_path),
+                "--affinity",
+                "a.npy",
+                "--num-towers",
+                "2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
     assert "not allowed with argument" in capsys.readouterr().err
     assert not (tmp_path / "partition.yaml").exists()

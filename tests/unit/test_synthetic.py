@@ -4,7 +4,7 @@ from sklearn.metrics import mutual_info_score, roc_auc_score
 
 from dmt.config import SyntheticConfig
 from dmt.data import InMemorySource, sparse_feature_names
-from dmt.data.synthetic import SyntheticWorld
+from dmt.data.synthetic import SyntheticWorld, ZipfSampler, zipf_cdf
 
 SMALL = dict(
     num_train=4000, num_val=1000, num_test=1000, cardinality=50, num_sparse=12, num_groups=3
@@ -143,3 +143,98 @@ def test_make_kjt_announces_the_per_key_sizes_it_would_otherwise_compute():
     for key, jt in kjt.to_dict().items():
         assert jt.values().tolist() == computed.to_dict()[key].values().tolist()
         assert jt.values().tolist() == ids[:, "abc".index(key)].reshape(-1).tolist()
+
+
+# --- random mode at Terabyte table sizes: ZipfSampler ---------------------------------------
+
+
+def _zipf_pmf(card: int, skew: float) -> np.ndarray:
+    p = np.arange(1, card + 1, dtype=np.float64) ** -skew
+    return p / p.sum()
+
+
+@pytest.mark.parametrize("skew", [1.05, 1.0, 0.8])
+def test_zipf_sampler_ranks_follow_zipf_on_small_and_huge_tables(skew):
+    """Top ranks and rank ranges (head, tail beyond K = 4096, far tail) against the exact pmf."""
+    cards = np.array([50, 5000, 3_000_000])
+    n = 200_000
+    ranks = ZipfSampler(cards, skew).sample(np.random.default_rng(7), (n, 3, 1))
+    assert ranks.shape == (n, 3, 1) and ranks.dtype == np.int64
+    for f, card in enumerate(cards):
+        r = ranks[:, f, 0]
+        assert r.min() >= 0 and r.max() < card
+        p = _zipf_pmf(int(card), skew)
+        emp = np.bincount(r, minlength=card) / n
+        edges = [e for e in (0, 1, 2, 3, 5, 10, 100, 4096, 100_000, card) if e <= card]
+        for lo, hi in zip(edges[:-1], edges[1:]):
+            expected = p[lo:hi].sum()
+            se = np.sqrt(expected * (1 - expected) / n)
+            assert abs(emp[lo:hi].sum() - expected) < 5 * se + 1e-12, (card, lo, hi)
+
+
+def test_zipf_sampler_head_is_the_exact_inverse_cdf():
+    """Below K ranks, the guide-table search returns exactly what a search of the full CDF does."""
+    cards = np.array([7, 300, 4096])
+    size = (50_000, 3, 1)
+    ranks = ZipfSampler(cards, 1.05).sample(np.random.default_rng(3), size)
+    u = np.random.default_rng(3).random(size)
+    for f, card in enumerate(cards):
+        exact = np.searchsorted(zipf_cdf(int(card), 1.05), u[:, f, 0], side="right")
+        np.testing.assert_array_equal(ranks[:, f, 0], exact)
+
+
+def test_random_mode_at_terabyte_sizes_is_zipf_by_id_deterministic_and_in_range(monkeypatch):
+    cards = [45_833_188, 3, 1_572_176, 62, 48_937_457]
+    cfg = SyntheticConfig(mode="random", cardinalities=cards, num_sparse=5, skew=1.05, seed=2)
+    n = 140_000  # 3 chunks, generated in threads
+    a = SyntheticWorld(cfg).generate("train", n)
+    monkeypatch.setattr("dmt.data.synthetic.os.sched_getaffinity", lambda pid: {0})
+    b = SyntheticWorld(cfg).generate("train", n)  # one thread
+    for x, y in [(a.dense, b.dense), (a.sparse, b.sparse), (a.labels, b.labels)]:
+        np.testing.assert_array_equal(x, y)
+    other = SyntheticWorld(SyntheticConfig(**{**cfg.__dict__, "seed": 3})).generate("train", n)
+    assert not np.array_equal(a.sparse, other.sparse)
+    assert a.sparse.shape == (n, 5, 1) and a.true_probs is None
+    assert np.isfinite(a.dense).all() and a.dense.min() >= 0
+    world = SyntheticWorld(cfg)
+    for f, card in enumerate(cards):
+        ids = a.sparse[:, f, 0]
+        assert ids.min() >= 0 and ids.max() < card
+        top = min(card, 5)
+        # the most frequent ids are the relabeled top ranks, with Zipf's probabilities
+        top_ids = world.background_id_of_rank(f, np.arange(top))
+        assert len(set(top_ids.tolist())) == top
+        p = _zipf_pmf(card, 1.05)[:top]
+        emp = np.array([(ids == i).mean() for i in top_ids])
+        np.testing.assert_array_less(np.abs(emp - p), 5 * np.sqrt(p * (1 - p) / n))
+
+
+def test_uniform_random_mode_covers_the_table():
+    cfg = SyntheticConfig(mode="random", cardinalities=[10, 1000], num_sparse=2, skew=0.0)
+    ids = SyntheticWorld(cfg).generate("val", 20_000).sparse
+    assert set(np.unique(ids[:, 0]).tolist()) == set(range(10))
+    assert ids[:, 1].min() >= 0 and ids[:, 1].max() < 1000
+    assert abs(np.bincount(ids[:, 0, 0], minlength=10) / 20_000 - 0.1).max() < 0.02
+
+
+class _FixedUniforms:
+    """A stand-in generator whose ``random`` returns chosen values."""
+
+    def __init__(self, u: np.ndarray) -> None:
+        self.u = u
+
+    def random(self, size: tuple[int, ...]) -> np.ndarray:
+        return self.u.reshape(size).copy()
+
+
+@pytest.mark.parametrize("skew", [1.05, 1.0])
+def test_zipf_sampler_returns_the_rank_whose_cdf_interval_holds_the_uniform(skew):
+    """The middle of rank k's interval of the exact CDF gives rank k (0-based k - 1), in the head,
+    at the head/tail seam (K = 4096) and deep in the tail: no off-by-one anywhere."""
+    card = 3_000_000
+    cdf = zipf_cdf(card, skew)
+    ks = np.array([1, 2, 3, 4095, 4096, 4097, 4098, 4099, 10_000, 123_457, 2_999_999, 3_000_000])
+    lower = np.where(ks > 1, cdf[np.maximum(ks - 2, 0)], 0.0)
+    u = (lower + cdf[ks - 1]) / 2
+    ranks = ZipfSampler(np.array([card]), skew).sample(_FixedUniforms(u), (len(ks), 1, 1))
+    np.testing.assert_array_equal(ranks.ravel(), ks - 1)

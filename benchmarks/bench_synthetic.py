@@ -1,0 +1,58 @@
+"""How fast does dmt's synthetic generator make rows? (issue 14, point 7: throughput runs should
+measure training, not the loader.)
+
+    .venv/bin/python benchmarks/bench_synthetic.py --runs 3
+    .venv/bin/python benchmarks/bench_synthetic.py --data synthetic_random --rows 1048576
+
+Per run it builds a fresh ``SyntheticWorld`` from ``data=<name>`` (default
+``criteo_1tb_synthetic``: Zipf ids over Terabyte table sizes up to 48M rows) and times
+``generate("train", rows)``, the world's construction included (that is where per-world tables
+are built). Prints rows/s per run and the median, min and max, rows per CPU-second (all threads:
+less sensitive to a loaded machine) and the machine load (``uptime``'s averages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from dmt.data.synthetic import SyntheticWorld
+from dmt.train import compose_config, to_config
+
+
+def rows_per_s(data: str, rows: int, seed: int) -> tuple[float, float]:
+    """Rows per second of wall-clock time and per second of CPU time (all threads)."""
+    cfg = to_config(compose_config("logger=disabled", f"data={data}")).data.synthetic
+    cfg.seed = seed
+    wall, cpu = time.perf_counter(), time.process_time()
+    split = SyntheticWorld(cfg).generate("train", rows)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert split.sparse.shape[0] == rows
+    return rows / wall, rows / cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="criteo_1tb_synthetic", help="a conf/data option")
+    parser.add_argument("--rows", type=int, default=1 << 20, help="rows generated per run")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    print(f"load before: {os.getloadavg()}")
+    rates, cpu_rates = [], []
+    for run in range(args.runs):
+        rate, cpu_rate = rows_per_s(args.data, args.rows, seed=run)
+        rates.append(rate)
+        cpu_rates.append(cpu_rate)
+        print(f"run {run}: {rate:,.0f} rows/s, {cpu_rate:,.0f} rows per CPU-second")
+    print(
+        f"data={args.data} rows={args.rows}: median {statistics.median(rates):,.0f} rows/s "
+        f"(min {min(rates):,.0f}, max {max(rates):,.0f}), "
+        f"{statistics.median(cpu_rates):,.0f} rows per CPU-second "
+        f"(min {min(cpu_rates):,.0f}, max {max(cpu_rates):,.0f}); load after: {os.getloadavg()}"
+    )
+
+
+if __name__ == "__main__":
+    main()
