@@ -7,18 +7,26 @@ from dmt.inspect import inspect_config
 from tests.conftest import REPO, compose_config, typed_config
 
 GROUPS = ["model", "data", "optim", "trainer", "logger", "sptt", "sharding", "tower", "partition"]
-#: what an option needs beside it: tower and partition options configure a DMT model (an
-#: experiment that has one; DCN's, whose interaction takes towers of any output size), sptt=on
-#: trains one, a tp partition reads a file (not read here)
+#: what an option needs beside it: tower and partition options configure a DMT model (towers
+#: of DCN, whose interaction takes towers of any output size; an experiment that has one),
+#: sptt=on trains one, a tp partition reads a file (not read here)
 CONTEXT = {
-    "tower": ["experiment=dmt_4t_dcn"],
+    "tower": [
+        "model=dcn",
+        "+partition=naive",
+        "model.partition.num_towers=2",
+        "+tower=passthrough",
+    ],
     "partition": ["experiment=dmt_4t_dlrm", "model.partition.path=towers.yaml"],
     "sptt": ["experiment=dmt_4t_dlrm"],
 }
 #: what each option must set, where a group has a field that names it
 CHOSEN = {
     "model": lambda conf: conf.model.name,
-    "tower": lambda conf: conf.model.tower.module,
+    # conf/tower/<name>.yaml builds dmt.models.tower_modules.<Name>TowerModule (or PassThrough)
+    "tower": lambda conf: (
+        conf.model.tower._target_.rsplit(".", 1)[1].lower().removesuffix("towermodule")
+    ),
     "partition": lambda conf: conf.model.partition.kind,
     "sptt": lambda conf: "on" if conf.sptt.enabled else "off",
     "data": lambda conf: "synthetic" if conf.data.kind == "synthetic" else "criteo",
