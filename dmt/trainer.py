@@ -412,7 +412,7 @@ class Trainer:
         if not self.rt.is_main:
             return
         sched = self.lr_scheduler
-        lrs = [base * f(self.step - 1) for base, f in zip(sched.base_lrs, sched.lr_lambdas)]
+        lrs = [float(base * f(self.step - 1)) for base, f in zip(sched.base_lrs, sched.lr_lambdas)]
         assert self.history is not None
         record = self.history.log_train(
             step=self.step, loss=loss, lrs=lrs, train_time_s=train_time_s

@@ -135,3 +135,23 @@ def test_a_sweep_on_data_without_validation_rows_stops_naming_its_metric(tmp_pat
     first = json.loads((tmp_path / "sweep" / "0" / "metrics.json").read_text())
     assert math.isnan(first["val_auc"]) and first["test_auc"] > 0
     assert "Traceback" in sweep.stderr and "sweep_value" in sweep.stderr
+
+
+def test_a_multirun_groups_its_points_and_records_hydra_choices_in_wandb(tmp_path):
+    """The offline run file (wandb's own record format) holds the group and the Hydra config."""
+    tiny = ["trainer=smoke", "logger.mode=offline", "data.synthetic.num_train=1024",
+            "data.synthetic.num_val=256", "data.synthetic.num_test=256", "data.batch_size=256"]  # fmt: skip
+    sweep_dir = tmp_path / "sweep"
+    res = _cli("-m", *tiny, "model=dlrm,dcn", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for num, model in enumerate(("dlrm", "dcn")):
+        (run_file,) = (sweep_dir / str(num) / "wandb").glob("offline-run-*/run-*.wandb")
+        data = run_file.read_bytes()
+        group = str(sweep_dir).encode()
+        assert len(group) < 128  # a one-byte length prefix in the protobuf record
+        assert (
+            bytes([len(group)]) + group in data
+        )  # a field equal to the sweep directory: the group
+        assert f"model={model}".encode() in data  # hydra.overrides
+        assert b"model/interaction" in data  # hydra.choices
+        assert (sweep_dir / str(num) / "history.jsonl").exists()
