@@ -155,3 +155,19 @@ def test_a_multirun_groups_its_points_and_records_hydra_choices_in_wandb(tmp_pat
         assert f"model={model}".encode() in data  # hydra.overrides
         assert b"model/interaction" in data  # hydra.choices
         assert (sweep_dir / str(num) / "history.jsonl").exists()
+
+
+def test_a_run_resumed_in_its_directory_goes_on_with_its_history(tmp_path, one_thread):
+    run = [*RUN, "logger=disabled", "trainer.eval_every=0", "trainer.resume_from=auto"]
+    train(compose_config(*run, "trainer.max_steps=4", "trainer.checkpoint=true"), tmp_path)
+    with (tmp_path / "history.jsonl").open("a") as f:  # as if it had died after its checkpoint
+        f.write(json.dumps({"step": 6, "samples": 1536, "train/loss": 9.0}) + "\n")
+    longer = ["trainer.max_steps=8", "trainer.resume_allow_config_change=true"]
+    metrics = train(compose_config(*run, *longer), tmp_path)
+    records = read_history(tmp_path / "history.jsonl")
+    steps = [r for r in records if "train/loss" in r]
+    assert [r["step"] for r in steps] == [2, 4, 6, 8]  # step 6 of the dead run was dropped
+    assert all(r["train/loss"] < 9 and r["train/samples_per_s"] > 0 for r in steps)
+    # the first run's final evaluation at its last step, then this one's
+    assert [r["step"] for r in records if "val/auc" in r] == [4, 8]
+    assert records[-1]["test/auc"] == metrics["test_auc"] and records[-1]["step"] == 8
