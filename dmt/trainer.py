@@ -139,6 +139,7 @@ class Trainer:
         self.schedule = LRSchedule(cfg.optim, self.total_steps)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim, self.total_steps)
         self.step = 0
+        self.history: RunHistory | None = None  # rank 0's history.jsonl and curves.png (fit)
         t = cfg.trainer
         self.checkpointer: checkpoint.Checkpointer | None = None
         if t.checkpoint or t.checkpoint_every:
