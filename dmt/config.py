@@ -319,6 +319,7 @@ class LoggerConfig:
     project: str = "dmt"  # wandb project
     entity: str | None = None  # wandb entity (team)
     name: str | None = None  # run name (default: wandb's)
+    group: str | None = None  # run group (default: the sweep directory in a Hydra multirun)
     tags: list[str] = field(default_factory=list)  # run tags
 
 

@@ -11,10 +11,13 @@ Examples::
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dmt.config import Config, register_configs, validate
@@ -68,7 +71,14 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
             watch_ranks(runtime, timeout_s=t.collective_timeout_s),
         ):
             config = OmegaConf.to_container(OmegaConf.structured(conf))
-            logger = open_logger(conf.logger, config, out, is_main=runtime.is_main)
+            hydra_info = _hydra_info()
+            logger = open_logger(
+                conf.logger,
+                {**config, **hydra_info},  # type: ignore[dict-item]
+                out,
+                is_main=runtime.is_main,
+                group=hydra_info.get("hydra", {}).get("sweep_dir"),
+            )
             try:
                 metrics = Trainer(conf, runtime, out, logger).fit().metrics
             finally:
@@ -83,10 +93,49 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
     return metrics
 
 
+def _hydra_info() -> dict[str, Any]:
+    """For the wandb config: the Hydra app's config-group choices (``model: dlrm``), its
+    command-line overrides and, in a multirun, the sweep directory (the run's wandb group).
+    Empty outside a Hydra app (``train`` called from Python)."""
+    if not HydraConfig.initialized():
+        return {}
+    hc = HydraConfig.get()
+    info: dict[str, Any] = {
+        "choices": {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra/")},
+        "overrides": list(hc.overrides.task),
+    }
+    if hc.mode == RunMode.MULTIRUN:
+        info["sweep_dir"] = str(hc.sweep.dir)
+    return {"hydra": info}
+
+
+def sweep_value(metrics: dict[str, float], name: str) -> float:
+    """``metrics[name]``, the number a Hydra sweeper optimizes; a missing or NaN value is a
+    ``ValueError`` naming the metric (a sweeper would rank points by nothing)."""
+    value = metrics.get(name)
+    if value is None:
+        raise ValueError(
+            f"trainer.optimize_metric={name!r} is not a metric of this run; "
+            f"choose one of {sorted(metrics)}"
+        )
+    if math.isnan(value):
+        raise ValueError(
+            f"trainer.optimize_metric={name!r} is NaN in this run (a split without rows, "
+            f"e.g. val_* with data=criteo_sample_holdout, or without clicks); choose a metric "
+            f"this data defines, e.g. trainer.optimize_metric=test_auc"
+        )
+    return value
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
-def main(cfg: DictConfig) -> float:
+def main(cfg: DictConfig) -> float | None:
+    """Trains; in a multirun returns ``trainer.optimize_metric`` to the sweeper (an error if
+    that metric is missing or NaN)."""
     metrics = train(cfg)
-    return metrics[to_config(cfg).trainer.optimize_metric]
+    name = to_config(cfg).trainer.optimize_metric
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        return sweep_value(metrics, name)
+    return metrics.get(name)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from dmt import checkpoint
 from dmt.config import Config
 from dmt.data import BatchSource, DataBundle, build_data
+from dmt.history import RunHistory
 from dmt.metrics import StreamingClickMetrics
 from dmt.models import build_model, embedding_parameters
 from dmt.models.rec_model import RecModel
@@ -44,6 +45,7 @@ from dmt.optim import (
 from dmt.runtime import Runtime
 from dmt.sharding import memory_budget, shard_model, write_sharding_plan
 from dmt.sptt.dmt_sharding import ShardedDMT, shard_dmt, topology_from
+from dmt.tracking import wandb_name, wandb_values
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +139,7 @@ class Trainer:
         self.schedule = LRSchedule(cfg.optim, self.total_steps)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim, self.total_steps)
         self.step = 0
+        self.history: RunHistory | None = None  # rank 0's history.jsonl and curves.png (fit)
         t = cfg.trainer
         self.checkpointer: checkpoint.Checkpointer | None = None
         if t.checkpoint or t.checkpoint_every:
@@ -278,6 +281,12 @@ class Trainer:
                 )
 
         start_step = self.step
+        self.history = (
+            RunHistory(self.output_dir, batch_size=self.cfg.data.batch_size, start_step=self.step)
+            if self.rt.is_main
+            else None
+        )
+        val_step = -1  # the step of the last validation
         per_epoch = self.data.train.num_batches()
         losses: list[torch.Tensor] = []  # on the device; read back at log steps and at the end
         metrics: dict[str, float] = {}
@@ -306,13 +315,11 @@ class Trainer:
                     if self.step % t.log_every == 0:
                         value = float(loss)  # the only host sync of a training step
                         bar.set_postfix(loss=f"{value:.4f}")
-                        self._log(
-                            {"train/loss": value, "train/lr_factor": self.schedule(self.step - 1)}
-                        )
+                        self._log_train(value, train_time + time.perf_counter() - tick)
                 train_time += time.perf_counter() - tick
                 if t.eval_every and self.step % t.eval_every == 0:
-                    val = self.evaluate(self.data.val)
-                    self._log({f"val/{k}": v for k, v in val.items()})
+                    val, val_step = self.evaluate(self.data.val), self.step
+                    self._log_eval(val, "val")
                 if t.checkpoint_every and self.step % t.checkpoint_every == 0:
                     self.save(epoch, self.step - epoch * per_epoch)
         bar.close()
@@ -323,8 +330,11 @@ class Trainer:
         if self.checkpointer is not None:
             self.checkpointer.close()
 
-        val = self.evaluate(self.data.val)
+        if val_step != self.step:  # not evaluated since the last step
+            val = self.evaluate(self.data.val)
+            self._log_eval(val, "val")
         test = self.evaluate(self.data.test)
+        self._log_eval(test, "test")
         metrics.update({f"val_{k}": v for k, v in val.items()})
         metrics.update({f"test_{k}": v for k, v in test.items()})
         train_samples = (self.step - start_step) * self.cfg.data.batch_size  # global batches
@@ -339,8 +349,11 @@ class Trainer:
         oracle_val = self.oracle_auc(self.data.val)
         if oracle_val is not None:
             metrics["oracle_val_auc"] = oracle_val
-        self._log({f"final/{k}": v for k, v in metrics.items()})
         if self.rt.is_main:
+            if self.logger is not None:  # wandb's summary: the final values, under the same names
+                self.logger.summarize({wandb_name(k): v for k, v in metrics.items()})
+            assert self.history is not None
+            self.history.close()
             self.output_dir.mkdir(parents=True, exist_ok=True)
             (self.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         return TrainResult(metrics, loss_values)
@@ -394,9 +407,27 @@ class Trainer:
             lr_scheduler=self.lr_scheduler.state_dict(),
         )
 
-    def _log(self, values: dict[str, float]) -> None:
+    def _log_train(self, loss: float, train_time_s: float) -> None:
+        """A log step into ``history.jsonl`` and wandb (rank 0): the loss, and the LR of each
+        param group for this step's update (the scheduler has already moved to the next)."""
+        if not self.rt.is_main:
+            return
+        sched = self.lr_scheduler
+        lrs = [float(base * f(self.step - 1)) for base, f in zip(sched.base_lrs, sched.lr_lambdas)]
+        assert self.history is not None
+        record = self.history.log_train(
+            step=self.step, loss=loss, lrs=lrs, train_time_s=train_time_s
+        )
+        self._log({**record, "train/lr_factor": self.schedule(self.step - 1)})
+
+    def _log_eval(self, metrics: dict[str, float], split: str) -> None:
+        if self.rt.is_main:
+            assert self.history is not None
+            self._log(self.history.log_eval(step=self.step, metrics=metrics, split=split))
+
+    def _log(self, record: dict[str, Any]) -> None:
         if self.logger is not None and self.rt.is_main:
-            self.logger.log(values, step=self.step)
+            self.logger.log(wandb_values(record), step=self.step)
 
 
 def build_pipeline(

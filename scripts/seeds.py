@@ -18,7 +18,8 @@ DMT-DLRM; ``tp.yaml`` from ``dmt-partition``)::
         --config tp "experiment=dmt_4t_dlrm partition=tp model.partition.path=tp.yaml" \\
         --config naive "experiment=dmt_4t_dlrm"
 
-prints a table and writes ``study/seeds.json``.
+prints a table and writes ``study/seeds.json`` and ``study/seeds.png`` (a box plot of the metric
+per config, every run a point).
 """
 
 from __future__ import annotations
@@ -157,6 +158,26 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def box_plot(report: dict[str, Any], path: Path) -> None:
+    """A box plot of the metric per config (median, quartiles, whiskers to 1.5 IQR), every run
+    a point over it; written to ``path`` through a temporary file."""
+    from matplotlib.figure import Figure  # noqa: PLC0415 (slow import; no pyplot)
+
+    from dmt.history import save_figure  # noqa: PLC0415
+
+    names = list(report["configs"])
+    values = [report["configs"][n]["values"] for n in names]
+    fig = Figure(figsize=(max(4.0, 1.4 * len(names) + 2), 4), layout="constrained")
+    ax = fig.subplots()
+    ax.boxplot(values, tick_labels=names, showfliers=False)
+    for i, v in enumerate(values, start=1):
+        ax.plot([i] * len(v), v, "o", color="tab:blue", alpha=0.6, markersize=4)
+    ax.set_ylabel(report["metric"])
+    ax.set_title(f"{report['metric']} per config, {len(report['seeds'])} seeds")
+    ax.grid(axis="y", alpha=0.3)
+    save_figure(fig, path)
+
+
 def parse_seeds(text: str) -> list[int]:
     """``9`` (seeds 0..8), ``3-7`` (3..7) or ``0,4,5``."""
     if "," in text:
@@ -232,8 +253,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "seeds.json").write_text(json.dumps(report, indent=2) + "\n")
+    box_plot(report, args.out / "seeds.png")
     print(format_report(report))
-    print(f"written to {args.out / 'seeds.json'}")
+    print(f"written to {args.out / 'seeds.json'} and {args.out / 'seeds.png'}")
     return report
 
 

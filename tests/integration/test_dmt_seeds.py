@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 
+import matplotlib.image
 import pytest
 import torch
 
@@ -83,6 +84,11 @@ def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
     assert (
         written["comparisons"][0]["a"] == "dmt" and 0 <= written["comparisons"][0]["p_value"] <= 1
     )
+    # the box plot beside the table: one box per config
+    png = tmp_path / "seeds.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
+    image = matplotlib.image.imread(png)
+    assert image.shape == (400, 480, 4) and image[..., :3].std() > 0.05
     # A second call reads the runs back instead of training them again.
     assert seeds.main([*argv, "--no-train"])["configs"] == report["configs"]
     with pytest.raises(FileNotFoundError, match="seed_2"):

@@ -1,0 +1,155 @@
+"""What a person looks at after a run: ``history.jsonl`` and ``curves.png`` (rank 0).
+
+``history.jsonl`` holds one JSON object a line, appended and flushed as the run goes:
+
+- at every ``trainer.log_every`` step: ``{"step", "samples", "train/loss", "train/lr",
+  "train/samples_per_s"}``; ``train/lr`` lists the LR of each optimizer param group for that
+  step's update (TorchRec's fused embedding group first, then the dense one);
+  ``train/samples_per_s`` is the throughput since the previous record, training time only;
+- at every evaluation: ``{"step", "samples", "val/auc", "val/logloss", "val/ne",
+  "val/calibration", "val/num_samples"}``, and at the end ``test/...`` the same way.
+
+``samples`` is ``step * data.batch_size`` (global batches); values that are not finite (the AUC
+of a split without rows or clicks) are ``null``. The names are the ones logged to wandb.
+``curves.png`` plots training loss, validation AUC and throughput against samples seen; it is
+redrawn at every evaluation and at the end, written to a temporary file and renamed, so it is
+never half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import IO, Any
+
+HISTORY_FILE = "history.jsonl"
+CURVES_FILE = "curves.png"
+
+
+class RunHistory:
+    """Appends a run's log steps and evaluations to ``history.jsonl`` and draws ``curves.png``.
+
+    Args:
+        output_dir (Path): the run directory.
+        batch_size (int): the global batch (``data.batch_size``): samples per step.
+        start_step (int): the step training starts from (a resumed run's checkpoint step). Records
+            of an earlier run in the same directory after that step (written after its last
+            checkpoint) are dropped, so the file holds one history.
+
+    Example::
+
+        history = RunHistory(run_dir, batch_size=512)
+        history.log_train(step=50, loss=0.47, lrs=[0.1, 0.003], train_time_s=1.2)
+        history.log_eval(step=50, metrics={"auc": 0.71, "logloss": 0.47}, split="val")
+        history.close()  # draws curves.png
+    """
+
+    def __init__(self, output_dir: Path, *, batch_size: int, start_step: int = 0) -> None:
+        self.path = Path(output_dir) / HISTORY_FILE
+        self.curves_path = Path(output_dir) / CURVES_FILE
+        self.batch_size = batch_size
+        self.records = [r for r in read_history(self.path) if r["step"] <= start_step]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
+        self._file: IO[str] = self.path.open("a", encoding="utf-8")
+        self._last_step = start_step  # throughput since the previous training record
+        self._last_time = 0.0
+
+    def log_train(
+        self, *, step: int, loss: float, lrs: list[float], train_time_s: float
+    ) -> dict[str, Any]:
+        """Record a log step; ``train_time_s`` is this process's training time so far (not
+        counting evaluations and checkpoints). Returns the record."""
+        elapsed = train_time_s - self._last_time
+        rate = (step - self._last_step) * self.batch_size / elapsed if elapsed > 0 else math.nan
+        self._last_step, self._last_time = step, train_time_s
+        return self._append(
+            {"train/loss": loss, "train/lr": list(lrs), "train/samples_per_s": rate}, step
+        )
+
+    def log_eval(self, *, step: int, metrics: dict[str, float], split: str) -> dict[str, Any]:
+        """Record an evaluation of ``split`` (``val`` or ``test``) and redraw ``curves.png``."""
+        record = self._append({f"{split}/{k}": v for k, v in metrics.items()}, step)
+        self.plot()
+        return record
+
+    def plot(self) -> None:
+        """Draw ``curves.png`` from the records so far (atomically)."""
+        save_figure(curves_figure(self.records), self.curves_path)
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+            self.plot()
+
+    def _append(self, values: dict[str, Any], step: int) -> dict[str, Any]:
+        record = {"step": step, "samples": step * self.batch_size, **_finite(values)}
+        self.records.append(record)
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        return record
+
+
+def read_history(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``history.jsonl`` (none if absent); a last line cut off by a crash is
+    skipped."""
+    if not Path(path).exists():
+        return []
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def curves_figure(records: list[dict[str, Any]]) -> Any:
+    """Training loss, validation AUC and training throughput against samples seen."""
+    from matplotlib.figure import Figure  # noqa: PLC0415 (slow import; no pyplot, no global state)
+
+    fig = Figure(figsize=(15, 4), layout="constrained")
+    panels = (
+        ("train/loss", "training loss", "tab:blue"),
+        ("val/auc", "validation AUC", "tab:green"),
+        ("train/samples_per_s", "training samples/s", "tab:orange"),
+    )
+    for ax, (key, title, color) in zip(fig.subplots(1, 3), panels, strict=True):
+        points = [(r["samples"], r[key]) for r in records if r.get(key) is not None]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, marker="o" if len(points) < 30 else None, markersize=3, color=color)
+        else:
+            ax.text(0.5, 0.5, "no values", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(title)
+        ax.set_xlabel("samples seen")
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 100) -> None:
+    """Write a matplotlib figure as PNG through a temporary file and a rename."""
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+    fig.savefig(tmp, format="png", dpi=dpi)
+    os.replace(tmp, path)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _finite(values: dict[str, Any]) -> dict[str, Any]:
+    """Non-finite floats as ``None`` (JSON ``null``; strict JSON has no NaN)."""
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        if isinstance(v, list):
+            out[k] = [None if isinstance(x, float) and not math.isfinite(x) else x for x in v]
+        elif isinstance(v, float) and not math.isfinite(v):
+            out[k] = None
+        else:
+            out[k] = v
+    return out

@@ -1,0 +1,106 @@
+"""history.jsonl and curves.png (dmt.history), wandb names (dmt.tracking), the sweep's metric."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import open_dict
+
+from dmt.history import RunHistory, read_history
+from dmt.tracking import wandb_name, wandb_values
+from dmt.train import CONF_DIR, _hydra_info, sweep_value
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_records_throughput_and_curves(tmp_path):
+    h = RunHistory(tmp_path, batch_size=100)
+    h.log_train(step=10, loss=0.5, lrs=[0.1, 0.003], train_time_s=2.0)
+    h.log_train(step=20, loss=float("nan"), lrs=[0.1, 0.003], train_time_s=2.5)
+    h.log_eval(step=20, metrics={"auc": 0.7, "ne": float("nan")}, split="val")
+    assert (tmp_path / "curves.png").read_bytes()[:8] == PNG_MAGIC  # drawn at the evaluation
+    h.close()
+    lines = (tmp_path / "history.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # strict JSON: NaN is written as null
+    assert records == [
+        {"step": 10, "samples": 1000, "train/loss": 0.5, "train/lr": [0.1, 0.003],
+         "train/samples_per_s": 500.0},
+        {"step": 20, "samples": 2000, "train/loss": None, "train/lr": [0.1, 0.003],
+         "train/samples_per_s": 2000.0},
+        {"step": 20, "samples": 2000, "val/auc": 0.7, "val/ne": None},
+    ]  # fmt: skip
+    assert "NaN" not in "".join(lines)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_resumed_run_keeps_the_records_up_to_its_checkpoint(tmp_path):
+    h = RunHistory(tmp_path, batch_size=8)
+    for step in (5, 10, 15):
+        h.log_train(step=step, loss=1.0, lrs=[0.1], train_time_s=step / 10)
+    h.log_eval(step=10, metrics={"auc": 0.6}, split="val")
+    h.close()
+    with (tmp_path / "history.jsonl").open("a") as f:
+        f.write('{"step": 20, "samp')  # cut off by a crash
+    resumed = RunHistory(tmp_path, batch_size=8, start_step=10)
+    resumed.log_train(step=15, loss=0.9, lrs=[0.1], train_time_s=1.0)
+    resumed.close()
+    records = read_history(tmp_path / "history.jsonl")
+    assert [(r["step"], "val/auc" in r) for r in records] == [
+        (5, False), (10, False), (10, True), (15, False)
+    ]  # fmt: skip
+    assert records[-1]["train/loss"] == 0.9
+    assert records[-1]["train/samples_per_s"] == pytest.approx(5 * 8 / 1.0)  # since step 10
+
+
+def test_wandb_names_are_the_same_during_and_after_a_run():
+    assert wandb_name("val_auc") == "val/auc" and wandb_name("test_ne") == "test/ne"
+    assert wandb_name("train_samples_per_s") == "train/samples_per_s"
+    assert wandb_name("oracle_test_auc") == "test/oracle_auc"
+    assert wandb_name("oracle_val_auc") == "val/oracle_auc"
+    assert wandb_name("num_steps") == "train/num_steps"
+    record = {"step": 4, "samples": 64, "train/loss": 0.5, "train/lr": [0.1, None, 0.003],
+              "train/samples_per_s": None}  # fmt: skip
+    assert wandb_values(record) == {
+        "train/samples": 64, "train/loss": 0.5, "train/lr/0": 0.1, "train/lr/2": 0.003
+    }  # fmt: skip
+
+
+def test_the_sweep_metric_must_exist_and_be_a_number():
+    assert sweep_value({"val_auc": 0.7}, "val_auc") == 0.7
+    with pytest.raises(ValueError) as missing:
+        sweep_value({"val_auc": 0.7, "test_auc": 0.71}, "val_accuracy")
+    assert str(missing.value) == (
+        "trainer.optimize_metric='val_accuracy' is not a metric of this run; "
+        "choose one of ['test_auc', 'val_auc']"
+    )
+    with pytest.raises(ValueError) as nan:
+        sweep_value({"val_auc": math.nan, "test_auc": 0.71}, "val_auc")
+    assert str(nan.value) == (
+        "trainer.optimize_metric='val_auc' is NaN in this run (a split without rows, e.g. val_* "
+        "with data=criteo_sample_holdout, or without clicks); choose a metric this data defines, "
+        "e.g. trainer.optimize_metric=test_auc"
+    )
+
+
+def test_hydra_choices_overrides_and_sweep_group_go_into_the_wandb_config(tmp_path):
+    if not HydraConfig.initialized():
+        assert _hydra_info() == {}  # train() called from Python
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=["model=dcn", "optim.lr=0.01"], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.mode = RunMode.MULTIRUN
+        cfg.hydra.sweep.dir = str(tmp_path / "sweep")
+    HydraConfig.instance().set_config(cfg)
+    try:
+        info = _hydra_info()["hydra"]
+    finally:
+        HydraConfig.instance().cfg = None
+    assert info["choices"]["model"] == "dcn" and info["choices"]["data"] == "synthetic"
+    assert not any(k.startswith("hydra/") for k in info["choices"])
+    assert info["overrides"] == ["model=dcn", "optim.lr=0.01"]
+    assert info["sweep_dir"] == str(tmp_path / "sweep")
