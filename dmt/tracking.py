@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from dmt.config import LoggerConfig
+from dmt.config import LoggerConfig, WandbMode
 
 
 class WandbLogger:
@@ -16,7 +16,7 @@ class WandbLogger:
 
         self._wandb = wandb
         self.run = wandb.init(
-            mode=cfg.mode, project=cfg.project, entity=cfg.entity, name=cfg.name,
+            mode=cast(WandbMode, cfg.mode), project=cfg.project, entity=cfg.entity, name=cfg.name,
             tags=list(cfg.tags), config=config, dir=str(output_dir), reinit="finish_previous",
         )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any, cast
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -67,7 +68,7 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
                           rank=runtime.rank, world_size=runtime.world_size),
             watch_ranks(runtime, timeout_s=t.collective_timeout_s),
         ):
-            config = OmegaConf.to_container(OmegaConf.structured(conf))
+            config = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(conf)))
             logger = open_logger(conf.logger, config, out, is_main=runtime.is_main)
             try:
                 metrics = Trainer(conf, runtime, out, logger).fit().metrics

@@ -994,7 +994,7 @@ def open_array(path: str | os.PathLike[str], mode: str = "r") -> np.ndarray:
         raise ValueError(problem)
     if math.prod(shape) == 0:
         return np.load(path)
-    return np.load(path, mmap_mode=mode)  # type: ignore[no-any-return]
+    return np.load(path, mmap_mode=mode)
 
 
 def _npy_problem(
@@ -1099,8 +1099,8 @@ def _truncate_npy(path: Path, rows: int) -> None:
 def _read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     version = np.lib.format.read_magic(f)
     if version == (1, 0):
-        return np.lib.format.read_array_header_1_0(f)  # type: ignore[no-any-return]
-    return np.lib.format.read_array_header_2_0(f)  # type: ignore[no-any-return]
+        return np.lib.format.read_array_header_1_0(f)
+    return np.lib.format.read_array_header_2_0(f)
 
 
 def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
