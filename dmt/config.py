@@ -378,8 +378,8 @@ def register_configs() -> None:
         ("base_dcn", DCNTowerConfig),
     ):  # the schemas conf/tower/*.yaml extend
         cs.store(group="tower", name=name, node=node, package="model.tower")
-    for name, schema in (("base_dot", DotInteractionConfig), ("base_cross", CrossInteractionConfig)):
-        cs.store(group="model/interaction", name=name, node=schema, package="model.interaction")
+    for name, spec in (("base_dot", DotInteractionConfig), ("base_cross", CrossInteractionConfig)):
+        cs.store(group="model/interaction", name=name, node=spec, package="model.interaction")
     cs.store(group="partition", name="base_partition", node=PartitionConfig, package="model.partition")
     cs.store(group="data", name="base_data", node=DataConfig)
     cs.store(group="optim", name="base_optim", node=OptimConfig)

@@ -20,7 +20,8 @@ from torchrec.modules.crossnet import LowRankCrossNet
 
 
 class Interaction(Protocol):
-    """What a model needs of its interaction module: ``(B, D0), (B, V, D) -> (B, output_dim)``."""
+    """What a model needs of its interaction, an ``nn.Module`` mapping ``(B, D0)`` and
+    ``(B, V, D)`` to ``(B, output_dim)``."""
 
     @property
     def output_dim(self) -> int: ...

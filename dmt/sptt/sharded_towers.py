@@ -65,9 +65,7 @@ def scale_grad(input: torch.Tensor, scale: float) -> torch.Tensor:
     return out
 
 
-class ShardedTowers(
-    ShardedModule[KJTList, torch.Tensor, list[torch.Tensor], SPTTContext]
-):
+class ShardedTowers(ShardedModule[KJTList, torch.Tensor, list[torch.Tensor], SPTTContext]):
     """The towers of a DMT model on this rank under SPTT; built by
     :class:`~dmt.sptt.dmt_sharding.ShardedDMT`.
 
