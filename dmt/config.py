@@ -8,7 +8,7 @@ live in :func:`validate` and run before any training starts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -23,6 +23,7 @@ POOLINGS = ("sum", "mean")
 DATA_KINDS = ("synthetic", "criteo")
 SYNTHETIC_MODES = ("planted", "random")
 WANDB_MODES = ("online", "offline", "disabled")
+WandbMode = Literal["online", "offline", "disabled"]  # logger.mode once validated
 
 
 @dataclass
@@ -378,8 +379,8 @@ def register_configs() -> None:
         ("base_dcn", DCNTowerConfig),
     ):  # the schemas conf/tower/*.yaml extend
         cs.store(group="tower", name=name, node=node, package="model.tower")
-    for name, node in (("base_dot", DotInteractionConfig), ("base_cross", CrossInteractionConfig)):
-        cs.store(group="model/interaction", name=name, node=node, package="model.interaction")
+    for name, spec in (("base_dot", DotInteractionConfig), ("base_cross", CrossInteractionConfig)):
+        cs.store(group="model/interaction", name=name, node=spec, package="model.interaction")
     cs.store(group="partition", name="base_partition", node=PartitionConfig, package="model.partition")
     cs.store(group="data", name="base_data", node=DataConfig)
     cs.store(group="optim", name="base_optim", node=OptimConfig)

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from dmt.config import Config, register_configs
 from dmt.data.synthetic import cardinalities
-from dmt.models import build_model
+from dmt.models import DMTModel, build_model
 from dmt.models.accounting import model_stats
 from dmt.train import CONF_DIR, to_config
 
@@ -51,7 +51,7 @@ def inspect_config(conf: Config) -> dict[str, Any]:
         "interaction": type(model.interaction).__name__,
         "num_features": len(names),
     }
-    if conf.model.partition.kind != "none":
+    if isinstance(model, DMTModel):  # model.partition.kind != "none"
         report["tower_module"] = type(model.towers[0].tower_module).__name__
         report["partition"] = conf.model.partition.kind
     report.update({k: v for k, v in asdict(model_stats(model)).items() if v is not None})

@@ -77,8 +77,9 @@ def dense_optimizer(params: list[nn.Parameter], cfg: OptimConfig) -> torch.optim
     if cfg.dense == "adagrad":
         return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
     if cfg.dense == "adam":
+        beta1, beta2 = cfg.betas
         return torch.optim.Adam(
-            params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
+            params, lr=cfg.lr, betas=(beta1, beta2), eps=cfg.eps, weight_decay=cfg.weight_decay
         )
     return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 

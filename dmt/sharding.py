@@ -84,7 +84,7 @@ def table_constraints(
     and, given ``memory``, limit the kernels to :func:`compute_kernels` with its cache load
     factor."""
     cuda = memory is not None and memory.compute_device == "cuda"
-    cache = CacheParams(load_factor=memory.uvm_cache_load_factor) if cuda else None
+    cache = CacheParams(load_factor=memory.uvm_cache_load_factor) if cuda and memory else None
     return {
         table.name: ParameterConstraints(
             sharding_types=list(SHARDED_TYPES),

@@ -9,9 +9,9 @@ evaluations, ``test/<metric>`` at the end; the run's summary holds every final v
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from dmt.config import LoggerConfig
+from dmt.config import LoggerConfig, WandbMode
 
 SPLITS = ("train", "val", "test")
 OTHER_NAMES = {"num_train_samples": "train/num_samples", "num_steps": "train/num_steps"}
@@ -57,10 +57,16 @@ class WandbLogger:
 
         self._wandb = wandb
         self.run = wandb.init(
-            mode=cfg.mode, project=cfg.project, entity=cfg.entity, name=cfg.name,
-            group=cfg.group or group, tags=list(cfg.tags), config=config, dir=str(output_dir),
+            mode=cast(WandbMode, cfg.mode),
+            project=cfg.project,
+            entity=cfg.entity,
+            name=cfg.name,
+            group=cfg.group or group,
+            tags=list(cfg.tags),
+            config=config,
+            dir=str(output_dir),
             reinit="finish_previous",
-        )  # fmt: skip
+        )
 
     def log(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step)

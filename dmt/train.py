@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -70,11 +70,11 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
                           rank=runtime.rank, world_size=runtime.world_size),
             watch_ranks(runtime, timeout_s=t.collective_timeout_s),
         ):
-            config = OmegaConf.to_container(OmegaConf.structured(conf))
+            config = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(conf)))
             hydra_info = _hydra_info()
             logger = open_logger(
                 conf.logger,
-                {**config, **hydra_info},  # type: ignore[dict-item]
+                {**config, **hydra_info},
                 out,
                 is_main=runtime.is_main,
                 group=hydra_info.get("hydra", {}).get("sweep_dir"),

@@ -305,7 +305,9 @@ class Trainer:
             while self.step < min(epoch_end, self.total_steps):
                 end = self._segment_end(epoch_end)
                 first = self.step - epoch * per_epoch
-                batches = itertools.islice(self.data.train.batches(epoch, first), end - self.step)
+                batches: Iterator[Batch] = itertools.islice(
+                    self.data.train.batches(epoch, first), end - self.step
+                )
                 if self.rt.device.type == "cuda":  # page-locked: the copies run asynchronously
                     batches = (batch.pin_memory() for batch in batches)
                 tick = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from dmt.config import DataConfig
 from dmt.data.source import BatchSource, InMemorySource, make_kjt, rank_slice
@@ -24,7 +25,7 @@ class DataBundle:
     cardinalities: list[int]
     num_dense: int
     planted_groups: list[list[int]] | None = None  # synthetic planted mode: true feature groups
-    info: dict = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 def check_train_rows(num_rows: int, batch_size: int, *, what: str, world_size: int = 1) -> None:

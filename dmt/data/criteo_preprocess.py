@@ -72,7 +72,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from tqdm import tqdm
@@ -685,9 +685,9 @@ def _build(job: _Job, tmp: Path, ex: _Executor) -> dict[str, Any]:
     assignments = [a for a in job.plan(lines) if a.line_hi > a.line_lo]
     split_lines = {s: 0 for s in SPLITS}
     placed: list[tuple[_Assignment, int]] = []
-    for a in assignments:
-        placed.append((a, split_lines[a.split]))
-        split_lines[a.split] += a.line_hi - a.line_lo
+    for asg in assignments:
+        placed.append((asg, split_lines[asg.split]))
+        split_lines[asg.split] += asg.line_hi - asg.line_lo
     target = "test" if job.vocab_from is not None else "train"  # the split that must have rows
     if split_lines[target] == 0:
         raise ValueError(_no_rows_message(job, target, placed, empty_files, 0, []))
@@ -756,10 +756,10 @@ def _build(job: _Job, tmp: Path, ex: _Executor) -> dict[str, Any]:
                 vocab = fit_vocabulary(
                     keys, counts, job.settings["categorical"]["frequency_threshold"]
                 )
-                path = vocab_path(tmp, f)
-                path.parent.mkdir(exist_ok=True)
-                np.save(path, vocab)
-                np.save(path.with_name(f"cat_{f}_counts.npy"), counts[np.isin(keys, vocab)])
+                vocab_file = vocab_path(tmp, f)
+                vocab_file.parent.mkdir(exist_ok=True)
+                np.save(vocab_file, vocab)
+                np.save(vocab_file.with_name(f"cat_{f}_counts.npy"), counts[np.isin(keys, vocab)])
                 cardinalities.append(len(vocab) + 1)
             del counters
         else:
@@ -982,7 +982,7 @@ def _create_arrays(directory: Path, rows: int, *, with_present: bool) -> None:
             np.save(directory / name, np.empty((0, *tail), dtype))
 
 
-def open_array(path: str | os.PathLike[str], mode: str = "r") -> np.ndarray:
+def open_array(path: str | os.PathLike[str], mode: Literal["r", "r+"] = "r") -> np.ndarray:
     """Memory-map a ``.npy`` array (``mode`` "r" or "r+"); an empty array is read normally.
 
     Raises:
@@ -994,7 +994,7 @@ def open_array(path: str | os.PathLike[str], mode: str = "r") -> np.ndarray:
         raise ValueError(problem)
     if math.prod(shape) == 0:
         return np.load(path)
-    return np.load(path, mmap_mode=mode)  # type: ignore[no-any-return]
+    return np.load(path, mmap_mode=mode)
 
 
 def _npy_problem(
@@ -1099,8 +1099,8 @@ def _truncate_npy(path: Path, rows: int) -> None:
 def _read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     version = np.lib.format.read_magic(f)
     if version == (1, 0):
-        return np.lib.format.read_array_header_1_0(f)  # type: ignore[no-any-return]
-    return np.lib.format.read_array_header_2_0(f)  # type: ignore[no-any-return]
+        return np.lib.format.read_array_header_1_0(f)
+    return np.lib.format.read_array_header_2_0(f)
 
 
 def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
@@ -1313,7 +1313,7 @@ class _Executor:
                         on_result(results[k])
                     bar.update(weight(item))
                 return
-            futures: dict[Future[_R], int] = {
+            futures: dict[Future[Any], int] = {
                 self._pool.submit(fn, item): k for k, item in enumerate(items)
             }
             try:

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from dmt.models.dmt import DMTModel
+from dmt.models.rec_model import RecModel
 
 
 @dataclass(frozen=True)
@@ -49,13 +50,14 @@ def count_parameters(model: nn.Module) -> tuple[int, int]:
     return emb, dense
 
 
-def dense_flops(model: nn.Module, batch_size: int = 4) -> tuple[float, float]:
+def dense_flops(model: RecModel | DMTModel, batch_size: int = 4) -> tuple[float, float]:
     """``(forward FLOPs, forward + backward FLOPs)`` per sample of ``model.dense_forward``
     (for DMT models: tower modules, global interaction and MLPs).
 
     ``model``'s dense part may live on the meta device; inputs are made where it lives.
     """
     first = model.bottom[0]  # a dense layer: the tables may sit on meta while the rest is real
+    assert isinstance(first, nn.Linear)
     device, num_dense = first.weight.device, first.in_features
     dense = torch.zeros(batch_size, num_dense, device=device)
     pooled = torch.zeros(
@@ -81,7 +83,7 @@ def compression_ratio(model: DMTModel) -> float:
     return model.num_features * model.embedding_dim / sum(tower_output_sizes(model))
 
 
-def model_stats(model: nn.Module) -> ModelStats:
+def model_stats(model: RecModel | DMTModel) -> ModelStats:
     emb, dense = count_parameters(model)
     fwd, train = dense_flops(model)
     towers: dict[str, Any] = {}

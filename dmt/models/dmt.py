@@ -17,13 +17,14 @@ enter the interaction tower by tower, in partition order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, cast, overload
 
 import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection, KeyedJaggedTensor
 
-from dmt.models.interaction import CrossInteraction, DotInteraction
+from dmt.models.interaction import CrossInteraction, DotInteraction, Interaction
 from dmt.models.mlp import mlp
 from dmt.models.partition import check_partition
 from dmt.models.rec_model import RecModel
@@ -79,6 +80,23 @@ class Tower(nn.Module):
         return self.tower_module(self.embeddings(features))
 
 
+if TYPE_CHECKING:
+
+    class _TowerList(nn.ModuleList):
+        """``DMTModel.towers`` as mypy sees it: an ``nn.ModuleList`` whose items are towers
+        (the stubs type ``nn.ModuleList`` items as plain ``nn.Module``)."""
+
+        def __iter__(self) -> Iterator[Tower]: ...
+
+        @overload
+        def __getitem__(self, idx: slice) -> nn.ModuleList: ...
+
+        @overload
+        def __getitem__(self, idx: int) -> Tower: ...
+
+        def __getitem__(self, idx: int | slice) -> Tower | nn.ModuleList: ...
+
+
 def _output_dim(towers: Sequence[Tower]) -> int:
     dims = {t.tower_module.dim for t in towers}
     if len(dims) != 1:
@@ -113,12 +131,15 @@ class DMTModel(nn.Module):
         logits = model.interact(dense, outs)  # (B,), == model(dense, kjt)
     """
 
+    _partition_index: torch.Tensor
+    _global_order: torch.Tensor
+
     def __init__(
         self,
         towers: Sequence[Tower],
         num_dense: int,
         bottom_mlp: list[int],
-        interaction: nn.Module,
+        interaction: Interaction,
         top_mlp: list[int],
         *,
         feature_names: Sequence[str],
@@ -133,7 +154,7 @@ class DMTModel(nn.Module):
         if len(dims) != 1:
             raise ValueError(f"all towers' tables must share one embedding_dim, got {sorted(dims)}")
         self.embedding_dim = dims.pop()
-        self.towers = nn.ModuleList(towers)
+        self.towers = cast("_TowerList", nn.ModuleList(towers))
         self.bottom = mlp(num_dense, list(bottom_mlp), final_activation=bottom_final_activation)
         self.interaction = interaction
         self.top = mlp(interaction.output_dim, list(top_mlp), final_activation=False)

@@ -19,6 +19,7 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
 
 from dmt.config import ModelConfig
 from dmt.models.dmt import DMTModel, Tower
+from dmt.models.interaction import Interaction
 from dmt.models.partition import check_partition, resolve_partition
 from dmt.models.rec_model import RecModel
 from dmt.models.tower_modules import TowerModule
@@ -92,7 +93,7 @@ def build_tower_module(cfg: Any, *, num_features: int, embedding_dim: int) -> To
     return module
 
 
-def build_interaction(cfg: ModelConfig, *, num_vectors: int, dim: int) -> nn.Module:
+def build_interaction(cfg: ModelConfig, *, num_vectors: int, dim: int) -> Interaction:
     """The global interaction ``cfg.interaction`` over ``num_vectors`` sparse vectors of size
     ``dim`` and the bottom MLP's output."""
     interaction = _instantiate(
@@ -128,7 +129,7 @@ def build_model(
     num_dense: int,
     table_device: torch.device | str = "cpu",
     dense_device: torch.device | str = "cpu",
-) -> nn.Module:
+) -> RecModel | DMTModel:
     """The base model (:class:`RecModel`: tables, bottom MLP, ``cfg.interaction``, top MLP) for
     the given features, or its DMT form when ``cfg.partition.kind`` is not ``"none"`` (see
     :func:`build_dmt_model`).

@@ -12,9 +12,21 @@ depends on as keyword arguments: ``num_vectors`` (``V``), ``dim`` (``D``) and ``
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import nn
 from torchrec.modules.crossnet import LowRankCrossNet
+
+
+class Interaction(Protocol):
+    """What a model needs of its interaction, an ``nn.Module`` mapping ``(B, D0)`` and
+    ``(B, V, D)`` to ``(B, output_dim)``."""
+
+    @property
+    def output_dim(self) -> int: ...
+
+    def __call__(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor: ...
 
 
 def _check_positive(interaction: str, **values: int) -> None:
@@ -35,6 +47,9 @@ class DotInteraction(nn.Module):
 
     Output: ``(B, D + (V + 1) V / 2)``.
     """
+
+    _rows: torch.Tensor
+    _cols: torch.Tensor
 
     def __init__(self, num_vectors: int, dim: int, dense_dim: int | None = None) -> None:
         super().__init__()

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection, KeyedJaggedTensor, KeyedTensor
 
+from dmt.models.interaction import Interaction
 from dmt.models.mlp import mlp
 
 
@@ -30,7 +31,7 @@ class RecModel(nn.Module):
         embedding_bag_collection: EmbeddingBagCollection,
         num_dense: int,
         bottom_mlp: list[int],
-        interaction: nn.Module,
+        interaction: Interaction,
         top_mlp: list[int],
         *,
         bottom_final_activation: bool = False,

@@ -68,7 +68,7 @@ def _to_wire(tensor: torch.Tensor, comm_dtype: torch.dtype | None) -> torch.Tens
 
 class _AllToAllSingle(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx,
         input: torch.Tensor,
         output_split_sizes: list[int],
@@ -87,7 +87,7 @@ class _AllToAllSingle(torch.autograd.Function):
         )
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_output: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
         grad_input = _all_to_all(
@@ -165,7 +165,7 @@ def all_to_all_single(
 
 class _ReduceScatter(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx,
         input: torch.Tensor,
         group: dist.ProcessGroup,
@@ -197,7 +197,7 @@ class _ReduceScatter(torch.autograd.Function):
         return output
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_output: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
         group = ctx.group  # type: ignore[attr-defined]
@@ -329,7 +329,7 @@ def _start_all_to_all(
 
 class _AllToAllStart(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx, input: torch.Tensor, request: AllToAllRequest
     ) -> torch.Tensor:
         ctx.request = request  # type: ignore[attr-defined]
@@ -346,7 +346,7 @@ class _AllToAllStart(torch.autograd.Function):
         return input.new_empty(0)
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_placeholder: torch.Tensor
     ) -> tuple[torch.Tensor | None, None]:
         request: AllToAllRequest = ctx.request  # type: ignore[attr-defined]
@@ -358,7 +358,7 @@ class _AllToAllStart(torch.autograd.Function):
 
 class _AllToAllWait(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx,
         placeholder: torch.Tensor,
         request: AllToAllRequest,
@@ -370,7 +370,7 @@ class _AllToAllWait(torch.autograd.Function):
         return output.to(request.dtype)
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_output: torch.Tensor
     ) -> tuple[torch.Tensor, None]:
         request: AllToAllRequest = ctx.request  # type: ignore[attr-defined]

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -130,6 +130,12 @@ class SPTTDataflow(nn.Module):
         pooled = dataflow.pooled_embeddings(local_kjt)  # (B, F, N), model order
     """
 
+    _block_order: torch.Tensor
+    _block_inverse: torch.Tensor
+    _input_rows: torch.Tensor
+    _column_index: torch.Tensor
+    _output_permutation: torch.Tensor
+
     def __init__(
         self,
         plan: SPTTPlan,
@@ -164,7 +170,7 @@ class SPTTDataflow(nn.Module):
         self.embedding_bag_collection: EmbeddingBagCollection | _FusedShards | None = None
         if shard_tables and sparse_optimizer is None:
             self.embedding_bag_collection = EmbeddingBagCollection(shard_tables, device=device)
-        elif shard_tables:
+        elif shard_tables and sparse_optimizer is not None:
             self.embedding_bag_collection = _FusedShards(
                 shard_tables,
                 sparse_optimizer,
@@ -231,7 +237,11 @@ class SPTTDataflow(nn.Module):
         if self.embedding_bag_collection is None:
             return []
         bags = self.embedding_bag_collection.embedding_bags
-        return [(s, bags[name].weight) for s, name in zip(self.shards, self._table_names)]
+        # ModuleDict items are typed nn.Module; an embedding bag's weight is a Parameter.
+        return [
+            (s, cast(nn.Parameter, bags[name].weight))
+            for s, name in zip(self.shards, self._table_names)
+        ]
 
     def load_tables_from(self, source: EmbeddingBagCollection) -> None:
         """Copy this rank's shards out of an EBC holding the whole tables under the same names."""
@@ -646,7 +656,7 @@ class _PermuteBlocks(torch.autograd.Function):
     permutation (an exact copy, cheaper than ``index_select``'s scatter-add into zeros)."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx,
         blocks: torch.Tensor,
         order: torch.Tensor,
@@ -660,7 +670,7 @@ class _PermuteBlocks(torch.autograd.Function):
         return blocks.index_select(0, order)
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
     ) -> tuple[torch.Tensor, None, None, None]:
         if ctx.record is not None:  # type: ignore[attr-defined]
@@ -716,6 +726,8 @@ class _FusedShards(nn.Module):
 
     Parameters are named ``embedding_bags.<table>.weight`` like a plain EBC's.
     """
+
+    _columns: torch.Tensor
 
     def __init__(
         self,

@@ -47,7 +47,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 import torch.distributed as dist
@@ -81,6 +81,9 @@ from dmt.sptt.sharded_state import TABLE_KEY, column_blocks, plain_name, sharded
 from dmt.sptt.sharded_towers import ShardedTowers
 from dmt.sptt.topology import Topology
 
+if TYPE_CHECKING:
+    from dmt.models.dmt import DMTModel, Tower
+
 __all__ = [
     "DMTSharder",
     "ShardedDMT",
@@ -95,6 +98,9 @@ __all__ = [
 # ---- validation (pure, before any collective) ----------------------------------------------
 
 
+_DMT_ATTRIBUTES = ("feature_names", "partition", "towers", "interact")
+
+
 def check_dmt_model(model: nn.Module, topology: Topology) -> None:
     """Raise ``ValueError`` if ``model`` cannot be trained with SPTT on ``topology``.
 
@@ -104,12 +110,14 @@ def check_dmt_model(model: nn.Module, topology: Topology) -> None:
     no tables sit outside the towers and that only tables are on the meta device.
     Pure and the same on every rank, so every rank fails alike before any collective.
     """
-    for attr in ("feature_names", "partition", "towers", "interact"):
+    for attr in _DMT_ATTRIBUTES:
         if not hasattr(model, attr):
             raise TypeError(
                 f"{type(model).__name__} is not a DMT model: it has no {attr!r} (SPTT needs "
                 "feature_names, partition, towers and interact; see dmt.models.dmt.DMTModel)"
             )
+    if not _is_dmt_model(model):  # narrows the type: the loop above checked the attributes
+        raise TypeError(f"{type(model).__name__} is not an nn.Module")
     T = topology.num_towers
     partition = [list(p) for p in model.partition]
     where = (
@@ -183,7 +191,7 @@ def check_dmt_model(model: nn.Module, topology: Topology) -> None:
             )
 
 
-def _dense_children(model: nn.Module) -> list[tuple[str, nn.Module]]:
+def _dense_children(model: DMTModel) -> list[tuple[str, nn.Module]]:
     """The model's children outside ``towers`` that hold its dense part (bottom, interaction,
     top), skipping aliases of tower modules. Raises if tables or tower parameters hide there."""
     tower_params = {id(p) for p in model.towers.parameters()}
@@ -205,7 +213,7 @@ def _dense_children(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return children
 
 
-def _tables(model: nn.Module) -> list[EmbeddingBagConfig]:
+def _tables(model: DMTModel) -> list[EmbeddingBagConfig]:
     """One config per feature, in the model's feature order."""
     by_feature = {
         table.feature_names[0]: table
@@ -215,7 +223,7 @@ def _tables(model: nn.Module) -> list[EmbeddingBagConfig]:
     return [by_feature[f] for f in model.feature_names]
 
 
-def _tower_output_dims(tower: nn.Module, num_features: int, dim: int) -> tuple[int, int]:
+def _tower_output_dims(tower: Tower, num_features: int, dim: int) -> tuple[int, int]:
     """``(V_t, D_t)`` of a tower's module, from a forward of a copy on the meta device."""
     module = tower.tower_module
     if module is None:
@@ -304,14 +312,16 @@ class _DenseArch(nn.Module):
     Shares the model's submodules; keeps a reference to the model for ``interact``.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: DMTModel) -> None:
         super().__init__()
         for name, child in _dense_children(model):
             self.add_module(name, child)
         for name, param in model.named_parameters(recurse=False):
             self.register_parameter(name, param)
         # The model's own buffers stay the model's: interact reads them, DDP does not sync them.
-        self._interact: Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor] = model.interact
+        self._interact: Callable[[torch.Tensor, Sequence[torch.Tensor]], torch.Tensor] = (
+            model.interact
+        )
 
     def forward(
         self,
@@ -373,7 +383,7 @@ class ShardedDMT(nn.Module):
 
     def __init__(
         self,
-        model: nn.Module,
+        model: DMTModel,
         plan: SPTTPlan,
         *,
         groups: SPTTProcessGroups,
@@ -688,7 +698,7 @@ class DMTSharder:
         self.even_batches = even_batches
         self.memory = memory
 
-    def plan(self, model: nn.Module) -> SPTTPlan:
+    def plan(self, model: DMTModel) -> SPTTPlan:
         """Validate ``model`` and place its tables (pure; the same on every rank)."""
         check_dmt_model(model, self.topology)
         tables = _tables(model)
@@ -735,7 +745,7 @@ class DMTSharder:
 
     def shard(
         self,
-        model: nn.Module,
+        model: DMTModel,
         groups: SPTTProcessGroups,
         *,
         plan: SPTTPlan | None = None,
@@ -762,10 +772,9 @@ class DMTSharder:
 # ---- the trainer's entry point -------------------------------------------------------------
 
 
-def _is_dmt_model(module: Any) -> bool:
-    return isinstance(module, nn.Module) and all(
-        hasattr(module, a) for a in ("feature_names", "partition", "towers", "interact")
-    )
+def _is_dmt_model(module: Any) -> TypeGuard[DMTModel]:
+    """Whether ``module`` has what SPTT reads of a DMT model (duck-typed, as documented above)."""
+    return isinstance(module, nn.Module) and all(hasattr(module, a) for a in _DMT_ATTRIBUTES)
 
 
 def build_sptt_optimizer(module: ShardedDMT, cfg: OptimConfig) -> CombinedOptimizer:
@@ -827,10 +836,12 @@ def shard_dmt(
         ``(module, optimizer)``: ``task_or_model`` with its DMT model sharded (or the
         :class:`ShardedDMT`), and a ``CombinedOptimizer`` (fused tables + dense).
     """
+    inner = getattr(task_or_model, "model", None)
+    task: nn.Module | None
     if _is_dmt_model(task_or_model):
         model, task = task_or_model, None
-    elif _is_dmt_model(getattr(task_or_model, "model", None)):
-        model, task = task_or_model.model, task_or_model
+    elif _is_dmt_model(inner):
+        model, task = inner, task_or_model
     else:
         raise TypeError(
             f"shard_dmt needs a DMT model or a module with one in .model, got "

@@ -43,14 +43,14 @@ class _ScaleGrad(torch.autograd.Function):
     """Identity forward; multiplies the gradient by ``scale`` in the backward."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx, input: torch.Tensor, scale: float
     ) -> torch.Tensor:
         ctx.scale = scale  # type: ignore[attr-defined]
         return input.view_as(input)
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
     ) -> tuple[torch.Tensor, None]:
         return grad * ctx.scale, None  # type: ignore[attr-defined]
@@ -65,9 +65,7 @@ def scale_grad(input: torch.Tensor, scale: float) -> torch.Tensor:
     return out
 
 
-class ShardedTowers(
-    ShardedModule[KJTList, torch.Tensor, list[torch.Tensor], SPTTContext]  # type: ignore[type-var]
-):
+class ShardedTowers(ShardedModule[KJTList, torch.Tensor, list[torch.Tensor], SPTTContext]):
     """The towers of a DMT model on this rank under SPTT; built by
     :class:`~dmt.sptt.dmt_sharding.ShardedDMT`.
 
@@ -100,7 +98,7 @@ class ShardedTowers(
     def create_context(self) -> SPTTContext:
         return SPTTContext()
 
-    def input_dist(  # type: ignore[override]
+    def input_dist(
         self, ctx: SPTTContext, features: KeyedJaggedTensor
     ) -> KJTListSplitsAwaitable[SPTTContext]:
         """Step a: starts the KJT all-to-all of the local batch's ids to the ranks of their
