@@ -45,9 +45,14 @@ def criteo_overrides(experiment: str, mmap: bool) -> list[str]:
 def synthetic_overrides(experiment: str, cardinalities: list[int], rows: int) -> list[str]:
     cards = "[" + ",".join(str(c) for c in cardinalities) + "]"
     return [
-        *COMMON, f"experiment={experiment}", "data=synthetic_random",
-        f"data.synthetic.cardinalities={cards}", f"data.synthetic.num_train={rows}",
-        "data.synthetic.num_val=2048", "data.synthetic.num_test=2048", "data.batch_size=512",
+        *COMMON,
+        f"experiment={experiment}",
+        "data=synthetic_random",
+        f"data.synthetic.cardinalities={cards}",
+        f"data.synthetic.num_train={rows}",
+        "data.synthetic.num_val=2048",
+        "data.synthetic.num_test=2048",
+        "data.batch_size=512",
     ]
 
 
@@ -65,7 +70,9 @@ def loader_rate(overrides: list[str]) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--experiment", default="criteo_sample_dlrm")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -89,18 +96,28 @@ def main() -> None:
         for mode, overrides in modes.items():  # interleaved, so drift hits every mode alike
             rates[mode].append(train_rate(overrides))
             loaders[mode].append(loader_rate(overrides))
-            print(f"run {run} {mode:14s} train {rates[mode][-1]:9.0f} samples/s   "
-                  f"loader alone {loaders[mode][-1] * 512:10.0f} samples/s", flush=True)
+            print(
+                f"run {run} {mode:14s} train {rates[mode][-1]:9.0f} samples/s   "
+                f"loader alone {loaders[mode][-1] * 512:10.0f} samples/s",
+                flush=True,
+            )
     base = statistics.median(rates["synthetic"])
     summary = {}
-    print(f"\nmedian of {args.runs} runs, {args.experiment}, batch 512, {torch.get_num_threads()} threads")
+    print(
+        f"\nmedian of {args.runs} runs, {args.experiment}, batch 512, {torch.get_num_threads()} threads"
+    )
     for mode in modes:
         train_median = statistics.median(rates[mode])
         loader_median = statistics.median(loaders[mode]) * 512
-        summary[mode] = {"train_samples_per_s": train_median, "loader_samples_per_s": loader_median,
-                         "ratio_to_synthetic": train_median / base}
-        print(f"{mode:14s} train {train_median:9.0f} samples/s  ({train_median / base:.2f}x synthetic)"
-              f"   loader alone {loader_median:10.0f} samples/s ({loader_median / train_median:.1f}x training)")
+        summary[mode] = {
+            "train_samples_per_s": train_median,
+            "loader_samples_per_s": loader_median,
+            "ratio_to_synthetic": train_median / base,
+        }
+        print(
+            f"{mode:14s} train {train_median:9.0f} samples/s  ({train_median / base:.2f}x synthetic)"
+            f"   loader alone {loader_median:10.0f} samples/s ({loader_median / train_median:.1f}x training)"
+        )
     print(json.dumps(summary))
 
 

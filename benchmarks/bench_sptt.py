@@ -184,7 +184,9 @@ def _model(args: argparse.Namespace, num_towers: int, tower: str) -> nn.Module:
         embedding_dim=args.dim,
         bottom_mlp=[64, D],
         top_mlp=[64, 1],
-        tower=PassThroughTowerConfig() if tower == "passthrough" else DLRMTowerConfig(dim=D, c=1, p=0),
+        tower=PassThroughTowerConfig()
+        if tower == "passthrough"
+        else DLRMTowerConfig(dim=D, c=1, p=0),
         partition=PartitionConfig(kind="explicit"),
     )
     torch.manual_seed(0)

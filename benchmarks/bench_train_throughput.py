@@ -25,15 +25,24 @@ from dmt.train import compose_config, to_config
 from dmt.trainer import Trainer
 
 OVERRIDES = [
-    "logger=disabled", "trainer.progress_bar=false", "data=synthetic_random",
-    "data.synthetic.cardinality=100000", "data.synthetic.num_val=2048", "data.synthetic.num_test=2048",
-    "data.batch_size=2048", "model.embedding_dim=64", "model.bottom_mlp=[512,256,64]",
-    "model.top_mlp=[512,256,1]", "optim=adagrad",
+    "logger=disabled",
+    "trainer.progress_bar=false",
+    "data=synthetic_random",
+    "data.synthetic.cardinality=100000",
+    "data.synthetic.num_val=2048",
+    "data.synthetic.num_test=2048",
+    "data.batch_size=2048",
+    "model.embedding_dim=64",
+    "model.bottom_mlp=[512,256,64]",
+    "model.top_mlp=[512,256,1]",
+    "optim=adagrad",
 ]
 
 
 def dmt_run(steps: int, warmup: int) -> float:
-    conf = to_config(compose_config(*OVERRIDES, f"data.synthetic.num_train={2048 * (steps + warmup)}"))
+    conf = to_config(
+        compose_config(*OVERRIDES, f"data.synthetic.num_train={2048 * (steps + warmup)}")
+    )
     rt = init_runtime("cpu")
     try:
         with TemporaryDirectory() as out:
@@ -50,20 +59,33 @@ def dmt_run(steps: int, warmup: int) -> float:
 
 
 def plain_run(steps: int, warmup: int) -> float:
-    conf = to_config(compose_config(*OVERRIDES, f"data.synthetic.num_train={2048 * (steps + warmup)}"))
+    conf = to_config(
+        compose_config(*OVERRIDES, f"data.synthetic.num_train={2048 * (steps + warmup)}")
+    )
     data = build_data(conf.data, seed=0)
     torch.manual_seed(0)
     m: ModelConfig = conf.model
-    ref = build_model(m, feature_names=data.feature_names, cardinalities=data.cardinalities, num_dense=13)
-    tables = torch.nn.ModuleList(torch.nn.EmbeddingBag(c, m.embedding_dim, mode="sum", include_last_offset=True) for c in data.cardinalities)
-    params = list(tables.parameters()) + [p for n, p in ref.named_parameters() if "embedding" not in n]
+    ref = build_model(
+        m, feature_names=data.feature_names, cardinalities=data.cardinalities, num_dense=13
+    )
+    tables = torch.nn.ModuleList(
+        torch.nn.EmbeddingBag(c, m.embedding_dim, mode="sum", include_last_offset=True)
+        for c in data.cardinalities
+    )
+    params = list(tables.parameters()) + [
+        p for n, p in ref.named_parameters() if "embedding" not in n
+    ]
     opt = torch.optim.Adagrad(params, lr=conf.optim.lr)
     batches = list(data.train.batches(0))
 
     def step(b) -> None:
         kjt = b.sparse_features
         pooled = torch.stack(
-            [t(kjt[name].values(), kjt[name].offsets()) for t, name in zip(tables, data.feature_names)], 1
+            [
+                t(kjt[name].values(), kjt[name].offsets())
+                for t, name in zip(tables, data.feature_names)
+            ],
+            1,
         )
         loss = torch.nn.functional.binary_cross_entropy_with_logits(
             ref.dense_forward(b.dense_features, pooled), b.labels
@@ -90,7 +112,10 @@ def main() -> None:
     for r in range(args.runs):
         dmt_s.append(dmt_run(args.steps, args.warmup))
         plain_s.append(plain_run(args.steps, args.warmup))
-        print(f"run {r}: dmt {dmt_s[-1]:,.0f} samples/s   plain PyTorch {plain_s[-1]:,.0f} samples/s", flush=True)
+        print(
+            f"run {r}: dmt {dmt_s[-1]:,.0f} samples/s   plain PyTorch {plain_s[-1]:,.0f} samples/s",
+            flush=True,
+        )
     md, mp = statistics.median(dmt_s), statistics.median(plain_s)
     print(f"median: dmt {md:,.0f} samples/s, plain {mp:,.0f} samples/s, ratio {md / mp:.2f}x")
 

@@ -103,9 +103,15 @@ class CrossInteractionConfig(InteractionConfig):
 class PartitionConfig:
     """How the sparse features are grouped into towers; kind "none" builds the base model."""
 
-    kind: str = "none"  # "none" (no towers), "naive" (strided), "tp" (YAML file), "per_feature", "explicit"
-    num_towers: int | None = None  # T: naive: required; other kinds: checked against the partition if set
-    path: str | None = None  # tp: partition YAML with ``towers: [[feature names...], ...]`` (dmt-partition)
+    kind: str = (
+        "none"  # "none" (no towers), "naive" (strided), "tp" (YAML file), "per_feature", "explicit"
+    )
+    num_towers: int | None = (
+        None  # T: naive: required; other kinds: checked against the partition if set
+    )
+    path: str | None = (
+        None  # tp: partition YAML with ``towers: [[feature names...], ...]`` (dmt-partition)
+    )
     towers: list[list[str]] | None = None  # explicit: feature names of each tower
 
 
@@ -115,27 +121,41 @@ class ModelConfig:
     MLP: DLRM, DCNv2, or any interaction), or its DMT form (``partition.kind != "none"``:
     per-tower tables and ``tower`` modules, then the same global arch)."""
 
-    name: str = MISSING  # the model's name in reports and logs ("dlrm", "dcn", ...); selects no code
+    name: str = (
+        MISSING  # the model's name in reports and logs ("dlrm", "dcn", ...); selects no code
+    )
     interaction: Any = MISSING  # global interaction: an InteractionConfig (``_target_`` + settings)
     embedding_dim: int = 16  # N: embedding dimension of every table
     num_embeddings_per_feature: list[int] | None = None  # rows per table; None: from the data
-    bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])  # dense arch sizes; DLRM: last == embedding_dim
-    top_mlp: list[int] = field(default_factory=lambda: [256, 128, 1])  # over arch sizes; last must be 1
-    bottom_final_activation: bool = False  # ReLU after the last bottom layer (TorchRec's default; can kill dense outputs)
-    dcn_num_layers: int = 3  # DCN: cross layers (conf/model/dcn.yaml's interaction and conf/tower/dcn.yaml read it)
+    bottom_mlp: list[int] = field(
+        default_factory=lambda: [64, 16]
+    )  # dense arch sizes; DLRM: last == embedding_dim
+    top_mlp: list[int] = field(
+        default_factory=lambda: [256, 128, 1]
+    )  # over arch sizes; last must be 1
+    bottom_final_activation: bool = (
+        False  # ReLU after the last bottom layer (TorchRec's default; can kill dense outputs)
+    )
+    dcn_num_layers: int = (
+        3  # DCN: cross layers (conf/model/dcn.yaml's interaction and conf/tower/dcn.yaml read it)
+    )
     dcn_low_rank: int = 64  # DCN: rank of each cross layer (likewise)
     pooling: str = "sum"  # multi-hot pooling: "sum" or "mean"
     # DMT: tower module of every tower, a TowerConfig (``_target_`` + settings); Any, so that a
     # tower module's YAML may bring its own schema (conf/tower/*.yaml) or none (checked when built)
     tower: Any = field(default_factory=lambda: {"_target_": PassThroughTowerConfig._target_})
-    partition: PartitionConfig = field(default_factory=PartitionConfig)  # DMT: features of each tower
+    partition: PartitionConfig = field(
+        default_factory=PartitionConfig
+    )  # DMT: features of each tower
 
 
 @dataclass
 class SyntheticConfig:
     """dmt's own click-log generator (Criteo schema by default) with planted feature groups."""
 
-    mode: str = "planted"  # "planted" (known click function, oracle AUC) or "random" (throughput runs)
+    mode: str = (
+        "planted"  # "planted" (known click function, oracle AUC) or "random" (throughput runs)
+    )
     num_dense: int = 13  # dense features
     num_sparse: int = 26  # categorical features
     cardinality: int = 100  # rows per categorical feature (used when cardinalities is None)
@@ -267,7 +287,9 @@ class DataConfig:
     batch_size: int = 512  # global training batch size (split evenly over ranks)
     eval_batch_size: int = 8192  # global evaluation batch size
     shuffle: bool = True  # reshuffle the training set every epoch (by trainer.seed and epoch)
-    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)  # used when kind == synthetic
+    synthetic: SyntheticConfig = field(
+        default_factory=SyntheticConfig
+    )  # used when kind == synthetic
     criteo: CriteoConfig | None = None  # used when kind == criteo (see dmt/data/criteo_config.py)
 
 
@@ -275,7 +297,9 @@ class DataConfig:
 class OptimConfig:
     """Sparse (fused, in-backward) and dense optimizers and the LR schedule."""
 
-    sparse: str = "rowwise_adagrad"  # fused embedding optimizer: rowwise_adagrad, adagrad, adam, sgd
+    sparse: str = (
+        "rowwise_adagrad"  # fused embedding optimizer: rowwise_adagrad, adagrad, adam, sgd
+    )
     sparse_lr: float = 0.1  # learning rate of the embedding tables
     dense: str = "adam"  # dense optimizer: adagrad, adam, sgd
     lr: float = 0.003  # learning rate of the dense parameters
@@ -297,11 +321,17 @@ class TrainerConfig:
     max_steps: int = -1  # stop after this many steps (<= 0: run all epochs)
     eval_every: int = 0  # evaluate on validation every N steps (0: only at the end)
     log_every: int = 50  # log training loss every N steps
-    checkpoint_every: int = 0  # save a checkpoint every N steps (0: only at the end if checkpoint is on)
+    checkpoint_every: int = (
+        0  # save a checkpoint every N steps (0: only at the end if checkpoint is on)
+    )
     checkpoint: bool = False  # save a checkpoint at the end of training
     checkpoint_dir: str = "checkpoints"  # relative to the run's output directory, or absolute
-    resume_from: str | None = None  # "auto" (newest complete checkpoint of this run, else fresh), a step_N directory or its parent (newest)
-    resume_allow_config_change: bool = False  # let a resume change optim.* keys (model, data, partition must match)
+    resume_from: str | None = (
+        None  # "auto" (newest complete checkpoint of this run, else fresh), a step_N directory or its parent (newest)
+    )
+    resume_allow_config_change: bool = (
+        False  # let a resume change optim.* keys (model, data, partition must match)
+    )
     checkpoint_async: bool = False  # write checkpoints in the background (DCP async_save over a dedicated gloo group): large tables on GPU; on small models staging costs more than it saves
     pipeline: bool = True  # TorchRec's training pipeline (overlaps batch i+1's copy and input all-to-all with batch i); false: the plain loop, for debugging
     seed: int = 0  # seed of weights init and data order
@@ -330,11 +360,15 @@ class SPTTConfig:
 
     enabled: bool = False  # sptt=on: shard with dmt.sptt.dmt_sharding.shard_dmt (needs a DMT model)
     hosts_per_tower: int = 1  # K: hosts per tower; T = G / (K L) must equal the model's towers
-    local_world_size: int | None = None  # L: ranks per host (None: torchrun's LOCAL_WORLD_SIZE); set to emulate hosts
+    local_world_size: int | None = (
+        None  # L: ranks per host (None: torchrun's LOCAL_WORLD_SIZE); set to emulate hosts
+    )
     sharding_type: str = "table_wise"  # tables inside a tower: table_wise, column_wise or row_wise
     peer_permute: str = "output"  # step c (§3.1.3): permute the pooled "output", the sparse "input" (b, c swapped), "auto" (fewer bytes) or "skip" (step a delivers peer order)
     comm_precision: str = "fp32"  # dtype of the pooled-embedding collectives on the wire, forward and backward: fp32, bf16 or fp16 (bytes halve); SPTT steps d and f, and TorchRec's QCommsConfig for the flat baseline (read with sptt=off too)
-    timeout_s: float | None = None  # removed: trainer.collective_timeout_s sets every group's timeout (setting this is an error)
+    timeout_s: float | None = (
+        None  # removed: trainer.collective_timeout_s sets every group's timeout (setting this is an error)
+    )
 
 
 @dataclass
@@ -381,7 +415,9 @@ def register_configs() -> None:
         cs.store(group="tower", name=name, node=node, package="model.tower")
     for name, spec in (("base_dot", DotInteractionConfig), ("base_cross", CrossInteractionConfig)):
         cs.store(group="model/interaction", name=name, node=spec, package="model.interaction")
-    cs.store(group="partition", name="base_partition", node=PartitionConfig, package="model.partition")
+    cs.store(
+        group="partition", name="base_partition", node=PartitionConfig, package="model.partition"
+    )
     cs.store(group="data", name="base_data", node=DataConfig)
     cs.store(group="optim", name="base_optim", node=OptimConfig)
     cs.store(group="trainer", name="base_trainer", node=TrainerConfig)
@@ -402,7 +438,9 @@ def _positive(setting: str, value: Any) -> None:
             raise ValueError(f"{setting} must be a non-empty list of positive integers, got []")
         for i, v in enumerate(value):
             if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{setting}[{i}]={v!r} must be a positive integer (got {list(value)})")
+                raise ValueError(
+                    f"{setting}[{i}]={v!r} must be a positive integer (got {list(value)})"
+                )
     elif value is None or value <= 0:
         raise ValueError(f"{setting}={value!r} must be positive")
 
@@ -483,8 +521,18 @@ def validate(cfg: Config) -> None:
     if d.kind == "synthetic":
         s = d.synthetic
         _choice("data.synthetic.mode", s.mode, SYNTHETIC_MODES)
-        for name in ("num_dense", "num_sparse", "cardinality", "multi_hot", "num_groups",
-                     "num_clusters", "latent_dim", "num_train", "num_val", "num_test"):
+        for name in (
+            "num_dense",
+            "num_sparse",
+            "cardinality",
+            "multi_hot",
+            "num_groups",
+            "num_clusters",
+            "latent_dim",
+            "num_train",
+            "num_val",
+            "num_test",
+        ):
             _positive(f"data.synthetic.{name}", getattr(s, name))
         if s.cardinalities is not None:
             _positive("data.synthetic.cardinalities", list(s.cardinalities))
@@ -504,7 +552,9 @@ def validate(cfg: Config) -> None:
         if s.skew < 0:
             raise ValueError(f"data.synthetic.skew={s.skew} must be >= 0")
     elif d.criteo is None:
-        raise ValueError("data.kind=criteo needs a data.criteo section (use data=criteo_kaggle, criteo_1tb or criteo_sample)")
+        raise ValueError(
+            "data.kind=criteo needs a data.criteo section (use data=criteo_kaggle, criteo_1tb or criteo_sample)"
+        )
 
     o = cfg.optim
     _choice("optim.sparse", o.sparse, SPARSE_OPTIMIZERS)

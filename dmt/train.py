@@ -32,7 +32,14 @@ register_configs()
 # conf/ sits beside the package (editable install); an absolute path keeps Hydra on the file system.
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
-SUMMARY_KEYS = ("val_auc", "test_auc", "test_ne", "test_logloss", "oracle_test_auc", "train_samples_per_s")
+SUMMARY_KEYS = (
+    "val_auc",
+    "test_auc",
+    "test_ne",
+    "test_logloss",
+    "oracle_test_auc",
+    "train_samples_per_s",
+)
 
 
 def compose_config(*overrides: str) -> DictConfig:
@@ -63,11 +70,17 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
     out = Path(output_dir) if output_dir is not None else Path(HydraConfig.get().runtime.output_dir)
     runtime = init_runtime(t.device, timeout_s=t.collective_timeout_s)
     try:
-        out = agree_on_run_dir(out, rank=runtime.rank, world_size=runtime.world_size,
-                               from_hydra=output_dir is None)
+        out = agree_on_run_dir(
+            out, rank=runtime.rank, world_size=runtime.world_size, from_hydra=output_dir is None
+        )
         with (
-            claim_run_dir(out, resume_from=t.resume_from, checkpoint_dir=t.checkpoint_dir,
-                          rank=runtime.rank, world_size=runtime.world_size),
+            claim_run_dir(
+                out,
+                resume_from=t.resume_from,
+                checkpoint_dir=t.checkpoint_dir,
+                rank=runtime.rank,
+                world_size=runtime.world_size,
+            ),
             watch_ranks(runtime, timeout_s=t.collective_timeout_s),
         ):
             config = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(conf)))
@@ -87,8 +100,14 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
     finally:
         close_runtime()
     if runtime.is_main:
-        print(" ".join(f"{k}={metrics[k]:.4f}" if k != "train_samples_per_s" else f"{k}={metrics[k]:.0f}"
-                       for k in SUMMARY_KEYS if k in metrics), flush=True)
+        print(
+            " ".join(
+                f"{k}={metrics[k]:.4f}" if k != "train_samples_per_s" else f"{k}={metrics[k]:.0f}"
+                for k in SUMMARY_KEYS
+                if k in metrics
+            ),
+            flush=True,
+        )
         print(f"metrics written to {out / 'metrics.json'}", flush=True)
     return metrics
 

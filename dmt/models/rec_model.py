@@ -66,5 +66,7 @@ class RecModel(nn.Module):
         x = self.bottom(dense_features)
         return self.top(self.interaction(x, pooled)).squeeze(-1)
 
-    def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+    def forward(
+        self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
+    ) -> torch.Tensor:
         return self.dense_forward(dense_features, self.pooled_embeddings(sparse_features))

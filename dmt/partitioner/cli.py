@@ -65,9 +65,7 @@ def checkpoint_affinity(
     model = load_model(ckpt)
     rows = open_data(ckpt, data, batch_size=batch_size, progress=False)
     feature_names, _, _ = run_schema(ckpt.config)
-    return model_affinity(
-        model, rows.source.batches(0), max_batches, feature_names=feature_names
-    )
+    return model_affinity(model, rows.source.batches(0), max_batches, feature_names=feature_names)
 
 
 def run_partition(

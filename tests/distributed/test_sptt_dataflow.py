@@ -179,8 +179,9 @@ def _setup(rank: int, world_size: int, case: Case) -> _Setup:
     global_kjt = _kjt(names, lengths, values, 0, G * B, list(range(F)))
     order = list(reversed(range(F))) if case.reverse_keys else list(range(F))
     local_kjt = _kjt(names, lengths, values, lo, hi, order)
-    return _Setup(topo, groups, plan, tables, names, reference, lengths, values, global_kjt,
-                  local_kjt, lo, hi)
+    return _Setup(
+        topo, groups, plan, tables, names, reference, lengths, values, global_kjt, local_kjt, lo, hi
+    )
 
 
 def _dataflow_worker(rank: int, world_size: int, case: Case) -> dict[str, int]:

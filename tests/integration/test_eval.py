@@ -216,7 +216,9 @@ def test_config_that_does_not_match_the_weights(synthetic_run: Path, tmp_path: P
     assert "embedding_bags.t_cat_0.weight: checkpoint (100, 16), config (50, 16)" in msg
 
     cross = {"_target_": "dmt.models.interaction.CrossInteraction", "num_layers": 3, "low_rank": 64}
-    _edit_config(step, data__synthetic__cardinality=100, model__name="dcn", model__interaction=cross)
+    _edit_config(
+        step, data__synthetic__cardinality=100, model__name="dcn", model__interaction=cross
+    )
     with pytest.raises(
         ValueError,
         match=r"model.top.0.weight: checkpoint \(256, 367\), config \(256, 432\); 9 tensors missing from the checkpoint \(e.g. model\.interaction\.crossnet",

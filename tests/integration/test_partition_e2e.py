@@ -43,8 +43,6 @@ PLANTED = [
 ]
 
 
-
-
 def labels_of(towers: list[list[int]], num_features: int) -> np.ndarray:
     labels = np.full(num_features, -1)
     for tower, features in enumerate(towers):
@@ -61,10 +59,21 @@ def test_tp_from_a_trained_checkpoint_recovers_the_planted_groups(tmp_path, one_
     assert metrics["test_auc"] > metrics["oracle_test_auc"] - 0.04, metrics  # it trained
 
     out = tmp_path / "tp"
-    assert partition_main(
-        ["--checkpoint", str(run / "checkpoints"), "--data", "val", "--num-towers", str(GROUPS),
-         "--out", str(out)]
-    ) == 0
+    assert (
+        partition_main(
+            [
+                "--checkpoint",
+                str(run / "checkpoints"),
+                "--data",
+                "val",
+                "--num-towers",
+                str(GROUPS),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     document = yaml.safe_load((out / "partition.yaml").read_text())
     names = [f"cat_{i}" for i in range(FEATURES)]
     towers = [[names.index(f) for f in tower] for tower in document["towers"]]
@@ -84,10 +93,14 @@ def test_tp_from_a_trained_checkpoint_recovers_the_planted_groups(tmp_path, one_
 
     # the partition file is what DMT model configs consume
     dmt = train(
-        compose_config(*[o for o in overrides if o.startswith(("data.", "logger", "trainer.p"))],
-                       "experiment=dmt_4t_dlrm", "partition=tp",
-                       f"model.partition.path={out / 'partition.yaml'}",
-                       "model.partition.num_towers=3", "trainer.max_steps=20"),
+        compose_config(
+            *[o for o in overrides if o.startswith(("data.", "logger", "trainer.p"))],
+            "experiment=dmt_4t_dlrm",
+            "partition=tp",
+            f"model.partition.path={out / 'partition.yaml'}",
+            "model.partition.num_towers=3",
+            "trainer.max_steps=20",
+        ),
         tmp_path / "dmt",
     )
     assert json.loads((tmp_path / "dmt" / "metrics.json").read_text())["num_steps"] == 20

@@ -71,9 +71,21 @@ def test_sptt_training_one_host_and_two_emulated_hosts_agree(tmp_path) -> None:
     _check(
         [
             subprocess.Popen(
-                [*TORCHRUN, "--standalone", "--nproc-per-node=4", *TRAIN, "sptt=on",
-                 "sptt.local_world_size=2", "sptt.peer_permute=output", f"hydra.run.dir={one}"],
-                cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                [
+                    *TORCHRUN,
+                    "--standalone",
+                    "--nproc-per-node=4",
+                    *TRAIN,
+                    "sptt=on",
+                    "sptt.local_world_size=2",
+                    "sptt.peer_permute=output",
+                    f"hydra.run.dir={one}",
+                ],
+                cwd=REPO,
+                env=_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
         ]
     )
@@ -82,10 +94,24 @@ def test_sptt_training_one_host_and_two_emulated_hosts_agree(tmp_path) -> None:
     _check(
         [
             subprocess.Popen(
-                [*TORCHRUN, "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
-                 "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=dmt-test",
-                 *TRAIN, "sptt=on", "sptt.peer_permute=skip", f"hydra.run.dir={two}"],
-                cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                [
+                    *TORCHRUN,
+                    "--nnodes=2",
+                    "--nproc-per-node=2",
+                    f"--node-rank={node}",
+                    "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={endpoint}",
+                    "--rdzv-id=dmt-test",
+                    *TRAIN,
+                    "sptt=on",
+                    "sptt.peer_permute=skip",
+                    f"hydra.run.dir={two}",
+                ],
+                cwd=REPO,
+                env=_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
             for node in (0, 1)
         ]
@@ -105,8 +131,18 @@ def test_flat_baseline_runs_through_the_same_entry_point(tmp_path) -> None:
     _check(
         [
             subprocess.Popen(
-                [*TORCHRUN, "--standalone", "--nproc-per-node=2", *TRAIN, f"hydra.run.dir={run_dir}"],
-                cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                [
+                    *TORCHRUN,
+                    "--standalone",
+                    "--nproc-per-node=2",
+                    *TRAIN,
+                    f"hydra.run.dir={run_dir}",
+                ],
+                cwd=REPO,
+                env=_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
         ]
     )

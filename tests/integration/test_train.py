@@ -148,7 +148,12 @@ def test_inspect_cli_writes_inspect_json(tmp_path):
 
 
 def test_bad_config_fails_before_training(tmp_path):
-    res = _cli("dmt-train", "model.interaction._target_=resnet.ResNet", f"hydra.run.dir={tmp_path}", cwd=REPO)
+    res = _cli(
+        "dmt-train",
+        "model.interaction._target_=resnet.ResNet",
+        f"hydra.run.dir={tmp_path}",
+        cwd=REPO,
+    )
     assert res.returncode != 0
     assert "model.interaction: cannot build _target_='resnet.ResNet'" in res.stderr
     assert not (tmp_path / "metrics.json").exists()

@@ -199,16 +199,20 @@ def test_build_criteo_preprocesses_from_raw_path_once(tmp_path: Path) -> None:
 
     # the same directory with other settings: an error that says how to proceed, data untouched
     cfg.criteo = CriteoConfig(**{**crit.__dict__, "frequency_threshold": 5})  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"preprocessing data\.criteo\.raw_path=.* into "
-                       r"data\.criteo\.preprocessed_dir=.* failed: output directory .* exists and "
-                       r"was made with other settings or sources.*auto_preprocess=false"):
+    with pytest.raises(
+        ValueError,
+        match=r"preprocessing data\.criteo\.raw_path=.* into "
+        r"data\.criteo\.preprocessed_dir=.* failed: output directory .* exists and "
+        r"was made with other settings or sources.*auto_preprocess=false",
+    ):
         build_criteo(cfg)
     assert (out / "manifest.json").stat().st_mtime_ns == stamp
     cfg.criteo.auto_preprocess = False  # use the directory as it is
     assert build_criteo(cfg).cardinalities == manifest["cardinalities"]
 
-    cfg.criteo = CriteoConfig(raw_path=str(tmp_path / "missing.txt"),
-                              preprocessed_dir=str(tmp_path / "p2"), num_workers=1)
+    cfg.criteo = CriteoConfig(
+        raw_path=str(tmp_path / "missing.txt"), preprocessed_dir=str(tmp_path / "p2"), num_workers=1
+    )
     with pytest.raises(ValueError, match=r"missing\.txt' is neither a file nor a directory"):
         build_criteo(cfg)
     assert not (tmp_path / "p2").exists()

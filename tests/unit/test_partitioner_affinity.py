@@ -179,10 +179,19 @@ def test_model_affinity_of_a_dmt_model_equals_its_base_model():
     names = [f"cat_{i}" for i in range(5)]
     common = dict(feature_names=names, cardinalities=[10] * 5, num_dense=2)
     dot = DotInteractionConfig()
-    base = build_model(ModelConfig(name="dlrm", interaction=dot, embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1]), **common)
+    base = build_model(
+        ModelConfig(
+            name="dlrm", interaction=dot, embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1]
+        ),
+        **common,
+    )
     towers = [["cat_3", "cat_0"], ["cat_1", "cat_4", "cat_2"]]
     dmt_cfg = ModelConfig(
-        name="dlrm", interaction=dot, embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1],
+        name="dlrm",
+        interaction=dot,
+        embedding_dim=4,
+        bottom_mlp=[8, 4],
+        top_mlp=[8, 1],
         partition=PartitionConfig(kind="explicit", towers=towers),
     )
     dmt_model = build_model(dmt_cfg, **common)

@@ -29,7 +29,9 @@ def _model(partition: list[list[str]], *, dim: int = 8, tower: str = "dlrm"):
         embedding_dim=dim,
         bottom_mlp=[4, dim if tower == "passthrough" else 2],
         top_mlp=[4, 1],
-        tower=PassThroughTowerConfig() if tower == "passthrough" else DLRMTowerConfig(dim=2, c=1, p=0),
+        tower=PassThroughTowerConfig()
+        if tower == "passthrough"
+        else DLRMTowerConfig(dim=2, c=1, p=0),
         partition=PartitionConfig(kind="explicit"),
     )
     return build_dmt_model(cfg, partition, feature_names=NAMES, cardinalities=[10] * 6, num_dense=3)
