@@ -48,8 +48,7 @@ class DotInteraction(nn.Module):
     Output: ``(B, D + (V + 1) V / 2)``.
     """
 
-    _rows: torch.Tensor
-    _cols: torch.Tensor
+    _pairs: torch.Tensor
 
     def __init__(self, num_vectors: int, dim: int, dense_dim: int | None = None) -> None:
         super().__init__()
@@ -63,8 +62,9 @@ class DotInteraction(nn.Module):
         self.num_vectors = num_vectors
         self.dim = dim
         rows, cols = torch.triu_indices(num_vectors + 1, num_vectors + 1, offset=1)
-        self.register_buffer("_rows", rows, persistent=False)
-        self.register_buffer("_cols", cols, persistent=False)
+        # positions in the flattened Gram matrix: index_select's backward (index_add) is several
+        # times faster on CPU than that of gram[:, rows, cols] (index_put with accumulation)
+        self.register_buffer("_pairs", rows * (num_vectors + 1) + cols, persistent=False)
 
     @property
     def output_dim(self) -> int:
@@ -73,7 +73,7 @@ class DotInteraction(nn.Module):
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         vectors = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # (B, V + 1, D)
         gram = torch.bmm(vectors, vectors.transpose(1, 2))  # (B, V + 1, V + 1)
-        return torch.cat([dense, gram[:, self._rows, self._cols]], dim=1)
+        return torch.cat([dense, gram.flatten(1).index_select(1, self._pairs)], dim=1)
 
 
 class CrossInteraction(nn.Module):
