@@ -71,7 +71,6 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
-from torchrec.distributed.planner import Topology as PlannerTopology
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dmt.config import (
@@ -81,12 +80,13 @@ from dmt.config import (
     OptimConfig,
     PartitionConfig,
     PassThroughTowerConfig,
+    ShardingConfig,
 )
 from dmt.models import build_dmt_model, embedding_parameters, naive_partition
 from dmt.models.accounting import compression_ratio
 from dmt.optim import apply_sparse_optimizer, build_optimizer
 from dmt.runtime import Runtime
-from dmt.sharding import flat_sharders, shard_model
+from dmt.sharding import flat_sharders, memory_budget, planner_topology, shard_model
 from dmt.sptt.collectives import COMM_PRECISIONS
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.comm_trace import CommTrace
@@ -122,8 +122,9 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--pipeline",
-        default="off",
-        help="on (TorchRec's train pipeline, dmt.trainer.build_pipeline), off (plain loop) or on,off",
+        default="on",
+        help="on (TorchRec's train pipeline, dmt.trainer.build_pipeline, as trainer.pipeline=true;"
+        " the default), off (plain loop) or on,off",
     )
     p.add_argument(
         "--comm-precision",
@@ -234,10 +235,10 @@ def _flat(
         )
     else:
         planner = EmbeddingShardingPlanner(
-            topology=PlannerTopology(
+            topology=planner_topology(
+                memory_budget(ShardingConfig(), runtime.device.type),
                 world_size=runtime.world_size,
                 local_world_size=runtime.local_world_size,
-                compute_device=runtime.device.type,
             ),
             batch_size=args.batch,
             constraints={
