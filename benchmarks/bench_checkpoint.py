@@ -3,7 +3,7 @@ asynchronous) vs the format dmt used before (one ``torch.save`` per rank, git co
 
     .venv/bin/python benchmarks/bench_checkpoint.py --runs 3 [--json FILE] [OVERRIDE ...]
 
-Model and data: the ``dmt-train`` defaults (DLRM on planted synthetic data, conf/config.yaml) plus
+Model and data: the ``dmt-train`` defaults (DLRM on planted synthetic data, dmt/conf/config.yaml) plus
 any Hydra overrides given; one process (world of one, gloo on CPU), a few training steps first so
 the optimizer state exists. Each save goes to a fresh directory; the methods alternate within a
 run (their order rotates from run to run). Measured:

@@ -35,7 +35,7 @@ def rows_per_s(data: str, rows: int, seed: int) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="criteo_1tb_synthetic", help="a conf/data option")
+    parser.add_argument("--data", default="criteo_1tb_synthetic", help="a dmt/conf/data option")
     parser.add_argument("--rows", type=int, default=1 << 20, help="rows generated per run")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()

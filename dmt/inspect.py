@@ -20,7 +20,7 @@ from dmt.config import Config, register_configs
 from dmt.data.synthetic import cardinalities
 from dmt.models import DMTModel, build_model
 from dmt.models.accounting import model_stats
-from dmt.train import CONF_DIR, to_config
+from dmt.train import CONF_PATH, to_config
 
 register_configs()
 
@@ -66,7 +66,7 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+@hydra.main(version_base="1.3", config_path=CONF_PATH, config_name="config")
 def main(cfg: DictConfig) -> None:
     report = inspect_config(to_config(cfg))
     out = Path(HydraConfig.get().runtime.output_dir)

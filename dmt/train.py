@@ -29,8 +29,9 @@ from dmt.watchdog import watch_ranks
 
 log = logging.getLogger(__name__)
 register_configs()
-# conf/ sits beside the package (editable install); an absolute path keeps Hydra on the file system.
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+#: the config groups: package data (dmt/conf/), so an installed dmt finds them from any directory
+CONF_MODULE = "dmt.conf"
+CONF_PATH = f"pkg://{CONF_MODULE}"
 
 SUMMARY_KEYS = (
     "val_auc",
@@ -44,9 +45,9 @@ SUMMARY_KEYS = (
 
 def compose_config(*overrides: str) -> DictConfig:
     """Compose the root config with Hydra overrides, from Python (tests, notebooks, drivers)."""
-    from hydra import compose, initialize_config_dir  # noqa: PLC0415
+    from hydra import compose, initialize_config_module  # noqa: PLC0415
 
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+    with initialize_config_module(CONF_MODULE, version_base="1.3"):
         return compose("config", overrides=list(overrides))
 
 
@@ -146,7 +147,7 @@ def sweep_value(metrics: dict[str, float], name: str) -> float:
     return value
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+@hydra.main(version_base="1.3", config_path=CONF_PATH, config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Trains; in a multirun returns ``trainer.optimize_metric`` to the sweeper (an error if
     that metric is missing or NaN)."""

@@ -34,7 +34,7 @@ CHOSEN = {
 
 
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
+    return sorted(p.stem for p in (REPO / "dmt" / "conf" / group).glob("*.yaml"))
 
 
 @pytest.mark.parametrize("group", GROUPS)

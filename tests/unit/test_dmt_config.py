@@ -23,7 +23,7 @@ NAMES = [f"cat_{i}" for i in range(26)]
 DMT_EXPERIMENTS = sorted(
     p.stem
     for pattern in ("paper_sptt_*.yaml", "paper_dmt_*.yaml", "dmt_*.yaml")
-    for p in (REPO / "conf" / "experiment").glob(pattern)
+    for p in (REPO / "dmt" / "conf" / "experiment").glob(pattern)
 )
 # name -> (towers, compression ratio); paper Tables 3-5.
 EXPECTED = {

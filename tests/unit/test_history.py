@@ -6,14 +6,14 @@ import json
 import math
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import open_dict
 
 from dmt.history import RunHistory, read_history
 from dmt.tracking import wandb_name, wandb_values
-from dmt.train import CONF_DIR, _hydra_info, sweep_value
+from dmt.train import CONF_MODULE, _hydra_info, sweep_value
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -90,7 +90,7 @@ def test_the_sweep_metric_must_exist_and_be_a_number():
 def test_hydra_choices_overrides_and_sweep_group_go_into_the_wandb_config(tmp_path):
     if not HydraConfig.initialized():
         assert _hydra_info() == {}  # train() called from Python
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+    with initialize_config_module(CONF_MODULE, version_base="1.3"):
         cfg = compose("config", overrides=["model=dcn", "optim.lr=0.01"], return_hydra_config=True)
     with open_dict(cfg):
         cfg.hydra.mode = RunMode.MULTIRUN

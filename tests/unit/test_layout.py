@@ -97,8 +97,8 @@ def readme_config_table() -> dict[str, set[str]]:
 
 
 def conf_groups() -> dict[str, set[str]]:
-    """Every config group under conf/ (nested ones as ``hydra/launcher``) and its options."""
-    conf = ROOT / "conf"
+    """Every config group under dmt/conf/ (nested ones as ``hydra/launcher``) and its options."""
+    conf = ROOT / "dmt" / "conf"
     return {
         str(d.relative_to(conf)): {f.stem for f in d.glob("*.yaml")}
         for d in sorted(conf.rglob("*"))
@@ -108,10 +108,10 @@ def conf_groups() -> dict[str, set[str]]:
 
 def test_readme_config_table_names_every_group_and_option():
     table, groups = readme_config_table(), conf_groups()
-    assert set(table) == set(groups), "README's config-group table and conf/ disagree on groups"
+    assert set(table) == set(groups), "README's config-group table and dmt/conf/ disagree on groups"
     for group, options in groups.items():
         missing = options - table[group]
-        assert not missing, f"README's config-group table misses conf/{group}/{sorted(missing)}"
+        assert not missing, f"README's config-group table misses dmt/conf/{group}/{sorted(missing)}"
 
 
 def test_brace_expansion():
@@ -126,7 +126,7 @@ def test_brace_expansion():
 @pytest.mark.parametrize("section", ["## Layout"])
 def test_readme_layout_paths_exist(section):
     block = README[README.index(section) :].split("```")[1]
-    paths = re.findall(r"\b(?:dmt|conf|scripts|benchmarks|tests)/[\w./]*", block)
+    paths = re.findall(r"\b(?:dmt|scripts|benchmarks|tests)/[\w./]*", block)
     assert len(paths) > 10
     missing = [p for p in paths if not (ROOT / p.rstrip(".")).exists()]
     assert not missing, f"README's Layout names paths that do not exist: {missing}"

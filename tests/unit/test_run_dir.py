@@ -24,6 +24,7 @@ from dmt.run_dir import (
     run_stamp,
 )
 from dmt.runtime import TORCHRUN_VARS
+from dmt.train import CONF_MODULE
 from tests.conftest import REPO
 
 SECOND = datetime(2025, 1, 31, 14, 3, 59, 0)
@@ -35,9 +36,9 @@ def test_runs_started_in_the_same_second_get_different_directories():
 
 
 def _hydra_config():
-    from hydra import compose, initialize_config_dir  # noqa: PLC0415
+    from hydra import compose, initialize_config_module  # noqa: PLC0415
 
-    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_module(CONF_MODULE, version_base="1.3"):
         cfg = compose("config", return_hydra_config=True)
         return cfg.hydra
 
