@@ -72,7 +72,11 @@ def _run(overrides: list[str], out) -> tuple[list[float], dict[str, torch.Tensor
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path):
-    common = ["optim.warmup_steps=5", "data.shuffle=true", "trainer.epochs=2"]  # 16 steps/epoch
+    common = [
+        "optim.schedule.warmup_steps=5",
+        "data.shuffle=true",
+        "trainer.epochs=2",
+    ]  # 16 steps/epoch
     full_losses, full_state = _run([*common, "trainer.max_steps=24"], tmp_path / "full")
     first, _ = _run([*common, "trainer.max_steps=12", "trainer.checkpoint=true"], tmp_path / "a")
     ckpt = tmp_path / "a" / "checkpoints"
@@ -91,7 +95,11 @@ def test_resume_from_a_periodic_checkpoint_reproduces_an_uninterrupted_run(tmp_p
     """``trainer.checkpoint_every`` saves mid-run; resuming one continues at exactly its step and
     data position: mid-epoch (step 20 = epoch 1, batch 4) and at an epoch boundary (step 16 =
     epoch 1, batch 0), each to the uninterrupted run's losses and weights."""
-    common = ["optim.warmup_steps=5", "data.shuffle=true", "trainer.epochs=2"]  # 16 steps/epoch
+    common = [
+        "optim.schedule.warmup_steps=5",
+        "data.shuffle=true",
+        "trainer.epochs=2",
+    ]  # 16 steps/epoch
     common += ["trainer.max_steps=24"]
     full_losses, full_state = _run([*common, "trainer.checkpoint_every=4"], tmp_path / "full")
     ckpt = tmp_path / "full" / "checkpoints"
