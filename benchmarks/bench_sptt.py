@@ -220,7 +220,17 @@ def _batches(args: argparse.Namespace, rank: int, device: torch.device) -> list[
     return out
 
 
-OPTIM = OptimConfig(sparse="rowwise_adagrad", sparse_lr=0.05, dense="sgd", lr=0.01)
+OPTIM = OptimConfig(
+    sparse_lr=0.05,
+    lr=0.01,
+    sparse={
+        "_target_": "torchrec.optim.RowWiseAdagrad",
+        "_partial_": True,
+        "lr": "${..sparse_lr}",
+        "eps": 1e-8,
+    },
+    dense={"_target_": "torch.optim.SGD", "_partial_": True, "lr": "${..lr}"},
+)
 
 
 def _flat(

@@ -388,7 +388,9 @@ def config_differences(
     the saved LR schedule decays until the end of training (it then spans the run). Each as
     ``key: saved -> current``."""
     a, b = _flatten(saved), _flatten(current)
-    schedule_spans_run = a.get("optim.decay", "none") != "none" and not a.get("optim.decay_steps")
+    schedule_spans_run = a.get("optim.schedule.decay", "none") != "none" and not a.get(
+        "optim.schedule.decay_steps"
+    )
     out = []
     for key in sorted(set(a) | set(b)):
         if key in _FREE_KEYS or key.startswith(_FREE_PREFIXES):
@@ -508,8 +510,8 @@ def _check_column_blocks(path: Path, absent: list[str], saved: Iterable[str]) ->
                 f"state of a column-wise table) was saved for column blocks {blocks}, and this run "
                 f"needs {key.removeprefix(base) or '(whole table)'}; resume with the same "
                 "sptt.sharding_type and ranks per tower (sptt.local_world_size x "
-                "sptt.hosts_per_tower), or train with optim.sparse=adagrad or sgd, whose state "
-                "reshards freely"
+                "sptt.hosts_per_tower), or train with optim.sparse._target_=torch.optim.Adagrad "
+                "or torch.optim.SGD, whose state reshards freely"
             )
 
 

@@ -16,8 +16,6 @@ from omegaconf import MISSING
 from dmt.run_dir import register_resolvers
 
 PARTITION_KINDS = ("none", "naive", "tp", "per_feature", "explicit")
-SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "adam", "sgd")
-DENSE_OPTIMIZERS = ("adagrad", "adam", "sgd")
 LR_DECAYS = ("none", "linear", "cosine")
 POOLINGS = ("sum", "mean")
 DATA_KINDS = ("synthetic", "criteo")
@@ -295,22 +293,41 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    """Sparse (fused, in-backward) and dense optimizers and the LR schedule."""
+    """Sparse (fused, in-backward) and dense optimizers and the LR schedule, each a component
+    config built from its ``_target_`` by :mod:`dmt.optim` (a new optimizer or schedule is a
+    config, not code). ``conf/optim/<name>.yaml`` picks a combination (``optim=<name>``).
 
-    sparse: str = (
-        "rowwise_adagrad"  # fused embedding optimizer: rowwise_adagrad, adagrad, adam, sgd
+    Example (``conf/optim/default.yaml``)::
+
+        lr: 0.003
+        sparse_lr: 0.1
+        sparse: {_target_: torchrec.optim.RowWiseAdagrad, _partial_: true, lr: ${..sparse_lr}, eps: 1e-8}
+        dense: {_target_: torch.optim.Adam, _partial_: true, lr: ${..lr}, betas: [0.9, 0.999]}
+        schedule: {_target_: dmt.optim.warmup_decay_schedule, warmup_steps: 0, decay: none}
+    """
+
+    lr: float = 0.003  # peak learning rate of the dense parameters (optim.dense.lr reads it)
+    sparse_lr: float = 0.1  # peak learning rate of the embedding tables (optim.sparse.lr reads it)
+    # The components are Any, so that each optimizer brings its own kwargs; their defaults hold
+    # only what every optimizer takes (a YAML's fields are merged onto them).
+    # fused embedding optimizer: _target_ a class TorchRec fuses into FBGEMM's kernels
+    # (torchrec.optim.RowWiseAdagrad, torch.optim.Adagrad/SGD; torch.optim.Adam on CUDA only),
+    # _partial_: true, and the kernel's kwargs (lr, eps, weight_decay, beta1/beta2, ...)
+    sparse: Any = field(
+        default_factory=lambda: {
+            "_target_": "torchrec.optim.RowWiseAdagrad",
+            "_partial_": True,
+            "lr": "${..sparse_lr}",
+        }
     )
-    sparse_lr: float = 0.1  # learning rate of the embedding tables
-    dense: str = "adam"  # dense optimizer: adagrad, adam, sgd
-    lr: float = 0.003  # learning rate of the dense parameters
-    eps: float = 1e-8  # epsilon of Adagrad/Adam
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam betas
-    weight_decay: float = 0.0  # dense weight decay
-    warmup_steps: int = 0  # linear warmup from 0 over this many steps
-    decay: str = "none"  # LR decay after decay_start: none, linear, cosine
-    decay_start: int = 0  # step at which decay starts
-    decay_steps: int = 0  # steps to decay over (0: until the end of training)
-    min_lr_ratio: float = 0.0  # final LR as a fraction of the peak
+    # dense optimizer: _target_ a torch.optim.Optimizer class, _partial_: true, and its kwargs
+    dense: Any = field(
+        default_factory=lambda: {"_target_": "torch.optim.Adam", "_partial_": True, "lr": "${..lr}"}
+    )
+    # LR schedule: _target_ a factory (optimizer, total_steps, **kwargs) -> torch LRScheduler;
+    # dmt.optim.warmup_decay_schedule takes warmup_steps, decay (none, linear, cosine),
+    # decay_start, decay_steps (0: until the end of training) and min_lr_ratio
+    schedule: Any = field(default_factory=lambda: {"_target_": "dmt.optim.warmup_decay_schedule"})
 
 
 @dataclass
@@ -556,16 +573,12 @@ def validate(cfg: Config) -> None:
             "data.kind=criteo needs a data.criteo section (use data=criteo_kaggle, criteo_1tb or criteo_sample)"
         )
 
-    o = cfg.optim
-    _choice("optim.sparse", o.sparse, SPARSE_OPTIMIZERS)
-    _choice("optim.dense", o.dense, DENSE_OPTIMIZERS)
-    _choice("optim.decay", o.decay, LR_DECAYS)
-    _positive("optim.lr", o.lr)
-    _positive("optim.sparse_lr", o.sparse_lr)
-    if o.warmup_steps < 0 or o.decay_start < 0 or o.decay_steps < 0:
-        raise ValueError("optim.warmup_steps, optim.decay_start and optim.decay_steps must be >= 0")
-    if not 0.0 <= o.min_lr_ratio <= 1.0:
-        raise ValueError(f"optim.min_lr_ratio={o.min_lr_ratio} must be in [0, 1]")
+    _positive("optim.lr", cfg.optim.lr)
+    _positive("optim.sparse_lr", cfg.optim.sparse_lr)
+    # the optimizers' and the schedule's own checks (kwargs, ranges), before any data is read
+    from dmt.optim import check_optim  # noqa: PLC0415 (torch; dmt.optim imports this module)
+
+    check_optim(cfg.optim)
 
     t = cfg.trainer
     _positive("trainer.epochs", t.epochs)

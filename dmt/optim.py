@@ -1,87 +1,159 @@
 """Optimizers: fused sparse optimizers applied in backward (FBGEMM TBE) and torch dense ones,
-combined into one TorchRec ``CombinedOptimizer``; plus the LR schedule."""
+combined into one TorchRec ``CombinedOptimizer``; plus the LR schedule.
+
+Each is built from its config's ``_target_`` (``optim.sparse``, ``optim.dense``,
+``optim.schedule``); this module is the edge where those configs become objects, so a new
+optimizer or schedule is a config, not code:
+
+- ``optim.dense``: ``instantiate(cfg, _partial_=True)(params)``, any ``torch.optim.Optimizer``.
+- ``optim.sparse``: ``(class, kwargs)`` from ``hydra.utils.get_class(cfg._target_)`` and its other
+  fields, handed to TorchRec (``apply_optimizer_in_backward``, the fused EBCs), which fuses it into
+  FBGEMM's embedding kernels: the class must be one TorchRec maps to an FBGEMM ``EmbOptimType``
+  (``torch.optim.SGD``/``Adagrad``/``Adam``, ``torchrec.optim.RowWiseAdagrad``, ...) and the
+  kwargs are the kernel's (``lr``, ``eps``, ``weight_decay``, ``beta1``/``beta2``, ...).
+- ``optim.schedule``: ``instantiate(cfg, optimizer=..., total_steps=...)``, a factory returning a
+  ``torch.optim.lr_scheduler.LRScheduler`` whose LRs are a function of its step count.
+"""
 
 from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from hydra.errors import InstantiationException
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
-from torchrec.optim import RowWiseAdagrad
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from dmt.config import OptimConfig
+from dmt.config import LR_DECAYS, OptimConfig
 
-_SPARSE = {
-    "rowwise_adagrad": RowWiseAdagrad,
-    "adagrad": torch.optim.Adagrad,
-    "adam": torch.optim.Adam,
-    "sgd": torch.optim.SGD,
+#: FBGEMM optimizer types its CPU embedding kernels implement (the rest need CUDA)
+CPU_FUSED_OPTIMIZERS = (
+    EmbOptimType.EXACT_SGD,
+    EmbOptimType.EXACT_ADAGRAD,
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+)
+# dmt.memory's names of the optimizer-state layouts it accounts for (plan.py stays torch-free)
+_STATE_LAYOUT = {
+    EmbOptimType.EXACT_SGD: "sgd",
+    EmbOptimType.EXACT_ADAGRAD: "adagrad",
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD: "rowwise_adagrad",
+    EmbOptimType.ADAM: "adam",
 }
+_HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
 
 
-def _sparse_kwargs(cfg: OptimConfig) -> dict[str, Any]:
-    kw: dict[str, Any] = {"lr": cfg.sparse_lr}
-    if cfg.sparse in ("rowwise_adagrad", "adagrad"):
-        kw["eps"] = cfg.eps
-    elif cfg.sparse == "adam":
-        kw["eps"] = cfg.eps
-        if list(cfg.betas) != [0.9, 0.999]:
-            # TorchRec forwards only lr/eps-style kwargs to the fused kernel, whose betas are fixed.
-            warnings.warn(
-                f"optim.betas={list(cfg.betas)} applies to the dense Adam only; the fused sparse "
-                "Adam uses betas (0.9, 0.999)",
-                stacklevel=2,
-            )
-    return kw
+def _component(cfg: OptimConfig, key: str) -> DictConfig:
+    """``cfg.<key>`` with its interpolations (``${..lr}``) resolved against ``cfg``, so that a
+    config built in Python (``OptimConfig(lr=...)``) reads like a composed one."""
+    node = OmegaConf.structured(cfg)[key]
+    setting = f"optim.{key}"
+    if not isinstance(node, DictConfig) or not isinstance(node.get("_target_"), str):
+        raise ValueError(f"{setting} needs a _target_ (the class or factory to build), got {node}")
+    resolved = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
+    assert isinstance(resolved, DictConfig)
+    return resolved
 
 
-CPU_SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
+def _build(cfg: OptimConfig, key: str, *args: Any, **kwargs: Any) -> Any:
+    """``instantiate(cfg.<key>, **kwargs)`` (called with ``args`` if partial), its errors as a
+    ``ValueError`` naming the setting."""
+    node = _component(cfg, key)
+    try:
+        built = instantiate(node, _convert_="all", **kwargs)
+        return built(*args) if args else built
+    except InstantiationException as e:
+        cause = e.__cause__
+        if isinstance(cause, ValueError | TypeError):
+            raise ValueError(f"optim.{key}: {cause}") from cause
+        raise ValueError(f"optim.{key}: cannot build _target_={node._target_!r}: {e}") from e
+    except (ValueError, TypeError) as e:  # raised by the optimizer given the params
+        raise ValueError(f"optim.{key} (_target_={node._target_}): {e}") from e
 
 
-def sparse_optimizer_name(optimizer_class: type) -> str:
-    """The ``optim.sparse`` name of a fused sparse optimizer class."""
-    for name, cls in _SPARSE.items():
-        if cls is optimizer_class:
-            return name
-    raise ValueError(
-        f"{optimizer_class.__name__} is not one of the fused sparse optimizers {list(_SPARSE)}"
-    )
-
-
-def check_sparse_optimizer(cfg: OptimConfig, device_type: str) -> None:
-    """FBGEMM's CPU embedding kernels implement only some fused optimizers."""
-    if device_type == "cpu" and cfg.sparse not in CPU_SPARSE_OPTIMIZERS:
-        raise ValueError(
-            f"optim.sparse={cfg.sparse!r} needs a CUDA device: FBGEMM's CPU embedding kernels "
-            f"support {list(CPU_SPARSE_OPTIMIZERS)}"
-        )
+# --- sparse (fused) ----------------------------------------------------------------------------
 
 
 def sparse_optimizer_spec(cfg: OptimConfig) -> tuple[type, dict[str, Any]]:
-    """The optimizer class and kwargs a sharder fuses into the embedding kernels."""
-    return _SPARSE[cfg.sparse], _sparse_kwargs(cfg)
+    """The optimizer class and kwargs (``optim.sparse``: ``_target_`` and its other fields) that
+    TorchRec fuses into the embedding kernels."""
+    node = _component(cfg, "sparse")
+    try:
+        cls = get_class(node._target_)
+    except Exception as e:  # hydra raises ImportError/ValueError variants
+        raise ValueError(f"optim.sparse: cannot import _target_={node._target_!r}: {e}") from e
+    kwargs = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(kwargs, dict)
+    return cls, {str(k): v for k, v in kwargs.items() if k not in _HYDRA_KEYS}
+
+
+def fused_optimizer_type(optimizer_class: type) -> EmbOptimType:
+    """FBGEMM's optimizer type of a sparse optimizer class, as TorchRec fuses it."""
+    try:
+        fused = optimizer_type_to_emb_opt_type(optimizer_class)
+    except ValueError:
+        fused = None
+    if fused is None:
+        raise ValueError(
+            f"optim.sparse._target_={optimizer_class.__module__}.{optimizer_class.__qualname__} "
+            "cannot be fused into the embedding kernels: TorchRec maps only some optimizer "
+            "classes to FBGEMM's (torch.optim.SGD/Adagrad/Adam, torchrec.optim.RowWiseAdagrad, "
+            "torchrec.optim.SGD/Adagrad/Adam/LAMB/LarsSGD/PartialRowWiseAdam/PartialRowWiseLAMB)"
+        )
+    return fused
+
+
+def sparse_optimizer_name(optimizer_class: type) -> str:
+    """The state layout of a fused sparse optimizer class as :mod:`dmt.memory` names it
+    (``"sgd"``, ``"adagrad"``, ``"rowwise_adagrad"``, ``"adam"``)."""
+    fused = fused_optimizer_type(optimizer_class)
+    if fused not in _STATE_LAYOUT:
+        raise ValueError(
+            f"optim.sparse._target_={optimizer_class.__qualname__} (FBGEMM {fused.value}): dmt's "
+            f"memory plan accounts for the state of {[t.value for t in _STATE_LAYOUT]} only"
+        )
+    return _STATE_LAYOUT[fused]
+
+
+def check_sparse_optimizer(cfg: OptimConfig, device_type: str) -> None:
+    """Raise ``ValueError`` unless ``optim.sparse`` can be fused on ``device_type``: FBGEMM's CPU
+    embedding kernels implement only some optimizers."""
+    cls, _ = sparse_optimizer_spec(cfg)
+    fused = fused_optimizer_type(cls)
+    sparse_optimizer_name(cls)
+    if device_type == "cpu" and fused not in CPU_FUSED_OPTIMIZERS:
+        supported = [t.value for t in CPU_FUSED_OPTIMIZERS]
+        raise ValueError(
+            f"optim.sparse._target_={_component(cfg, 'sparse')._target_} (FBGEMM {fused.value}) "
+            f"needs a CUDA device: FBGEMM's CPU embedding kernels support {supported} "
+            "(e.g. torchrec.optim.RowWiseAdagrad, torch.optim.Adagrad, torch.optim.SGD)"
+        )
 
 
 def apply_sparse_optimizer(embedding_params: list[nn.Parameter], cfg: OptimConfig) -> None:
     """Attach the sparse optimizer to the tables before sharding, so the sharder fuses it."""
-    apply_optimizer_in_backward(_SPARSE[cfg.sparse], embedding_params, _sparse_kwargs(cfg))
+    cls, kwargs = sparse_optimizer_spec(cfg)
+    apply_optimizer_in_backward(cls, embedding_params, kwargs)
+
+
+# --- dense -------------------------------------------------------------------------------------
 
 
 def dense_optimizer(params: list[nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
-    if cfg.dense == "adagrad":
-        return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    if cfg.dense == "adam":
-        beta1, beta2 = cfg.betas
-        return torch.optim.Adam(
-            params, lr=cfg.lr, betas=(beta1, beta2), eps=cfg.eps, weight_decay=cfg.weight_decay
-        )
-    return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    """``optim.dense`` (``_target_``: a ``torch.optim.Optimizer`` class, partial) over ``params``."""
+    opt = _build(cfg, "dense", params, _partial_=True)
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise TypeError(f"optim.dense built a {type(opt).__name__}, not a torch.optim.Optimizer")
+    return opt
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> CombinedOptimizer:
@@ -92,56 +164,109 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> CombinedOptimizer:
     return CombinedOptimizer([fused, *opts] if fused is not None else opts)
 
 
+# --- LR schedule -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
 class LRSchedule:
-    """Multiplier of the peak LR at a step: linear warmup over ``warmup_steps``, then constant,
-    linear or cosine decay to ``min_lr_ratio`` over ``decay_steps`` (0: until ``total_steps``).
+    """Multiplier of the peak LR at a step: linear warmup over ``warmup_steps``, then constant
+    (``decay="none"``), ``"linear"`` or ``"cosine"`` decay to ``min_lr_ratio`` over
+    ``decay_steps`` (0: until ``total_steps``).
 
     Decay starts at ``max(decay_start, warmup_steps)``: the LR reaches its peak at the end of the
     warmup and only then decays."""
 
-    def __init__(self, cfg: OptimConfig, total_steps: int) -> None:
-        self.cfg = cfg
-        self.total_steps = total_steps
+    total_steps: int
+    warmup_steps: int = 0
+    decay: str = "none"
+    decay_start: int = 0
+    decay_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.decay not in LR_DECAYS:
+            raise ValueError(f"decay={self.decay!r} is not one of {list(LR_DECAYS)}")
+        if self.warmup_steps < 0 or self.decay_start < 0 or self.decay_steps < 0:
+            raise ValueError(
+                f"warmup_steps={self.warmup_steps}, decay_start={self.decay_start} and "
+                f"decay_steps={self.decay_steps} must be >= 0"
+            )
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
 
     def __call__(self, step: int) -> float:
-        c = self.cfg
-        if c.warmup_steps and step < c.warmup_steps:
-            return (step + 1) / c.warmup_steps
-        start = max(c.decay_start, c.warmup_steps)
-        if c.decay == "none" or step < start:
+        if self.warmup_steps and step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        start = max(self.decay_start, self.warmup_steps)
+        if self.decay == "none" or step < start:
             return 1.0
-        span = c.decay_steps or max(self.total_steps - start, 1)
+        span = self.decay_steps or max(self.total_steps - start, 1)
         t = min((step - start) / span, 1.0)
-        shape = 1.0 - t if c.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * t))
-        return c.min_lr_ratio + (1.0 - c.min_lr_ratio) * shape
+        shape = 1.0 - t if self.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * t))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * shape
 
 
-def build_lr_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int
+def warmup_decay_schedule(
+    optimizer: torch.optim.Optimizer,
+    total_steps: int,
+    *,
+    warmup_steps: int = 0,
+    decay: str = "none",
+    decay_start: int = 0,
+    decay_steps: int = 0,
+    min_lr_ratio: float = 0.0,
 ) -> LambdaLR:
-    """``optimizer``'s LR schedule as a ``torch.optim.lr_scheduler.LambdaLR`` of
-    :class:`LRSchedule`: every param group's LR is its peak (its LR now) times the factor at the
-    scheduler's step. Step it after every optimizer step; the fused sparse optimizer reads its
-    group's LR at the next ``zero_grad``. Its ``state_dict`` goes into checkpoints."""
-    factor = LRSchedule(cfg, total_steps)
+    """:class:`LRSchedule` as a ``LambdaLR`` (``optim.schedule``'s default ``_target_``): every
+    param group's LR is its peak (its LR now) times the factor at the scheduler's step."""
+    factor = LRSchedule(
+        total_steps, warmup_steps, decay, decay_start, decay_steps, float(min_lr_ratio)
+    )
     # a plain function: LambdaLR keeps no state of it (the schedule is the config's)
     return LambdaLR(optimizer, lambda step: factor(step))
 
 
-def restore_lr_scheduler(scheduler: LambdaLR, state: dict[str, Any] | None, step: int) -> None:
-    """Put ``scheduler`` where a checkpoint's ``state`` (``None``: a checkpoint without one) left
-    it, at ``step``; the peak LRs stay this run's (a resume may change ``optim.lr``)."""
-    state = dict(state) if state else {"last_epoch": step, "_step_count": step + 1}
-    if int(state["last_epoch"]) != step:
-        raise ValueError(
-            f"the checkpoint's LR schedule is at step {state['last_epoch']}, its training at {step}"
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int
+) -> LRScheduler:
+    """``optimizer``'s LR schedule, ``optim.schedule`` built with the optimizer and the run's
+    ``total_steps``. Step it after every optimizer step; the fused sparse optimizer reads its
+    group's LR at the next ``zero_grad``. Its ``state_dict`` goes into checkpoints."""
+    scheduler = _build(cfg, "schedule", optimizer=optimizer, total_steps=total_steps)
+    if not isinstance(scheduler, LRScheduler):
+        raise TypeError(
+            f"optim.schedule built a {type(scheduler).__name__}, not a "
+            "torch.optim.lr_scheduler.LRScheduler"
         )
-    state["base_lrs"] = list(scheduler.base_lrs)
-    state.pop("_last_lr", None)
-    scheduler.load_state_dict({**scheduler.state_dict(), **state})
-    factors = [f(scheduler.last_epoch) for f in scheduler.lr_lambdas]
-    for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, factors):
-        group["lr"] = base * factor
+    return scheduler
+
+
+def check_optim(cfg: OptimConfig) -> None:
+    """Build ``cfg``'s dense optimizer and LR schedule over a dummy parameter and resolve its
+    sparse optimizer, so that their own checks fail before any data is read
+    (:func:`dmt.config.validate`)."""
+    cls, _ = sparse_optimizer_spec(cfg)
+    sparse_optimizer_name(cls)
+    opt = dense_optimizer([nn.Parameter(torch.zeros(1))], cfg)
+    build_lr_scheduler(opt, cfg, total_steps=1)
+
+
+def restore_lr_scheduler(scheduler: LRScheduler, state: dict[str, Any] | None, step: int) -> None:
+    """Put ``scheduler``, fresh from :func:`build_lr_scheduler`, at ``step``, where a checkpoint's
+    ``state`` (``None``: a checkpoint without one) left it. It is stepped there from this run's
+    peak LRs (a resume may change ``optim.lr``): the schedule is the config's, a function of the
+    step."""
+    saved = int(state["last_epoch"]) if state else step
+    if saved != step:
+        raise ValueError(f"the checkpoint's LR schedule is at step {saved}, its training at {step}")
+    assert scheduler.last_epoch == 0, "restore a scheduler fresh from build_lr_scheduler"
+    # the LRs at step 0 (loading the optimizer's state may have put the checkpoint's there)
+    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
+        group["lr"] = lr
+    with warnings.catch_warnings():
+        # "lr_scheduler.step() before optimizer.step()": a replay, no update is skipped
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(step - scheduler.last_epoch):
+            scheduler.step()
 
 
 def set_lr(optimizer: torch.optim.Optimizer, peaks: list[float], factor: float) -> None:

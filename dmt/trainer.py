@@ -35,7 +35,6 @@ from dmt.metrics import StreamingClickMetrics
 from dmt.models import build_model, embedding_parameters
 from dmt.models.rec_model import RecModel
 from dmt.optim import (
-    LRSchedule,
     apply_sparse_optimizer,
     build_lr_scheduler,
     build_optimizer,
@@ -136,8 +135,10 @@ class Trainer:
         self.total_steps = per_epoch * cfg.trainer.epochs
         if cfg.trainer.max_steps > 0:
             self.total_steps = min(self.total_steps, cfg.trainer.max_steps)
-        self.schedule = LRSchedule(cfg.optim, self.total_steps)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim, self.total_steps)
+        self.step_lrs: list[
+            float | torch.Tensor
+        ] = []  # each param group's LR in the last step's update
         self.step = 0
         self.history: RunHistory | None = None  # rank 0's history.jsonl and curves.png (fit)
         t = cfg.trainer
@@ -214,6 +215,7 @@ class Trainer:
         loss, _ = self.model(batch.to(self.rt.device, non_blocking=True))
         loss.backward()  # the fused sparse optimizer updates the tables here
         self.optimizer.step()
+        self.step_lrs = self.lr_scheduler.get_last_lr()
         self.lr_scheduler.step()  # the next step's LR
         self.step += 1
         return loss.detach()
@@ -237,6 +239,7 @@ class Trainer:
                 if isinstance(self.pipeline, TrainPipelineSparseDist):
                     self.pipeline.detach()
                 return
+            self.step_lrs = self.lr_scheduler.get_last_lr()
             self.lr_scheduler.step()
             self.step += 1
             yield loss
@@ -414,13 +417,14 @@ class Trainer:
         param group for this step's update (the scheduler has already moved to the next)."""
         if not self.rt.is_main:
             return
-        sched = self.lr_scheduler
-        lrs = [float(base * f(self.step - 1)) for base, f in zip(sched.base_lrs, sched.lr_lambdas)]
+        lrs = [float(lr) for lr in self.step_lrs]
+        # the schedule's factor: the LR over its peak, of the first group with a nonzero peak
+        factor = next((lr / b for lr, b in zip(lrs, self.lr_scheduler.base_lrs) if b), 0.0)
         assert self.history is not None
         record = self.history.log_train(
             step=self.step, loss=loss, lrs=lrs, train_time_s=train_time_s
         )
-        self._log({**record, "train/lr_factor": self.schedule(self.step - 1)})
+        self._log({**record, "train/lr_factor": factor})
 
     def _log_eval(self, metrics: dict[str, float], split: str) -> None:
         if self.rt.is_main:

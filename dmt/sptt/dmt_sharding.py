@@ -818,8 +818,8 @@ def shard_dmt(
             ``TrainTask``); the latter's ``model`` is replaced by the :class:`ShardedDMT`.
         runtime: this process's rank, world and device.
         topology: ``Topology(G, L, K)``; ``G`` must be ``runtime.world_size``.
-        optim_cfg: ``optim.sparse``/``sparse_lr`` for the fused tables, ``optim.dense`` and the
-            rest for the tower modules and dense arch.
+        optim_cfg: ``optim.sparse`` for the fused tables, ``optim.dense`` for the tower
+            modules and dense arch.
         groups: SPTT process groups of ``topology``; ``None`` creates them (collective).
         sharding_type: see :class:`DMTSharder`.
         stats: optional :class:`CommStats` to count bytes.

@@ -94,8 +94,8 @@ class SPTTPlan:
         num_embeddings: rows of each feature's table.
         sharding_types: each feature's sharding kind (see the module docstring).
         shards: every shard of every table.
-        sparse_optimizer: the fused optimizer whose state the shards carry (``optim.sparse``
-            names; ``None``: none), for the bytes of :meth:`shard_bytes`.
+        sparse_optimizer: the fused optimizer whose state the shards carry (its state layout
+            as :mod:`dmt.memory` names it, :func:`dmt.optim.sparse_optimizer_name`; ``None``: none), for the bytes of :meth:`shard_bytes`.
         memory: the budget the compute kernels were chosen for (``None``: unchecked).
     """
 
@@ -392,7 +392,7 @@ def build_plan(
         costs: per-feature cost (e.g. rows x N, or lookups per sample); ``None`` counts tables.
         column_multiple: width unit of column-wise blocks (FBGEMM's kernels need 4); must
             divide ``N``.
-        sparse_optimizer: the fused optimizer (``optim.sparse`` names) whose state counts
+        sparse_optimizer: the fused optimizer (:mod:`dmt.memory`'s state-layout names) whose state counts
             against ``memory``; ``None``: no state.
         memory: every rank's budget; ``None`` places every shard in the device's memory
             unchecked. Given, each rank's shards plus optimizer state must fit (on CUDA,

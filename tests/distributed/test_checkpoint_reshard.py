@@ -27,7 +27,6 @@ BASE = [
     "data.batch_size=256",
     "trainer.max_steps=8",
     "trainer.eval_max_batches=1",
-    "optim.dense=adam",
 ]
 FLAT = ["model.embedding_dim=8", "model.bottom_mlp=[16,8]", "model.top_mlp=[16,1]"]
 SPTT = [
@@ -116,7 +115,7 @@ def test_sptt_resume_on_another_topology_matches_uninterrupted(
     if sharding == "column_wise":
         # 1 -> 2 column blocks per table: Adagrad's (rows, cols) state reshards like the table
         # (row-wise Adagrad keeps one state per block, see the next test)
-        sptt.append("optim.sparse=adagrad")
+        sptt.append("optim.sparse._target_=torch.optim.Adagrad")
     _run(2, [*sptt, "sptt.local_world_size=1", "trainer.checkpoint_every=4"], ref, backend=backend)
     resumed = tmp_path / "resumed"
     _run(

@@ -31,7 +31,17 @@ from tests.distributed.distributed_harness import run_on_ranks
 
 G, L = 4, 2
 F, ROWS, N, D, B = 6, 40, 8, 4, 8
-OPTIM = OptimConfig(sparse="rowwise_adagrad", sparse_lr=0.05, dense="sgd", lr=0.01)
+OPTIM = OptimConfig(
+    sparse_lr=0.05,
+    lr=0.01,
+    sparse={
+        "_target_": "torchrec.optim.RowWiseAdagrad",
+        "_partial_": True,
+        "lr": "${..sparse_lr}",
+        "eps": 1e-8,
+    },
+    dense={"_target_": "torch.optim.SGD", "_partial_": True, "lr": "${..lr}"},
+)
 NAMES = [f"cat_{f}" for f in range(F)]
 
 

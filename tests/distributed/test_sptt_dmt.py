@@ -207,8 +207,22 @@ def _batch(case: Case, step: int, start: int, stop: int) -> Batch:
     return Batch(dense_features=dense[start:stop], sparse_features=kjt, labels=labels[start:stop])
 
 
+# the variants' optimizers, as optim.sparse / optim.dense configs
+_SPARSE = {
+    "rowwise_adagrad": {"_target_": "torchrec.optim.RowWiseAdagrad", "eps": 1e-8},
+    "adagrad": {"_target_": "torch.optim.Adagrad", "eps": 1e-8},
+    "sgd": {"_target_": "torch.optim.SGD"},
+}
+_DENSE = {"sgd": {"_target_": "torch.optim.SGD"}, "adam": {"_target_": "torch.optim.Adam"}}
+
+
 def _optim_cfg(variant: Variant) -> OptimConfig:
-    return OptimConfig(sparse=variant.sparse, sparse_lr=0.05, dense=variant.dense, lr=0.01)
+    return OptimConfig(
+        sparse_lr=0.05,
+        lr=0.01,
+        sparse={**_SPARSE[variant.sparse], "_partial_": True, "lr": "${..sparse_lr}"},
+        dense={**_DENSE[variant.dense], "_partial_": True, "lr": "${..lr}"},
+    )
 
 
 def _sharding(case: Case, variant: Variant) -> str | dict[str, str]:

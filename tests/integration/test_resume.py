@@ -26,6 +26,10 @@ TINY = [
 ]
 
 
+# plain SGD on the dense part (it takes no eps): the optimizer is its config's _target_
+SGD = ("optim.dense._target_=torch.optim.SGD", "~optim.dense.eps")
+
+
 def _train(out: Path, *overrides: str) -> dict[str, float]:
     return train(compose_config(*TINY, *overrides), out)
 
@@ -34,13 +38,13 @@ def test_resume_with_another_model_stops_with_the_differing_keys(tmp_path: Path)
     """The issue's reproduction: it used to print "resumed at step 4" and restart the dense
     layers from random weights."""
     first = tmp_path / "first"
-    _train(first, "trainer.max_steps=8", "trainer.checkpoint_every=4", "optim.dense=sgd")
+    _train(first, "trainer.max_steps=8", "trainer.checkpoint_every=4", *SGD)
     step_4 = first / "checkpoints" / "step_4"
     with pytest.raises(ValueError) as e:
         _train(
             tmp_path / "second",
             "trainer.max_steps=8",
-            "optim.dense=sgd",
+            *SGD,
             f"trainer.resume_from={step_4}",
             "model.top_mlp=[128,64,1]",
             "model.bottom_mlp=[32,8]",
@@ -55,18 +59,19 @@ def test_resume_with_another_model_stops_with_the_differing_keys(tmp_path: Path)
 
     # optimizer keys change only when asked to
     with pytest.raises(
-        ValueError, match=r"optim.dense: 'sgd' -> 'adam'.*resume_allow_config_change=true"
+        ValueError,
+        match=r"optim.dense._target_: 'torch.optim.SGD' -> 'torch.optim.Adam'.*"
+        r"resume_allow_config_change=true",
     ):
         _train(tmp_path / "third", "trainer.max_steps=8", f"trainer.resume_from={step_4}")
     # the run's length only when the schedule spans the run: the checkpoint's has no decay
-    with pytest.raises(ValueError, match=r"'sgd' -> 'adam'.*\)$") as e:
+    with pytest.raises(ValueError, match=r"'torch.optim.SGD' -> 'torch.optim.Adam'.*\)$") as e:
         _train(tmp_path / "third", "trainer.max_steps=12", f"trainer.resume_from={step_4}")
     assert "max_steps" not in str(e.value).split(" (")[0]
     m = _train(
         tmp_path / "fourth",
         "trainer.epochs=2",
         "trainer.max_steps=12",
-        "optim.dense=adam",
         "trainer.resume_allow_config_change=true",
         f"trainer.resume_from={step_4}",
     )
@@ -109,8 +114,8 @@ def test_config_differences_free_and_strict_keys() -> None:
         "trainer.seed: 0 -> 1",
     ]
     # a decay until the end of training spans the run: its length is a schedule key
-    saved["optim"] |= {"decay": "linear", "decay_steps": 0}
-    other["optim"] |= {"decay": "linear", "decay_steps": 0}
+    saved["optim"] |= {"schedule": {"decay": "linear", "decay_steps": 0}}
+    other["optim"] |= {"schedule": {"decay": "linear", "decay_steps": 0}}
     assert checkpoint.config_differences(saved, other, allow_change=False) == [
         "model.name: 'dlrm' -> 'dcn'",
         "optim.lr: 0.1 -> 0.2",

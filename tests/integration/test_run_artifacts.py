@@ -27,8 +27,8 @@ RUN = [
     "data.batch_size=256",
     "trainer.log_every=2",
     "trainer.eval_every=8",
-    "optim.warmup_steps=5",
-    "optim.decay=cosine",
+    "optim.schedule.warmup_steps=5",
+    "optim.schedule.decay=cosine",
 ]
 
 
@@ -40,7 +40,8 @@ def test_a_run_writes_its_history_and_curves(tmp_path, one_thread):
 
     train_records = [r for r in records if "train/loss" in r]
     assert [r["step"] for r in train_records] == list(range(2, 17, 2))  # every trainer.log_every
-    schedule = LRSchedule(conf.optim, 16)
+    settings = {k: v for k, v in conf.optim.schedule.items() if k != "_target_"}
+    schedule = LRSchedule(16, **settings)  # optim.schedule's warmup_decay_schedule
     peaks = [conf.optim.sparse_lr, conf.optim.lr]  # the fused embedding group, then the dense one
     for r in train_records:
         assert r["samples"] == r["step"] * 256

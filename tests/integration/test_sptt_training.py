@@ -37,7 +37,7 @@ OVERRIDES = [
     "data.synthetic.num_test=1024",
     "data.batch_size=256",
     "data.eval_batch_size=512",
-    "optim.warmup_steps=4",
+    "optim.schedule.warmup_steps=4",
     "optim.sparse_lr=0.05",
 ]
 STEPS = 24
@@ -89,7 +89,8 @@ def _worker(rank: int, world_size: int, out_dir: str) -> dict:
     assert isinstance(sharded, ShardedDMT) and sharded.topology.num_towers == 2
     first_shard = sharded.dataflow.shard_parameters()[0][1].detach().clone()
 
-    schedule = LRSchedule(cfg.optim, STEPS)
+    settings = {k: v for k, v in cfg.optim.schedule.items() if k != "_target_"}
+    schedule = LRSchedule(STEPS, **settings)  # optim.schedule's warmup_decay_schedule
     peaks = [g["lr"] for g in optimizer.param_groups]
     losses, fused_lrs = [], []
     for step, batch in zip(range(STEPS), data.train.batches(0)):

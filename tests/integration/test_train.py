@@ -72,7 +72,11 @@ def _run(overrides: list[str], out) -> tuple[list[float], dict[str, torch.Tensor
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path):
-    common = ["optim.warmup_steps=5", "data.shuffle=true", "trainer.epochs=2"]  # 16 steps/epoch
+    common = [
+        "optim.schedule.warmup_steps=5",
+        "data.shuffle=true",
+        "trainer.epochs=2",
+    ]  # 16 steps/epoch
     full_losses, full_state = _run([*common, "trainer.max_steps=24"], tmp_path / "full")
     first, _ = _run([*common, "trainer.max_steps=12", "trainer.checkpoint=true"], tmp_path / "a")
     ckpt = tmp_path / "a" / "checkpoints"
@@ -91,7 +95,11 @@ def test_resume_from_a_periodic_checkpoint_reproduces_an_uninterrupted_run(tmp_p
     """``trainer.checkpoint_every`` saves mid-run; resuming one continues at exactly its step and
     data position: mid-epoch (step 20 = epoch 1, batch 4) and at an epoch boundary (step 16 =
     epoch 1, batch 0), each to the uninterrupted run's losses and weights."""
-    common = ["optim.warmup_steps=5", "data.shuffle=true", "trainer.epochs=2"]  # 16 steps/epoch
+    common = [
+        "optim.schedule.warmup_steps=5",
+        "data.shuffle=true",
+        "trainer.epochs=2",
+    ]  # 16 steps/epoch
     common += ["trainer.max_steps=24"]
     full_losses, full_state = _run([*common, "trainer.checkpoint_every=4"], tmp_path / "full")
     ckpt = tmp_path / "full" / "checkpoints"
@@ -179,3 +187,42 @@ def test_training_without_a_full_batch_stops_before_training(tmp_path):
                        r"train split of .*train\.txt.* Windows \(CRLF\) line endings"):  # fmt: skip
         train(compose_config(*criteo), tmp_path / "criteo")
     assert not (tmp_path / "prep").exists()
+
+
+def _local_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in model.state_dict().items():
+        t = v.local_shards()[0].tensor if hasattr(v, "local_shards") else v
+        out[k] = t.detach().clone()
+    return out
+
+
+def test_another_optimizer_is_a_config_not_code(tmp_path):
+    """optim.dense and optim.sparse are built from their _target_: RMSprop on the dense part and
+    plain SGD fused into the embedding kernels train with no change to dmt."""
+    conf = to_config(
+        compose_config(
+            *TINY,
+            "trainer.max_steps=4",
+            "optim.dense._target_=torch.optim.RMSprop",
+            "+optim.dense.alpha=0.9",
+            "optim.sparse._target_=torch.optim.SGD",
+            "~optim.sparse.eps",  # SGD takes none
+        )
+    )
+    rt = init_runtime("cpu")
+    try:
+        trainer = Trainer(conf, rt, tmp_path)
+        before = _local_state(trainer.model)
+        losses = trainer.fit().losses
+        state = trainer.optimizer.state_dict()["state"]
+        after = _local_state(trainer.model)
+    finally:
+        close_runtime()
+    assert len(losses) == 4 and all(map(torch.isfinite, map(torch.tensor, losses)))
+    dense_state = {k for v in state.values() for k in v}
+    assert "square_avg" in dense_state  # RMSprop's
+    assert not any("momentum" in k or k.endswith("sum") for k in dense_state)  # SGD keeps none
+    tables = [k for k in before if "embedding_bags" in k]
+    assert tables and all(not torch.equal(before[k], after[k]) for k in tables)
+    assert any(not torch.equal(before[k], after[k]) for k in before if k not in tables)

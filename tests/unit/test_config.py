@@ -102,7 +102,15 @@ def test_paper_configs_match_the_paper_accounting():
             ["data.synthetic.cardinalities=[5,5]"],
             r"data.synthetic.cardinalities has 2 entries but data.synthetic.num_sparse=26",
         ),
-        (["optim.sparse=adamw"], r"optim.sparse='adamw' is not supported"),
+        (
+            ["optim.sparse._target_=torch.optim.AdamW"],
+            r"optim.sparse._target_=torch.optim.adamw.AdamW cannot be fused",
+        ),
+        (
+            ["optim.dense.lr=-1"],
+            r"optim.dense \(_target_=torch.optim.Adam\): Invalid learning rate",
+        ),
+        (["optim.schedule.decay=step"], r"optim.schedule: decay='step' is not one of"),
         (["optim.lr=-1"], r"optim.lr=-1.0 must be positive"),
         (["logger.mode=loud"], r"logger.mode='loud' is not supported"),
         (["trainer.collective_timeout_s=0"], r"trainer.collective_timeout_s=0.0 must be positive"),
@@ -138,7 +146,9 @@ def test_wrong_type_is_rejected_at_composition():
 def test_sparse_adam_on_cpu_is_rejected():
     from dmt.optim import check_sparse_optimizer
 
-    with pytest.raises(ValueError, match=r"optim.sparse='adam' needs a CUDA device"):
+    with pytest.raises(
+        ValueError, match=r"optim.sparse._target_=torch.optim.Adam \(FBGEMM adam\) needs a CUDA"
+    ):
         check_sparse_optimizer(typed_config("optim=adam").optim, "cpu")
 
 

@@ -112,41 +112,41 @@ def test_streaming_metrics_undefined_cases() -> None:
 
 def test_lr_schedule_warmup_and_decays():
     s = LRSchedule(
-        OptimConfig(warmup_steps=4, decay="linear", decay_start=4, decay_steps=4, min_lr_ratio=0.5),
-        100,
+        100, warmup_steps=4, decay="linear", decay_start=4, decay_steps=4, min_lr_ratio=0.5
     )
     assert [s(i) for i in range(10)] == pytest.approx(
         [0.25, 0.5, 0.75, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.5]
     )
-    c = LRSchedule(OptimConfig(decay="cosine"), total_steps=10)
+    c = LRSchedule(total_steps=10, decay="cosine")
     assert c(0) == 1.0 and c(5) == pytest.approx(0.5) and c(10) == pytest.approx(0.0)
 
 
 def test_decay_starts_after_warmup():
     """With the default decay_start=0 the LR still reaches its peak at the end of the warmup and
     decays from there over the rest of the run (optim=adam's warmup-then-linear schedule)."""
-    s = LRSchedule(OptimConfig(warmup_steps=100, decay="linear", min_lr_ratio=0.0), 1100)
+    s = LRSchedule(1100, warmup_steps=100, decay="linear", min_lr_ratio=0.0)
     assert s(0) == pytest.approx(0.01) and s(98) == pytest.approx(0.99)
     assert s(99) == 1.0 and s(100) == 1.0  # the peak: the last warmup step and the first after
     assert s(600) == pytest.approx(0.5) and s(1100) == 0.0
     # a later decay_start still wins; an earlier one is moved to the end of the warmup
-    late = LRSchedule(OptimConfig(warmup_steps=10, decay="linear", decay_start=50), 150)
+    late = LRSchedule(150, warmup_steps=10, decay="linear", decay_start=50)
     assert late(49) == 1.0 and late(100) == pytest.approx(0.5)
 
 
 def test_lr_scheduler_drives_every_group_and_restores_from_its_state():
-    """The schedule is a torch LambdaLR: each group's LR is its peak times the factor; its state
-    (JSON, as in a checkpoint's meta.json) puts a new scheduler at the same step, keeping the new
-    run's peak LRs."""
+    """optim.schedule's default is a torch LambdaLR: each group's LR is its peak times the factor;
+    its state (JSON, as in a checkpoint's meta.json) puts a new scheduler at the same step, keeping
+    the new run's peak LRs."""
     import json
 
     from dmt.optim import build_lr_scheduler, restore_lr_scheduler
 
-    cfg = OptimConfig(warmup_steps=4, decay="cosine", min_lr_ratio=0.1)
+    schedule = {"warmup_steps": 4, "decay": "cosine", "min_lr_ratio": 0.1}
+    cfg = OptimConfig(schedule={"_target_": "dmt.optim.warmup_decay_schedule", **schedule})
     params = [torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))]
     opt = torch.optim.SGD([{"params": [params[0]], "lr": 1.0}, {"params": [params[1]], "lr": 0.5}])
     sched = build_lr_scheduler(opt, cfg, total_steps=20)
-    factor = LRSchedule(cfg, 20)
+    factor = LRSchedule(20, **schedule)
     lrs = []
     for _ in range(10):
         lrs.extend(g["lr"] for g in opt.param_groups)
@@ -166,3 +166,34 @@ def test_lr_scheduler_drives_every_group_and_restores_from_its_state():
         ValueError, match="the checkpoint's LR schedule is at step 10, its training at 9"
     ):
         restore_lr_scheduler(sched2, state, step=9)
+
+
+def test_lr_schedule_is_its_configs_target():
+    """Any factory (optimizer, total_steps, **kwargs) -> LRScheduler is a schedule; a resume
+    replays it to the checkpoint's step."""
+    from dmt.optim import build_lr_scheduler, restore_lr_scheduler
+
+    cfg = OptimConfig(
+        schedule={"_target_": "torch.optim.lr_scheduler.StepLR", "step_size": 3, "gamma": 0.5}
+    )
+    with pytest.raises(ValueError, match=r"optim.schedule: .*total_steps"):
+        build_lr_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), cfg, 10)
+    cfg.schedule = {"_target_": "tests.unit.test_metrics.step_schedule", "step_size": 3}
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_lr_scheduler(opt, cfg, total_steps=10)
+    for _ in range(7):
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.25)
+    opt2 = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched2 = build_lr_scheduler(opt2, cfg, total_steps=10)
+    opt2.param_groups[0]["lr"] = 0.125  # as a loaded optimizer state may leave it
+    restore_lr_scheduler(sched2, sched.state_dict(), step=7)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(0.25) and sched2.last_epoch == 7
+
+
+def step_schedule(
+    optimizer: torch.optim.Optimizer, total_steps: int, step_size: int
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """A schedule factory defined outside dmt (``test_lr_schedule_is_its_configs_target``)."""
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size, gamma=0.5)

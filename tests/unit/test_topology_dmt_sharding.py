@@ -118,7 +118,12 @@ def test_shard_dmt_fails_before_any_collective() -> None:
     with pytest.raises(ValueError, match="topology has T=4"):
         shard_dmt(model, _runtime(8), topology=Topology(8, 2), optim_cfg=OptimConfig())
     with pytest.raises(ValueError, match="needs a CUDA device"):
-        shard_dmt(model, _runtime(4), topology=Topology(4, 2), optim_cfg=OptimConfig(sparse="adam"))
+        shard_dmt(
+            model,
+            _runtime(4),
+            topology=Topology(4, 2),
+            optim_cfg=OptimConfig(sparse={"_target_": "torch.optim.Adam", "lr": 0.1}),
+        )
     assert not dist.is_initialized()
 
 
