@@ -22,9 +22,11 @@ tables and on the dense part; table sizes are dmt's preprocessed cardinalities.
 
 Every run builds a fresh model per variant, runs ``--warmup`` untimed steps of each, then the
 ``--steps`` timed steps in rounds of ``--block`` steps per variant, the variants' order rotating
-every round and every run: on a shared machine, every variant sees the same load.
+every round and every run: on a shared machine, every variant sees the same load. On a machine
+whose cores other processes share, ``--threads 1`` keeps torch's thread pool from being
+oversubscribed (with 2 threads on 2 busy cores every variant ran about 8x slower, and erratically).
 
-    .venv/bin/python benchmarks/bench_torchrec_dlrm.py --runs 3
+    .venv/bin/python benchmarks/bench_torchrec_dlrm.py --runs 5 --threads 1
     .venv/bin/python benchmarks/bench_torchrec_dlrm.py --steps 200 --runs 5 --json out.json
 
 Prints samples/s per run, the median and range of each variant, the ratios dmt / reference,
@@ -265,15 +267,22 @@ def main(argv: list[str] | None = None) -> int:
     median = {v: statistics.median(r) for v, r in rates.items()}
     for v, r in rates.items():
         print(f"{v:13} median {median[v]:8,.0f} samples/s (range {min(r):,.0f}-{max(r):,.0f})")
-    ratios = {
-        "dmt pipelined / reference": median["dmt pipelined"] / median["reference"],
-        "dmt plain / reference": median["dmt plain"] / median["reference"],
-        "dmt sync / reference": median["dmt sync"] / median["reference"],
-        "pipelined / plain": median["dmt pipelined"] / median["dmt plain"],
-        "no sync / sync": median["dmt pipelined"] / median["dmt sync"],
+    pairs = {
+        "dmt pipelined / reference": ("dmt pipelined", "reference"),
+        "dmt plain / reference": ("dmt plain", "reference"),
+        "dmt sync / reference": ("dmt sync", "reference"),
+        "pipelined / plain": ("dmt pipelined", "dmt plain"),
+        "no sync / sync": ("dmt pipelined", "dmt sync"),
     }
+    ratios = {name: median[a] / median[b] for name, (a, b) in pairs.items()}
+    # the same ratios within each run (the variants of a run share the machine's load)
+    per_run = {name: [x / y for x, y in zip(rates[a], rates[b])] for name, (a, b) in pairs.items()}
     for name, value in ratios.items():
-        print(f"{name}: {value:.3f}x")
+        r = per_run[name]
+        print(
+            f"{name:26}: {value:.3f}x of the medians; within runs median "
+            f"{statistics.median(r):.3f}x (range {min(r):.3f}-{max(r):.3f})"
+        )
     if args.json is not None:
         result = {
             "steps": args.steps,
@@ -288,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             "mean_loss": losses,
             "median": median,
             "ratios": ratios,
+            "ratios_per_run": per_run,
         }
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
