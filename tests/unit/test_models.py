@@ -1,6 +1,7 @@
 import pytest
 import torch
 from torchrec import EmbeddingBagCollection, KeyedJaggedTensor
+from torchrec.models.dlrm import DLRM as TorchRecDLRM
 
 from dmt.config import CrossInteractionConfig, DotInteractionConfig, ModelConfig
 from dmt.models import (
@@ -82,6 +83,36 @@ def test_dlrm_forward_equals_manual_composition():
     iu = torch.triu_indices(6, 6, 1)
     expected = model.top(torch.cat([x, gram[:, iu[0], iu[1]]], 1)).squeeze(1)
     torch.testing.assert_close(model(dense, sparse), expected)
+
+
+@pytest.mark.parametrize("final_activation", [True, False])
+def test_dlrm_with_final_bottom_relu_is_torchrecs_dlrm(final_activation):
+    """With ``bottom_final_activation`` dmt's DLRM is TorchRec's (the model Meta's torchrec_dlrm
+    trains, and benchmarks/bench_torchrec_dlrm.py's reference): the same parameters, layer by
+    layer, and the same logits for the same weights; without it only the last ReLU differs."""
+    cfg = ModelConfig(
+        name="dlrm",
+        embedding_dim=8,
+        bottom_mlp=[16, 8],
+        top_mlp=[12, 6, 1],
+        bottom_final_activation=final_activation,
+    )
+    torch.manual_seed(0)
+    ours = build_model(cfg, feature_names=NAMES, cardinalities=CARDS, num_dense=3)
+    theirs = TorchRecDLRM(
+        embedding_bag_collection=EmbeddingBagCollection(tables=embedding_tables(NAMES, CARDS, 8)),
+        dense_in_features=3,
+        dense_arch_layer_sizes=[16, 8],
+        over_arch_layer_sizes=[12, 6, 1],
+    )
+    ours_params, theirs_params = list(ours.parameters()), list(theirs.parameters())
+    assert [p.shape for p in ours_params] == [p.shape for p in theirs_params]
+    with torch.no_grad():
+        for a, b in zip(ours_params, theirs_params):
+            b.copy_(a)
+    dense, sparse = torch.randn(6, 3), kjt(6, multi_hot=2)
+    same = torch.allclose(ours(dense, sparse), theirs(dense, sparse).squeeze(-1))
+    assert same == final_activation
 
 
 def test_dcn_uses_crossnet_over_dense_and_flattened_embeddings():

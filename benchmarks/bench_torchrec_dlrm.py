@@ -1,0 +1,307 @@
+"""dmt against Meta's ``torchrec_dlrm`` training loop, one process, the same batches (issue 11).
+
+In one process (a world of one on gloo, CPU) and on the same batches of the Criteo Kaggle sample
+(``data=criteo_sample``, preprocessed by dmt's loaders), four variants train side by side:
+
+- ``reference``: ``facebookresearch/dlrm``'s ``torchrec_dlrm/dlrm_main.py`` loop rebuilt from
+  TorchRec's own parts: ``torchrec.models.dlrm.DLRM`` in ``DLRMTrain``, tables as an
+  ``EmbeddingBagCollection`` on ``meta``, ``torch.optim.Adagrad`` applied in backward on the
+  tables, TorchRec's planner (``collective_plan``, 5% heuristic storage reservation),
+  ``DistributedModelParallel``, the dense Adagrad through ``KeyedOptimizerWrapper`` +
+  ``CombinedOptimizer``, an LR scheduler stepped every step (``LRPolicyScheduler`` without
+  warm-up or decay keeps the base LR; a constant ``LambdaLR`` here) and
+  ``TrainPipelineSparseDist.progress`` until the pipeline is drained;
+- ``dmt pipelined``: ``dmt.trainer.Trainer.run_steps`` with ``trainer.pipeline=true``;
+- ``dmt plain``: the same with ``trainer.pipeline=false``;
+- ``dmt sync``: pipelined with ``trainer.log_every=1``, the loss read back every step.
+
+The dmt variants read the loss back every ``trainer.log_every`` steps (default 50), as
+``Trainer.fit`` does. Both sides: DLRM, dim 64, bottom 512-256-64 (ReLU after its last layer, as
+TorchRec's ``DenseArch``), top 512-256-1, batch 512, exact (not row-wise) Adagrad lr 0.01 on the
+tables and on the dense part; table sizes are dmt's preprocessed cardinalities.
+
+Every run builds a fresh model per variant, runs ``--warmup`` untimed steps of each, then the
+``--steps`` timed steps in rounds of ``--block`` steps per variant, the variants' order rotating
+every round and every run: on a shared machine, every variant sees the same load. On a machine
+whose cores other processes share, ``--threads 1`` keeps torch's thread pool from being
+oversubscribed (with 2 threads on 2 busy cores every variant ran about 8x slower, and erratically).
+
+    .venv/bin/python benchmarks/bench_torchrec_dlrm.py --runs 5 --threads 1
+    .venv/bin/python benchmarks/bench_torchrec_dlrm.py --steps 200 --runs 5 --json out.json
+
+Prints samples/s per run, the median and range of each variant, the ratios dmt / reference,
+pipelined / plain and no-sync / sync, and the load average at start and end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import torch
+import torch.distributed as dist
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.datasets.utils import Batch
+from torchrec.distributed import TrainPipelineSparseDist
+from torchrec.distributed.comm import get_local_size
+from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from dmt.config import Config
+from dmt.data import DataBundle, build_data
+from dmt.models.factory import table_name
+from dmt.runtime import Runtime, close_runtime, init_runtime
+from dmt.train import compose_config, to_config
+from dmt.trainer import Trainer
+
+LR = 0.01
+OVERRIDES = [
+    "logger=disabled",
+    "trainer.progress_bar=false",
+    "trainer.device=cpu",
+    "data=criteo_sample",
+    "data.batch_size=512",
+    "model=dlrm",
+    "model.embedding_dim=64",
+    "model.bottom_mlp=[512,256,64]",
+    "model.top_mlp=[512,256,1]",
+    "model.bottom_final_activation=true",
+    "optim=adagrad",
+    "optim.sparse._target_=torch.optim.Adagrad",
+    f"optim.sparse_lr={LR}",
+    f"optim.lr={LR}",
+]
+DMT_VARIANTS = {
+    "dmt pipelined": ["trainer.pipeline=true"],
+    "dmt plain": ["trainer.pipeline=false"],
+    "dmt sync": ["trainer.pipeline=true", "trainer.log_every=1"],
+}
+VARIANTS = ["reference", *DMT_VARIANTS]
+
+
+def dmt_config(variant: str) -> Config:
+    return to_config(compose_config(*OVERRIDES, *DMT_VARIANTS[variant]))
+
+
+def training_batches(data: DataBundle, count: int) -> list[Batch]:
+    """The first ``count`` training batches, epoch after epoch."""
+    out: list[Batch] = []
+    epoch = 0
+    while len(out) < count:
+        out.extend(data.train.batches(epoch))
+        epoch += 1
+    return out[:count]
+
+
+# -- the reference: torchrec_dlrm's loop ---------------------------------------------------------
+
+
+def reference_pipeline(
+    data: DataBundle, cfg: Config, device: torch.device
+) -> tuple[TrainPipelineSparseDist, Callable[[], None]]:
+    """torchrec_dlrm's model, optimizers and pipeline for ``cfg``'s sizes; returns the pipeline
+    and the per-step LR scheduler step."""
+    m = cfg.model
+    tables = [
+        EmbeddingBagConfig(
+            name=table_name(f), embedding_dim=m.embedding_dim, num_embeddings=n, feature_names=[f]
+        )
+        for f, n in zip(data.feature_names, data.cardinalities)
+    ]
+    dlrm = DLRM(
+        embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
+        dense_in_features=data.num_dense,
+        dense_arch_layer_sizes=list(m.bottom_mlp),
+        over_arch_layer_sizes=list(m.top_mlp),
+        dense_device=device,
+    )
+    train_model = DLRMTrain(dlrm)
+    apply_optimizer_in_backward(
+        torch.optim.Adagrad, train_model.model.sparse_arch.parameters(), {"lr": cfg.optim.sparse_lr}
+    )
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(
+            local_world_size=get_local_size(),
+            world_size=dist.get_world_size(),
+            compute_device=device.type,
+        ),
+        batch_size=cfg.data.batch_size,
+        storage_reservation=HeuristicalStorageReservation(percentage=0.05),
+    )
+    plan = planner.collective_plan(train_model, get_default_sharders(), dist.GroupMember.WORLD)
+    model = DistributedModelParallel(module=train_model, device=device, plan=plan)
+    dense = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(model.named_parameters())),
+        lambda params: torch.optim.Adagrad(params, lr=cfg.optim.lr),
+    )
+    optimizer = CombinedOptimizer([model.fused_optimizer, dense])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return TrainPipelineSparseDist(model, optimizer, device), scheduler.step
+
+
+def reference_steps(
+    pipeline: TrainPipelineSparseDist, lr_step: Callable[[], None], batches: list[Batch]
+) -> Iterator[torch.Tensor]:
+    """torchrec_dlrm's ``_train``: ``progress`` then the scheduler's step, until drained."""
+    it = iter(batches)
+    while True:
+        try:
+            loss, _logits, _labels = pipeline.progress(it)
+        except StopIteration:
+            return
+        lr_step()
+        yield loss
+
+
+# -- the runs ------------------------------------------------------------------------------------
+
+
+def variant_steps(
+    variant: str, rt: Runtime, data: DataBundle, batches: list[Batch], out: Path
+) -> Iterator[torch.Tensor]:
+    """A fresh model of ``variant``, as an iterator over its training steps on ``batches``
+    (each yields the step's loss)."""
+    cfg = dmt_config(variant if variant != "reference" else "dmt pipelined")
+    torch.manual_seed(cfg.trainer.seed)
+    if variant == "reference":
+        pipeline, lr_step = reference_pipeline(data, cfg, rt.device)
+        return reference_steps(pipeline, lr_step, batches)
+    trainer = Trainer(cfg, rt, out / variant.replace(" ", "_"))
+    every = cfg.trainer.log_every
+
+    def steps() -> Iterator[torch.Tensor]:
+        for loss in trainer.run_steps(iter(batches)):
+            if trainer.step % every == 0:
+                float(loss)  # Trainer.fit's log step: the host sync
+            yield loss
+
+    return steps()
+
+
+def run(
+    rt: Runtime, data: DataBundle, batches: list[Batch], *, warmup: int, block: int, first: int
+) -> dict[str, tuple[float, float]]:
+    """One run: a fresh model per variant, ``warmup`` untimed steps each, then the timed steps
+    in rounds of ``block`` steps per variant, the order rotating every round (round ``r``
+    starts with variant ``first + r``), so that every variant sees the same machine load.
+    Returns samples/s and the mean loss of the timed steps per variant; the losses are read
+    after the clock stops, so the timing adds no host sync."""
+    steps = len(batches) - warmup
+    batch_size = len(batches[0].labels)
+    elapsed = dict.fromkeys(VARIANTS, 0.0)
+    losses: dict[str, list[torch.Tensor]] = {v: [] for v in VARIANTS}
+    with TemporaryDirectory() as out:
+        its = {v: variant_steps(v, rt, data, batches, Path(out)) for v in VARIANTS}
+        for it in its.values():
+            for _ in range(warmup):
+                next(it)
+        for r, start in enumerate(range(0, steps, block)):
+            k = (first + r) % len(VARIANTS)
+            for v in VARIANTS[k:] + VARIANTS[:k]:
+                tick = time.perf_counter()
+                for _ in range(min(block, steps - start)):
+                    losses[v].append(next(its[v]))
+                elapsed[v] += time.perf_counter() - tick
+        for v, it in its.items():
+            if next(it, None) is not None:
+                raise RuntimeError(f"{v} ran more steps than there are batches")
+        del its
+    gc.collect()
+    return {
+        v: (batch_size * steps / elapsed[v], float(torch.stack(losses[v]).mean())) for v in VARIANTS
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--steps", type=int, default=100, help="timed steps per run")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps before them")
+    p.add_argument("--runs", type=int, default=3, help="runs, each of every variant")
+    p.add_argument("--block", type=int, default=10, help="steps per variant before the next")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = p.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    load_start = os.getloadavg()
+    print(
+        f"load average at start {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}; "
+        f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads",
+        flush=True,
+    )
+    rt = init_runtime("cpu")
+    try:
+        cfg = dmt_config("dmt pipelined")
+        data = build_data(cfg.data, rank=0, world_size=1, seed=cfg.trainer.seed)
+        batches = training_batches(data, args.warmup + args.steps)
+        rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        losses: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        for i in range(args.runs):
+            result = run(rt, data, batches, warmup=args.warmup, block=args.block, first=i)
+            for variant, (rate, loss) in result.items():
+                rates[variant].append(rate)
+                losses[variant].append(loss)
+                print(
+                    f"run {i} {variant:13}: {rate:8,.0f} samples/s (mean loss {loss:.4f})",
+                    flush=True,
+                )
+    finally:
+        close_runtime()
+    load_end = os.getloadavg()
+    print(f"load average at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
+    median = {v: statistics.median(r) for v, r in rates.items()}
+    for v, r in rates.items():
+        print(f"{v:13} median {median[v]:8,.0f} samples/s (range {min(r):,.0f}-{max(r):,.0f})")
+    pairs = {
+        "dmt pipelined / reference": ("dmt pipelined", "reference"),
+        "dmt plain / reference": ("dmt plain", "reference"),
+        "dmt sync / reference": ("dmt sync", "reference"),
+        "pipelined / plain": ("dmt pipelined", "dmt plain"),
+        "no sync / sync": ("dmt pipelined", "dmt sync"),
+    }
+    ratios = {name: median[a] / median[b] for name, (a, b) in pairs.items()}
+    # the same ratios within each run (the variants of a run share the machine's load)
+    per_run = {name: [x / y for x, y in zip(rates[a], rates[b])] for name, (a, b) in pairs.items()}
+    for name, value in ratios.items():
+        r = per_run[name]
+        print(
+            f"{name:26}: {value:.3f}x of the medians; within runs median "
+            f"{statistics.median(r):.3f}x (range {min(r):.3f}-{max(r):.3f})"
+        )
+    if args.json is not None:
+        result = {
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "runs": args.runs,
+            "block": args.block,
+            "batch_size": cfg.data.batch_size,
+            "torch_threads": torch.get_num_threads(),
+            "load_start": load_start,
+            "load_end": load_end,
+            "samples_per_s": rates,
+            "mean_loss": losses,
+            "median": median,
+            "ratios": ratios,
+            "ratios_per_run": per_run,
+        }
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
