@@ -92,6 +92,7 @@ def test_dlrm_with_final_bottom_relu_is_torchrecs_dlrm(final_activation):
     layer, and the same logits for the same weights; without it only the last ReLU differs."""
     cfg = ModelConfig(
         name="dlrm",
+        interaction=DotInteractionConfig(),
         embedding_dim=8,
         bottom_mlp=[16, 8],
         top_mlp=[12, 6, 1],
