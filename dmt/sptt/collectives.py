@@ -125,6 +125,15 @@ def _all_to_all(
     return output.to(input.dtype)
 
 
+def _check_all_to_all_input(input: torch.Tensor, input_split_sizes: Sequence[int]) -> None:
+    if input.dim() != 1:
+        raise ValueError(f"all_to_all_single expects a 1-D tensor, got shape {tuple(input.shape)}")
+    if sum(input_split_sizes) != input.numel():
+        raise ValueError(
+            f"input_split_sizes sum to {sum(input_split_sizes)}, input has {input.numel()} elements"
+        )
+
+
 def all_to_all_single(
     input: torch.Tensor,
     *,
@@ -150,12 +159,7 @@ def all_to_all_single(
         1-D tensor of ``sum(output_split_sizes)`` elements (``input``'s dtype), ordered by source
         group rank.
     """
-    if input.dim() != 1:
-        raise ValueError(f"all_to_all_single expects a 1-D tensor, got shape {tuple(input.shape)}")
-    if sum(input_split_sizes) != input.numel():
-        raise ValueError(
-            f"input_split_sizes sum to {sum(input_split_sizes)}, input has {input.numel()} elements"
-        )
+    _check_all_to_all_input(input, input_split_sizes)
     out = _AllToAllSingle.apply(
         input, list(output_split_sizes), list(input_split_sizes), group, record, comm_dtype
     )
@@ -402,12 +406,7 @@ def all_to_all_single_async(
     runs asynchronously (see :class:`AllToAllRequest`). Every rank of ``group`` must start, wait
     and backprop its requests in the same order.
     """
-    if input.dim() != 1:
-        raise ValueError(f"all_to_all_single expects a 1-D tensor, got shape {tuple(input.shape)}")
-    if sum(input_split_sizes) != input.numel():
-        raise ValueError(
-            f"input_split_sizes sum to {sum(input_split_sizes)}, input has {input.numel()} elements"
-        )
+    _check_all_to_all_input(input, input_split_sizes)
     request = AllToAllRequest(
         list(output_split_sizes), list(input_split_sizes), group, record, comm_dtype
     )

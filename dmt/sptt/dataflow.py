@@ -510,16 +510,7 @@ class SPTTDataflow(nn.Module):
 
     def peer_exchange(self, tower_output: torch.Tensor) -> list[torch.Tensor]:
         """Step f: all-to-all among peers; returns every tower's ``(B, V_t, D_t)``, by tower."""
-        B, sizes, input_sizes = self._peer_splits(tower_output)
-        received = all_to_all_single(
-            tower_output.reshape(-1),
-            output_split_sizes=sizes,
-            input_split_sizes=input_sizes,
-            group=self.groups.peer,
-            record=self._recorder("f", "peer", self.plan.topology.peers_of(self.rank)),
-            comm_dtype=self.comm_dtype,
-        )
-        return self.split_peer_output(received, B)
+        return self.start_peer_exchange(tower_output).wait()
 
     def start_peer_exchange(self, tower_output: torch.Tensor) -> PeerExchange:
         """Step f without waiting (TorchRec's output dist): the all-to-all runs while the caller
