@@ -119,6 +119,9 @@ class ModelConfig:
     MLP: DLRM, DCNv2, or any interaction), or its DMT form (``partition.kind != "none"``:
     per-tower tables and ``tower`` modules, then the same global arch)."""
 
+    _target_: str = (
+        "dmt.models.factory.build_rec_model"  # the model's builder (see dmt.models.build_model)
+    )
     name: str = (
         MISSING  # the model's name in reports and logs ("dlrm", "dcn", ...); selects no code
     )

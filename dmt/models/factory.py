@@ -1,6 +1,7 @@
 """Build a model from its typed config (the edge where config becomes objects).
 
-The interaction (``model.interaction``) and the tower modules (``model.tower``) are built with
+The model itself (``model._target_``: a builder, :func:`build_rec_model` by default), the
+interaction (``model.interaction``) and the tower modules (``model.tower``) are built with
 ``hydra.utils.instantiate`` from their ``_target_``; this module adds the sizes they depend on
 (features, embedding dim, vectors) and the tables, and assembles :class:`RecModel` or
 :class:`DMTModel`. No component is chosen by name here.
@@ -8,6 +9,7 @@ The interaction (``model.interaction``) and the tower modules (``model.tower``) 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,6 +25,10 @@ from dmt.models.interaction import Interaction
 from dmt.models.partition import check_partition, resolve_partition
 from dmt.models.rec_model import RecModel
 from dmt.models.tower_modules import TowerModule
+
+
+BUILD_REC_MODEL = "dmt.models.factory.build_rec_model"
+"""The default ``model._target_`` (:func:`build_rec_model`)."""
 
 
 def table_name(feature: str) -> str:
@@ -113,12 +119,29 @@ def build_interaction(cfg: ModelConfig, *, num_vectors: int, dim: int) -> Intera
 
 def check_components(cfg: ModelConfig) -> None:
     """Build ``cfg``'s interaction and, for a DMT model, a one-feature tower module on the meta
-    device, so that their own checks fail before any data is read (:func:`dmt.config.validate`)."""
+    device, so that their own checks fail before any data is read (:func:`dmt.config.validate`),
+    and import the model builder ``cfg._target_``."""
+    model_builder(cfg)
     with torch.device("meta"):
         dim = cfg.embedding_dim
         if cfg.partition.kind != "none":
             dim = build_tower_module(cfg.tower, num_features=1, embedding_dim=cfg.embedding_dim).dim
         build_interaction(cfg, num_vectors=1, dim=dim)
+
+
+def model_builder(cfg: ModelConfig) -> tuple[str, Callable[..., Any]]:
+    """``cfg._target_`` and the builder it names (imported, not called)."""
+    target = getattr(cfg, "_target_", None)
+    if not isinstance(target, str) or not target:
+        raise ValueError(
+            f"model._target_ is not set: give the model builder, e.g. "
+            f"model._target_={BUILD_REC_MODEL} (got {target!r})"
+        )
+    try:
+        builder = instantiate({"_target_": target, "_partial_": True})
+    except InstantiationException as e:
+        raise ValueError(f"model._target_={target!r} cannot be imported: {e}") from e
+    return target, builder
 
 
 def build_model(
@@ -130,15 +153,60 @@ def build_model(
     table_device: torch.device | str = "cpu",
     dense_device: torch.device | str = "cpu",
 ) -> RecModel | DMTModel:
-    """The base model (:class:`RecModel`: tables, bottom MLP, ``cfg.interaction``, top MLP) for
-    the given features, or its DMT form when ``cfg.partition.kind`` is not ``"none"`` (see
-    :func:`build_dmt_model`).
+    """The model ``cfg`` describes: ``cfg._target_`` (``model._target_``, a builder such as
+    :func:`build_rec_model`) called with ``cfg`` and the data's sizes.
+
+    A builder takes ``(cfg, *, feature_names, cardinalities, num_dense, table_device,
+    dense_device)`` and returns a :class:`RecModel` or :class:`DMTModel` (or a subclass: the
+    trainer shards, checkpoints and evaluates those). ``table_device``/``dense_device`` as in
+    :func:`build_rec_model`.
+    """
+    target, builder = model_builder(cfg)
+    model = builder(
+        cfg,
+        feature_names=feature_names,
+        cardinalities=cardinalities,
+        num_dense=num_dense,
+        table_device=table_device,
+        dense_device=dense_device,
+    )
+    if not isinstance(model, RecModel | DMTModel):
+        raise TypeError(
+            f"model._target_={target!r} built a {type(model).__name__}, not a "
+            "dmt.models.RecModel or dmt.models.DMTModel (the trainer shards, checkpoints and "
+            "evaluates those; subclass one of them)"
+        )
+    return model
+
+
+def build_rec_model(
+    cfg: ModelConfig,
+    *,
+    feature_names: list[str],
+    cardinalities: list[int],
+    num_dense: int,
+    table_device: torch.device | str = "cpu",
+    dense_device: torch.device | str = "cpu",
+    model_class: type[RecModel] = RecModel,
+) -> RecModel | DMTModel:
+    """The default ``model._target_``: the base model (:class:`RecModel`: tables, bottom MLP,
+    ``cfg.interaction``, top MLP) for the given features, or its DMT form when ``cfg.partition``
+    describes towers (see :func:`build_dmt_model`).
 
     Tables go on ``table_device``: ``meta`` before sharding (the sharder allocates them) or for
     accounting. Dense modules go on ``dense_device``; keep it real for training, since modules
     moved off ``meta`` later get uninitialized non-persistent buffers.
+
+    ``model_class``: the base model's class, a :class:`RecModel` subclass taking its constructor's
+    arguments (a new model's builder passes its own; see docs/tower_modules.md). DMT forms are
+    :class:`DMTModel`s.
     """
     if cfg.partition.kind != "none":
+        if model_class is not RecModel:
+            raise ValueError(
+                f"{model_class.__name__} has no DMT form: leave model.partition unset "
+                f"(got model.partition.kind={cfg.partition.kind!r})"
+            )
         return build_dmt_model(
             cfg,
             resolve_partition(cfg.partition, feature_names),
@@ -155,7 +223,7 @@ def build_model(
     )
     with torch.device(dense_device):
         interaction = build_interaction(cfg, num_vectors=len(feature_names), dim=cfg.embedding_dim)
-        return RecModel(
+        return model_class(
             ebc,
             num_dense,
             list(cfg.bottom_mlp),
