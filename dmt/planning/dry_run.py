@@ -254,6 +254,7 @@ class DryRunReport:
     batch_size: int = 0  # phase 2: local batch B
     logits_shape: tuple[int, ...] = ()  # (B,)
     loss_shape: tuple[int, ...] = ()  # () (a scalar)
+    pooled_shape: tuple[int, ...] = ()  # flat: the output all-to-all's (B, F, N)
     tower_output_shapes: list[tuple[int, ...]] = field(
         default_factory=list
     )  # step f, T x (B, V_t, D_t)
@@ -518,10 +519,14 @@ def _dry_run_flat(conf: Config, world: dict[str, int], cut: int, B: int) -> DryR
         )
         optimizer = build_optimizer(dmp, conf.optim)
         names, _, num_dense = schema(conf)
-        loss, logits = _step(dmp, optimizer, _batch(conf, names, rows, num_dense, B))
+        batch = _batch(conf, names, rows, num_dense, B)
+        loss, logits = _step(dmp, optimizer, batch)
         report.dense_grads = _dense_grads(dmp)
+        with torch.no_grad():
+            pooled = dmp.module.model.pooled_embeddings(batch.sparse_features)
     report.max_rows, report.batch_size = cut, B
     report.logits_shape, report.loss_shape = tuple(logits.shape), tuple(loss.shape)
+    report.pooled_shape = tuple(pooled.shape)
     return report
 
 

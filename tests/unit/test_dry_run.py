@@ -108,14 +108,16 @@ def test_dmt_full_size_tables_stay_on_meta():
 
 @pytest.mark.parametrize("G", [64, 512])
 def test_flat_at_scale(G):
-    """paper_dlrm on G ranks: TorchRec's plan places all 26 tables, one step gives logits
-    (B,) and a gradient for every dense parameter."""
+    """paper_dlrm on G ranks: TorchRec's plan places all 26 tables, one step gives the pooled
+    embeddings (B, F, N) after the output all-to-all, logits (B,) and a gradient for every dense
+    parameter."""
     conf = typed_config("experiment=paper_dlrm")
     report = dry_run(conf, world_size=G, local_world_size=L, mode="flat", batch_size=B)
     plain = _plain(conf)
     assert report.planned_tables == report.num_tables == 26
     assert sum(report.sharding_types.values()) == 26
     assert report.logits_shape == (B,) and report.loss_shape == ()
+    assert report.pooled_shape == (B, 26, conf.model.embedding_dim)
     assert report.dense_grads == _dense_params(plain)
     assert report.num_towers is None
 
