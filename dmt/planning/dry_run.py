@@ -36,13 +36,18 @@ uses :class:`MirrorProcessGroup`, a process group without communication whose co
 what they would return if every rank held this rank's batch (every rank sends this rank what
 this rank sends itself): exact for the jagged input all-to-alls, right-sized for everything else.
 
-Limits: row-cut tables change only the number of rows of each shard, never the shapes of
-what a step moves; the flat plan of the cut model may place tables on other ranks than the full
-plan (the sharding types are the same). ``torch.distributed.reduce_scatter_tensor`` and
+Limits: cut tables change only the number of rows of each shard, never the shapes of what a
+step moves; but the plan of the cut model may place tables on other ranks than the full-size
+plan (TorchRec's planner and the SPTT plan balance by table size; the sharding types are the
+same), so phase 2's rank may hold other shards than phase 1's. The flat model is sharded as
+:func:`dmt.sharding.shard_model` does it (:func:`~dmt.sharding.plan_tables`, then
+``DistributedModelParallel`` with :func:`~dmt.sharding.flat_sharders`), without its broadcast of
+the plan. ``torch.distributed.reduce_scatter_tensor`` and
 ``all_gather_into_tensor`` do not reach a Python process group in torch 2.13, so phase 2 refuses
 row-wise shards (flat ``row_wise``/``table_row_wise``, ``sptt.sharding_type=row_wise``): phase 1
-still builds them. TorchRec broadcasts its plan and settings from rank 0, which only rank 0 can
-read without communication, so the flat model dry-runs as rank 0.
+still builds them. ``DistributedModelParallel`` broadcasts a pickled setting from rank 0
+(TorchRec's ``init_collective_validation``), which no other rank can read without
+communication, so the flat model dry-runs as rank 0.
 
 Shape legend: ``G`` ranks, ``L`` ranks per host, ``K`` hosts per tower, ``T = G / (K L)`` towers,
 ``B`` local batch, ``(V_t, D_t)`` tower ``t``'s output.
@@ -515,7 +520,10 @@ def _dry_run_flat(conf: Config, world: dict[str, int], cut: int, B: int) -> DryR
         task = _task(plain)
         plan = _flat_plan(conf, task, world_size=G, local_world_size=L, pinned=full_plan)
         dmp = DistributedModelParallel(
-            task, device=torch.device("cpu"), plan=plan, sharders=flat_sharders()
+            task,
+            device=torch.device("cpu"),
+            plan=plan,
+            sharders=flat_sharders(conf.sptt.comm_precision),
         )
         optimizer = build_optimizer(dmp, conf.optim)
         names, _, num_dense = schema(conf)
