@@ -174,3 +174,14 @@ def test_refuses_an_initialized_process_group():
         assert dist.is_initialized()  # not the dry run's to destroy
     finally:
         dist.destroy_process_group()
+
+
+def test_model_that_does_not_fit_in_memory():
+    """The full-size plans see the real tables: 10 GiB per rank cannot hold Criteo 1TB's
+    largest table (22 GiB with its optimizer state), nor TorchRec's plan of paper_dlrm."""
+    dmt_conf = typed_config("experiment=paper_dmt_8t_dlrm", "sptt=on", "sharding.ddr_gb=10")
+    with pytest.raises(ValueError, match=r"does not fit on rank 0.*sharding.ddr_gb = 10 GiB"):
+        dry_run(dmt_conf, world_size=64, local_world_size=L, mode="dmt")
+    flat_conf = typed_config("experiment=paper_dlrm", "sharding.ddr_gb=10")
+    with pytest.raises(ValueError, match=r"no sharding of the tables within the memory budget"):
+        dry_run(flat_conf, world_size=64, local_world_size=L, mode="flat")
