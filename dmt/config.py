@@ -137,6 +137,7 @@ class ModelConfig:
     bottom_final_activation: bool = (
         False  # ReLU after the last bottom layer (TorchRec's default; can kill dense outputs)
     )
+    dropout: float = 0.0  # dropout probability after every ReLU of the bottom and top MLPs (0: none; evaluation never drops)
     dcn_num_layers: int = (
         3  # DCN: cross layers (conf/model/dcn.yaml's interaction and conf/tower/dcn.yaml read it)
     )
@@ -524,6 +525,11 @@ def validate(cfg: Config) -> None:
     _positive("model.top_mlp", list(m.top_mlp))
     if m.top_mlp[-1] != 1:
         raise ValueError(f"model.top_mlp must end in 1 (one logit), got {list(m.top_mlp)}")
+    if not 0.0 <= m.dropout < 1.0:
+        raise ValueError(
+            f"model.dropout={m.dropout!r} must be in [0, 1) (the probability of zeroing an MLP "
+            "activation; 0 turns dropout off)"
+        )
     _positive("model.dcn_num_layers", m.dcn_num_layers)
     _positive("model.dcn_low_rank", m.dcn_low_rank)
     validate_towers(m)

@@ -230,6 +230,7 @@ def build_rec_model(
             interaction,
             list(cfg.top_mlp),
             bottom_final_activation=cfg.bottom_final_activation,
+            dropout=cfg.dropout,
         )
 
 
@@ -284,4 +285,5 @@ def build_dmt_model(
             list(cfg.top_mlp),
             feature_names=feature_names,
             bottom_final_activation=cfg.bottom_final_activation,
+            dropout=cfg.dropout,
         )
