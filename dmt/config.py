@@ -360,6 +360,9 @@ class TrainerConfig:
     device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"
     optimize_metric: str = "val_auc"  # metric returned to a Hydra sweeper
     eval_max_batches: int = -1  # cap evaluation batches (<= 0: all)
+    ema_decay: float | None = (
+        None  # evaluate an exponential moving average of the dense weights (MLPs, interaction, tower modules; not the tables), avg = decay * avg + (1 - decay) * w after every step, e.g. 0.999; training goes on from the raw weights (None: off)
+    )
     collective_timeout_s: float = 600.0  # timeout of every process group (flat and SPTT); a rank silent this long ends the job
 
 
@@ -596,6 +599,11 @@ def validate(cfg: Config) -> None:
     if t.eval_every < 0 or t.checkpoint_every < 0:
         raise ValueError("trainer.eval_every and trainer.checkpoint_every must be >= 0")
     _positive("trainer.collective_timeout_s", t.collective_timeout_s)
+    if t.ema_decay is not None and not 0.0 <= t.ema_decay < 1.0:
+        raise ValueError(
+            f"trainer.ema_decay={t.ema_decay!r} must be in [0, 1) (the weight of the old average, "
+            "e.g. 0.999), or null to evaluate the raw weights"
+        )
     _choice("logger.mode", cfg.logger.mode, WANDB_MODES)
     validate_sharding(cfg.sharding)
     sp = cfg.sptt
