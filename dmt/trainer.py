@@ -283,6 +283,7 @@ class Trainer:
                 self.optimizer,
                 rank=self.rt.rank,
                 partial_optimizer=t.resume_allow_config_change,
+                ema=self.ema,
             )
             self.step = int(meta["step"])
             restore_lr_scheduler(self.lr_scheduler, meta.get("lr_scheduler"), self.step)
@@ -425,6 +426,7 @@ class Trainer:
             batch_in_epoch=batch_in_epoch,
             config=self.config_yaml(),
             lr_scheduler=self.lr_scheduler.state_dict(),
+            ema=self.ema,
         )
 
     def _log_train(self, loss: float, train_time_s: float) -> None:

@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 
+from dmt import checkpoint
 from dmt.runtime import close_runtime, init_runtime
 from dmt.train import to_config
 from dmt.trainer import Trainer, dense_parameters
@@ -70,3 +71,41 @@ def test_ema_leaves_training_unchanged(tmp_path):
     assert on.losses == off.losses
     assert all(torch.equal(a, b) for a, b in zip(w_on, w_off))
     assert on.metrics["val_auc"] != off.metrics["val_auc"]
+
+
+def _fit(tmp_path, *overrides: str) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """A run's metrics and its EMA's averages by name."""
+    try:
+        trainer = _trainer(tmp_path, f"trainer.ema_decay={DECAY}", *overrides)
+        metrics = trainer.fit().metrics
+        assert trainer.ema is not None
+        averages = {n: a.clone() for n, a in zip(trainer.ema.names, trainer.ema.averages)}
+        raw = {n: p.detach().clone() for n, p in dense_parameters(trainer.model)}
+    finally:
+        close_runtime()
+    return metrics, averages, raw
+
+
+def test_checkpoints_hold_the_average_a_resume_continues_and_dmt_eval_reads(tmp_path):
+    full, averages, raw = _fit(
+        tmp_path / "full", "trainer.max_steps=8", "trainer.checkpoint_every=4"
+    )
+    ckpt = tmp_path / "full" / "checkpoints"
+    resumed, resumed_averages, _ = _fit(
+        tmp_path / "resumed", "trainer.max_steps=8", f"trainer.resume_from={ckpt / 'step_4'}"
+    )
+    for key in ("val_auc", "val_logloss", "test_auc", "test_logloss"):
+        assert resumed[key] == full[key], key
+    assert resumed_averages.keys() == averages.keys()
+    for name in averages:
+        torch.testing.assert_close(resumed_averages[name], averages[name], rtol=0, atol=0)
+
+    # dmt-eval's weights: the averages in the dense weights' place; ema=False: the raw ones
+    state = checkpoint.load_model_state(ckpt / "step_8")
+    plain = checkpoint.load_model_state(ckpt / "step_8", ema=False)
+    assert state.keys() == plain.keys()
+    for name in averages:  # the training module's state-dict keys
+        torch.testing.assert_close(state[name], averages[name], rtol=0, atol=0)
+        torch.testing.assert_close(plain[name], raw[name], rtol=0, atol=0)
+    tables = [k for k in state if "embedding_bags" in k]
+    assert tables and all(torch.equal(state[k], plain[k]) for k in tables)
