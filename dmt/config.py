@@ -185,6 +185,7 @@ DEFAULT_SPLIT_FRACTIONS = (0.85, 0.075, 0.075)
 DEFAULT_TRAIN_DAYS = tuple(range(23))
 DEFAULT_EVAL_DAY = 23
 CATEGORICAL_MODES = ("vocab", "hash")
+MISSING_IDS = ("shared", "distinct")
 
 
 @dataclass
@@ -208,6 +209,8 @@ class CriteoConfig:
     """``vocab``: ids fitted on train with a frequency threshold; ``hash``: stable hashing."""
     frequency_threshold: int = 3
     """vocab mode: training occurrences a value needs for its own id (rarer ones share id 0)."""
+    missing_id: str = "shared"
+    """vocab mode: empty fields share id 0 with rare and unseen values (``shared``) or get id 1 of their own (``distinct``: kept values start at 2, tables grow by a row). Hash mode always gives empty fields id 0 of their own."""
     hash_sizes: list[int] = field(default_factory=list)
     """hash mode: rows per categorical table, one value for all 26 features or 26 values."""
     skip_bad_rows: bool = False
@@ -253,6 +256,11 @@ class CriteoConfig:
         if self.categorical_mode not in CATEGORICAL_MODES:
             raise ValueError(
                 f"categorical_mode must be one of {CATEGORICAL_MODES}; got {self.categorical_mode!r}"
+            )
+        if self.missing_id not in MISSING_IDS:
+            raise ValueError(
+                f"missing_id must be one of {MISSING_IDS} (empty fields share id 0 with rare "
+                f"values, or get id 1 of their own); got {self.missing_id!r}"
             )
         if self.frequency_threshold < 1:
             raise ValueError(f"frequency_threshold must be >= 1; got {self.frequency_threshold}")
