@@ -26,7 +26,6 @@ from dmt.models.partition import check_partition, resolve_partition
 from dmt.models.rec_model import RecModel
 from dmt.models.tower_modules import TowerModule
 
-
 BUILD_REC_MODEL = "dmt.models.factory.build_rec_model"
 """The default ``model._target_`` (:func:`build_rec_model`)."""
 
