@@ -109,3 +109,23 @@ def test_checkpoints_hold_the_average_a_resume_continues_and_dmt_eval_reads(tmp_
         torch.testing.assert_close(plain[name], raw[name], rtol=0, atol=0)
     tables = [k for k in state if "embedding_bags" in k]
     assert tables and all(torch.equal(state[k], plain[k]) for k in tables)
+
+
+def test_resuming_a_run_without_an_average_starts_one(tmp_path, caplog):
+    try:
+        _trainer(tmp_path / "a", "trainer.max_steps=4", "trainer.checkpoint=true").fit()
+    finally:
+        close_runtime()
+    ckpt = tmp_path / "a" / "checkpoints" / "step_4"
+    try:
+        trainer = _trainer(
+            tmp_path / "b",
+            "trainer.max_steps=6",
+            f"trainer.ema_decay={DECAY}",
+            f"trainer.resume_from={ckpt}",
+        )
+        trainer.fit()
+    finally:
+        close_runtime()
+    assert trainer.ema is not None and trainer.ema.num_updates == 2  # steps 5 and 6
+    assert f"checkpoint {ckpt} holds no moving average of the weights" in caplog.text
