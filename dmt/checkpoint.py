@@ -5,11 +5,13 @@ Layout of ``<root>/step_<N>/``:
 * DCP's files (``__<r>_0.distcp`` per rank and ``.metadata``): ``model`` (the sharded module's
   state dict: TorchRec ``ShardedTensor`` tables for flat runs, :mod:`dmt.sptt.sharded_state` for
   SPTT runs, under the plain model's names either way), ``optim`` (the per-parameter optimizer
-  state, fused sparse state included, laid out like the tables) and ``rng.rank_<r>`` (each
-  rank's random state);
+  state, fused sparse state included, laid out like the tables), ``rng.rank_<r>`` (each
+  rank's random state) and, with ``trainer.ema_decay``, ``ema`` (the moving average of the dense
+  weights, under the keys of the weights it averages);
 * ``config.yaml``: the resolved training config;
 * ``meta.json``, written last (after every other file is fsynced, atomically, then the directory
-  fsynced): step, data position, world size, working directory and the size of every file. A
+  fsynced): step, data position, world size, working directory, the EMA's update count
+  (``ema_updates``, with an ``ema``) and the size of every file. A
   ``step_N`` without it is incomplete; one whose files do not match it is damaged. Both are
   skipped, with a warning naming the file, when the newest checkpoint is looked for.
 
@@ -42,7 +44,9 @@ import yaml
 from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from dmt.ema import DenseEMA
 from dmt.sptt.dmt_sharding import ShardedDMT
+from dmt.sptt.sharded_state import plain_name
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,7 @@ _FREE_KEYS = (
     "trainer.device",
     "trainer.optimize_metric",
     "trainer.eval_max_batches",
+    "trainer.ema_decay",  # what evaluation reads; the trained weights are the same
     "trainer.collective_timeout_s",
     "sptt.local_world_size",
     "sptt.hosts_per_tower",
@@ -115,6 +120,18 @@ def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
         return dict(optimizer.state_dict()["state"])
     prefix = _prefix(model)
     return {prefix + k: v for k, v in sharded.optimizer_state_dict(optimizer).items()}
+
+
+def _ema_state(model: nn.Module, ema: DenseEMA) -> dict[str, torch.Tensor]:
+    """The EMA's averages under the model's state-dict keys of the weights they average (as
+    the dense optimizer state is keyed), in the EMA's own tensors (DCP loads into them)."""
+    sharded = _sharded_dmt(model)
+    if sharded is None:
+        return dict(zip(ema.names, ema.averages))
+    prefix = _prefix(model)
+    names = [plain_name(name, sharded.tower) for name in ema.names]
+    assert None not in names, ema.names
+    return {f"{prefix}{name}": avg for name, avg in zip(names, ema.averages)}
 
 
 def _materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
@@ -193,9 +210,11 @@ class Checkpointer:
         batch_in_epoch: int,
         config: str | None = None,
         lr_scheduler: dict[str, Any] | None = None,
+        ema: DenseEMA | None = None,
     ) -> Path:
-        """Save model, optimizer, data position and RNG as ``<root>/step_<step>``, and the LR
-        scheduler's (small, rank-independent) ``state_dict`` in ``meta.json``."""
+        """Save model, optimizer, data position, RNG and ``ema`` (if given) as
+        ``<root>/step_<step>``, and the LR scheduler's (small, rank-independent) ``state_dict``
+        in ``meta.json``."""
         self.wait()
         path = self.root / f"step_{step}"
         # Rank 0 decides (the other ranks may look while it moves a damaged one aside) and every
@@ -226,6 +245,9 @@ class Checkpointer:
         }
         if lr_scheduler is not None:
             meta["lr_scheduler"] = lr_scheduler
+        if ema is not None:
+            state["ema"] = _ema_state(model, ema)
+            meta["ema_updates"] = ema.num_updates
         writer = dcp.FileSystemWriter(path, sync_files=True)
         if self.async_save:
             response = dcp.async_save(state, storage_writer=writer, process_group=self._group)
@@ -437,6 +459,7 @@ def load(
     *,
     rank: int,
     partial_optimizer: bool = False,
+    ema: DenseEMA | None = None,
 ) -> dict[str, Any]:
     """Restore ``model`` and ``optimizer`` (and, at the same world size, this rank's RNG) from
     checkpoint ``path`` (or its newest complete ``step_N``), at any world size; returns the
@@ -444,6 +467,9 @@ def load(
 
     ``partial_optimizer``: optimizer state the checkpoint lacks (another optimizer was chosen)
     starts fresh, with a warning, instead of failing. The model must be complete either way.
+
+    ``ema``: restored too when the checkpoint holds one; one saved without (``trainer.ema_decay``
+    was off) leaves it to start from the resumed weights, with a warning.
     """
     path = resolve(path)
     meta = read_meta(path)
@@ -475,6 +501,22 @@ def load(
                 absent[0],
             )
             state["optim"] = _drop(state["optim"], set(absent), "optim.")
+    has_ema = ema is not None and "ema_updates" in meta
+    if ema is not None and not has_ema:
+        log.warning(
+            "checkpoint %s holds no moving average of the weights (saved with "
+            "trainer.ema_decay=null): the average starts from the resumed weights",
+            path,
+        )
+    if has_ema:
+        assert ema is not None
+        state["ema"] = _ema_state(model, ema)
+        absent = [k for k in _flatten(state["ema"], "ema.") if k not in saved]
+        if absent:
+            raise ValueError(
+                f"checkpoint {path} holds no moving average of {len(absent)} weights "
+                f"(e.g. {absent[0].removeprefix('ema.')}) that this run averages"
+            )
     same_world = int(meta["world_size"]) == world
     if same_world:
         state["rng"] = {f"rank_{rank}": _rng_state()}
@@ -490,6 +532,9 @@ def load(
         )
     if same_world:
         _set_rng_state(state["rng"][f"rank_{rank}"])
+    if has_ema:
+        assert ema is not None
+        ema.num_updates = int(meta["ema_updates"])
     return meta
 
 
@@ -543,12 +588,16 @@ def tensor_keys(path: Path, prefix: str = "model.") -> dict[str, TensorStorageMe
     }
 
 
-def load_model_state(path: Path) -> dict[str, torch.Tensor]:
+def load_model_state(path: Path, *, ema: bool = True) -> dict[str, torch.Tensor]:
     """The full, unsharded model state of a checkpoint of any world size, flat or SPTT.
 
     Runs in one process without a process group: DCP reads every table's shards into one tensor
     of its global size. Keys are those of the training module's state dict (``TrainTask``:
     ``model.``-prefixed), which are the plain model's.
+
+    ``ema``: a checkpoint of a run with ``trainer.ema_decay`` gives the moving average of its
+    dense weights in their place, the weights the run's own evaluation scored (``False``: the
+    raw weights, those training goes on from).
 
     Raises:
         ValueError: the checkpoint is missing, incomplete or damaged (the file is named).
@@ -558,14 +607,20 @@ def load_model_state(path: Path) -> dict[str, torch.Tensor]:
         raise ValueError(
             f"checkpoint {path} is not a DCP checkpoint ({META_FILE} has no format {FORMAT!r})"
         )
+    averaged = ema and read_meta(path).get("ema_updates", 0) > 0
+    prefixes = ("model.", "ema.") if averaged else ("model.",)
     shapes = tensor_keys(path, prefix="")
     state = {
         k: torch.empty(v.size, dtype=v.properties.dtype)
         for k, v in shapes.items()
-        if k.startswith("model.")
+        if k.startswith(prefixes)
     }
     try:
         dcp.load(state, checkpoint_id=path, no_dist=True)
     except Exception as e:
         raise ValueError(f"cannot read checkpoint {path}: {e}") from e
-    return {k.removeprefix("model."): v for k, v in state.items()}
+    weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+    for k, v in state.items():  # ema.<the model's state-dict key>
+        if k.startswith("ema."):
+            weights[k.removeprefix("ema.")] = v
+    return weights

@@ -137,6 +137,7 @@ class ModelConfig:
     bottom_final_activation: bool = (
         False  # ReLU after the last bottom layer (TorchRec's default; can kill dense outputs)
     )
+    dropout: float = 0.0  # dropout probability after every ReLU of the bottom and top MLPs (0: none; evaluation never drops)
     dcn_num_layers: int = (
         3  # DCN: cross layers (conf/model/dcn.yaml's interaction and conf/tower/dcn.yaml read it)
     )
@@ -184,6 +185,7 @@ DEFAULT_SPLIT_FRACTIONS = (0.85, 0.075, 0.075)
 DEFAULT_TRAIN_DAYS = tuple(range(23))
 DEFAULT_EVAL_DAY = 23
 CATEGORICAL_MODES = ("vocab", "hash")
+MISSING_IDS = ("shared", "distinct")
 
 
 @dataclass
@@ -207,6 +209,8 @@ class CriteoConfig:
     """``vocab``: ids fitted on train with a frequency threshold; ``hash``: stable hashing."""
     frequency_threshold: int = 3
     """vocab mode: training occurrences a value needs for its own id (rarer ones share id 0)."""
+    missing_id: str = "shared"
+    """vocab mode: empty fields share id 0 with rare and unseen values (``shared``) or get id 1 of their own (``distinct``: kept values start at 2, tables grow by a row). Hash mode always gives empty fields id 0 of their own."""
     hash_sizes: list[int] = field(default_factory=list)
     """hash mode: rows per categorical table, one value for all 26 features or 26 values."""
     skip_bad_rows: bool = False
@@ -252,6 +256,11 @@ class CriteoConfig:
         if self.categorical_mode not in CATEGORICAL_MODES:
             raise ValueError(
                 f"categorical_mode must be one of {CATEGORICAL_MODES}; got {self.categorical_mode!r}"
+            )
+        if self.missing_id not in MISSING_IDS:
+            raise ValueError(
+                f"missing_id must be one of {MISSING_IDS} (empty fields share id 0 with rare "
+                f"values, or get id 1 of their own); got {self.missing_id!r}"
             )
         if self.frequency_threshold < 1:
             raise ValueError(f"frequency_threshold must be >= 1; got {self.frequency_threshold}")
@@ -315,7 +324,8 @@ class OptimConfig:
     # only what every optimizer takes (a YAML's fields are merged onto them).
     # fused embedding optimizer: _target_ a class TorchRec fuses into FBGEMM's kernels
     # (torchrec.optim.RowWiseAdagrad, torch.optim.Adagrad/SGD; torch.optim.Adam on CUDA only),
-    # _partial_: true, and the kernel's kwargs (lr, eps, weight_decay, beta1/beta2, ...)
+    # _partial_: true, and the kernel's kwargs (lr, eps, beta1/beta2, ...; weight_decay on CUDA
+    # only, with weight_decay_mode: l2 or decouple, since FBGEMM's CPU kernels ignore it)
     sparse: Any = field(
         default_factory=lambda: {
             "_target_": "torchrec.optim.RowWiseAdagrad",
@@ -359,6 +369,9 @@ class TrainerConfig:
     device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"
     optimize_metric: str = "val_auc"  # metric returned to a Hydra sweeper
     eval_max_batches: int = -1  # cap evaluation batches (<= 0: all)
+    ema_decay: float | None = (
+        None  # evaluate an exponential moving average of the dense weights (MLPs, interaction, tower modules; not the tables), avg = decay * avg + (1 - decay) * w after every step, e.g. 0.999; training goes on from the raw weights (None: off)
+    )
     collective_timeout_s: float = 600.0  # timeout of every process group (flat and SPTT); a rank silent this long ends the job
 
 
@@ -524,6 +537,11 @@ def validate(cfg: Config) -> None:
     _positive("model.top_mlp", list(m.top_mlp))
     if m.top_mlp[-1] != 1:
         raise ValueError(f"model.top_mlp must end in 1 (one logit), got {list(m.top_mlp)}")
+    if not 0.0 <= m.dropout < 1.0:
+        raise ValueError(
+            f"model.dropout={m.dropout!r} must be in [0, 1) (the probability of zeroing an MLP "
+            "activation; 0 turns dropout off)"
+        )
     _positive("model.dcn_num_layers", m.dcn_num_layers)
     _positive("model.dcn_low_rank", m.dcn_low_rank)
     validate_towers(m)
@@ -590,6 +608,11 @@ def validate(cfg: Config) -> None:
     if t.eval_every < 0 or t.checkpoint_every < 0:
         raise ValueError("trainer.eval_every and trainer.checkpoint_every must be >= 0")
     _positive("trainer.collective_timeout_s", t.collective_timeout_s)
+    if t.ema_decay is not None and not 0.0 <= t.ema_decay < 1.0:
+        raise ValueError(
+            f"trainer.ema_decay={t.ema_decay!r} must be in [0, 1) (the weight of the old average, "
+            "e.g. 0.999), or null to evaluate the raw weights"
+        )
     _choice("logger.mode", cfg.logger.mode, WANDB_MODES)
     validate_sharding(cfg.sharding)
     sp = cfg.sptt

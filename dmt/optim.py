@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.tbe.config.optimizer_config import WeightDecayMode
 from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -50,6 +51,9 @@ _STATE_LAYOUT = {
     EmbOptimType.ADAM: "adam",
 }
 _HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
+#: ``optim.sparse.weight_decay_mode`` names: how FBGEMM's GPU kernels apply ``weight_decay``
+SPARSE_WEIGHT_DECAY_MODES = {"none": WeightDecayMode.NONE, "l2": WeightDecayMode.L2,
+                             "decouple": WeightDecayMode.DECOUPLE}  # fmt: skip
 
 
 def _component(cfg: OptimConfig, key: str) -> DictConfig:
@@ -93,7 +97,16 @@ def sparse_optimizer_spec(cfg: OptimConfig) -> tuple[type, dict[str, Any]]:
         raise ValueError(f"optim.sparse: cannot import _target_={node._target_!r}: {e}") from e
     kwargs = OmegaConf.to_container(node, resolve=True)
     assert isinstance(kwargs, dict)
-    return cls, {str(k): v for k, v in kwargs.items() if k not in _HYDRA_KEYS}
+    spec = {str(k): v for k, v in kwargs.items() if k not in _HYDRA_KEYS}
+    mode = spec.get("weight_decay_mode")
+    if isinstance(mode, str):  # FBGEMM takes its enum; a config holds its name
+        if mode not in SPARSE_WEIGHT_DECAY_MODES:
+            raise ValueError(
+                f"optim.sparse.weight_decay_mode={mode!r} is not one of "
+                f"{list(SPARSE_WEIGHT_DECAY_MODES)}"
+            )
+        spec["weight_decay_mode"] = SPARSE_WEIGHT_DECAY_MODES[mode]
+    return cls, spec
 
 
 def fused_optimizer_type(optimizer_class: type) -> EmbOptimType:
@@ -127,15 +140,41 @@ def sparse_optimizer_name(optimizer_class: type) -> str:
 def check_sparse_optimizer(cfg: OptimConfig, device_type: str) -> None:
     """Raise ``ValueError`` unless ``optim.sparse`` can be fused on ``device_type``: FBGEMM's CPU
     embedding kernels implement only some optimizers."""
-    cls, _ = sparse_optimizer_spec(cfg)
+    cls, kwargs = sparse_optimizer_spec(cfg)
     fused = fused_optimizer_type(cls)
     sparse_optimizer_name(cls)
+    check_sparse_weight_decay(kwargs, device_type)
     if device_type == "cpu" and fused not in CPU_FUSED_OPTIMIZERS:
         supported = [t.value for t in CPU_FUSED_OPTIMIZERS]
         raise ValueError(
             f"optim.sparse._target_={_component(cfg, 'sparse')._target_} (FBGEMM {fused.value}) "
             f"needs a CUDA device: FBGEMM's CPU embedding kernels support {supported} "
             "(e.g. torchrec.optim.RowWiseAdagrad, torch.optim.Adagrad, torch.optim.SGD)"
+        )
+
+
+def check_sparse_weight_decay(kwargs: dict[str, Any], device_type: str) -> None:
+    """Raise ``ValueError`` on an ``optim.sparse.weight_decay`` the kernels would ignore.
+
+    FBGEMM's CPU embedding kernels (SGD, Adagrad, row-wise Adagrad) leave the update unchanged
+    whatever the weight decay and its mode (``tests/unit/test_sparse_weight_decay.py`` checks
+    it); its GPU kernels apply it only with a ``weight_decay_mode`` (TorchRec passes NONE
+    otherwise)."""
+    decay = kwargs.get("weight_decay", 0.0) or 0.0
+    if not decay:
+        return
+    if device_type == "cpu":
+        raise ValueError(
+            f"optim.sparse.weight_decay={decay} would do nothing: FBGEMM's CPU embedding kernels "
+            "ignore weight decay; set it to 0 (regularise the dense part with "
+            "optim.dense.weight_decay), or train on CUDA with optim.sparse.weight_decay_mode=l2 "
+            "or decouple"
+        )
+    if kwargs.get("weight_decay_mode", WeightDecayMode.NONE) == WeightDecayMode.NONE:
+        raise ValueError(
+            f"optim.sparse.weight_decay={decay} needs +optim.sparse.weight_decay_mode=l2 or "
+            "decouple (FBGEMM's kernels ignore the weight decay under mode none; the mode is a "
+            "kwarg of the torchrec.optim classes, e.g. torchrec.optim.RowWiseAdagrad)"
         )
 
 

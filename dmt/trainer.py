@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import json
 import logging
@@ -25,11 +26,13 @@ from torchrec.distributed.train_pipeline import (
     TrainPipelineBase,
     TrainPipelineSparseDist,
 )
+from torchrec.optim.optimizers import in_backward_optimizer_filter
 from tqdm import tqdm
 
 from dmt import checkpoint
 from dmt.config import Config
 from dmt.data import BatchSource, DataBundle, build_data
+from dmt.ema import DenseEMA
 from dmt.history import RunHistory
 from dmt.metrics import StreamingClickMetrics
 from dmt.models import build_model, embedding_parameters
@@ -136,6 +139,12 @@ class Trainer:
         if cfg.trainer.max_steps > 0:
             self.total_steps = min(self.total_steps, cfg.trainer.max_steps)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim, self.total_steps)
+        # trainer.ema_decay: evaluation reads an average of the dense weights (dmt/ema.py)
+        self.ema = (
+            DenseEMA(dense_parameters(self.model), cfg.trainer.ema_decay)
+            if cfg.trainer.ema_decay is not None
+            else None
+        )
         self.step_lrs: list[
             float | torch.Tensor
         ] = []  # each param group's LR in the last step's update
@@ -156,13 +165,15 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, source: BatchSource) -> dict[str, float]:
         """Metrics of :class:`StreamingClickMetrics` over every rank's share of ``source``: each
-        rank keeps running sums, then one ``all_reduce`` adds them (no prediction leaves a rank)."""
+        rank keeps running sums, then one ``all_reduce`` adds them (no prediction leaves a rank).
+        With ``trainer.ema_decay`` the dense weights are their moving average meanwhile."""
         self.model.eval()
         acc = StreamingClickMetrics(device=self.rt.device)
         cap = self.cfg.trainer.eval_max_batches
         batches = itertools.islice(source.batches(0), cap if cap > 0 else None)
-        for logits, labels in self._eval_steps(batches):
-            acc.update(torch.sigmoid(logits), labels)
+        with self.ema.applied() if self.ema is not None else contextlib.nullcontext():
+            for logits, labels in self._eval_steps(batches):
+                acc.update(torch.sigmoid(logits), labels)
         self.model.train()
         return acc.sync().compute()
 
@@ -215,10 +226,16 @@ class Trainer:
         loss, _ = self.model(batch.to(self.rt.device, non_blocking=True))
         loss.backward()  # the fused sparse optimizer updates the tables here
         self.optimizer.step()
-        self.step_lrs = self.lr_scheduler.get_last_lr()
-        self.lr_scheduler.step()  # the next step's LR
-        self.step += 1
+        self._after_step()
         return loss.detach()
+
+    def _after_step(self) -> None:
+        """After each optimizer step: the LR of the next step, the step count, the EMA."""
+        self.step_lrs = self.lr_scheduler.get_last_lr()
+        self.lr_scheduler.step()
+        self.step += 1
+        if self.ema is not None:
+            self.ema.update()
 
     def run_steps(self, batches: Iterator[Batch]) -> Iterator[torch.Tensor]:
         """Train on ``batches``, yielding each step's loss (on the device). Pipelined
@@ -239,9 +256,7 @@ class Trainer:
                 if isinstance(self.pipeline, TrainPipelineSparseDist):
                     self.pipeline.detach()
                 return
-            self.step_lrs = self.lr_scheduler.get_last_lr()
-            self.lr_scheduler.step()
-            self.step += 1
+            self._after_step()  # progress() has run the optimizer step
             yield loss
 
     def _segment_end(self, epoch_end: int) -> int:
@@ -268,6 +283,7 @@ class Trainer:
                 self.optimizer,
                 rank=self.rt.rank,
                 partial_optimizer=t.resume_allow_config_change,
+                ema=self.ema,
             )
             self.step = int(meta["step"])
             restore_lr_scheduler(self.lr_scheduler, meta.get("lr_scheduler"), self.step)
@@ -410,6 +426,7 @@ class Trainer:
             batch_in_epoch=batch_in_epoch,
             config=self.config_yaml(),
             lr_scheduler=self.lr_scheduler.state_dict(),
+            ema=self.ema,
         )
 
     def _log_train(self, loss: float, train_time_s: float) -> None:
@@ -480,6 +497,15 @@ class _ReportLoss(nn.Module):
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         loss, _ = self.task(batch)
         return loss, loss.detach()
+
+
+def dense_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """This rank's parameters the dense optimizer updates (not the fused tables) in a sharded
+    ``TrainTask``, flat or SPTT."""
+    inner = unwrap(model)
+    if isinstance(inner, ShardedDMT):
+        return inner.named_dense_parameters()
+    return list(in_backward_optimizer_filter(model.named_parameters()))
 
 
 def unwrap(model: nn.Module) -> nn.Module:

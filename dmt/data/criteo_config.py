@@ -6,5 +6,6 @@ from dmt.config import (  # noqa: F401
     DEFAULT_EVAL_DAY,
     DEFAULT_SPLIT_FRACTIONS,
     DEFAULT_TRAIN_DAYS,
+    MISSING_IDS,
     CriteoConfig,
 )

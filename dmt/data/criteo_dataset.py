@@ -41,6 +41,7 @@ from dmt.data.criteo_preprocess import (
     ARRAY_FILES,
     NUM_DENSE,
     SPARSE_NAMES,
+    missing_id_of,
     open_array,
     output_damage,
     preprocess_criteo,
@@ -381,6 +382,22 @@ def _preprocess_once(c: CriteoConfig, *, rank: int, world_size: int) -> None:
         )
 
 
+def check_missing_id(c: CriteoConfig, manifest: dict[str, Any]) -> None:
+    """Raise unless ``c.missing_id`` is the one ``c.preprocessed_dir`` was made with (vocab mode:
+    it decides which id empty fields have, and the table sizes)."""
+    categorical = manifest["settings"]["categorical"]
+    if c.categorical_mode != "vocab" or categorical.get("mode") != "vocab":
+        return
+    made = missing_id_of(categorical)
+    if made != c.missing_id:
+        raise ValueError(
+            f"data.criteo.missing_id={c.missing_id!r}, but data.criteo.preprocessed_dir="
+            f"{c.preprocessed_dir!r} was preprocessed with missing_id={made!r} (its manifest.json): "
+            f"set data.criteo.missing_id={made}, or preprocess into another directory "
+            f"(dmt-preprocess --missing-id {c.missing_id})"
+        )
+
+
 def build_criteo(
     cfg: DataConfig, *, rank: int = 0, world_size: int = 1, seed: int = 0
 ) -> DataBundle:
@@ -409,6 +426,7 @@ def build_criteo(
         f"({manifest['splits']['train']['rows']} rows)",
         world_size=world_size,
     )
+    check_missing_id(c, manifest)
     schema = read_schema(root)
 
     def source(directory: Path, train: bool) -> CriteoSource:

@@ -98,6 +98,7 @@ from dmt.data.criteo_vocab import (
     count_keys,
     fit_vocabulary,
     hash_ids,
+    vocab_ids,
     vocab_path,
 )
 
@@ -433,9 +434,18 @@ def _describe_source(path: Path) -> _Source:
 
 
 def _categorical_settings(cfg: CriteoConfig) -> dict[str, Any]:
-    if cfg.categorical_mode == "hash":
+    if cfg.categorical_mode == "hash":  # empty fields have id 0 to themselves either way
         return {"mode": "hash", "hash_sizes": cfg.table_hash_sizes()}
-    return {"mode": "vocab", "frequency_threshold": cfg.frequency_threshold}
+    settings: dict[str, Any] = {"mode": "vocab", "frequency_threshold": cfg.frequency_threshold}
+    if cfg.missing_id != "shared":  # absent when shared: the outputs made before it stay valid
+        settings["missing_id"] = cfg.missing_id
+    return settings
+
+
+def missing_id_of(categorical: dict[str, Any]) -> str:
+    """The ``missing_id`` a manifest's ``settings.categorical`` was made with (vocab mode;
+    ``shared`` when absent)."""
+    return str(categorical.get("missing_id", "shared"))
 
 
 def _settings_hash(settings: dict[str, Any], sources: Sequence[_Source]) -> str:
@@ -527,7 +537,7 @@ def _check_replaceable(job: _Job, settings_hash: str) -> bool:
         logger.warning("%s is damaged (%s); rebuilding it", out_dir, damage)
     elif not job.overwrite and any(out_dir.iterdir()):
         why = (
-            "was made with other settings or sources"
+            f"was made with other settings or sources{_settings_differences(out_dir, job)}"
             if existing
             else "is an incomplete or unreadable dmt-preprocess output"
         )
@@ -748,6 +758,7 @@ def _build(job: _Job, tmp: Path, ex: _Executor) -> dict[str, Any]:
 
     # Step 2: vocabularies and ids.
     vocab_dir = job.vocab_from if job.vocab_from is not None else tmp
+    distinct_missing = missing_id_of(job.settings["categorical"]) == "distinct"
     if mode == "vocab":
         if counters is not None:
             cardinalities = []
@@ -760,14 +771,21 @@ def _build(job: _Job, tmp: Path, ex: _Executor) -> dict[str, Any]:
                 vocab_file.parent.mkdir(exist_ok=True)
                 np.save(vocab_file, vocab)
                 np.save(vocab_file.with_name(f"cat_{f}_counts.npy"), counts[np.isin(keys, vocab)])
-                cardinalities.append(len(vocab) + 1)
+                cardinalities.append(len(vocab) + (2 if distinct_missing else 1))
             del counters
         else:
             assert job.cardinalities is not None
             cardinalities = list(job.cardinalities)
         run_id = uuid.uuid4().hex  # keys the workers' index cache to this run's vocabularies
         chunks = [
-            (str(tmp / split), lo, min(lo + DEFAULT_MAP_ROWS, n), str(vocab_dir), run_id)
+            (
+                str(tmp / split),
+                lo,
+                min(lo + DEFAULT_MAP_ROWS, n),
+                str(vocab_dir),
+                run_id,
+                distinct_missing,
+            )
             for split, n in split_lines.items()
             for lo in range(0, n, DEFAULT_MAP_ROWS)
         ]
@@ -822,7 +840,14 @@ def _build(job: _Job, tmp: Path, ex: _Executor) -> dict[str, Any]:
         logger.warning("skipped %d malformed rows; first: %s", total_bad, all_examples[:1])
 
     categorical: dict[str, Any] = dict(job.settings["categorical"])
-    if mode == "vocab":
+    if mode == "vocab" and distinct_missing:
+        threshold = categorical["frequency_threshold"]
+        categorical["id_0"] = (
+            f"values seen fewer than {threshold} times in train, and values never seen in train"
+        )
+        categorical["id_1"] = "empty fields"
+        categorical["ids"] = "2..V+1: kept values in increasing raw order (vocab/cat_<f>.npy)"
+    elif mode == "vocab":
         threshold = categorical["frequency_threshold"]
         categorical["id_0"] = (
             f"empty fields, values seen fewer than {threshold} times in train, "
@@ -904,6 +929,25 @@ def _some(items: Sequence[str], limit: int = 5) -> str:
 def _task_bytes(task: _Task) -> int:
     end = task.byte_end if task.byte_end is not None else os.path.getsize(task.path)
     return end - task.byte_start
+
+
+def _settings_differences(out_dir: Path, job: _Job) -> str:
+    """The categorical settings in which ``out_dir``'s manifest differs from ``job``'s, as
+    `` (categorical.<key>: <there> there, <asked> asked)`` (empty when they agree)."""
+    try:
+        there = dict(read_manifest(out_dir)["settings"]["categorical"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    asked = dict(job.settings["categorical"])
+    if "mode" in there and there.get("mode") == asked.get("mode") == "vocab":
+        there.setdefault("missing_id", "shared")  # recorded only when distinct
+        asked.setdefault("missing_id", "shared")
+    diffs = [
+        f"categorical.{k}: {there.get(k)!r} there, {asked.get(k)!r} asked"
+        for k in sorted(set(there) | set(asked))
+        if there.get(k) != asked.get(k)
+    ]
+    return f" ({'; '.join(diffs)})" if diffs else ""
 
 
 def _existing_hash(out_dir: Path) -> str | None:
@@ -1212,8 +1256,8 @@ def _vocab_indexes(vocab_dir: str, run_id: str) -> list[KeyIndex]:
     return _INDEX_CACHE[run_id]
 
 
-def _map_chunk(args: tuple[str, int, int, str, str]) -> int:
-    directory, lo, hi, vocab_dir, run_id = args
+def _map_chunk(args: tuple[str, int, int, str, str, bool]) -> int:
+    directory, lo, hi, vocab_dir, run_id, distinct_missing = args
     indexes = _vocab_indexes(vocab_dir, run_id)
     sparse = open_array(Path(directory) / ARRAY_FILES["sparse"], "r+")
     present_bits = open_array(Path(directory) / _PRESENT, "r")
@@ -1224,7 +1268,9 @@ def _map_chunk(args: tuple[str, int, int, str, str]) -> int:
         present = np.unpackbits(present_bits[a:b], axis=1, count=NUM_SPARSE).view(bool)
         ids = np.empty(keys.shape, np.int32)
         for f, index in enumerate(indexes):
-            ids[:, f] = np.where(present[:, f], index.lookup(keys[:, f]), 0)
+            ids[:, f] = vocab_ids(
+                index.lookup(keys[:, f]), present[:, f], distinct_missing=distinct_missing
+            )
         sparse[a:b] = ids
     del sparse
     _pause()

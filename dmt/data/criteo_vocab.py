@@ -6,6 +6,9 @@ Both schemes reserve id 0 as a shared bucket, so every table has a row for "noth
   times in the *training* rows get the contiguous ids ``1..V`` in increasing order of the raw
   value. Empty fields, values rarer than the threshold and values never seen in training (for
   example in validation or test rows) all map to id 0. The table has ``V + 1`` rows.
+  With ``missing_id="distinct"`` empty fields get id 1 of their own instead, apart from the rare
+  and unseen values (still id 0), and the kept values ``2..V+1``: ``V + 2`` rows (TorchRec's
+  Criteo tooling also keeps "missing" apart from "rare").
 * **hash**: id ``1 + splitmix64(value, feature) mod (size - 1)`` for a non-empty value, 0 for an
   empty field. Needs no fitting (one pass), is stable across runs and machines, and lets the
   table size be capped (e.g. the 40M rows per table used for Criteo Terabyte). The table has
@@ -139,6 +142,21 @@ class KeyIndex:
             pending, want = pending[go_on], want[go_on]
             pos = (pos[go_on] + 1) & self._mask
         return ids
+
+
+def vocab_ids(looked_up: np.ndarray, present: np.ndarray, *, distinct_missing: bool) -> np.ndarray:
+    """Vocab-mode ids of one feature from :meth:`KeyIndex.lookup` (``1..V``, 0 when not kept).
+
+    Args:
+        looked_up (np.ndarray): int32 ``(R,)`` ids of the raw values.
+        present (np.ndarray): bool ``(R,)``, False for empty fields.
+        distinct_missing (bool): empty fields get id 1 and kept values ``2..V+1``; otherwise
+            empty fields share id 0 with rare and unseen values.
+    """
+    if not distinct_missing:
+        return np.where(present, looked_up, 0).astype(np.int32)
+    kept = np.where(looked_up > 0, looked_up + 1, 0)
+    return np.where(present, kept, 1).astype(np.int32)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:

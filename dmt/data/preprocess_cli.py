@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="vocab mode: training occurrences needed for an own id (rarer: id 0)",
     )
     p.add_argument(
+        "--missing-id",
+        choices=("shared", "distinct"),
+        default="shared",
+        help="vocab mode: empty fields share id 0 with rare and unseen values, or get id 1",
+    )
+    p.add_argument(
         "--hash-sizes",
         type=int,
         nargs="+",
@@ -150,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 eval_day=args.eval_day,
                 categorical_mode=args.categorical_mode,
                 frequency_threshold=args.frequency_threshold,
+                missing_id=args.missing_id,
                 hash_sizes=list(args.hash_sizes),
                 skip_bad_rows=args.skip_bad_rows,
                 num_workers=args.num_workers,

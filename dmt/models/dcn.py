@@ -25,6 +25,7 @@ class DCN(RecModel):
         num_cross_layers: int = 3,
         low_rank: int = 64,
         bottom_final_activation: bool = False,
+        dropout: float = 0.0,
     ) -> None:
         tables = embedding_bag_collection.embedding_bag_configs()
         num_features = sum(len(t.feature_names) for t in tables)
@@ -42,4 +43,5 @@ class DCN(RecModel):
             interaction,
             top_mlp,
             bottom_final_activation=bottom_final_activation,
+            dropout=dropout,
         )

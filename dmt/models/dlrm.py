@@ -32,6 +32,7 @@ class DLRM(RecModel):
         top_mlp: list[int],
         *,
         bottom_final_activation: bool = False,
+        dropout: float = 0.0,
     ) -> None:
         tables = embedding_bag_collection.embedding_bag_configs()
         num_features = sum(len(t.feature_names) for t in tables)
@@ -43,4 +44,5 @@ class DLRM(RecModel):
             DotInteraction(num_features, dim, bottom_mlp[-1]),
             top_mlp,
             bottom_final_activation=bottom_final_activation,
+            dropout=dropout,
         )

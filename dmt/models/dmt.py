@@ -117,6 +117,7 @@ class DMTModel(nn.Module):
         top_mlp: top MLP layer sizes (ends in 1).
         feature_names: the global sparse feature order (the base model's table order).
         bottom_final_activation: ReLU after the last bottom layer.
+        dropout: dropout probability after every ReLU of the bottom and top MLPs (0: none).
 
     Use :func:`dmt.models.build_model` (or :class:`DMTDLRM` / :class:`DMTDCN`) to build one.
     Every tower module must output vectors of one size ``D``.
@@ -144,6 +145,7 @@ class DMTModel(nn.Module):
         *,
         feature_names: Sequence[str],
         bottom_final_activation: bool = False,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.feature_names: list[str] = list(feature_names)
@@ -155,9 +157,13 @@ class DMTModel(nn.Module):
             raise ValueError(f"all towers' tables must share one embedding_dim, got {sorted(dims)}")
         self.embedding_dim = dims.pop()
         self.towers = cast("_TowerList", nn.ModuleList(towers))
-        self.bottom = mlp(num_dense, list(bottom_mlp), final_activation=bottom_final_activation)
+        self.bottom = mlp(
+            num_dense, list(bottom_mlp), final_activation=bottom_final_activation, dropout=dropout
+        )
         self.interaction = interaction
-        self.top = mlp(interaction.output_dim, list(top_mlp), final_activation=False)
+        self.top = mlp(
+            interaction.output_dim, list(top_mlp), final_activation=False, dropout=dropout
+        )
 
         position = {f: i for i, f in enumerate(self.feature_names)}
         by_tower = torch.tensor([position[f] for tower in self.partition for f in tower])
@@ -248,6 +254,7 @@ class DMTDLRM(DMTModel):
         *,
         feature_names: Sequence[str],
         bottom_final_activation: bool = False,
+        dropout: float = 0.0,
     ) -> None:
         num_vectors = sum(t.tower_module.num_vectors for t in towers)
         super().__init__(
@@ -258,6 +265,7 @@ class DMTDLRM(DMTModel):
             top_mlp,
             feature_names=feature_names,
             bottom_final_activation=bottom_final_activation,
+            dropout=dropout,
         )
 
 
@@ -276,6 +284,7 @@ class DMTDCN(DMTModel):
         num_cross_layers: int = 3,
         low_rank: int = 64,
         bottom_final_activation: bool = False,
+        dropout: float = 0.0,
     ) -> None:
         interaction = CrossInteraction(
             sum(t.tower_module.num_vectors for t in towers),
@@ -292,6 +301,7 @@ class DMTDCN(DMTModel):
             top_mlp,
             feature_names=feature_names,
             bottom_final_activation=bottom_final_activation,
+            dropout=dropout,
         )
 
 

@@ -26,7 +26,6 @@ from dmt.models.partition import check_partition, resolve_partition
 from dmt.models.rec_model import RecModel
 from dmt.models.tower_modules import TowerModule
 
-
 BUILD_REC_MODEL = "dmt.models.factory.build_rec_model"
 """The default ``model._target_`` (:func:`build_rec_model`)."""
 
@@ -230,6 +229,7 @@ def build_rec_model(
             interaction,
             list(cfg.top_mlp),
             bottom_final_activation=cfg.bottom_final_activation,
+            dropout=cfg.dropout,
         )
 
 
@@ -284,4 +284,5 @@ def build_dmt_model(
             list(cfg.top_mlp),
             feature_names=feature_names,
             bottom_final_activation=cfg.bottom_final_activation,
+            dropout=cfg.dropout,
         )

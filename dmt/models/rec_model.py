@@ -24,6 +24,7 @@ class RecModel(nn.Module):
         interaction: maps ``(B, D0)`` and ``(B, F, N)`` to the top MLP's input.
         top_mlp: top MLP layer sizes (ends in 1).
         bottom_final_activation: ReLU after the last bottom layer.
+        dropout: dropout probability after every ReLU of the bottom and top MLPs (0: none).
     """
 
     def __init__(
@@ -35,6 +36,7 @@ class RecModel(nn.Module):
         top_mlp: list[int],
         *,
         bottom_final_activation: bool = False,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         dims = {c.embedding_dim for c in embedding_bag_collection.embedding_bag_configs()}
@@ -45,9 +47,13 @@ class RecModel(nn.Module):
             f for c in embedding_bag_collection.embedding_bag_configs() for f in c.feature_names
         ]
         self.embedding_bag_collection = embedding_bag_collection
-        self.bottom = mlp(num_dense, list(bottom_mlp), final_activation=bottom_final_activation)
+        self.bottom = mlp(
+            num_dense, list(bottom_mlp), final_activation=bottom_final_activation, dropout=dropout
+        )
         self.interaction = interaction
-        self.top = mlp(interaction.output_dim, list(top_mlp), final_activation=False)
+        self.top = mlp(
+            interaction.output_dim, list(top_mlp), final_activation=False, dropout=dropout
+        )
 
     @property
     def num_features(self) -> int:

@@ -103,15 +103,24 @@ def test_flat_resume_at_another_world_size_matches_uninterrupted(
 
 @pytest.mark.parametrize("backend", backends(min_gpus=4))
 @pytest.mark.parametrize(
-    ("resume_world", "resume_local", "sharding"),
-    [(4, 2, "table_wise"), (4, 2, "row_wise"), (4, 2, "column_wise")],
+    ("resume_world", "resume_local", "sharding", "ema"),
+    [
+        (4, 2, "table_wise", False),
+        (4, 2, "row_wise", False),
+        (4, 2, "column_wise", False),
+        (4, 2, "table_wise", True),
+    ],
 )
 def test_sptt_resume_on_another_topology_matches_uninterrupted(
-    tmp_path: Path, resume_world: int, resume_local: int, sharding: str, backend: str
+    tmp_path: Path, resume_world: int, resume_local: int, sharding: str, ema: bool, backend: str
 ) -> None:
-    """Two towers: G=2 (one rank per tower) resumed at G=4 (two ranks per tower, tables split)."""
+    """Two towers: G=2 (one rank per tower) resumed at G=4 (two ranks per tower, tables split).
+    With ``ema``, the moving average of the tower modules and dense arch (what
+    ``load_model_state`` gives) continues too."""
     ref = tmp_path / "ref"
     sptt = [*SPTT, f"sptt.sharding_type={sharding}"]
+    if ema:
+        sptt.append("trainer.ema_decay=0.5")
     if sharding == "column_wise":
         # 1 -> 2 column blocks per table: Adagrad's (rows, cols) state reshards like the table
         # (row-wise Adagrad keeps one state per block, see the next test)
@@ -133,6 +142,9 @@ def test_sptt_resume_on_another_topology_matches_uninterrupted(
     got = checkpoint.load_model_state(resumed / "checkpoints")
     assert _max_diff(got, want) < 1e-5
     assert _max_diff(checkpoint.load_model_state(ref / "checkpoints" / "step_4"), want) > 1e-3
+    if ema:  # the averages are not the raw weights
+        raw = checkpoint.load_model_state(resumed / "checkpoints", ema=False)
+        assert _max_diff(raw, got) > 1e-4
 
 
 def test_sptt_rowwise_state_of_column_blocks_needs_the_same_split(tmp_path: Path) -> None:

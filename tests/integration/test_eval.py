@@ -277,8 +277,16 @@ def _two_rank_worker(rank: int, world_size: int, out: str, extra: list[str]) -> 
             "sptt.local_world_size=1",
             *SMALL_MODEL,
         ],
+        [  # the moving average of the towers' modules and the dense arch, evaluated in their place
+            "experiment=dmt_4t_dlrm",
+            "model.partition.num_towers=2",
+            "sptt=on",
+            "sptt.local_world_size=1",
+            *SMALL_MODEL,
+            "trainer.ema_decay=0.5",
+        ],
     ],
-    ids=["flat", "sptt"],
+    ids=["flat", "sptt", "sptt-ema"],
 )
 def test_a_two_rank_checkpoint_loads_in_one_process(tmp_path: Path, extra: list[str]) -> None:
     metrics = run_on_ranks(_two_rank_worker, 2, str(tmp_path), extra, timeout_s=240)[0]

@@ -537,7 +537,8 @@ def test_overwrite_refuses_a_dmt_output_with_other_files_and_deletes_only_dmt_fi
     assert (out / "README.txt").read_text() == "my notes" and (out / "train" / "mine.npy").exists()
     (out / "README.txt").unlink()
     (out / "train" / "mine.npy").unlink()
-    with pytest.raises(ValueError, match="was made with other settings or sources; pass "
+    with pytest.raises(ValueError, match=r"was made with other settings or sources "
+                       r"\(categorical.frequency_threshold: 3 there, 1 asked\); pass "
                        r"overwrite=True \(--overwrite\) to replace it"):  # fmt: skip
         preprocess_criteo(cfg, **SMALL)
     preprocess_criteo(cfg, overwrite=True, **SMALL)
