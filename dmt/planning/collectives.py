@@ -197,7 +197,7 @@ def _step_a_bytes(plan: SPTTPlan, workload: Workload) -> list[float]:
     return step_a_bytes_per_dst(
         plan,
         workload.local_batch,
-        step_a_ids(plan, workload),  # type: ignore[arg-type]  # floats: expected ids
+        step_a_ids(plan, workload),
         length_size=workload.length_size,
         id_size=workload.id_size,
     )

@@ -13,18 +13,22 @@ row-wise features of tower ``t``, ``(V_t, D_t)`` tower ``t``'s module output.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from dmt.sptt.plan import SPTTPlan, TableShard
+
+Count = TypeVar("Count", int, float)
+"""Ids counted exactly (``int``) or as an expectation (``float``, the planner's default)."""
 
 
 def step_a_bytes_per_dst(
     plan: SPTTPlan,
     local_batch: int,
-    ids_of: Callable[[TableShard], int],
+    ids_of: Callable[[TableShard], Count],
     *,
     length_size: int,
     id_size: int,
-) -> list[int]:
+) -> list[Count]:
     """Bytes one source rank sends to each rank in step a (its own entry included).
 
     Every shard of rank ``r`` receives one jagged feature: ``B`` lengths and the ids of the

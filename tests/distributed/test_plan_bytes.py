@@ -11,6 +11,8 @@ every rank's batch has the same id counts.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
@@ -36,7 +38,7 @@ from dmt.runtime import Runtime
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.dmt_sharding import ShardedDMT, shard_dmt
 from dmt.sptt.plan import SPTTPlan
-from dmt.sptt.process_groups import create_process_groups
+from dmt.sptt.process_groups import SPTTProcessGroups, create_process_groups
 from dmt.sptt.topology import Topology
 from dmt.trainer import TrainTask
 from tests.distributed.distributed_harness import run_on_ranks
@@ -141,13 +143,21 @@ def _measured(stats: CommStats) -> dict[tuple[str, str, str], tuple[int, int]]:
     }
 
 
-def _case(rank: int, world_size: int, topo: Topology, groups, tower: str, precision: str) -> int:
+def _case(
+    rank: int,
+    world_size: int,
+    topo: Topology,
+    groups: SPTTProcessGroups,
+    tower: str,
+    precision: str,
+) -> int:
     """Train a few steps of one case; return how many (rank, step) comparisons were made."""
     runtime = Runtime(rank, world_size, rank % topo.local_world_size, topo.local_world_size,
                       torch.device("cpu"), "gloo")  # fmt: skip
     model = _model(topo.num_towers, tower)
-    tower_bytes = [_param_bytes(t.tower_module) for t in model.towers]
-    dense_bytes = _param_bytes(model) - sum(_param_bytes(t) for t in model.towers)
+    towers = list(cast(torch.nn.ModuleList, model.towers))
+    tower_bytes = [_param_bytes(cast(torch.nn.Module | None, t.tower_module)) for t in towers]
+    dense_bytes = _param_bytes(model) - sum(_param_bytes(t) for t in towers)
     stats = CommStats(topo, rank)
     task, optimizer = shard_dmt(
         TrainTask(model),
