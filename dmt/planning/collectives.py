@@ -27,6 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
+
+from torch import nn
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dmt.sptt.plan import SPTTPlan, TableShard
 from dmt.sptt.splits import (
@@ -35,6 +39,7 @@ from dmt.sptt.splits import (
     step_d_split_sizes,
     step_f_split_sizes,
 )
+from dmt.sptt.topology import Topology
 
 MODES: tuple[str, ...] = ("flat", "sptt", "dmt")
 
@@ -319,8 +324,265 @@ def sptt_collectives(
     )
 
 
+# ---- flat TorchRec sharding -----------------------------------------------------------------
+
+TABLE_WISE_LIKE = ("table_wise", "column_wise", "table_column_wise")
+"""TorchRec sharding types whose shards act like whole tables on their rank: the input KJT
+all-to-all sends each shard its feature, the output all-to-all returns the pooled columns."""
+FLAT_SHARDING_TYPES = (*TABLE_WISE_LIKE, "row_wise", "table_row_wise", "data_parallel")
+
+
+@dataclass(frozen=True)
+class FlatShard:
+    """Rows ``[row_start, row_stop)`` and columns ``[col_start, col_stop)`` on ``rank``."""
+
+    rank: int
+    row_start: int
+    row_stop: int
+    col_start: int
+    col_stop: int
+
+
+@dataclass(frozen=True)
+class FlatTable:
+    """One table of a TorchRec ``ShardingPlan``: the feature it reads and its shards."""
+
+    name: str
+    feature: int
+    """Index of the feature it reads (the :class:`Workload`'s order)."""
+    feature_name: str
+    num_embeddings: int
+    embedding_dim: int
+    sharding_type: str
+    """A TorchRec ``ShardingType`` value, one of :data:`FLAT_SHARDING_TYPES`."""
+    shards: tuple[FlatShard, ...]
+    """By row offset then rank (empty for ``data_parallel``)."""
+
+
+def flat_tables(plan: Any, module: nn.Module, feature_names: Sequence[str]) -> list[FlatTable]:
+    """The tables of TorchRec's ``ShardingPlan`` ``plan`` of ``module``'s
+    ``EmbeddingBagCollection`` s, each reading one feature of ``feature_names``.
+
+    Raises:
+        ValueError: for a table that reads several features or a sharding type this module
+            does not count (naming it).
+    """
+    index = {name: f for f, name in enumerate(feature_names)}
+    out = []
+    for path, module_plan in plan.plan.items():
+        ebc = cast(EmbeddingBagCollection, module.get_submodule(path))
+        configs = {c.name: c for c in ebc.embedding_bag_configs()}
+        for name, sharding in module_plan.items():
+            config = configs[name]
+            if len(config.feature_names) != 1:
+                raise ValueError(
+                    f"table {name!r} reads {len(config.feature_names)} features; the planner "
+                    "counts one feature per table"
+                )
+            kind = sharding.sharding_type
+            if kind not in FLAT_SHARDING_TYPES:
+                raise ValueError(
+                    f"table {name!r} is sharded {kind!r}, not one of {list(FLAT_SHARDING_TYPES)}"
+                )
+            shards = []
+            if sharding.sharding_spec is not None:
+                for m in sharding.sharding_spec.shards:
+                    (r, c), (h, w) = m.shard_offsets, m.shard_sizes
+                    shards.append(FlatShard(m.placement.rank(), r, r + h, c, c + w))
+            feature = config.feature_names[0]
+            out.append(
+                FlatTable(
+                    name,
+                    index[feature],
+                    feature,
+                    config.num_embeddings,
+                    config.embedding_dim,
+                    kind,
+                    tuple(sorted(shards, key=lambda s: (s.row_start, s.col_start, s.rank))),
+                )
+            )
+    return out
+
+
+def _row_block_ids(table: FlatTable, workload: Workload) -> list[float]:
+    """Ids of the local batch in each row shard of ``table`` (by row offset)."""
+    return [
+        workload.block_ids(
+            table.feature_name,
+            table.feature,
+            i,
+            (s.row_start, s.row_stop),
+            table.num_embeddings,
+        )
+        for i, s in enumerate(table.shards)
+    ]
+
+
+def flat_input_bytes(
+    tables: Sequence[FlatTable], world_size: int, workload: Workload
+) -> dict[str, list[float]]:
+    """Bytes one source rank with ``workload`` sends to each rank in the input KJT all-to-all
+    of every sharding type: ``B`` lengths and the ids each shard looks up (all of the
+    feature's for table/column-wise shards, those of its row block for row-wise ones)."""
+    B, ls, ids = workload.local_batch, workload.length_size, workload.id_size
+    out: dict[str, list[float]] = {}
+    for t in tables:
+        if t.sharding_type == "data_parallel":
+            continue
+        to = out.setdefault(t.sharding_type, [0.0] * world_size)
+        if t.sharding_type in TABLE_WISE_LIKE:
+            for s in t.shards:
+                to[s.rank] += B * ls + workload.ids_per_feature[t.feature] * ids
+        else:
+            for s, n in zip(t.shards, _row_block_ids(t, workload), strict=True):
+                to[s.rank] += B * ls + n * ids
+    return out
+
+
+def flat_rank_collectives(
+    tables: Sequence[FlatTable],
+    hosts: Topology,
+    rank: int,
+    workload: Workload,
+    *,
+    dense_param_bytes: int = 0,
+    input_bytes: Mapping[str, Sequence[float]] | None = None,
+) -> list[CollectiveBytes]:
+    """The collectives ``rank`` runs in one step of flat TorchRec sharding and its bytes.
+
+    Per sharding type, as TorchRec's sharded ``EmbeddingBagCollection`` runs them:
+
+    * table-, column- and table-column-wise: the input KJT all-to-all over the world
+      (``flat_input_a2a``), then the pooled all-to-all (``flat_output_a2a``): ``rank`` sends
+      ``B W_r`` values to every rank (``W_r`` its shards' columns), and gets ``B W_q`` gradients
+      back from each rank ``q`` in the backward;
+    * row-wise: the bucketized input all-to-all, then a reduce-scatter over the world of the
+      ``(G B, W)`` partial sums (``W`` the row-wise tables' columns; the backward all-gathers);
+    * table-row-wise: the input all-to-all to the host holding the table, then a reduce-scatter
+      over the host (group ``"host"``, blocks of ``G B / L`` rows of the host's ``W_h``
+      columns) and an all-to-all over the ranks of equal local rank (group ``"cross"``, ``B
+      W_h`` to each host); the backward reverses both;
+    * data-parallel: its weights join the dense all-reduce.
+
+    The dense all-reduce (DDP over the world) of ``dense_param_bytes`` plus the data-parallel
+    tables ends the backward.
+
+    Args:
+        tables: :func:`flat_tables` of TorchRec's plan.
+        hosts: ``Topology(G, L)``: the host of every rank.
+        rank: global rank.
+        workload: this rank's local batch.
+        dense_param_bytes: bytes of the parameters DDP all-reduces.
+        input_bytes: :func:`flat_input_bytes` of ``workload`` if already computed.
+    """
+    G, L, B = hosts.world_size, hosts.local_world_size, workload.local_batch
+    host_of, size, world = hosts.host_of, workload.comm_size, hosts.world_ranks
+    inputs = input_bytes if input_bytes is not None else flat_input_bytes(tables, G, workload)
+    out: list[CollectiveBytes] = []
+    kinds = list(dict.fromkeys(t.sharding_type for t in tables))
+    dp_bytes = 0
+    for kind in kinds:
+        of_kind = [t for t in tables if t.sharding_type == kind]
+        if kind == "data_parallel":
+            dp_bytes += sum(4 * t.num_embeddings * t.embedding_dim for t in of_kind)
+            continue
+        out.append(
+            CollectiveBytes(
+                "flat_input_a2a", "all_to_all", "world", "forward", G,
+                *_split(rank, world, inputs[kind], host_of), True,
+            )
+        )  # fmt: skip
+        if kind in TABLE_WISE_LIKE:
+            width = [0] * G
+            for t in of_kind:
+                for s in t.shards:
+                    width[s.rank] += s.col_stop - s.col_start
+            for direction, sent in (
+                ("forward", [B * width[rank] * size] * G),
+                ("backward", [B * w * size for w in width]),
+            ):
+                out.append(
+                    CollectiveBytes(
+                        "flat_output_a2a", "all_to_all", "world", direction, G,
+                        *_split(rank, world, sent, host_of), False,
+                    )
+                )  # fmt: skip
+        elif kind == "row_wise":
+            block = B * sum(t.embedding_dim for t in of_kind) * size
+            for direction, op in (("forward", "reduce_scatter"), ("backward", "all_gather")):
+                out.append(
+                    CollectiveBytes(
+                        "flat_output_a2a", op, "world", direction, G,
+                        *_split(rank, world, [block] * G, host_of), False,
+                    )
+                )  # fmt: skip
+        else:  # table_row_wise
+            host_width = [0] * hosts.num_hosts
+            for t in of_kind:
+                host_width[host_of(t.shards[0].rank)] += t.embedding_dim
+            mine = host_of(rank)
+            local = hosts.host_ranks(mine)
+            cross = world[hosts.local_rank_of(rank) :: L]
+            block = (G // L) * B * host_width[mine] * size
+            a2a = {
+                "forward": [B * host_width[mine] * size] * len(cross),
+                "backward": [B * w * size for w in host_width],
+            }
+            for direction, op in (("forward", "reduce_scatter"), ("backward", "all_gather")):
+                out.append(
+                    CollectiveBytes(
+                        "flat_output_a2a", op, "host", direction, L,
+                        *_split(rank, local, [block] * L, host_of), False,
+                    )
+                )  # fmt: skip
+                out.append(
+                    CollectiveBytes(
+                        "flat_output_a2a", "all_to_all", "cross", direction, len(cross),
+                        *_split(rank, cross, a2a[direction], host_of), False,
+                    )
+                )  # fmt: skip
+    if dense_param_bytes + dp_bytes > 0:
+        out.append(
+            _allreduce(
+                "dense_allreduce", "world", world, rank, dense_param_bytes + dp_bytes, host_of
+            )
+        )
+    return out
+
+
+def flat_collectives(
+    tables: Sequence[FlatTable],
+    hosts: Topology,
+    workload: Workload,
+    *,
+    dense_param_bytes: int = 0,
+) -> list[CollectiveBytes]:
+    """The busiest rank's bytes of every collective of a flat TorchRec step, every rank
+    holding ``workload`` (see :func:`flat_rank_collectives`)."""
+    inputs = flat_input_bytes(tables, hosts.world_size, workload)
+    return busiest(
+        [
+            flat_rank_collectives(
+                tables,
+                hosts,
+                rank,
+                workload,
+                dense_param_bytes=dense_param_bytes,
+                input_bytes=inputs,
+            )
+            for rank in range(hosts.world_size)
+        ]
+    )
+
+
 __all__ = [
     "MODES",
+    "FlatShard",
+    "FlatTable",
+    "flat_collectives",
+    "flat_input_bytes",
+    "flat_rank_collectives",
+    "flat_tables",
     "CollectiveBytes",
     "Workload",
     "busiest",

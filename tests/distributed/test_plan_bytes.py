@@ -11,11 +11,22 @@ every rank's batch has the same id counts.
 
 from __future__ import annotations
 
+import os
 from typing import cast
 
 import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
+from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
+from torchrec.distributed.sharding_plan import (
+    column_wise,
+    construct_module_sharding_plan,
+    row_wise,
+    table_row_wise,
+    table_wise,
+)
+from torchrec.distributed.types import ShardingPlan
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dmt.config import (
@@ -25,17 +36,24 @@ from dmt.config import (
     OptimConfig,
     PartitionConfig,
     PassThroughTowerConfig,
+    ShardingConfig,
 )
-from dmt.models import build_dmt_model, naive_partition
+from dmt.models import build_dmt_model, embedding_parameters, naive_partition
+from dmt.optim import apply_sparse_optimizer, build_optimizer
 from dmt.planning.collectives import (
     CollectiveBytes,
+    FlatTable,
     Workload,
     busiest,
+    flat_rank_collectives,
+    flat_tables,
     sptt_collectives,
     sptt_rank_collectives,
 )
 from dmt.runtime import Runtime
+from dmt.sharding import memory_budget, plan_tables
 from dmt.sptt.comm_stats import CommStats
+from dmt.sptt.comm_trace import CommTrace, TracedCall
 from dmt.sptt.dmt_sharding import ShardedDMT, shard_dmt
 from dmt.sptt.plan import SPTTPlan
 from dmt.sptt.process_groups import SPTTProcessGroups, create_process_groups
@@ -226,3 +244,138 @@ def test_plan_bytes_equal_measured_g4() -> None:
 
 def test_plan_bytes_equal_measured_g8() -> None:
     assert run_on_ranks(_worker, 8, timeout_s=180) == [12] * 8
+
+
+# ---- flat TorchRec sharding, measured by CommTrace --------------------------------------------
+
+TRACED_OPS = {
+    "alltoall_base_": "all_to_all",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "_allgather_base_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "allreduce_": "all_reduce",
+}
+
+
+def _hand_plan(model: torch.nn.Module) -> ShardingPlan:
+    """Every TorchRec sharding type the planner counts, on G = 4 ranks of 2 hosts."""
+    path = "model.towers.0.embedding_bag_collection"
+    ebc = cast(EmbeddingBagCollection, model.get_submodule(path.removeprefix("model.")))
+    per_table = {
+        "t_cat_0": table_wise(rank=1),
+        "t_cat_1": column_wise(ranks=[0, 3]),
+        "t_cat_2": row_wise(),
+        "t_cat_3": table_row_wise(host_index=1),
+        "t_cat_4": table_wise(rank=2),
+        "t_cat_5": table_row_wise(host_index=0),
+    }
+    module_plan = construct_module_sharding_plan(
+        ebc, per_table, local_size=2, world_size=4, device_type="cpu"
+    )
+    for sharding in module_plan.values():
+        sharding.compute_kernel = "fused"  # as the planner's: the sparse optimizer is fused
+    return ShardingPlan({path: module_plan})
+
+
+def _traced(calls: list[TracedCall], rank: int, hosts: Topology) -> dict[str, tuple[int, int]]:
+    """CommTrace's calls as ``{op: (sent, cross-host)}``, without TorchRec's exchange of the
+    KJT split sizes (equal splits of integers)."""
+    out: dict[str, tuple[int, int]] = {}
+    for call in calls:
+        if call.op == "alltoall_base_" and not call.split_sizes:
+            assert not call.dtype.is_floating_point
+            continue
+        assert call.op in TRACED_OPS, (call, [c.op for c in calls])
+        op = TRACED_OPS[call.op]
+        sent, cross = out.get(op, (0, 0))
+        for dst, nbytes in zip(call.ranks, call.bytes_per_rank):
+            if dst != rank:
+                sent += nbytes
+                cross += nbytes if hosts.crosses_host(rank, dst) else 0
+        out[op] = (sent, cross)
+    return {k: v for k, v in out.items() if v != (0, 0)}
+
+
+def _planned_by_op(planned: list[CollectiveBytes]) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for c in planned:
+        sent, cross = out.get(c.op, (0, 0))
+        out[c.op] = (sent + c.total_bytes, cross + c.cross_host_bytes)
+    return {k: v for k, v in out.items() if v != (0, 0)}
+
+
+def _flat_workload(tables: list[FlatTable], kjt: KeyedJaggedTensor) -> Workload:
+    jagged = kjt.to_dict()
+    blocks = {}
+    for t in tables:
+        if t.sharding_type in ("row_wise", "table_row_wise"):
+            ids = jagged[t.feature_name].values()
+            blocks[t.feature_name] = [
+                int(((ids >= s.row_start) & (ids < s.row_stop)).sum()) for s in t.shards
+            ]
+    return Workload(
+        kjt.stride(),
+        tuple(int(jagged[name].values().numel()) for name in NAMES),
+        length_size=kjt.lengths().element_size(),
+        id_size=kjt.values().element_size(),
+        row_block_ids=blocks,
+    )
+
+
+def _flat_worker(rank: int, world_size: int) -> list[str]:
+    hosts = Topology(world_size, 2)
+    # TorchRec's sharding env reads the host size from torchrun's variables (table-row-wise
+    # sharding builds its intra- and cross-host groups from them)
+    os.environ.update(LOCAL_WORLD_SIZE="2", LOCAL_RANK=str(rank % 2))
+    kinds = []
+    for how in ("planner", "hand"):
+        model = _model(1, "passthrough")
+        dense_bytes = _param_bytes(model) - sum(
+            _param_bytes(t) for t in cast(torch.nn.ModuleList, model.towers)
+        )
+        apply_sparse_optimizer(embedding_parameters(model), OPTIM)
+        task = TrainTask(model)
+        plan = (
+            plan_tables(
+                task,
+                memory_budget(ShardingConfig(), "cpu"),
+                world_size=world_size,
+                local_world_size=2,
+                batch_size=4 * world_size,
+            )
+            if how == "planner"
+            else _hand_plan(model)
+        )
+        tables = flat_tables(plan, task, NAMES)  # before DMP shards the task in place
+        dmp = DistributedModelParallel(
+            task, device=torch.device("cpu"), plan=plan, sharders=get_default_sharders()
+        )
+        kinds += [t.sharding_type for t in tables]
+        optimizer = build_optimizer(dmp, OPTIM)
+        for step, B in enumerate([4, 4, 4, 3, 6]):
+            batch = _batch(rank, step, B)
+            trace = CommTrace(CommStats(hosts, rank))
+            with trace:
+                optimizer.zero_grad()
+                loss, _ = dmp(batch)
+                loss.backward()
+                optimizer.step()
+            if step < 3:  # DDP's first steps sync more than gradients
+                continue
+            assert not trace.unaccounted
+            workload = _flat_workload(tables, batch.sparse_features)
+            planned = flat_rank_collectives(
+                tables, hosts, rank, workload, dense_param_bytes=dense_bytes
+            )
+            assert _planned_by_op(planned) == _traced(trace.calls, rank, hosts), (how, step)
+    return sorted(set(kinds))
+
+
+def test_flat_plan_bytes_equal_traced() -> None:
+    """The planner's flat bytes equal CommTrace's measurement of TorchRec's DMP at G = 4 (two
+    hosts), for the planner's plan and a plan with every sharding type."""
+    kinds = run_on_ranks(_flat_worker, 4, timeout_s=180)
+    assert kinds[0] == sorted(
+        ["table_column_wise", "table_wise", "column_wise", "row_wise", "table_row_wise"]
+    )
