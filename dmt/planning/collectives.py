@@ -357,6 +357,8 @@ class FlatTable:
     """A TorchRec ``ShardingType`` value, one of :data:`FLAT_SHARDING_TYPES`."""
     shards: tuple[FlatShard, ...]
     """By row offset then rank (empty for ``data_parallel``)."""
+    compute_kernel: str = "fused"
+    """TorchRec's ``EmbeddingComputeKernel`` value of the table's shards."""
 
 
 def flat_tables(plan: Any, module: nn.Module, feature_names: Sequence[str]) -> list[FlatTable]:
@@ -399,6 +401,7 @@ def flat_tables(plan: Any, module: nn.Module, feature_names: Sequence[str]) -> l
                     config.embedding_dim,
                     kind,
                     tuple(sorted(shards, key=lambda s: (s.row_start, s.col_start, s.rank))),
+                    sharding.compute_kernel,
                 )
             )
     return out
