@@ -39,6 +39,10 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.proposers import UniformProposer
+from torchrec.distributed.planner.types import PlannerError
+from torchrec.distributed.types import ShardingPlan
 
 from dmt.config import (
     Config,
@@ -49,7 +53,7 @@ from dmt.config import (
 )
 from dmt.inspect import schema
 from dmt.memory import GIB, MemoryBudget
-from dmt.models import DMTModel, build_dmt_model, build_model
+from dmt.models import build_dmt_model, build_model
 from dmt.models.partition import naive_partition, resolve_partition
 from dmt.optim import sparse_optimizer_name, sparse_optimizer_spec
 from dmt.planning.collectives import (
@@ -67,7 +71,7 @@ from dmt.planning.memory import (
     flat_rank_memory,
     sptt_rank_memory,
 )
-from dmt.sharding import plan_tables
+from dmt.sharding import flat_sharders, plan_tables, planner_topology, table_constraints
 from dmt.sptt.collectives import COMM_PRECISIONS
 from dmt.sptt.dmt_sharding import DMTSharder
 from dmt.sptt.topology import Topology
@@ -82,6 +86,7 @@ class PlanConfig(Config):
     """``dmt-plan``'s root config: the training config plus the cluster."""
 
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    flat_search: str = "auto"  # TorchRec planner search for flat: "full" (as training), "uniform" (fast), "auto" (full up to FULL_SEARCH_LIMIT tables x GPUs)
 
 
 def register_plan_configs() -> None:
@@ -217,8 +222,13 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
         table_device="meta",
         dense_device="meta",
     )
-    sharding = plan_tables(
-        flat_model, budget, world_size=G, local_world_size=L, batch_size=conf.data.batch_size
+    search = _flat_search(conf.flat_search, len(names), G)
+    sharding = (
+        plan_tables(
+            flat_model, budget, world_size=G, local_world_size=L, batch_size=conf.data.batch_size
+        )
+        if search == "full"
+        else _uniform_plan(flat_model, budget, G, L, conf.data.batch_size)
     )
     tables = flat_tables(sharding, flat_model, names)
     dense = _param_bytes(flat_model) - sum(
@@ -294,7 +304,48 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
             ),
             check_fits(memory, gpu_bytes, what=mode),
         )
-    return _report(conf, topo, B, modes, time.perf_counter() - started)
+    report = _report(conf, topo, B, modes, time.perf_counter() - started)
+    report["flat_search"] = search
+    return report
+
+
+FULL_SEARCH_LIMIT = 4096
+"""``flat_search=auto`` runs TorchRec's full search up to this many tables x GPUs (26 tables on
+64 GPUs: about 15 s on 2 cores; 26 on 512: over a minute)."""
+FAST_SHARDING_TYPES = ("table_wise", "table_row_wise", "column_wise", "table_column_wise")
+
+
+def _flat_search(setting: str, num_tables: int, world_size: int) -> str:
+    if setting not in ("auto", "full", "uniform"):
+        raise ValueError(f"flat_search={setting!r} is not one of ['auto', 'full', 'uniform']")
+    if setting != "auto":
+        return setting
+    return "full" if num_tables * world_size <= FULL_SEARCH_LIMIT else "uniform"
+
+
+def _uniform_plan(
+    model: nn.Module, budget: MemoryBudget, world_size: int, local_world_size: int, batch: int
+) -> ShardingPlan:
+    """TorchRec's planner, searching only plans of one sharding type for all tables
+    (``UniformProposer``) among :data:`FAST_SHARDING_TYPES` (row-wise, whose shards on all
+    ``G`` ranks make the enumeration grow with ``G``, left out). At hundreds of GPUs and
+    thousands of tables the full search takes tens of minutes; this one seconds."""
+    constraints = table_constraints(model, budget)
+    for c in constraints.values():
+        c.sharding_types = list(FAST_SHARDING_TYPES)
+    planner = EmbeddingShardingPlanner(
+        topology=planner_topology(budget, world_size=world_size, local_world_size=local_world_size),
+        batch_size=max(batch // world_size, 1),
+        constraints=constraints,
+        proposer=[UniformProposer()],
+    )
+    try:
+        return planner.plan(model, flat_sharders())
+    except PlannerError as e:
+        raise ValueError(
+            f"TorchRec's planner found no sharding of the tables within the memory budget "
+            f"({budget.describe()}; cluster.gpu_memory_gb, sharding.ddr_gb): {e}"
+        ) from e
 
 
 def _base_dense(cfg: ModelConfig) -> ModelConfig:
