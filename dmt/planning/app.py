@@ -272,9 +272,9 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
             cardinalities=cards,
             num_dense=num_dense,
             table_device="meta",
-            dense_device="cpu",  # the sharder wants dense modules off meta
+            dense_device="meta",
         )
-        sptt_plan = sharder.plan(model)
+        sptt_plan = sharder.plan(model, dense_on_meta=True)
         dims = model.tower_output_dims
         tower_bytes = [_param_bytes(t.tower_module) for t in model.towers]
         tower_acts = [dense_activations_per_sample(t.tower_module) for t in model.towers]
