@@ -212,48 +212,6 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
     partition = _partition(conf, names, topo)
     modes: dict[str, ModePlan] = {}
 
-    # flat: the model without towers, TorchRec's planner on G CUDA ranks
-    flat_cfg = _base_dense(replace(conf.model, partition=PartitionConfig(kind="none")))
-    flat_model = build_model(
-        flat_cfg,
-        feature_names=names,
-        cardinalities=cards,
-        num_dense=num_dense,
-        table_device="meta",
-        dense_device="meta",
-    )
-    search = _flat_search(conf.flat_search, len(names), G)
-    sharding = (
-        plan_tables(
-            flat_model, budget, world_size=G, local_world_size=L, batch_size=conf.data.batch_size
-        )
-        if search == "full"
-        else _uniform_plan(flat_model, budget, G, L, conf.data.batch_size)
-    )
-    tables = flat_tables(sharding, flat_model, names)
-    dense = _param_bytes(flat_model) - sum(
-        _param_bytes(m) for m in flat_model.modules() if _is_ebc(m)
-    )
-    activations = dense_activations_per_sample(flat_model)
-    memory = [
-        flat_rank_memory(
-            tables,
-            topo,
-            r,
-            local_batch=B,
-            sparse_optimizer=sparse_name,
-            dense_param_bytes=dense,
-            dense_optimizer=dense_optimizer,
-            dense_activations=activations,
-            budget=budget,
-        )
-        for r in range(G)
-    ]
-    modes["flat"] = ModePlan(
-        flat_collectives(tables, topo, workload, dense_param_bytes=dense),
-        check_fits(memory, gpu_bytes, what="flat"),
-    )
-
     # sptt / dmt: the towers, pass-through or with the experiment's tower modules
     sharder = DMTSharder(
         topo,
@@ -304,6 +262,58 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
             ),
             check_fits(memory, gpu_bytes, what=mode),
         )
+    # flat: the model without towers, TorchRec's planner on G CUDA ranks
+    flat_cfg = _base_dense(replace(conf.model, partition=PartitionConfig(kind="none")))
+    flat_model = build_model(
+        flat_cfg,
+        feature_names=names,
+        cardinalities=cards,
+        num_dense=num_dense,
+        table_device="meta",
+        dense_device="meta",
+    )
+    search = _flat_search(conf.flat_search, len(names), G)
+    try:
+        sharding = (
+            plan_tables(
+                flat_model,
+                budget,
+                world_size=G,
+                local_world_size=L,
+                batch_size=conf.data.batch_size,
+            )
+            if search == "full"
+            else _uniform_plan(flat_model, budget, G, L, conf.data.batch_size)
+        )
+    except ValueError as e:
+        raise ValueError(
+            f"flat: cluster.gpu_memory_gb={conf.cluster.gpu_memory_gb} GiB per GPU: {e}"
+        ) from e
+    tables = flat_tables(sharding, flat_model, names)
+    dense = _param_bytes(flat_model) - sum(
+        _param_bytes(m) for m in flat_model.modules() if _is_ebc(m)
+    )
+    activations = dense_activations_per_sample(flat_model)
+    memory = [
+        flat_rank_memory(
+            tables,
+            topo,
+            r,
+            local_batch=B,
+            sparse_optimizer=sparse_name,
+            dense_param_bytes=dense,
+            dense_optimizer=dense_optimizer,
+            dense_activations=activations,
+            budget=budget,
+        )
+        for r in range(G)
+    ]
+    modes["flat"] = ModePlan(
+        flat_collectives(tables, topo, workload, dense_param_bytes=dense),
+        check_fits(memory, gpu_bytes, what="flat"),
+    )
+
+    modes = {mode: modes[mode] for mode in ("flat", "sptt", "dmt")}
     report = _report(conf, topo, B, modes, time.perf_counter() - started)
     report["flat_search"] = search
     return report
