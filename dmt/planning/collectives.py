@@ -21,6 +21,15 @@ all-to-alls count lengths and ids, not TorchRec's small exchange of split sizes.
 
 "Busiest rank": of each collective (step, op, group, direction), the rank that sends the most
 cross-host bytes, ties broken by the most bytes in all.
+
+``overlappable`` marks what the pipelined schedule can hide behind compute: the sparse-input
+all-to-alls (step a, ``flat_input_a2a``: TorchRec's ``TrainPipelineSparseDist`` runs them for the
+next batch), step f (started before the bottom MLP, :meth:`SPTTDataflow.start_peer_exchange`,
+and asynchronous in the backward) and the DDP all-reduces (bucketed during the backward). Step d
+and the flat pooled-embedding exchanges sit on the critical path.
+
+Shape legend: ``G`` ranks, ``L`` per host, ``K`` hosts per tower, ``T = G / (K L)`` towers,
+``B`` local batch, ``N`` embedding dim.
 """
 
 from __future__ import annotations

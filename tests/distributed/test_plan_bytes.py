@@ -374,8 +374,7 @@ def _flat_worker(rank: int, world_size: int) -> list[str]:
 
 def test_flat_plan_bytes_equal_traced() -> None:
     """The planner's flat bytes equal CommTrace's measurement of TorchRec's DMP at G = 4 (two
-    hosts), for the planner's plan and a plan with every sharding type."""
+    hosts), for TorchRec's planner's plan (on CPU: table-column-wise or table-wise, as its cost
+    model decides) and a plan with table-, column-, row- and table-row-wise tables."""
     kinds = run_on_ranks(_flat_worker, 4, timeout_s=180)
-    assert kinds[0] == sorted(
-        ["table_column_wise", "table_wise", "column_wise", "row_wise", "table_row_wise"]
-    )
+    assert {"table_wise", "column_wise", "row_wise", "table_row_wise"} <= set(kinds[0])
