@@ -164,12 +164,17 @@ def _partition(conf: PlanConfig, names: list[str], topo: Topology) -> list[list[
         return naive_partition(names, T)
     partition = resolve_partition(conf.model.partition, names)
     if len(partition) != T:
+        towers = len(partition)
+        fix = (
+            f"set sptt.hosts_per_tower={c.hosts // towers} ({c.hosts} hosts / {towers} towers)"
+            if c.hosts % towers == 0
+            else f"set cluster.hosts to {towers} towers times sptt.hosts_per_tower"
+        )
         raise ValueError(
-            f"the model has {len(partition)} towers (model.partition), but the cluster gives "
+            f"the model has {towers} towers (model.partition), but the cluster gives "
             f"T = G / (K * L) = {topo.world_size} / ({K} * {c.gpus_per_host}) = {T} towers "
             f"(cluster.hosts={c.hosts}, cluster.gpus_per_host={c.gpus_per_host}, "
-            f"sptt.hosts_per_tower={K}): set cluster.hosts = {len(partition)} * "
-            "sptt.hosts_per_tower, or another model.partition.num_towers"
+            f"sptt.hosts_per_tower={K}): {fix}, or change model.partition.num_towers"
         )
     return partition
 

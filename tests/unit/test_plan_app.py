@@ -87,7 +87,15 @@ def test_towers_that_do_not_fit_the_cluster() -> None:
     assert str(e.value) == (
         "the model has 4 towers (model.partition), but the cluster gives T = G / (K * L) = "
         "4 / (1 * 2) = 2 towers (cluster.hosts=2, cluster.gpus_per_host=2, "
-        "sptt.hosts_per_tower=1): set cluster.hosts = 4 * sptt.hosts_per_tower, or another "
+        "sptt.hosts_per_tower=1): set cluster.hosts to 4 towers times sptt.hosts_per_tower, "
+        "or change model.partition.num_towers"
+    )
+    with pytest.raises(ValueError) as e:
+        plan(_conf("+partition=naive", "model.partition.num_towers=2", "cluster.hosts=4"))
+    assert str(e.value) == (
+        "the model has 2 towers (model.partition), but the cluster gives T = G / (K * L) = "
+        "8 / (1 * 2) = 4 towers (cluster.hosts=4, cluster.gpus_per_host=2, "
+        "sptt.hosts_per_tower=1): set sptt.hosts_per_tower=2 (4 hosts / 2 towers), or change "
         "model.partition.num_towers"
     )
 
