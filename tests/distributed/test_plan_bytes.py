@@ -6,7 +6,9 @@ precisions. Each rank compares the planner's bytes of its own collectives, given
 (per feature and per row block), with what :class:`CommStats` recorded during one training step:
 steps a, d, f and the tower-module and dense all-reduces, total and cross-host, byte for byte.
 The busiest-rank summary (:func:`sptt_collectives`) is checked against the per-rank maxima when
-every rank's batch has the same id counts.
+every rank's batch has the same id counts. Flat TorchRec sharding (DMP at G = 4 and 8, two ranks
+per host; the planner's plan and one with table-, column-, row- and table-row-wise tables) is
+compared with :class:`CommTrace`'s measurement of every collective, by op.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import cast
 
+import pytest
 import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
@@ -258,8 +261,8 @@ TRACED_OPS = {
 }
 
 
-def _hand_plan(model: torch.nn.Module) -> ShardingPlan:
-    """Every TorchRec sharding type the planner counts, on G = 4 ranks of 2 hosts."""
+def _hand_plan(model: torch.nn.Module, world_size: int) -> ShardingPlan:
+    """Table-, column-, row- and table-row-wise tables on ``world_size`` ranks, 2 per host."""
     path = "model.towers.0.embedding_bag_collection"
     ebc = cast(EmbeddingBagCollection, model.get_submodule(path.removeprefix("model.")))
     per_table = {
@@ -271,7 +274,7 @@ def _hand_plan(model: torch.nn.Module) -> ShardingPlan:
         "t_cat_5": table_row_wise(host_index=0),
     }
     module_plan = construct_module_sharding_plan(
-        ebc, per_table, local_size=2, world_size=4, device_type="cpu"
+        ebc, per_table, local_size=2, world_size=world_size, device_type="cpu"
     )
     for sharding in module_plan.values():
         sharding.compute_kernel = "fused"  # as the planner's: the sparse optimizer is fused
@@ -345,7 +348,7 @@ def _flat_worker(rank: int, world_size: int) -> list[str]:
                 batch_size=4 * world_size,
             )
             if how == "planner"
-            else _hand_plan(model)
+            else _hand_plan(model, world_size)
         )
         tables = flat_tables(plan, task, NAMES)  # before DMP shards the task in place
         dmp = DistributedModelParallel(
@@ -372,9 +375,10 @@ def _flat_worker(rank: int, world_size: int) -> list[str]:
     return sorted(set(kinds))
 
 
-def test_flat_plan_bytes_equal_traced() -> None:
-    """The planner's flat bytes equal CommTrace's measurement of TorchRec's DMP at G = 4 (two
-    hosts), for TorchRec's planner's plan (on CPU: table-column-wise or table-wise, as its cost
+@pytest.mark.parametrize("world_size", [4, 8])
+def test_flat_plan_bytes_equal_traced(world_size: int) -> None:
+    """The planner's flat bytes equal CommTrace's measurement of TorchRec's DMP on hosts of two
+    ranks, for TorchRec's planner's plan (on CPU: table-column-wise or table-wise, as its cost
     model decides) and a plan with table-, column-, row- and table-row-wise tables."""
-    kinds = run_on_ranks(_flat_worker, 4, timeout_s=180)
+    kinds = run_on_ranks(_flat_worker, world_size, timeout_s=180)
     assert {"table_wise", "column_wise", "row_wise", "table_row_wise"} <= set(kinds[0])
