@@ -84,6 +84,7 @@ from dmt.sptt.peer_permute import (
 )
 from dmt.sptt.plan import SPTTPlan, TableShard
 from dmt.sptt.process_groups import SPTTProcessGroups
+from dmt.sptt.splits import step_a_bytes_per_dst, step_d_split_sizes, step_f_split_sizes
 
 TowerModule = Callable[[torch.Tensor], torch.Tensor]
 SparseOptimizer = tuple[type[torch.optim.Optimizer], Mapping[str, Any]]
@@ -327,9 +328,8 @@ class SPTTDataflow(nn.Module):
         lengths: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         ids_per_key: list[int] = []
-        bytes_per_dst: list[int] = []
+        ids_of_shard: dict[TableShard, int] = {}
         for rank in range(topo.world_size):
-            nbytes = 0
             for shard in plan.rank_shards(rank):
                 name = plan.feature_names[shard.feature]
                 if shard.feature in buckets:
@@ -340,8 +340,7 @@ class SPTTDataflow(nn.Module):
                 lengths.append(piece[0])
                 values.append(piece[1])
                 ids_per_key.append(piece[2])
-                nbytes += _nbytes(piece[0]) + piece[2] * piece[1].element_size()
-            bytes_per_dst.append(nbytes)
+                ids_of_shard[shard] = piece[2]
         kjt = KeyedJaggedTensor(
             keys=keys,
             values=torch.cat(values),
@@ -350,6 +349,13 @@ class SPTTDataflow(nn.Module):
             length_per_key=ids_per_key,
         )
         if self.stats is not None:
+            bytes_per_dst = step_a_bytes_per_dst(
+                plan,
+                features.stride(),
+                ids_of_shard.__getitem__,
+                length_size=features.lengths().element_size(),
+                id_size=features.values().element_size(),
+            )
             self.stats.record("a", "world", topo.world_ranks, bytes_per_dst)
         return self._input_dist(kjt)
 
@@ -477,20 +483,19 @@ class SPTTDataflow(nn.Module):
         plan, topo = self.plan, self.plan.topology
         TB = pooled.size(0) // topo.tower_size
         mates = topo.tower_ranks(self.tower)
+        output_sizes, input_sizes = step_d_split_sizes(plan, self.rank, TB)
         widths = [plan.all_to_all_width(q) for q in mates]
         width = widths[topo.position_of(self.rank)]
         sharded = pooled[:, :width].reshape(-1)
         received = all_to_all_single(
             sharded,
-            output_split_sizes=[TB * w for w in widths],
-            input_split_sizes=[TB * width] * topo.tower_size,
+            output_split_sizes=output_sizes,
+            input_split_sizes=input_sizes,
             group=self.groups.tower,
             record=self._recorder("d", "tower", mates),
             comm_dtype=self.comm_dtype,
         )
-        blocks = [
-            chunk.view(TB, w) for chunk, w in zip(received.split([TB * w for w in widths]), widths)
-        ]
+        blocks = [chunk.view(TB, w) for chunk, w in zip(received.split(output_sizes), widths)]
         if plan.row_wise_features(self.tower):
             summed = reduce_scatter(
                 pooled[:, width:].reshape(-1),
@@ -537,7 +542,7 @@ class SPTTDataflow(nn.Module):
                 f"expected (T*B, {V}, {D}) from tower_output_dims"
             )
         B = tower_output.size(0) // T
-        return B, [B * v * d for v, d in self.tower_output_dims], [B * V * D] * T
+        return B, *step_f_split_sizes(self.tower_output_dims, self.tower, B)
 
     def split_peer_output(self, received: torch.Tensor, B: int) -> list[torch.Tensor]:
         """Step f's received elements as every tower's ``(B, V_t, D_t)``, by tower."""

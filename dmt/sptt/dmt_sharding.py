@@ -101,13 +101,14 @@ __all__ = [
 _DMT_ATTRIBUTES = ("feature_names", "partition", "towers", "interact")
 
 
-def check_dmt_model(model: nn.Module, topology: Topology) -> None:
+def check_dmt_model(model: nn.Module, topology: Topology, *, dense_on_meta: bool = False) -> None:
     """Raise ``ValueError`` if ``model`` cannot be trained with SPTT on ``topology``.
 
     Checks that the model has one tower per SPTT tower (``T = G / (K L)``), that its partition
     is a partition of its features that matches its towers, that every tower's embedding
     tables read exactly the tower's features, one table per feature, all of one dim ``N``, that
-    no tables sit outside the towers and that only tables are on the meta device.
+    no tables sit outside the towers and that only tables are on the meta device (unless
+    ``dense_on_meta``: a model that is only planned, never trained, as in ``dmt-plan``).
     Pure and the same on every rank, so every rank fails alike before any collective.
     """
     for attr in _DMT_ATTRIBUTES:
@@ -184,7 +185,7 @@ def check_dmt_model(model: nn.Module, topology: Topology) -> None:
             if isinstance(m, EmbeddingBagCollection)
             for p in m.parameters()
         }
-        if any(p.is_meta for p in module.parameters() if id(p) not in tables):
+        if not dense_on_meta and any(p.is_meta for p in module.parameters() if id(p) not in tables):
             raise ValueError(
                 f"the model's {name} has dense parameters on the meta device; build dense "
                 "modules on the training device (only tables may be on meta)"
@@ -698,9 +699,10 @@ class DMTSharder:
         self.even_batches = even_batches
         self.memory = memory
 
-    def plan(self, model: DMTModel) -> SPTTPlan:
-        """Validate ``model`` and place its tables (pure; the same on every rank)."""
-        check_dmt_model(model, self.topology)
+    def plan(self, model: DMTModel, *, dense_on_meta: bool = False) -> SPTTPlan:
+        """Validate ``model`` and place its tables (pure; the same on every rank).
+        ``dense_on_meta``: the dense modules may be on meta too (planning only, ``dmt-plan``)."""
+        check_dmt_model(model, self.topology, dense_on_meta=dense_on_meta)
         tables = _tables(model)
         names = list(model.feature_names)
         kinds = (

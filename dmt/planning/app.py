@@ -1,0 +1,453 @@
+"""``dmt-plan <hydra overrides>``: bytes per collective and memory per GPU of a model on a cluster,
+for flat TorchRec sharding, SPTT (pass-through towers) and DMT (tower modules), without a GPU or
+a process group.
+
+Example::
+
+    dmt-plan experiment=paper_dmt_8t_dlrm cluster=h100 cluster.hosts=64 \
+        cluster.gpus_per_host=8 sptt.hosts_per_tower=1
+
+For every mode it plans the tables like the real code does (TorchRec's
+``EmbeddingShardingPlanner`` with a ``Topology`` of ``G = hosts x gpus_per_host`` CUDA ranks and
+the GPU's memory for ``flat``; :func:`dmt.sptt.plan.build_plan` through
+:class:`~dmt.sptt.dmt_sharding.DMTSharder` for ``sptt``/``dmt``), counts the bytes the busiest
+rank sends per collective and direction, split intra-host / cross-host
+(:mod:`dmt.planning.collectives`), and the memory every rank needs
+(:mod:`dmt.planning.memory`). Models are built with tables on ``meta``.
+
+Modes: ``flat`` is the experiment's model without towers (``model.partition.kind=none``),
+``sptt`` its towers with pass-through tower modules, ``dmt`` its towers with its tower modules
+(equal to ``sptt`` when those are pass-through). A model that is not a DMT model gets the naive
+partition into ``T = hosts / K`` towers.
+
+Writes ``plan.json`` in the Hydra run directory (``modes.<mode>.cross_host_mb``,
+``intra_host_mb``, ``max_rank_memory_gb``, the collectives and the busiest rank's memory) and
+prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.proposers import UniformProposer
+from torchrec.distributed.planner.types import PlannerError
+from torchrec.distributed.types import ShardingPlan
+
+from dmt.config import (
+    Config,
+    ModelConfig,
+    PartitionConfig,
+    PassThroughTowerConfig,
+    register_configs,
+)
+from dmt.inspect import schema
+from dmt.memory import GIB, MemoryBudget
+from dmt.models import build_dmt_model, build_model
+from dmt.models.partition import naive_partition, resolve_partition
+from dmt.optim import sparse_optimizer_name, sparse_optimizer_spec
+from dmt.planning.collectives import (
+    CollectiveBytes,
+    Workload,
+    flat_collectives,
+    flat_tables,
+    sptt_collectives,
+)
+from dmt.planning.hardware import ClusterConfig
+from dmt.planning.memory import (
+    RankMemory,
+    check_fits,
+    dense_activations_per_sample,
+    flat_rank_memory,
+    sptt_rank_memory,
+)
+from dmt.sharding import flat_sharders, plan_tables, planner_topology, table_constraints
+from dmt.sptt.collectives import COMM_PRECISIONS
+from dmt.sptt.dmt_sharding import DMTSharder
+from dmt.sptt.topology import Topology
+from dmt.train import CONF_PATH, to_config
+
+PLAN_FILE = "plan.json"
+MB = 1e6
+
+
+@dataclass
+class PlanConfig(Config):
+    """``dmt-plan``'s root config: the training config plus the cluster."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    flat_search: str = "auto"  # TorchRec planner search for flat: "full" (as training), "uniform" (fast), "auto" (full up to FULL_SEARCH_LIMIT tables x GPUs)
+
+
+def register_plan_configs() -> None:
+    """Register the training schemas, ``base_plan_config`` and the ``cluster`` group's."""
+    register_configs()
+    cs = ConfigStore.instance()
+    cs.store(name="base_plan_config", node=PlanConfig)
+    cs.store(group="cluster", name="base_cluster", node=ClusterConfig, package="cluster")
+
+
+register_plan_configs()
+
+
+@dataclass(frozen=True)
+class ModePlan:
+    """The plan of one mode."""
+
+    collectives: list[CollectiveBytes]
+    worst: RankMemory
+    """The rank that needs the most GPU memory."""
+
+    @property
+    def cross_host_bytes(self) -> int:
+        return sum(c.cross_host_bytes for c in self.collectives)
+
+    @property
+    def intra_host_bytes(self) -> int:
+        return sum(c.intra_host_bytes for c in self.collectives)
+
+
+def _param_bytes(module: nn.Module | None) -> int:
+    if module is None:
+        return 0
+    return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+
+
+def _check_cluster(conf: PlanConfig) -> tuple[Topology, int]:
+    """The SPTT topology and the local batch ``B``; ``ValueError`` naming the numbers."""
+    c, K = conf.cluster, conf.sptt.hosts_per_tower
+    for name, value in (
+        ("cluster.hosts", c.hosts),
+        ("cluster.gpus_per_host", c.gpus_per_host),
+        ("sptt.hosts_per_tower", K),
+    ):
+        if value <= 0:
+            raise ValueError(f"{name} must be positive, got {value}")
+    if c.gpu_memory_gb <= 0:
+        raise ValueError(f"cluster.gpu_memory_gb must be positive, got {c.gpu_memory_gb}")
+    if c.hosts % K:
+        raise ValueError(
+            f"cluster.hosts={c.hosts} is not divisible by sptt.hosts_per_tower={K}: every "
+            f"tower spans K whole hosts, so G = {c.hosts} * {c.gpus_per_host} = "
+            f"{c.hosts * c.gpus_per_host} GPUs must be a multiple of K * L = "
+            f"{K} * {c.gpus_per_host} = {K * c.gpus_per_host}"
+        )
+    topo = Topology(c.hosts * c.gpus_per_host, c.gpus_per_host, K)
+    G, batch = topo.world_size, conf.data.batch_size
+    if batch % G:
+        raise ValueError(
+            f"data.batch_size={batch} (global) is not divisible by the G = {c.hosts} * "
+            f"{c.gpus_per_host} = {G} GPUs: every rank trains on the same local batch"
+        )
+    return topo, batch // G
+
+
+def _partition(conf: PlanConfig, names: list[str], topo: Topology) -> list[list[str]]:
+    """The towers of the experiment's model, which must be ``T = G / (K L)``."""
+    T, K, c = topo.num_towers, topo.hosts_per_tower, conf.cluster
+    if conf.model.partition.kind == "none":
+        if len(names) < T:
+            raise ValueError(
+                f"the model's {len(names)} sparse features cannot fill T = cluster.hosts / "
+                f"sptt.hosts_per_tower = {c.hosts} / {K} = {T} towers (one feature at least each)"
+            )
+        return naive_partition(names, T)
+    partition = resolve_partition(conf.model.partition, names)
+    if len(partition) != T:
+        towers = len(partition)
+        fix = (
+            f"set sptt.hosts_per_tower={c.hosts // towers} ({c.hosts} hosts / {towers} towers)"
+            if c.hosts % towers == 0
+            else f"set cluster.hosts to {towers} towers times sptt.hosts_per_tower"
+        )
+        raise ValueError(
+            f"the model has {towers} towers (model.partition), but the cluster gives "
+            f"T = G / (K * L) = {topo.world_size} / ({K} * {c.gpus_per_host}) = {T} towers "
+            f"(cluster.hosts={c.hosts}, cluster.gpus_per_host={c.gpus_per_host}, "
+            f"sptt.hosts_per_tower={K}): {fix}, or change model.partition.num_towers"
+        )
+    return partition
+
+
+def _dense_optimizer(conf: PlanConfig) -> str:
+    target = str(OmegaConf.select(OmegaConf.structured(conf.optim), "dense._target_") or "sgd")
+    return target.rsplit(".", 1)[-1].lower()
+
+
+def plan(conf: PlanConfig) -> dict[str, Any]:
+    """The plan of every mode as ``plan.json`` holds it (see the module docstring).
+
+    Raises:
+        ValueError: a cluster whose GPUs or hosts do not divide as the topology needs, a tower
+            count that does not match the cluster, a batch that does not split evenly, or a
+            rank that does not fit in the GPU's memory (naming the numbers).
+    """
+    to_config(conf)  # validates the training part
+    started = time.perf_counter()
+    topo, B = _check_cluster(conf)
+    G, L = topo.world_size, topo.local_world_size
+    names, cards, num_dense = schema(conf)
+    gpu_bytes = int(conf.cluster.gpu_memory_gb * GIB)
+    budget = MemoryBudget(
+        "cuda",
+        hbm_bytes=gpu_bytes,
+        ddr_bytes=int(conf.sharding.ddr_gb * GIB),
+        uvm_cache_load_factor=conf.sharding.uvm_cache_load_factor,
+    )
+    multi_hot = conf.data.synthetic.multi_hot if conf.data.kind == "synthetic" else 1
+    workload = Workload.uniform(
+        B,
+        len(names),
+        ids_per_sample=multi_hot,
+        comm_size=COMM_PRECISIONS[conf.sptt.comm_precision].itemsize,
+    )
+    dense_optimizer = _dense_optimizer(conf)
+    sparse_spec = sparse_optimizer_spec(conf.optim)
+    sparse_name = sparse_optimizer_name(sparse_spec[0])
+    partition = _partition(conf, names, topo)
+    modes: dict[str, ModePlan] = {}
+
+    # sptt / dmt: the towers, pass-through or with the experiment's tower modules
+    sharder = DMTSharder(
+        topo,
+        sharding_type=conf.sptt.sharding_type,
+        sparse_optimizer=sparse_spec,
+        memory=budget,
+    )
+    for mode in ("sptt", "dmt"):
+        model_cfg = conf.model
+        if mode == "sptt" or model_cfg.partition.kind == "none":
+            model_cfg = _base_dense(replace(model_cfg, tower=PassThroughTowerConfig()))
+        model = build_dmt_model(
+            model_cfg,
+            partition,
+            feature_names=names,
+            cardinalities=cards,
+            num_dense=num_dense,
+            table_device="meta",
+            dense_device="meta",
+        )
+        sptt_plan = sharder.plan(model, dense_on_meta=True)
+        dims = model.tower_output_dims
+        tower_bytes = [_param_bytes(t.tower_module) for t in model.towers]
+        tower_acts = [dense_activations_per_sample(t.tower_module) for t in model.towers]
+        dense = _param_bytes(model) - sum(_param_bytes(t) for t in model.towers)
+        activations = dense_activations_per_sample(model) - sum(tower_acts)
+        memory = [
+            sptt_rank_memory(
+                sptt_plan,
+                r,
+                local_batch=B,
+                dense_param_bytes=dense,
+                dense_optimizer=dense_optimizer,
+                dense_activations=activations,
+                tower_param_bytes=tower_bytes,
+                tower_activations=tower_acts,
+                tower_output_dims=dims,
+            )
+            for r in range(G)
+        ]
+        modes[mode] = ModePlan(
+            sptt_collectives(
+                sptt_plan,
+                workload,
+                tower_output_dims=dims,
+                tower_param_bytes=tower_bytes,
+                dense_param_bytes=dense,
+            ),
+            check_fits(memory, gpu_bytes, what=mode),
+        )
+    # flat: the model without towers, TorchRec's planner on G CUDA ranks
+    flat_cfg = _base_dense(replace(conf.model, partition=PartitionConfig(kind="none")))
+    flat_model = build_model(
+        flat_cfg,
+        feature_names=names,
+        cardinalities=cards,
+        num_dense=num_dense,
+        table_device="meta",
+        dense_device="meta",
+    )
+    search = _flat_search(conf.flat_search, len(names), G)
+    try:
+        sharding = (
+            plan_tables(
+                flat_model,
+                budget,
+                world_size=G,
+                local_world_size=L,
+                batch_size=conf.data.batch_size,
+            )
+            if search == "full"
+            else _uniform_plan(flat_model, budget, G, L, conf.data.batch_size)
+        )
+    except ValueError as e:
+        raise ValueError(
+            f"flat: cluster.gpu_memory_gb={conf.cluster.gpu_memory_gb} GiB per GPU: {e}"
+        ) from e
+    tables = flat_tables(sharding, flat_model, names)
+    dense = _param_bytes(flat_model) - sum(
+        _param_bytes(m) for m in flat_model.modules() if _is_ebc(m)
+    )
+    activations = dense_activations_per_sample(flat_model)
+    memory = [
+        flat_rank_memory(
+            tables,
+            topo,
+            r,
+            local_batch=B,
+            sparse_optimizer=sparse_name,
+            dense_param_bytes=dense,
+            dense_optimizer=dense_optimizer,
+            dense_activations=activations,
+            budget=budget,
+        )
+        for r in range(G)
+    ]
+    modes["flat"] = ModePlan(
+        flat_collectives(tables, topo, workload, dense_param_bytes=dense),
+        check_fits(memory, gpu_bytes, what="flat"),
+    )
+
+    modes = {mode: modes[mode] for mode in ("flat", "sptt", "dmt")}
+    report = _report(conf, topo, B, modes, time.perf_counter() - started)
+    report["flat_search"] = search
+    return report
+
+
+FULL_SEARCH_LIMIT = 4096
+"""``flat_search=auto`` runs TorchRec's full search up to this many tables x GPUs (26 tables on
+64 GPUs: about 15 s on 2 cores; 26 on 512: over a minute)."""
+FAST_SHARDING_TYPES = ("table_wise", "table_row_wise", "column_wise", "table_column_wise")
+
+
+def _flat_search(setting: str, num_tables: int, world_size: int) -> str:
+    if setting not in ("auto", "full", "uniform"):
+        raise ValueError(f"flat_search={setting!r} is not one of ['auto', 'full', 'uniform']")
+    if setting != "auto":
+        return setting
+    return "full" if num_tables * world_size <= FULL_SEARCH_LIMIT else "uniform"
+
+
+def _uniform_plan(
+    model: nn.Module, budget: MemoryBudget, world_size: int, local_world_size: int, batch: int
+) -> ShardingPlan:
+    """TorchRec's planner, searching only plans of one sharding type for all tables
+    (``UniformProposer``) among :data:`FAST_SHARDING_TYPES` (row-wise, whose shards on all
+    ``G`` ranks make the enumeration grow with ``G``, left out). At hundreds of GPUs and
+    thousands of tables the full search takes tens of minutes; this one seconds."""
+    constraints = table_constraints(model, budget)
+    for c in constraints.values():
+        c.sharding_types = list(FAST_SHARDING_TYPES)
+    planner = EmbeddingShardingPlanner(
+        topology=planner_topology(budget, world_size=world_size, local_world_size=local_world_size),
+        batch_size=max(batch // world_size, 1),
+        constraints=constraints,
+        proposer=[UniformProposer()],
+    )
+    try:
+        return planner.plan(model, flat_sharders())
+    except PlannerError as e:
+        raise ValueError(
+            f"TorchRec's planner found no sharding of the tables within the memory budget "
+            f"({budget.describe()}; cluster.gpu_memory_gb, sharding.ddr_gb): {e}"
+        ) from e
+
+
+def _base_dense(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` for embeddings of size ``N`` (flat, pass-through towers): a dot interaction joins
+    the dense vector to the embeddings, so a bottom MLP that ends at the towers' ``D`` (DMT
+    experiments) ends at ``N`` instead, as in the base model."""
+    N, bottom = cfg.embedding_dim, list(cfg.bottom_mlp)
+    if bottom and bottom[-1] != N and "Dot" in type(cfg.interaction).__name__:
+        return replace(cfg, bottom_mlp=[*bottom[:-1], N])
+    return cfg
+
+
+def _is_ebc(module: nn.Module) -> bool:
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection  # noqa: PLC0415
+
+    return isinstance(module, EmbeddingBagCollection)
+
+
+def _report(
+    conf: PlanConfig, topo: Topology, B: int, modes: dict[str, ModePlan], seconds: float
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "cluster": asdict(conf.cluster),
+        "world_size": topo.world_size,
+        "local_world_size": topo.local_world_size,
+        "hosts_per_tower": topo.hosts_per_tower,
+        "num_towers": topo.num_towers,
+        "global_batch": conf.data.batch_size,
+        "local_batch": B,
+        "model": conf.model.name,
+        "comm_precision": conf.sptt.comm_precision,
+        "sptt_sharding_type": conf.sptt.sharding_type,
+        "planning_seconds": round(seconds, 3),
+        "modes": {},
+    }
+    for mode, p in modes.items():
+        memory = asdict(p.worst)
+        memory["device_bytes"] = p.worst.device_bytes
+        out["modes"][mode] = {
+            "cross_host_mb": p.cross_host_bytes / MB,
+            "intra_host_mb": p.intra_host_bytes / MB,
+            "max_rank_memory_gb": p.worst.device_bytes / GIB,
+            "memory": memory,
+            "collectives": [asdict(c) for c in p.collectives],
+        }
+    return out
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The plan as a table: per mode, per collective the busiest rank's MB (intra / cross host),
+    then totals and the largest per-GPU memory."""
+    lines = [
+        f"G={report['world_size']} GPUs ({report['cluster']['hosts']} hosts x "
+        f"{report['local_world_size']}), K={report['hosts_per_tower']} hosts per tower, "
+        f"T={report['num_towers']} towers, local batch {report['local_batch']}",
+        "",
+        f"{'mode':5s} {'step':16s} {'op':15s} {'group':6s} {'dir':8s} {'size':>5s} "
+        f"{'intra MB':>10s} {'cross MB':>10s}",
+    ]
+    for mode, m in report["modes"].items():
+        for c in m["collectives"]:
+            lines.append(
+                f"{mode:5s} {c['step']:16s} {c['op']:15s} {c['group']:6s} {c['direction']:8s} "
+                f"{c['group_size']:5d} {c['intra_host_bytes'] / MB:10.3f} "
+                f"{c['cross_host_bytes'] / MB:10.3f}"
+            )
+    lines += ["", f"{'mode':5s} {'intra MB/step':>14s} {'cross MB/step':>14s} {'max GPU GiB':>12s}"]
+    for mode, m in report["modes"].items():
+        lines.append(
+            f"{mode:5s} {m['intra_host_mb']:14.3f} {m['cross_host_mb']:14.3f} "
+            f"{m['max_rank_memory_gb']:12.3f}"
+        )
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path=CONF_PATH, config_name="plan")
+def main(cfg: DictConfig) -> None:
+    conf = OmegaConf.to_object(cfg)
+    assert isinstance(conf, PlanConfig)
+    with torch.device("cpu"):
+        report = plan(conf)
+    out = Path(HydraConfig.get().runtime.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / PLAN_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    print(format_report(report))
+    print(f"written to {out / PLAN_FILE}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Split sizes and byte counts of the SPTT collectives (steps a, d, f), as pure functions.
+
+The dataflow (:mod:`dmt.sptt.dataflow`) sizes its collectives with these functions, and the
+planner (:mod:`dmt.planning.collectives`) counts the bytes of a plan at any scale with the same
+ones, so the two cannot drift apart. Pure integer arithmetic on an :class:`~dmt.sptt.plan.SPTTPlan`.
+
+Shape legend: ``B`` local batch, ``T`` towers, ``K L`` ranks per tower, ``T B`` samples a rank
+holds after step c (its ``T`` peers' local batches), ``N`` embedding dim, ``W_q`` pooled
+table/column-wise columns of tower rank ``q`` (:meth:`SPTTPlan.all_to_all_width`), ``R_t``
+row-wise features of tower ``t``, ``(V_t, D_t)`` tower ``t``'s module output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from dmt.sptt.plan import SPTTPlan, TableShard
+
+Count = TypeVar("Count", int, float)
+"""Ids counted exactly (``int``) or as an expectation (``float``, the planner's default)."""
+
+
+def step_a_bytes_per_dst(
+    plan: SPTTPlan,
+    local_batch: int,
+    ids_of: Callable[[TableShard], Count],
+    *,
+    length_size: int,
+    id_size: int,
+) -> list[Count]:
+    """Bytes one source rank sends to each rank in step a (its own entry included).
+
+    Every shard of rank ``r`` receives one jagged feature: ``B`` lengths and the ids of the
+    source's local batch that the shard looks up (all of the feature's ids for a table- or
+    column-wise shard, those in its row block for a row-wise one).
+
+    Args:
+        plan: the SPTT plan.
+        local_batch: ``B``.
+        ids_of: ids the source sends to a shard.
+        length_size: bytes of one length (the KJT's lengths dtype).
+        id_size: bytes of one id (the KJT's values dtype).
+
+    Returns:
+        ``G`` byte counts, by destination rank.
+    """
+    return [
+        sum(local_batch * length_size + ids_of(s) * id_size for s in plan.rank_shards(rank))
+        for rank in range(plan.topology.world_size)
+    ]
+
+
+def step_d_split_sizes(plan: SPTTPlan, rank: int, tower_batch: int) -> tuple[list[int], list[int]]:
+    """``(output_split_sizes, input_split_sizes)`` in elements of ``rank``'s step d all-to-all.
+
+    ``rank`` sends the ``T B`` rows of its ``W_r`` table/column-wise columns of block ``p`` to
+    the tower rank at position ``p`` and receives ``T B W_q`` from every tower-mate ``q``; the
+    backward sends the gradients the other way (input and output splits swap).
+
+    Args:
+        plan: the SPTT plan.
+        rank: global rank.
+        tower_batch: ``T B``.
+    """
+    topo = plan.topology
+    mates = topo.tower_ranks(topo.tower_of(rank))
+    widths = [plan.all_to_all_width(q) for q in mates]
+    width = widths[topo.position_of(rank)]
+    return [tower_batch * w for w in widths], [tower_batch * width] * topo.tower_size
+
+
+def step_d_reduce_scatter_block(plan: SPTTPlan, rank: int, tower_batch: int) -> int:
+    """Elements of each block of ``rank``'s step d reduce-scatter (row-wise partial sums,
+    ``T B R_t N``): one block goes to every tower rank; the backward all-gathers blocks of the
+    same size. ``0``: the tower has no row-wise feature (no reduce-scatter)."""
+    tower = plan.topology.tower_of(rank)
+    return tower_batch * len(plan.row_wise_features(tower)) * plan.embedding_dim
+
+
+def step_f_split_sizes(
+    tower_output_dims: Sequence[tuple[int, int]], tower: int, local_batch: int
+) -> tuple[list[int], list[int]]:
+    """``(output_split_sizes, input_split_sizes)`` in elements of step f's all-to-all on a rank
+    of ``tower``: it sends ``B V_t D_t`` to each of its ``T`` peers and receives ``B V_u D_u``
+    from the peer in tower ``u``; the backward swaps the two."""
+    V, D = tower_output_dims[tower]
+    T = len(tower_output_dims)
+    return [local_batch * v * d for v, d in tower_output_dims], [local_batch * V * D] * T

@@ -1,0 +1,125 @@
+"""``dmt-plan`` (:func:`dmt.planning.app.plan`) on small clusters: the report's bytes are those
+of the collectives it lists and match the shapes of the plan, and bad input fails with a
+message that names the numbers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from dmt.planning.app import PlanConfig, format_report, plan
+from dmt.train import CONF_MODULE
+
+# 8 one-hot features of 100 rows, N = 16; 2 hosts x 2 GPUs; 64 samples a step (B = 16 per GPU)
+SMALL = [
+    "data.synthetic.num_sparse=8",
+    "data.synthetic.cardinality=100",
+    "data.batch_size=64",
+    "cluster.hosts=2",
+    "cluster.gpus_per_host=2",
+]
+
+
+def _conf(*overrides: str) -> PlanConfig:
+    with initialize_config_module(CONF_MODULE, version_base="1.3"):
+        cfg = compose("plan", overrides=[*SMALL, *overrides])
+    conf = OmegaConf.to_object(cfg)
+    assert isinstance(conf, PlanConfig)
+    return conf
+
+
+def _collective(report: dict, mode: str, step: str, direction: str) -> dict:  # type: ignore[type-arg]
+    (c,) = [
+        c
+        for c in report["modes"][mode]["collectives"]
+        if (c["step"], c["direction"], c["op"]) == (step, direction, "all_to_all")
+    ]
+    return c
+
+
+def test_plan_reports_every_mode() -> None:
+    report = plan(_conf())
+    assert (report["world_size"], report["num_towers"], report["local_batch"]) == (4, 2, 16)
+    assert set(report["modes"]) == {"flat", "sptt", "dmt"}
+    for mode in report["modes"].values():
+        collectives = mode["collectives"]
+        assert mode["cross_host_mb"] == sum(c["cross_host_bytes"] for c in collectives) / 1e6
+        assert mode["intra_host_mb"] == sum(c["intra_host_bytes"] for c in collectives) / 1e6
+        assert mode["max_rank_memory_gb"] == mode["memory"]["device_bytes"] / 2**30 > 0
+    # pass-through towers of 4 features: step f sends B F_t N fp32 values to the one peer, on
+    # the other host (K = 1), and gets as many gradients back
+    f = _collective(report, "sptt", "f", "forward")
+    assert (f["intra_host_bytes"], f["cross_host_bytes"]) == (0, 16 * 4 * 16 * 4)
+    assert _collective(report, "sptt", "f", "backward") == {**f, "direction": "backward"}
+    # step d stays inside the tower (one host), step a crosses hosts
+    d = _collective(report, "sptt", "d", "forward")
+    assert d["cross_host_bytes"] == 0 < d["intra_host_bytes"]
+    assert _collective(report, "sptt", "a", "forward")["cross_host_bytes"] > 0
+    text = format_report(report)
+    assert re.search(r"^sptt  f +all_to_all +peer +forward +2 +0\.000 +0\.004$", text, re.M)
+
+
+def test_bf16_halves_the_embedding_collectives() -> None:
+    fp32 = plan(_conf())
+    bf16 = plan(_conf("sptt.comm_precision=bf16"))
+    for step in ("d", "f"):
+        a, b = (_collective(r, "sptt", step, "forward") for r in (fp32, bf16))
+        assert a["intra_host_bytes"] + a["cross_host_bytes"] == 2 * (
+            b["intra_host_bytes"] + b["cross_host_bytes"]
+        )
+
+
+def test_hosts_not_divisible_by_hosts_per_tower() -> None:
+    with pytest.raises(ValueError) as e:
+        plan(_conf("cluster.hosts=3", "sptt.hosts_per_tower=2", "data.batch_size=60"))
+    assert str(e.value) == (
+        "cluster.hosts=3 is not divisible by sptt.hosts_per_tower=2: every tower spans K whole "
+        "hosts, so G = 3 * 2 = 6 GPUs must be a multiple of K * L = 2 * 2 = 4"
+    )
+
+
+def test_towers_that_do_not_fit_the_cluster() -> None:
+    with pytest.raises(ValueError) as e:
+        plan(_conf("+partition=naive", "model.partition.num_towers=4"))
+    assert str(e.value) == (
+        "the model has 4 towers (model.partition), but the cluster gives T = G / (K * L) = "
+        "4 / (1 * 2) = 2 towers (cluster.hosts=2, cluster.gpus_per_host=2, "
+        "sptt.hosts_per_tower=1): set cluster.hosts to 4 towers times sptt.hosts_per_tower, "
+        "or change model.partition.num_towers"
+    )
+    with pytest.raises(ValueError) as e:
+        plan(_conf("+partition=naive", "model.partition.num_towers=2", "cluster.hosts=4"))
+    assert str(e.value) == (
+        "the model has 2 towers (model.partition), but the cluster gives T = G / (K * L) = "
+        "8 / (1 * 2) = 4 towers (cluster.hosts=4, cluster.gpus_per_host=2, "
+        "sptt.hosts_per_tower=1): set sptt.hosts_per_tower=2 (4 hosts / 2 towers), or change "
+        "model.partition.num_towers"
+    )
+
+
+def test_batch_not_divisible_by_gpus() -> None:
+    with pytest.raises(ValueError) as e:
+        plan(_conf("data.batch_size=66"))
+    assert str(e.value) == (
+        "data.batch_size=66 (global) is not divisible by the G = 2 * 2 = 4 GPUs: every rank "
+        "trains on the same local batch"
+    )
+
+
+def test_a_model_that_does_not_fit_in_gpu_memory() -> None:
+    """1 MiB GPUs hold the tables (51 KiB) but not a 65536-sample local batch's activations:
+    the SPTT modes, planned first, say so."""
+    with pytest.raises(ValueError) as e:
+        plan(_conf("cluster.gpu_memory_gb=0.0009765625", "data.batch_size=262144"))
+    match = re.fullmatch(
+        r"sptt: rank (\d) needs (\d+) bytes \(\d+\.\d\d GiB\) of GPU memory, 1048576 bytes "
+        r"\(0\.00 GiB\) are available \(tables (\d+), optimizer state (\d+), UVM caches 0, "
+        r"dense (\d+), activations (\d+) bytes\)",
+        str(e.value),
+    )
+    assert match, str(e.value)
+    rank, needed, *parts = (int(g) for g in match.groups())
+    assert needed == sum(parts) > 1048576
