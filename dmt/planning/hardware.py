@@ -58,6 +58,9 @@ class ClusterConfig:
     """Fixed cost of issuing one collective (launch, framework), us."""
     step_overhead_ms: float = 0.0
     """Fixed cost of one training step outside compute and communication (optimizer, Python), ms."""
+    shared_cores: int = 0
+    """Emulated clusters: CPU cores all ranks share (a rank computes at ``dense_tflops *
+    min(1, shared_cores / G)``); 0 for real accelerators."""
 
     @property
     def world_size(self) -> int:
@@ -77,6 +80,8 @@ class ClusterConfig:
 
 def validate_cluster(c: ClusterConfig) -> None:
     """Check the numbers of a cluster; raises ValueError naming the setting and what was expected."""
+    if not isinstance(c.shared_cores, int) or c.shared_cores < 0:
+        raise ValueError(f"cluster.shared_cores={c.shared_cores!r} must be an integer >= 0")
     for setting in ("hosts", "gpus_per_host", "ranks_per_nic"):
         value = getattr(c, setting)
         if not isinstance(value, int) or value < 1:
