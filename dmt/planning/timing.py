@@ -32,6 +32,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from torch import nn
+
+from dmt.models.accounting import dense_flops
+from dmt.models.dmt import DMTModel
+from dmt.models.rec_model import RecModel
 from dmt.planning.hardware import ClusterConfig
 from dmt.planning.network import collective_time_s
 
@@ -96,6 +101,41 @@ class ComputeLoad:
                 f"ComputeLoad.bottom_mflops_per_sample={self.bottom_mflops_per_sample} exceeds "
                 f"dense_mflops_per_sample={self.dense_mflops_per_sample} (it is a part of it)"
             )
+
+
+LOOKUP_PASSES = 3.0
+"""Row traffic of one looked-up id per step, in rows: read forward, read and write backward (the
+fused optimizer's update; row-wise Adagrad's state is one number per row, left out)."""
+
+
+def compute_load(
+    model: RecModel | DMTModel, *, ids_per_sample: float, element_bytes: int = 4
+) -> ComputeLoad:
+    """The :class:`ComputeLoad` of ``model``: dense training FLOPs measured by
+    :func:`dmt.models.accounting.dense_flops` (bottom MLP, tower modules, interaction, top MLP;
+    per rank per local sample, which holds for SPTT too: a tower's ranks run its module over
+    ``T`` times their local batch, for ``1 / T`` of the towers' FLOPs), the bottom MLP's share,
+    and the embedding rows touched (``ids_per_sample`` ids of ``embedding_dim`` elements,
+    :data:`LOOKUP_PASSES` times).
+
+    ``ids_per_sample``: ids one sample looks up over all its features (``F`` x hotness).
+    """
+    if not ids_per_sample >= 0:
+        raise ValueError(f"ids_per_sample={ids_per_sample!r} must be >= 0")
+    _, train = dense_flops(model)
+    bottom = sum(
+        2 * m.in_features * m.out_features
+        for m in model.bottom.modules()
+        if isinstance(m, nn.Linear)
+    )
+    return ComputeLoad(
+        dense_mflops_per_sample=train / 1e6,
+        bottom_mflops_per_sample=min(train, bottom / FORWARD_FRACTION) / 1e6,
+        lookup_bytes_per_sample=ids_per_sample
+        * model.embedding_dim
+        * element_bytes
+        * LOOKUP_PASSES,
+    )
 
 
 @dataclass(frozen=True)
