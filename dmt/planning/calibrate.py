@@ -210,8 +210,15 @@ def _compute_loads(args: argparse.Namespace, towers: int) -> dict[str, ComputeLo
     }
 
 
-def load_run(path: Path) -> Run:
-    """One ``calibration_runs.sh`` JSON as a :class:`Run`."""
+STATISTICS = ("min", "median")
+
+
+def load_run(path: Path, statistic: str = "min") -> Run:
+    """One ``calibration_runs.sh`` JSON as a :class:`Run`; ``statistic``: which of the runs'
+    median step times stands for the mode, ``"min"`` (the least disturbed by other load on the
+    machine) or ``"median"``."""
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic={statistic!r}; expected one of {list(STATISTICS)}")
     data = json.loads(path.read_text())
     settings = data["settings"]
     g, local = int(settings["world_size"]), int(settings["local_world_size"])
@@ -233,7 +240,7 @@ def load_run(path: Path) -> Run:
         rate_bit_per_s=settings["rate_bit_per_s"] if settings.get("throttled") else None,
         batch_per_rank=int(settings["batch_per_rank"]),
         workloads={m: ModeWorkload(collectives[m], loads[m]) for m in MODES},
-        measured_ms={m: float(data["modes"][m]["ms_per_step_median"]) for m in MODES},
+        measured_ms={m: float(data["modes"][m][f"ms_per_step_{statistic}"]) for m in MODES},
     )
 
 
@@ -428,6 +435,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--memory-gbps", type=float, default=10.0, help="memory bandwidth per rank, GB/s"
     )
+    p.add_argument(
+        "--statistic",
+        default="min",
+        choices=STATISTICS,
+        help="the measured ms per step of a mode: min (default: least disturbed by other load) "
+        "or median over the benchmark's runs (each run's median step)",
+    )
     p.add_argument("--rate", default="1gbit", help="NIC rate written into the preset")
     p.add_argument("--out", type=Path, default=None, help="write the fitted preset here (YAML)")
     args = p.parse_args(argv)
@@ -435,7 +449,7 @@ def main(argv: list[str] | None = None) -> None:
     paths = sorted(args.runs.glob("*.json"))
     if not paths:
         raise SystemExit(f"no *.json in {args.runs}")
-    runs = [load_run(path) for path in paths]
+    runs = [load_run(path, args.statistic) for path in paths]
     held = {r.name for r in runs if _matches(r, args.holdout)}
     base = _base(args.cores, args.peak_tflops, args.memory_gbps)
     cluster, eff, rms = fit(base, [r for r in runs if r.name not in held])
@@ -443,6 +457,7 @@ def main(argv: list[str] | None = None) -> None:
     params = [f"{name} = {getattr(cluster, name, eff):.4g}" for name, *_ in PARAMS]
     params[[p[0] for p in PARAMS].index("nic_efficiency")] = f"nic_efficiency = {eff:.4g}"
     summary = _summary(errors)
+    print(f"measured: the {args.statistic} over each file's runs of their median ms per step")
     print(text)
     print(
         f"\nfitted on {len(runs) - len(held)} runs (RMS log residual {rms:.3f}); held out: "

@@ -1,0 +1,171 @@
+"""dmt-plan-calibrate's pieces: per-rank collectives from a run's counts, the fit, the preset."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from dmt.planning.calibrate import (
+    Collective,
+    Run,
+    _base,
+    _flat_collectives,
+    _matches,
+    _sptt_collectives,
+    fit,
+    predict,
+    write_preset,
+)
+from dmt.planning.hardware import ClusterConfig, register_cluster_configs, validate_cluster
+from dmt.planning.timing import MODES, ComputeLoad, ModeWorkload
+
+
+def _counts(**steps: tuple[float, float]) -> dict[str, float]:
+    out = {}
+    for key, (sent, cross) in steps.items():
+        path = key.replace("__", "/")
+        out[f"{path}/bytes_sent"], out[f"{path}/bytes_cross_host"] = sent, cross
+    return out
+
+
+SPTT = {
+    "mode": "sptt",
+    "hosts_per_tower": 1,
+    "bytes_per_step": _counts(
+        a__world__forward=(400, 200),
+        d__tower__forward=(800, 0),
+        f__peer__backward=(80, 80),
+        tm__tower__backward=(0, 0),
+        dense__world__backward=(200, 100),
+    ),
+}
+
+
+def test_sptt_collectives_per_rank() -> None:
+    # G = 4 ranks, L = 2 per host: towers of 2 ranks, peer groups of 2; counts summed over ranks
+    assert _sptt_collectives(SPTT, 4, 2) == [
+        Collective("a", "all_to_all", "world", "forward", 4, 50, 50, True),
+        Collective("d", "all_to_all", "tower", "forward", 2, 200, 0, False),
+        Collective("dense_allreduce", "all_reduce", "world", "backward", 4, 25, 25, True),
+        Collective("f", "all_to_all", "peer", "backward", 2, 0, 20, True),
+    ]
+
+
+def test_flat_collectives_from_traced_world_bytes() -> None:
+    # traced: 2400 B (1300 cross) over the world, less step a's ids and the dense all-reduce
+    # (as SPTT counted them): 1800 (1000 cross) of pooled all-to-all, half each way
+    flat = {"traced_bytes_per_step": {"world/bytes_sent": 2400, "world/bytes_cross_host": 1300}}
+    assert _flat_collectives(flat, SPTT, 4) == [
+        Collective("flat_input_a2a", "all_to_all", "world", "forward", 4, 50, 50, True),
+        Collective("dense_allreduce", "all_reduce", "world", "backward", 4, 25, 25, True),
+        Collective("flat_output_a2a", "all_to_all", "world", "forward", 4, 100, 125, False),
+        Collective("flat_output_a2a", "all_to_all", "world", "backward", 4, 100, 125, False),
+    ]
+
+
+def _runs(truth: ClusterConfig, nic_efficiency: float) -> list[Run]:
+    loads = {
+        "flat": ComputeLoad(2.0, 0.1, 1e4),
+        "sptt": ComputeLoad(2.0, 0.1, 1e4),
+        "dmt": ComputeLoad(1.5, 0.05, 1e4),
+    }
+    runs = []
+    for rate in (1e9, 2.5e9, None):
+        for batch in (512, 2048):
+            s = batch / 512
+            colls = {
+                "flat": [
+                    Collective(
+                        "flat_input_a2a", "all_to_all", "world", "forward", 4, 8000, 8000, True
+                    ),
+                    Collective(
+                        "flat_output_a2a",
+                        "all_to_all",
+                        "world",
+                        "forward",
+                        4,
+                        int(4e5 * s),
+                        int(4e5 * s),
+                        False,
+                    ),
+                    Collective(
+                        "flat_output_a2a",
+                        "all_to_all",
+                        "world",
+                        "backward",
+                        4,
+                        int(4e5 * s),
+                        int(4e5 * s),
+                        False,
+                    ),
+                    Collective(
+                        "dense_allreduce", "all_reduce", "world", "backward", 4, 40000, 40000, True
+                    ),
+                ],
+                "sptt": [
+                    Collective("a", "all_to_all", "world", "forward", 4, 8000, 8000, True),
+                    Collective("d", "all_to_all", "tower", "forward", 2, int(8e5 * s), 0, False),
+                    Collective("f", "all_to_all", "peer", "forward", 2, 0, int(4e5 * s), True),
+                    Collective(
+                        "dense_allreduce", "all_reduce", "world", "backward", 4, 40000, 40000, True
+                    ),
+                ],
+            }
+            colls["dmt"] = [
+                replace(c, cross_host_bytes=c.cross_host_bytes // 4) if c.step == "f" else c
+                for c in colls["sptt"]
+            ]
+            work = {m: ModeWorkload(colls[m], loads[m]) for m in MODES}
+            name = f"G4_{'none' if rate is None else f'{rate:g}'}_B{batch}"
+            run = Run(name, 4, 2, rate, batch, work, {m: 1.0 for m in MODES})
+            times = predict(truth, nic_efficiency, run)
+            runs.append(replace(run, measured_ms={m: times[m].total_ms for m in MODES}))
+    return runs
+
+
+def test_fit_reproduces_runs_made_by_the_model() -> None:
+    base = _base(cores=2, peak_tflops=0.1, hbm_gbps=10.0)
+    truth = replace(
+        base,
+        compute_efficiency=0.2,
+        intra_bandwidth_gbps=0.5,
+        intra_latency_us=300.0,
+        nic_latency_us=800.0,
+        collective_overhead_us=200.0,
+        step_overhead_ms=5.0,
+    )
+    runs = _runs(truth, nic_efficiency=0.8)
+    fitted, eff, rms = fit(base, runs[:4])
+    assert rms < 1e-3
+    for run in runs:  # the two loopback runs were not fitted
+        times = predict(fitted, eff, run)
+        for m in MODES:
+            assert times[m].total_ms == pytest.approx(run.measured_ms[m], rel=0.02)
+
+
+def test_holdout_selection() -> None:
+    run = Run("G8_1gbit_B512", 8, 2, 1e9, 512, {}, {})
+    assert _matches(run, "G=8") and _matches(run, "rate=none,batch=512")
+    assert not _matches(run, "G=4,rate=2500mbit")
+    with pytest.raises(ValueError) as err:
+        _matches(run, "hosts=4")
+    assert str(err.value) == (
+        "--holdout term 'hosts=4': expected KEY=VALUE with KEY one of ['G', 'batch', 'name', 'rate']"
+    )
+
+
+def test_written_preset_composes(tmp_path: Path) -> None:
+    cluster = replace(_base(2, 0.1, 10.0), compute_efficiency=0.25, source="test")
+    (tmp_path / "cluster").mkdir()
+    write_preset(tmp_path / "cluster" / "fitted.yaml", cluster, 0.8, 1e9, ["a note"])
+    register_cluster_configs()
+    with initialize_config_dir(config_dir=str(tmp_path), version_base=None):
+        cfg = compose(config_name=None, overrides=["+cluster=fitted"])
+    loaded = OmegaConf.to_object(cfg.cluster)
+    assert isinstance(loaded, ClusterConfig)
+    validate_cluster(loaded)
+    assert loaded == replace(cluster, nic_bandwidth_gbps=0.1)  # 1 Gbit/s x 0.8
