@@ -20,7 +20,8 @@ The model is :func:`dmt.planning.timing.predict_step_time`, the one ``dmt-plan``
 Fitted (scipy's least squares on ``log(predicted / measured)``): the compute efficiency, the
 intra-host (loopback) bandwidth and latency, the NIC's efficiency and latency, the per-collective
 and per-step overheads. Runs matching ``--holdout`` (``G=8``, ``rate=2500mbit``, ``batch=1024``,
-comma-separated, any may match) are left out of the fit and predicted.
+comma-separated, any may match) are left out of the fit and predicted; ``--holdout each`` predicts
+every run from a fit on the others. The preset written (``--out``) is fitted on every run.
 
 Example::
 
@@ -318,8 +319,17 @@ def _matches(run: Run, holdout: str) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """One run predicted by a fitted cluster; ``held_out``: the fit did not see the run."""
+
+    run: Run
+    times: dict[str, StepTime]
+    held_out: bool
+
+
 def table(
-    base: ClusterConfig, eff: float, runs: Sequence[Run], held: set[str]
+    predictions: Sequence[Prediction], breakdown: bool = False
 ) -> tuple[str, dict[str, list[float]]]:
     """Predicted vs measured ms per step and DMT/flat speed-up per run; and the relative errors
     of the held-out and fitted runs (step times of every mode, and the speed-ups)."""
@@ -335,9 +345,9 @@ def table(
         "holdout_speedup": [],
         "fit_speedup": [],
     }
-    for run in runs:
-        times = predict(base, eff, run)
-        which = "holdout" if run.name in held else "fit"
+    for p in predictions:
+        run, times = p.run, p.times
+        which = "holdout" if p.held_out else "fit"
         cells = []
         for m in MODES:
             pred, meas = times[m].total_ms, run.measured_ms[m]
@@ -351,6 +361,14 @@ def table(
             + " ".join(f"{c:>20}" for c in cells)
             + f" {meas_speedup:>8.2f} /{pred_speedup:>8.2f}"
         )
+        if breakdown:
+            for m in MODES:
+                t = times[m]
+                exposed = ", ".join(f"{k} {v:.1f}" for k, v in t.exposed_by_step().items())
+                lines.append(
+                    f"    {m}: compute {t.compute_ms:.1f}, lookup {t.lookup_ms:.1f}, overhead "
+                    f"{t.overhead_ms:.1f}, exposed [{exposed}], overlapped {t.overlapped_ms:.1f} ms"
+                )
     return "\n".join(lines), errors
 
 
@@ -421,7 +439,7 @@ def main(argv: list[str] | None = None) -> None:
         "--holdout",
         default="G=8",
         help="runs to leave out of the fit and predict: comma-separated KEY=VALUE, KEY of G, "
-        "rate, batch, name (default G=8)",
+        "rate, batch, name (default G=8); or 'each': leave each run out in turn",
     )
     p.add_argument(
         "--cores", type=int, default=os.cpu_count() or 1, help="CPU cores all ranks share"
@@ -444,27 +462,40 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--rate", default="1gbit", help="NIC rate written into the preset")
     p.add_argument("--out", type=Path, default=None, help="write the fitted preset here (YAML)")
+    p.add_argument("--breakdown", action="store_true", help="print each prediction's breakdown")
     args = p.parse_args(argv)
 
     paths = sorted(args.runs.glob("*.json"))
     if not paths:
         raise SystemExit(f"no *.json in {args.runs}")
     runs = [load_run(path, args.statistic) for path in paths]
-    held = {r.name for r in runs if _matches(r, args.holdout)}
     base = _base(args.cores, args.peak_tflops, args.memory_gbps)
-    cluster, eff, rms = fit(base, [r for r in runs if r.name not in held])
-    text, errors = table(cluster, eff, runs, held)
+    cluster, eff, rms = fit(base, runs)  # the preset: every run
+    predictions = []
+    if args.holdout == "each":  # leave one out: each run predicted by a fit on the others
+        for i, run in enumerate(runs):
+            c, e, _ = fit(base, runs[:i] + runs[i + 1 :])
+            predictions.append(Prediction(run, predict(c, e, run), True))
+        fitted_on = f"each run predicted by a fit on the other {len(runs) - 1}"
+    else:
+        held = {r.name for r in runs if _matches(r, args.holdout)}
+        c, e, r = fit(base, [r for r in runs if r.name not in held])
+        predictions = [Prediction(run, predict(c, e, run), run.name in held) for run in runs]
+        fitted_on = (
+            f"fitted on {len(runs) - len(held)} runs (RMS log residual {r:.3f}); held out: "
+            f"{sorted(held) or 'none'}"
+        )
+    text, errors = table(predictions, args.breakdown)
     params = [f"{name} = {getattr(cluster, name, eff):.4g}" for name, *_ in PARAMS]
     params[[p[0] for p in PARAMS].index("nic_efficiency")] = f"nic_efficiency = {eff:.4g}"
     summary = _summary(errors)
     print(f"measured: the {args.statistic} over each file's runs of their median ms per step")
     print(text)
-    print(
-        f"\nfitted on {len(runs) - len(held)} runs (RMS log residual {rms:.3f}); held out: "
-        f"{sorted(held) or 'none'}"
-    )
-    print("parameters: " + ", ".join(params))
+    print(f"\n{fitted_on}")
     print("\n".join(summary))
+    print(
+        f"preset: fitted on all {len(runs)} runs (RMS log residual {rms:.3f}): " + ", ".join(params)
+    )
     if args.out is not None:
         m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", args.rate)
         if m is None:
@@ -473,7 +504,7 @@ def main(argv: list[str] | None = None) -> None:
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
         cluster = replace(
             cluster,
-            source=f"dmt-plan-calibrate {args.runs} --holdout {args.holdout} ({stamp}; "
+            source=f"dmt-plan-calibrate {args.runs} (fitted on all runs, validated with --holdout {args.holdout}; {stamp}; "
             f"{len(runs)} runs: {', '.join(r.name for r in runs)})",
         )
         write_preset(args.out, cluster, eff, rate, [*params, *summary])

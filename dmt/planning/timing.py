@@ -22,8 +22,9 @@ else (SPTT step ``d``, TorchRec's ``flat_output_a2a``) is exposed. The step time
 
     total = compute + lookup + sum(exposed) + collectives x collective_overhead + step_overhead
 
-Emulated clusters run all ranks on ``cluster.shared_cores`` CPU cores: a rank then computes at
-``dense_tflops * min(1, shared_cores / G)``.
+Emulated clusters run all ranks on ``cluster.shared_cores`` CPU cores: all of a rank's own work
+(compute, lookup and the fixed overheads) then runs at ``min(1, shared_cores / G)`` of a core's
+speed (:func:`core_share`).
 """
 
 from __future__ import annotations
@@ -203,12 +204,17 @@ def group_ranks_per_host(group: str, group_size: int, gpus_per_host: int) -> int
     )
 
 
-def rank_tflops(cluster: ClusterConfig) -> float:
-    """Achieved TFLOP/s of one rank (shared cores of an emulated cluster divide it)."""
-    share = 1.0
+def core_share(cluster: ClusterConfig) -> float:
+    """Fraction of its processor a rank has: ``min(1, shared_cores / G)`` on an emulated cluster
+    whose ``G`` ranks share ``shared_cores`` CPU cores, else 1."""
     if cluster.shared_cores > 0:
-        share = min(1.0, cluster.shared_cores / cluster.world_size)
-    return cluster.dense_tflops * cluster.compute_efficiency * share
+        return min(1.0, cluster.shared_cores / cluster.world_size)
+    return 1.0
+
+
+def rank_tflops(cluster: ClusterConfig) -> float:
+    """Achieved TFLOP/s of one rank."""
+    return cluster.dense_tflops * cluster.compute_efficiency * core_share(cluster)
 
 
 def _budgets(
@@ -253,7 +259,7 @@ def predict_step_time(
     lookup_s = (
         compute.lookup_bytes_per_sample
         * batch_per_rank
-        / (cluster.hbm_bandwidth_gbps * 1e9 * cluster.lookup_efficiency)
+        / (cluster.hbm_bandwidth_gbps * 1e9 * cluster.lookup_efficiency * core_share(cluster))
     )
     budgets = _budgets(compute, batch_per_rank, cluster, lookup_s)
     timed = []
@@ -283,7 +289,9 @@ def predict_step_time(
             CollectiveTime(c.step, c.op, c.group, c.direction, t * 1e3, (t - hidden) * 1e3)
         )
     issued = sum(1 for c in collectives if c.intra_host_bytes + c.cross_host_bytes > 0)
-    overhead_ms = cluster.step_overhead_ms + issued * cluster.collective_overhead_us * 1e-3
+    overhead_ms = (
+        cluster.step_overhead_ms + issued * cluster.collective_overhead_us * 1e-3
+    ) / core_share(cluster)
     total = compute_s * 1e3 + lookup_s * 1e3 + overhead_ms + sum(c.exposed_ms for c in timed)
     return StepTime(mode, compute_s * 1e3, lookup_s * 1e3, overhead_ms, tuple(timed), total)
 
