@@ -502,9 +502,11 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"--rate {args.rate!r}: expected e.g. 1gbit, 2500mbit")
         rate = float(m[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m[2]]
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
+        where = args.runs.as_posix()
+        where = where[where.index("benchmarks/") :] if "benchmarks/" in where else where
         cluster = replace(
             cluster,
-            source=f"dmt-plan-calibrate {args.runs} (fitted on all runs, validated with --holdout {args.holdout}; {stamp}; "
+            source=f"dmt-plan-calibrate {where} (fitted on all runs, validated with --holdout {args.holdout}; {stamp}; "
             f"{len(runs)} runs: {', '.join(r.name for r in runs)})",
         )
         write_preset(args.out, cluster, eff, rate, [*params, *summary])
