@@ -29,12 +29,12 @@ class ClusterConfig:
     """Preset name in reports ("h100", "cpu_emulated", ...)."""
     source: str = ""
     """Where the figures come from (datasheet, paper table, calibration command and data)."""
-    hosts: int = 1
+    hosts: int = 8
     """Hosts (nodes)."""
     gpus_per_host: int = 8
     """Accelerators (ranks) per host, ``L``."""
-    gpu_memory_gb: float = MISSING
-    """Memory of one accelerator, GB (1e9 bytes)."""
+    gpu_memory_gb: float = 80.0
+    """Memory of one accelerator, GiB."""
     dense_tflops: float = MISSING
     """Peak dense throughput of one accelerator at the training precision, TFLOP/s."""
     compute_efficiency: float = 0.5

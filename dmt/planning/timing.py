@@ -193,14 +193,15 @@ class StepTime:
 
 
 def group_ranks_per_host(group: str, group_size: int, gpus_per_host: int) -> int:
-    """Members of a process group on each of its hosts: a peer group has one rank per host (the
-    same position in every tower); world, tower and host groups fill their hosts."""
-    if group == "peer":
+    """Members of a process group on each of its hosts: a peer group (the same position in every
+    tower) and a cross group (the same local rank on every host: TorchRec's table-row-wise
+    output) have one rank per host; world, tower and host groups fill their hosts."""
+    if group in ("peer", "cross"):
         return 1
     if group in ("world", "tower", "host"):
         return min(group_size, gpus_per_host)
     raise ValueError(
-        f"group={group!r} is unknown to the time model; expected peer, world, tower or host"
+        f"group={group!r} is unknown to the time model; expected peer, cross, world, tower or host"
     )
 
 

@@ -54,7 +54,7 @@ B = 100
 
 
 def _wire_ms(c: Coll, cluster: ClusterConfig = CLUSTER) -> float:
-    local = 1 if c.group == "peer" else min(c.group_size, cluster.gpus_per_host)
+    local = 1 if c.group in ("peer", "cross") else min(c.group_size, cluster.gpus_per_host)
     return 1e3 * collective_time_s(
         c.op,
         group_size=c.group_size,
@@ -173,7 +173,7 @@ def test_modes_and_speedups() -> None:
             lambda: predict_step_time(
                 "dmt", [Coll("d", "all_to_all", "row", "forward", 4, 0, 1, False)], LOAD, B, CLUSTER
             ),
-            "group='row' is unknown to the time model; expected peer, world, tower or host",
+            "group='row' is unknown to the time model; expected peer, cross, world, tower or host",
         ),
         (
             lambda: predict_step_time("tp", [], LOAD, B, CLUSTER),
