@@ -6,11 +6,15 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from dmt.config import DLRMTowerConfig, DotInteractionConfig, ModelConfig, PartitionConfig
+from dmt.models import build_dmt_model, naive_partition
+from dmt.models.accounting import dense_flops
 from dmt.planning.hardware import ClusterConfig
 from dmt.planning.network import collective_time_s
 from dmt.planning.timing import (
     ComputeLoad,
     ModeWorkload,
+    compute_load,
     predict_modes,
     predict_step_time,
 )
@@ -193,3 +197,24 @@ def test_compute_load_checks() -> None:
     assert str(err.value) == (
         "ComputeLoad.bottom_mflops_per_sample=2.0 exceeds dense_mflops_per_sample=1.0 (it is a part of it)"
     )
+
+
+def test_compute_load_of_a_dmt_model() -> None:
+    names = [f"f{i}" for i in range(6)]
+    cfg = ModelConfig(
+        name="dlrm",
+        interaction=DotInteractionConfig(),
+        embedding_dim=16,
+        bottom_mlp=[32, 8],
+        top_mlp=[16, 1],
+        tower=DLRMTowerConfig(dim=8, c=1, p=0),
+        partition=PartitionConfig(kind="explicit"),
+    )
+    model = build_dmt_model(
+        cfg, naive_partition(names, 2), feature_names=names, cardinalities=[10] * 6, num_dense=13
+    )
+    load = compute_load(model, ids_per_sample=12)
+    # bottom MLP 13 -> 32 -> 8: forward 2 (13 x 32 + 32 x 8) FLOPs, training three times that
+    assert load.bottom_mflops_per_sample == pytest.approx(3 * 2 * (13 * 32 + 32 * 8) / 1e6)
+    assert load.dense_mflops_per_sample == pytest.approx(dense_flops(model)[1] / 1e6)
+    assert load.lookup_bytes_per_sample == 12 * 16 * 4 * 3  # ids x N x fp32 x (read, read, write)
