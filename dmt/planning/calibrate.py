@@ -100,18 +100,17 @@ class Run:
     name: str
     world_size: int
     local_world_size: int
+    rate: str
+    """The host links' rate in tc syntax ("1gbit", "2500mbit"), or "none" (loopback)."""
     rate_bit_per_s: float | None
     batch_per_rank: int
     workloads: dict[str, ModeWorkload]
     measured_ms: dict[str, float]
 
-    @property
-    def rate(self) -> str:
-        """The rate as in the file name ("1gbit", "none")."""
-        return self.name.split("_")[1] if "_" in self.name else "?"
-
 
 def _per_rank(x: float, world_size: int) -> int:
+    """Bytes of the average rank from a count summed over ranks (the benchmark's table-wise
+    towers are symmetric: every rank sends as much as the busiest)."""
     return round(x / world_size)
 
 
@@ -238,6 +237,7 @@ def load_run(path: Path, statistic: str = "min") -> Run:
         name=path.stem,
         world_size=g,
         local_world_size=local,
+        rate=str(settings["rate"]),
         rate_bit_per_s=settings["rate_bit_per_s"] if settings.get("throttled") else None,
         batch_per_rank=int(settings["batch_per_rank"]),
         workloads={m: ModeWorkload(collectives[m], loads[m]) for m in MODES},

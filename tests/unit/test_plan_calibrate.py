@@ -121,7 +121,7 @@ def _runs(truth: ClusterConfig, nic_efficiency: float) -> list[Run]:
             ]
             work = {m: ModeWorkload(colls[m], loads[m]) for m in MODES}
             name = f"G4_{'none' if rate is None else f'{rate:g}'}_B{batch}"
-            run = Run(name, 4, 2, rate, batch, work, {m: 1.0 for m in MODES})
+            run = Run(name, 4, 2, name.split("_")[1], rate, batch, work, {m: 1.0 for m in MODES})
             times = predict(truth, nic_efficiency, run)
             runs.append(replace(run, measured_ms={m: times[m].total_ms for m in MODES}))
     return runs
@@ -148,7 +148,7 @@ def test_fit_reproduces_runs_made_by_the_model() -> None:
 
 
 def test_holdout_selection() -> None:
-    run = Run("G8_1gbit_B512", 8, 2, 1e9, 512, {}, {})
+    run = Run("G8_1gbit_B512", 8, 2, "1gbit", 1e9, 512, {}, {})
     assert _matches(run, "G=8") and _matches(run, "rate=none,batch=512")
     assert not _matches(run, "G=4,rate=2500mbit")
     with pytest.raises(ValueError) as err:
