@@ -509,7 +509,13 @@ def main(argv: list[str] | None = None) -> None:
             source=f"dmt-plan-calibrate {where} (fitted on all runs, validated with --holdout {args.holdout}; {stamp}; "
             f"{len(runs)} runs: {', '.join(r.name for r in runs)})",
         )
-        write_preset(args.out, cluster, eff, rate, [*params, *summary])
+        notes = [
+            f"parameters, fitted on all {len(runs)} runs (RMS log residual {rms:.3f}):",
+            *(f"  {p}" for p in params),
+            f"validation (--holdout {args.holdout}, --statistic {args.statistic}): {fitted_on}",
+            *(f"  {line}" for line in summary),
+        ]
+        write_preset(args.out, cluster, eff, rate, notes)
         print(f"wrote {args.out}")
 
 
