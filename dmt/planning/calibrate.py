@@ -13,7 +13,9 @@ The model is :func:`dmt.planning.timing.predict_step_time`, the one ``dmt-plan``
   traced world bytes less its dense all-reduce and input all-to-all, which carry what the SPTT run
   of the same model counted for ``dense`` and step ``a``: TorchRec's table-wise lookup sends the
   same ids; the rest is the pooled all-to-all, half forward, half backward);
-* the compute of the benchmark's models (:func:`dmt.planning.timing.compute_load`);
+* the compute of the benchmark's models (:func:`dmt.planning.timing.compute_load`), rebuilt from
+  the command line each run recorded by ``benchmarks/bench_sptt.py``'s own builder (so the
+  command runs from a source checkout);
 * a :class:`~dmt.planning.hardware.ClusterConfig` with ``L`` ranks per host, one NIC per host at
   the run's rate (times a fitted efficiency), and all ranks sharing the machine's ``--cores``.
 
@@ -191,7 +193,9 @@ def _flat_collectives(
 
 def _bench_args(command: str) -> argparse.Namespace:
     """The benchmark's arguments from the command line the run recorded."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    benchmarks = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.insert(0, benchmarks)
     import bench_sptt  # benchmarks/ is no package: its model builder is the truth for its runs
 
     argv = shlex.split(command)
