@@ -467,6 +467,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rate", default="1gbit", help="NIC rate written into the preset")
     p.add_argument("--out", type=Path, default=None, help="write the fitted preset here (YAML)")
     p.add_argument("--breakdown", action="store_true", help="print each prediction's breakdown")
+    p.add_argument("--json", type=Path, default=None, help="write the table and errors here")
     args = p.parse_args(argv)
 
     paths = sorted(args.runs.glob("*.json"))
@@ -500,6 +501,31 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"preset: fitted on all {len(runs)} runs (RMS log residual {rms:.3f}): " + ", ".join(params)
     )
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "holdout": args.holdout,
+                    "statistic": args.statistic,
+                    "validation": fitted_on,
+                    "summary": summary,
+                    "parameters_all_runs": dict(
+                        zip([p[0] for p in PARAMS], [getattr(cluster, n, eff) for n, *_ in PARAMS])
+                    ),
+                    "runs": [
+                        {
+                            "run": p.run.name,
+                            "held_out": p.held_out,
+                            "measured_ms": p.run.measured_ms,
+                            "predicted_ms": {m: p.times[m].total_ms for m in MODES},
+                            "exposed_ms": {m: p.times[m].exposed_by_step() for m in MODES},
+                        }
+                        for p in predictions
+                    ],
+                },
+                indent=1,
+            )
+        )
     if args.out is not None:
         m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", args.rate)
         if m is None:
