@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from dmt.planning.calibrate import (
     _matches,
     _sptt_collectives,
     fit,
+    main,
     predict,
     write_preset,
 )
@@ -169,3 +171,78 @@ def test_written_preset_composes(tmp_path: Path) -> None:
     assert isinstance(loaded, ClusterConfig)
     validate_cluster(loaded)
     assert loaded == replace(cluster, nic_bandwidth_gbps=0.1)  # 1 Gbit/s x 0.8
+
+
+def _run_file(path: Path, rate: str, batch: int, ms: dict[str, float]) -> None:
+    """A calibration_runs.sh JSON of G = 4 (L = 2) with bench_sptt's byte counts at B = 512
+    (measured on this model), scaled to ``batch``."""
+    s = batch / 512
+    sptt_counts = _counts(
+        a__world__forward=(638976 * s, 425984 * s),
+        d__tower__forward=(3407872 * s, 0),
+        d__tower__backward=(3407872 * s, 0),
+        f__peer__forward=(3407872 * s, 3407872 * s),
+        f__peer__backward=(3407872 * s, 3407872 * s),
+        dense__world__backward=(662808, 331404),
+    )
+    dmt_counts = {
+        **sptt_counts,
+        **_counts(
+            f__peer__forward=(851968 * s, 851968 * s),
+            f__peer__backward=(851968 * s, 851968 * s),
+            tm__tower__backward=(4224, 0),
+        ),
+    }
+    flat_traced = {"world/bytes_sent": 11525688 * s, "world/bytes_cross_host": 7573324 * s}
+    records = [
+        {"mode": "flat", "peer_permute": None, "traced_bytes_per_step": flat_traced},
+        {"mode": "sptt", "peer_permute": None, "hosts_per_tower": 1, "bytes_per_step": sptt_counts},
+        {"mode": "dmt", "peer_permute": None, "hosts_per_tower": 1, "bytes_per_step": dmt_counts},
+    ]
+    data = {
+        "settings": {
+            "world_size": 4,
+            "local_world_size": 2,
+            "rate": rate,
+            "rate_bit_per_s": None if rate == "none" else float(rate.removesuffix("gbit")) * 1e9,
+            "throttled": rate != "none",
+            "batch_per_rank": batch,
+        },
+        "modes": {m: {"ms_per_step_min": t, "ms_per_step_median": 1.1 * t} for m, t in ms.items()},
+        "records": records,
+        "command": f"sudo bash scripts/netns_throttle.sh -- python benchmarks/bench_sptt.py "
+        f"--world-size 4 --local-world-size 2 --batch {batch} --json /tmp/x.json",
+    }
+    path.write_text(json.dumps(data))
+
+
+def test_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    measured = {  # step times measured at G = 4 (ms): flat, sptt, dmt
+        ("1gbit", 512): (79.4, 78.3, 57.6),
+        ("1gbit", 2048): (228.2, 237.8, 121.9),
+        ("none", 512): (57.7, 60.6, 56.1),
+        ("none", 2048): (161.4, 151.6, 144.1),
+    }
+    for (rate, batch), times in measured.items():
+        _run_file(runs / f"G4_{rate}_B{batch}.json", rate, batch, dict(zip(MODES, times)))
+    (tmp_path / "cluster").mkdir()
+    preset, report = tmp_path / "cluster" / "fitted.yaml", tmp_path / "report.json"
+    main([str(runs), "--holdout", "rate=none", "--out", str(preset), "--json", str(report)])
+    out = json.loads(report.read_text())
+    assert [(r["run"], r["held_out"]) for r in out["runs"]] == [
+        ("G4_1gbit_B2048", False),
+        ("G4_1gbit_B512", False),
+        ("G4_none_B2048", True),
+        ("G4_none_B512", True),
+    ]
+    assert out["runs"][0]["measured_ms"] == dict(zip(MODES, measured["1gbit", 2048]))
+    assert "held-out step times: median abs error" in capsys.readouterr().out
+    register_cluster_configs()
+    with initialize_config_dir(config_dir=str(tmp_path), version_base=None):
+        cfg = compose(config_name=None, overrides=["+cluster=fitted"])
+    fitted = OmegaConf.to_object(cfg.cluster)
+    assert isinstance(fitted, ClusterConfig)
+    validate_cluster(fitted)
+    assert (fitted.name, fitted.gpus_per_host, fitted.ranks_per_nic) == ("cpu_emulated", 2, 2)
