@@ -17,7 +17,10 @@ behind a *budget* of compute:
   backward pass (DDP's buckets): two thirds of the dense compute.
 
 Only collectives marked ``overlappable`` draw on a budget, and only when ``pipelined``; the
-collectives of one budget share it in the order given, and what exceeds it is exposed. Everything
+collectives of one budget share it in the order given, and what exceeds it is exposed. The budgets
+are parts of one step's compute and the collectives share one stream, so every hidden
+millisecond also comes out of the ``prefetch`` budget: a step never hides more communication than
+it computes. Everything
 else (SPTT step ``d``, TorchRec's ``flat_output_a2a``) is exposed. The step time is
 
     total = compute + lookup + sum(exposed) + collectives x collective_overhead + step_overhead
@@ -284,8 +287,12 @@ def predict_step_time(
         hidden = 0.0
         if pipelined and c.overlappable and budget is not None:
             key = f"{budget}/{c.direction}" if budget == "bottom" else budget
-            hidden = min(t, budgets.get(key, 0.0))
-            budgets[key] = budgets.get(key, 0.0) - hidden
+            # one communication stream: whatever the budget, hidden time comes out of the
+            # step's compute ("prefetch" is all of it)
+            hidden = min(t, budgets[key], budgets["prefetch"])
+            budgets[key] -= hidden
+            if key != "prefetch":
+                budgets["prefetch"] -= hidden
         timed.append(
             CollectiveTime(c.step, c.op, c.group, c.direction, t * 1e3, (t - hidden) * 1e3)
         )

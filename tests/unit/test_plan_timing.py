@@ -132,6 +132,16 @@ def test_collectives_share_one_budget_in_order() -> None:
     assert [c.exposed_ms for c in t.collectives] == pytest.approx([0.0, 1.1 - (budget - 1.1)])
 
 
+def test_all_budgets_come_out_of_one_step_compute() -> None:
+    # the gradient all-reduce hides 1.1 ms behind the backward; step a then finds 2.02 - 1.1 ms
+    # of the step's compute left, however large its own budget
+    ar = Coll("dense_allreduce", "all_reduce", "world", "backward", 4, 0, 1_500_000, True)
+    a = Coll("a", "all_to_all", "world", "forward", 4, 0, 1_000_000, True)  # 2 ms
+    t = predict_step_time("sptt", [ar, a], LOAD, B, CLUSTER)
+    assert [c.exposed_ms for c in t.collectives] == pytest.approx([0.0, 2.0 - (2.02 - 1.1)])
+    assert t.overlapped_ms == pytest.approx(2.02)
+
+
 def test_shared_cores_slow_compute_in_proportion() -> None:
     emulated = replace(CLUSTER, shared_cores=1)  # 4 ranks on one core
     assert predict_step_time("flat", [], LOAD, B, emulated).compute_ms == pytest.approx(8.0)
