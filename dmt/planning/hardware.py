@@ -59,8 +59,8 @@ class ClusterConfig:
     step_overhead_ms: float = 0.0
     """Fixed cost of one training step outside compute and communication (optimizer, Python), ms."""
     shared_cores: int = 0
-    """Emulated clusters: CPU cores all ranks share (a rank's compute, lookup and overheads run at
-    ``min(1, shared_cores / G)`` of a core); 0 for real accelerators."""
+    """Emulated clusters: CPU cores all ranks share (a rank's compute, lookup, overheads and
+    intra-host copies run at ``min(1, shared_cores / G)`` of a core); 0 for real accelerators."""
 
     @property
     def world_size(self) -> int:

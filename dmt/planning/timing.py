@@ -26,8 +26,8 @@ else (SPTT step ``d``, TorchRec's ``flat_output_a2a``) is exposed. The step time
     total = compute + lookup + sum(exposed) + collectives x collective_overhead + step_overhead
 
 Emulated clusters run all ranks on ``cluster.shared_cores`` CPU cores: all of a rank's own work
-(compute, lookup and the fixed overheads) then runs at ``min(1, shared_cores / G)`` of a core's
-speed (:func:`core_share`).
+(compute, lookup, the fixed overheads, and its intra-host transfers, which are copies through the
+loopback TCP stack) then runs at ``min(1, shared_cores / G)`` of a core's speed (:func:`core_share`).
 """
 
 from __future__ import annotations
@@ -266,6 +266,10 @@ def predict_step_time(
         / (cluster.hbm_bandwidth_gbps * 1e9 * cluster.lookup_efficiency * core_share(cluster))
     )
     budgets = _budgets(compute, batch_per_rank, cluster, lookup_s)
+    # an emulated host's "link" is the CPU copying through loopback: shared like compute
+    intra = replace(
+        cluster.intra, bandwidth_gbps=cluster.intra_bandwidth_gbps * core_share(cluster)
+    )
     timed = []
     for c in collectives:
         if c.step not in BUDGET_OF_STEP:
@@ -279,7 +283,7 @@ def predict_step_time(
             ranks_per_host=group_ranks_per_host(c.group, c.group_size, cluster.gpus_per_host),
             intra_host_bytes=c.intra_host_bytes,
             cross_host_bytes=c.cross_host_bytes,
-            intra=cluster.intra,
+            intra=intra,
             inter=cluster.inter,
             ranks_per_nic=cluster.ranks_per_nic,
         )

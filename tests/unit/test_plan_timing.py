@@ -143,8 +143,18 @@ def test_all_budgets_come_out_of_one_step_compute() -> None:
 
 
 def test_shared_cores_slow_compute_in_proportion() -> None:
-    emulated = replace(CLUSTER, shared_cores=1)  # 4 ranks on one core
-    assert predict_step_time("flat", [], LOAD, B, emulated).compute_ms == pytest.approx(8.0)
+    emulated = replace(CLUSTER, shared_cores=1, step_overhead_ms=1.0)  # 4 ranks on one core
+    t = predict_step_time("flat", [], LOAD, B, emulated)
+    assert (t.compute_ms, t.lookup_ms, t.overhead_ms) == pytest.approx((8.0, 0.08, 4.0))
+    # intra-host copies too (loopback is CPU work), the NIC not: 1e8 B / (1e10 B/s / 4)
+    d = Coll("d", "all_to_all", "tower", "forward", 4, 100_000_000, 0, False)
+    assert predict_step_time("sptt", [d], LOAD, B, emulated).collectives[0].time_ms == (
+        pytest.approx(40.0)
+    )
+    nic = Coll("d", "all_to_all", "tower", "forward", 4, 0, 1_000_000, False)
+    assert predict_step_time("sptt", [nic], LOAD, B, emulated).collectives[0].time_ms == (
+        pytest.approx(2.0)
+    )
 
 
 def test_overheads() -> None:
