@@ -217,10 +217,11 @@ def _compute_loads(args: argparse.Namespace, towers: int) -> dict[str, ComputeLo
 STATISTICS = ("min", "median")
 
 
-def load_run(path: Path, statistic: str = "min") -> Run:
+def load_run(path: Path, statistic: str = "min", repeats: Sequence[Path] = ()) -> Run:
     """One ``calibration_runs.sh`` JSON as a :class:`Run`; ``statistic``: which of the runs'
     median step times stands for the mode, ``"min"`` (the least disturbed by other load on the
-    machine) or ``"median"``."""
+    machine) or ``"median"``, over the runs of ``path`` and of its ``repeats`` (the same cell
+    measured again: same settings and bytes)."""
     if statistic not in STATISTICS:
         raise ValueError(f"statistic={statistic!r}; expected one of {list(STATISTICS)}")
     data = json.loads(path.read_text())
@@ -230,6 +231,15 @@ def load_run(path: Path, statistic: str = "min") -> Run:
     missing = [m for m in MODES if m not in records]
     if missing:
         raise ValueError(f"{path}: no records of modes {missing} (has {sorted(records)})")
+    runs_ms = {m: list(records[m]["ms_per_step_runs"]) for m in MODES}
+    for repeat in repeats:
+        again = json.loads(repeat.read_text())
+        if {k: again["settings"].get(k) for k in settings} != settings:
+            raise ValueError(f"{repeat}: settings differ from {path}'s; not a repeat of that cell")
+        for r in again["records"]:
+            if r["mode"] in runs_ms and r.get("peer_permute") in (None, "output"):
+                runs_ms[r["mode"]] += r["ms_per_step_runs"]
+    pick = min if statistic == "min" else statistics.median
     args = _bench_args(data["command"])
     loads = _compute_loads(args, _towers(records["sptt"], g, local))
     collectives = {
@@ -245,7 +255,7 @@ def load_run(path: Path, statistic: str = "min") -> Run:
         rate_bit_per_s=settings["rate_bit_per_s"] if settings.get("throttled") else None,
         batch_per_rank=int(settings["batch_per_rank"]),
         workloads={m: ModeWorkload(collectives[m], loads[m]) for m in MODES},
-        measured_ms={m: float(data["modes"][m][f"ms_per_step_{statistic}"]) for m in MODES},
+        measured_ms={m: float(pick(runs_ms[m])) for m in MODES},
     )
 
 
@@ -438,7 +448,11 @@ def _base(cores: int, peak_tflops: float, hbm_gbps: float) -> ClusterConfig:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("runs", type=Path, help="directory of calibration_runs.sh JSONs")
+    p.add_argument(
+        "runs",
+        type=Path,
+        help="directory of calibration_runs.sh JSONs (and repeats/ of some cells, merged)",
+    )
     p.add_argument(
         "--holdout",
         default="G=8",
@@ -473,7 +487,10 @@ def main(argv: list[str] | None = None) -> None:
     paths = sorted(args.runs.glob("*.json"))
     if not paths:
         raise SystemExit(f"no *.json in {args.runs}")
-    runs = [load_run(path, args.statistic) for path in paths]
+    runs = [
+        load_run(path, args.statistic, sorted(args.runs.glob(f"repeats/{path.name}")))
+        for path in paths
+    ]
     base = _base(args.cores, args.peak_tflops, args.memory_gbps)
     cluster, eff, rms = fit(base, runs)  # the preset: every run
     predictions = []
