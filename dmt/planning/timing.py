@@ -1,0 +1,341 @@
+"""Predicted time of one training step per mode (``flat``, ``sptt``, ``dmt``), with its breakdown.
+
+A step of one rank is its dense compute (bottom MLP, tower modules, interaction, top MLP, forward
+and backward), its embedding lookup (rows read forward, rows and optimizer state updated backward,
+bound by memory bandwidth), and the collectives of its plan
+(:class:`dmt.planning.collectives.CollectiveBytes`, the busiest rank's bytes), each timed by
+:func:`dmt.planning.network.collective_time_s`. Collectives run one after another on one
+communication stream; what the pipelined schedule (README "Pipelined training") can hide, it hides
+behind a *budget* of compute:
+
+* ``prefetch``: the input all-to-all of batch ``i + 1`` (SPTT step ``a``, TorchRec's
+  ``flat_input_a2a``) runs while batch ``i`` computes (``TrainPipelineSparseDist``): its budget is
+  the whole step's dense compute and lookup;
+* ``bottom``: SPTT step ``f`` runs while the bottom MLP computes, its forward behind the bottom
+  MLP's forward and its backward behind the bottom MLP's backward;
+* ``backward``: gradient all-reduces (``dense_allreduce``, ``tower_allreduce``) overlap the
+  backward pass (DDP's buckets): two thirds of the dense compute.
+
+Only collectives marked ``overlappable`` draw on a budget, and only when ``pipelined``; the
+collectives of one budget share it in the order given, and what exceeds it is exposed. The budgets
+are parts of one step's compute and the collectives share one stream, so every hidden
+millisecond also comes out of the ``prefetch`` budget: a step never hides more communication than
+it computes. Everything
+else (SPTT step ``d``, TorchRec's ``flat_output_a2a``) is exposed. The step time is
+
+    total = compute + lookup + sum(exposed) + collectives x collective_overhead + step_overhead
+
+Emulated clusters run all ranks on ``cluster.shared_cores`` CPU cores: all of a rank's own work
+(compute, lookup, the fixed overheads, and its intra-host transfers, which are copies through the
+loopback TCP stack) then runs at ``min(1, shared_cores / G)`` of a core's speed (:func:`core_share`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from torch import nn
+
+from dmt.models.accounting import dense_flops
+from dmt.models.dmt import DMTModel
+from dmt.models.rec_model import RecModel
+from dmt.planning.hardware import ClusterConfig
+from dmt.planning.network import collective_time_s
+
+MODES = ("flat", "sptt", "dmt")
+FORWARD_FRACTION = 1 / 3  # of a layer's training FLOPs: forward 1, backward 2 (weights + inputs)
+BUDGET_OF_STEP: dict[str, str | None] = {
+    "a": "prefetch",
+    "flat_input_a2a": "prefetch",
+    "f": "bottom",
+    "dense_allreduce": "backward",
+    "tower_allreduce": "backward",
+    "d": None,
+    "flat_output_a2a": None,
+}
+"""Which compute budget a step's collective can hide behind when pipelined (None: none)."""
+
+
+class CollectiveLike(Protocol):
+    """What the time model reads of :class:`dmt.planning.collectives.CollectiveBytes`."""
+
+    @property
+    def step(self) -> str: ...
+    @property
+    def op(self) -> str: ...
+    @property
+    def group(self) -> str: ...
+    @property
+    def direction(self) -> str: ...
+    @property
+    def group_size(self) -> int: ...
+    @property
+    def intra_host_bytes(self) -> int: ...
+    @property
+    def cross_host_bytes(self) -> int: ...
+    @property
+    def overlappable(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class ComputeLoad:
+    """Compute of one rank per sample of its local batch ``B``."""
+
+    dense_mflops_per_sample: float
+    """Training (forward + backward) MFLOPs per sample of the dense part the rank runs: bottom
+    MLP, tower modules, interaction, top MLP (:func:`dmt.models.accounting.model_stats`)."""
+    bottom_mflops_per_sample: float = 0.0
+    """Training MFLOPs per sample of the bottom MLP (part of ``dense_mflops_per_sample``)."""
+    lookup_bytes_per_sample: float = 0.0
+    """Bytes of embedding rows and optimizer state the rank reads and writes, forward and
+    backward, per sample of its local batch (its tables serve ``G B`` samples)."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "dense_mflops_per_sample",
+            "bottom_mflops_per_sample",
+            "lookup_bytes_per_sample",
+        ):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"ComputeLoad.{name}={getattr(self, name)!r} must be >= 0")
+        if self.bottom_mflops_per_sample > self.dense_mflops_per_sample:
+            raise ValueError(
+                f"ComputeLoad.bottom_mflops_per_sample={self.bottom_mflops_per_sample} exceeds "
+                f"dense_mflops_per_sample={self.dense_mflops_per_sample} (it is a part of it)"
+            )
+
+
+LOOKUP_PASSES = 3.0
+"""Row traffic of one looked-up id per step, in rows: read forward, read and write backward (the
+fused optimizer's update; row-wise Adagrad's state is one number per row, left out)."""
+
+
+def compute_load(
+    model: RecModel | DMTModel, *, ids_per_sample: float, element_bytes: int = 4
+) -> ComputeLoad:
+    """The :class:`ComputeLoad` of ``model``: dense training FLOPs measured by
+    :func:`dmt.models.accounting.dense_flops` (bottom MLP, tower modules, interaction, top MLP;
+    per rank per local sample, which holds for SPTT too: a tower's ranks run its module over
+    ``T`` times their local batch, for ``1 / T`` of the towers' FLOPs), the bottom MLP's share,
+    and the embedding rows touched (``ids_per_sample`` ids of ``embedding_dim`` elements,
+    :data:`LOOKUP_PASSES` times).
+
+    ``ids_per_sample``: ids one sample looks up over all its features (``F`` x hotness).
+    """
+    if not ids_per_sample >= 0:
+        raise ValueError(f"ids_per_sample={ids_per_sample!r} must be >= 0")
+    _, train = dense_flops(model)
+    bottom = sum(
+        2 * m.in_features * m.out_features
+        for m in model.bottom.modules()
+        if isinstance(m, nn.Linear)
+    )
+    return ComputeLoad(
+        dense_mflops_per_sample=train / 1e6,
+        bottom_mflops_per_sample=min(train, bottom / FORWARD_FRACTION) / 1e6,
+        lookup_bytes_per_sample=ids_per_sample
+        * model.embedding_dim
+        * element_bytes
+        * LOOKUP_PASSES,
+    )
+
+
+@dataclass(frozen=True)
+class CollectiveTime:
+    """One collective of the step: its time and the part of it the step waits for."""
+
+    step: str
+    op: str
+    group: str
+    direction: str
+    time_ms: float
+    """Duration on the wire (:func:`~dmt.planning.network.collective_time_s`)."""
+    exposed_ms: float
+    """What the step waits for: ``time_ms`` minus what compute hides."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Predicted time of one step of one mode, in ms."""
+
+    mode: str
+    compute_ms: float
+    """Dense compute, forward and backward."""
+    lookup_ms: float
+    """Embedding lookup and its update."""
+    overhead_ms: float
+    """Fixed costs: per step and per collective issued."""
+    collectives: tuple[CollectiveTime, ...]
+    total_ms: float
+    speedup_over_flat: float | None = None
+    """``flat.total_ms / total_ms`` when the flat mode was predicted alongside."""
+
+    @property
+    def communication_ms(self) -> float:
+        """Sum of the collectives' durations."""
+        return sum(c.time_ms for c in self.collectives)
+
+    @property
+    def exposed_ms(self) -> float:
+        """Communication the step waits for."""
+        return sum(c.exposed_ms for c in self.collectives)
+
+    @property
+    def overlapped_ms(self) -> float:
+        """Communication hidden behind compute by the pipelined schedule."""
+        return self.communication_ms - self.exposed_ms
+
+    def exposed_by_step(self) -> dict[str, float]:
+        """Exposed ms per step name (``"a"``, ``"f"``, ``"flat_output_a2a"``, ...)."""
+        out: dict[str, float] = {}
+        for c in self.collectives:
+            out[c.step] = out.get(c.step, 0.0) + c.exposed_ms
+        return out
+
+
+def group_ranks_per_host(group: str, group_size: int, gpus_per_host: int) -> int:
+    """Members of a process group on each of its hosts: a peer group (the same position in every
+    tower) and a cross group (the same local rank on every host: TorchRec's table-row-wise
+    output) have one rank per host; world, tower and host groups fill their hosts."""
+    if group in ("peer", "cross"):
+        return 1
+    if group in ("world", "tower", "host"):
+        return min(group_size, gpus_per_host)
+    raise ValueError(
+        f"group={group!r} is unknown to the time model; expected peer, cross, world, tower or host"
+    )
+
+
+def core_share(cluster: ClusterConfig) -> float:
+    """Fraction of its processor a rank has: ``min(1, shared_cores / G)`` on an emulated cluster
+    whose ``G`` ranks share ``shared_cores`` CPU cores, else 1."""
+    if cluster.shared_cores > 0:
+        return min(1.0, cluster.shared_cores / cluster.world_size)
+    return 1.0
+
+
+def rank_tflops(cluster: ClusterConfig) -> float:
+    """Achieved TFLOP/s of one rank."""
+    return cluster.dense_tflops * cluster.compute_efficiency * core_share(cluster)
+
+
+def _budgets(
+    compute: ComputeLoad, batch: int, cluster: ClusterConfig, lookup_s: float
+) -> dict[str, float]:
+    flops_s = rank_tflops(cluster) * 1e12
+    dense_s = compute.dense_mflops_per_sample * 1e6 * batch / flops_s
+    bottom_s = compute.bottom_mflops_per_sample * 1e6 * batch / flops_s
+    return {
+        "prefetch": dense_s + lookup_s,
+        "bottom/forward": bottom_s * FORWARD_FRACTION,
+        "bottom/backward": bottom_s * (1 - FORWARD_FRACTION),
+        "backward": dense_s * (1 - FORWARD_FRACTION),
+    }
+
+
+def predict_step_time(
+    mode: str,
+    collectives: Sequence[CollectiveLike],
+    compute: ComputeLoad,
+    batch_per_rank: int,
+    cluster: ClusterConfig,
+    *,
+    pipelined: bool = True,
+) -> StepTime:
+    """Predicted step time of one mode on ``cluster`` (see the module docstring).
+
+    Args:
+        mode: ``"flat"``, ``"sptt"`` or ``"dmt"`` (a label; the collectives say what runs).
+        collectives: the busiest rank's collectives of one step (forward and backward).
+        compute: the rank's dense FLOPs and lookup bytes per sample.
+        batch_per_rank: ``B``, local batch.
+        cluster: hardware, links and fixed overheads.
+        pipelined: TorchRec's train pipeline (overlap as described) or the plain loop (none).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}; expected one of {list(MODES)}")
+    if batch_per_rank < 1:
+        raise ValueError(f"batch_per_rank={batch_per_rank} must be >= 1")
+    flops_s = rank_tflops(cluster) * 1e12
+    compute_s = compute.dense_mflops_per_sample * 1e6 * batch_per_rank / flops_s
+    lookup_s = (
+        compute.lookup_bytes_per_sample
+        * batch_per_rank
+        / (cluster.hbm_bandwidth_gbps * 1e9 * cluster.lookup_efficiency * core_share(cluster))
+    )
+    budgets = _budgets(compute, batch_per_rank, cluster, lookup_s)
+    # an emulated host's "link" is the CPU copying through loopback: shared like compute
+    intra = replace(
+        cluster.intra, bandwidth_gbps=cluster.intra_bandwidth_gbps * core_share(cluster)
+    )
+    timed = []
+    for c in collectives:
+        if c.step not in BUDGET_OF_STEP:
+            raise ValueError(
+                f"collective step={c.step!r} is unknown to the time model; expected one of "
+                f"{list(BUDGET_OF_STEP)}"
+            )
+        t = collective_time_s(
+            c.op,
+            group_size=c.group_size,
+            ranks_per_host=group_ranks_per_host(c.group, c.group_size, cluster.gpus_per_host),
+            intra_host_bytes=c.intra_host_bytes,
+            cross_host_bytes=c.cross_host_bytes,
+            intra=intra,
+            inter=cluster.inter,
+            ranks_per_nic=cluster.ranks_per_nic,
+        )
+        budget = BUDGET_OF_STEP[c.step]
+        hidden = 0.0
+        if pipelined and c.overlappable and budget is not None:
+            key = f"{budget}/{c.direction}" if budget == "bottom" else budget
+            # one communication stream: whatever the budget, hidden time comes out of the
+            # step's compute ("prefetch" is all of it)
+            hidden = min(t, budgets[key], budgets["prefetch"])
+            budgets[key] -= hidden
+            if key != "prefetch":
+                budgets["prefetch"] -= hidden
+        timed.append(
+            CollectiveTime(c.step, c.op, c.group, c.direction, t * 1e3, (t - hidden) * 1e3)
+        )
+    issued = sum(1 for c in collectives if c.intra_host_bytes + c.cross_host_bytes > 0)
+    overhead_ms = (
+        cluster.step_overhead_ms + issued * cluster.collective_overhead_us * 1e-3
+    ) / core_share(cluster)
+    total = compute_s * 1e3 + lookup_s * 1e3 + overhead_ms + sum(c.exposed_ms for c in timed)
+    return StepTime(mode, compute_s * 1e3, lookup_s * 1e3, overhead_ms, tuple(timed), total)
+
+
+def with_speedups(times: Mapping[str, StepTime]) -> dict[str, StepTime]:
+    """The same predictions, each with ``speedup_over_flat`` set (needs ``times["flat"]``)."""
+    if "flat" not in times:
+        raise ValueError(f"speed-ups need the flat mode; got modes {sorted(times)}")
+    flat = times["flat"].total_ms
+    return {m: replace(t, speedup_over_flat=flat / t.total_ms) for m, t in times.items()}
+
+
+@dataclass(frozen=True)
+class ModeWorkload:
+    """What one mode runs per step on its busiest rank: collectives and compute."""
+
+    collectives: Sequence[CollectiveLike] = field(default_factory=tuple)
+    compute: ComputeLoad = field(default_factory=lambda: ComputeLoad(0.0))
+
+
+def predict_modes(
+    workloads: Mapping[str, ModeWorkload],
+    batch_per_rank: int,
+    cluster: ClusterConfig,
+    *,
+    pipelined: bool = True,
+) -> dict[str, StepTime]:
+    """:func:`predict_step_time` of every mode, with speed-ups over flat when flat is among them."""
+    times = {
+        m: predict_step_time(
+            m, w.collectives, w.compute, batch_per_rank, cluster, pipelined=pipelined
+        )
+        for m, w in workloads.items()
+    }
+    return with_speedups(times) if "flat" in times else times

@@ -1,0 +1,256 @@
+"""dmt-plan-calibrate's pieces: per-rank collectives from a run's counts, the fit, the preset."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from dmt.planning.calibrate import (
+    Collective,
+    Run,
+    _base,
+    _flat_collectives,
+    _matches,
+    _sptt_collectives,
+    fit,
+    main,
+    predict,
+    write_preset,
+)
+from dmt.planning.hardware import ClusterConfig, register_cluster_configs, validate_cluster
+from dmt.planning.timing import MODES, ComputeLoad, ModeWorkload
+
+
+def _counts(**steps: tuple[float, float]) -> dict[str, float]:
+    out = {}
+    for key, (sent, cross) in steps.items():
+        path = key.replace("__", "/")
+        out[f"{path}/bytes_sent"], out[f"{path}/bytes_cross_host"] = sent, cross
+    return out
+
+
+SPTT = {
+    "mode": "sptt",
+    "hosts_per_tower": 1,
+    "bytes_per_step": _counts(
+        a__world__forward=(400, 200),
+        d__tower__forward=(800, 0),
+        f__peer__backward=(80, 80),
+        tm__tower__backward=(0, 0),
+        dense__world__backward=(200, 100),
+    ),
+}
+
+
+def test_sptt_collectives_per_rank() -> None:
+    # G = 4 ranks, L = 2 per host: towers of 2 ranks, peer groups of 2; counts summed over ranks
+    assert _sptt_collectives(SPTT, 4, 2) == [
+        Collective("a", "all_to_all", "world", "forward", 4, 50, 50, True),
+        Collective("d", "all_to_all", "tower", "forward", 2, 200, 0, False),
+        Collective("dense_allreduce", "all_reduce", "world", "backward", 4, 25, 25, True),
+        Collective("f", "all_to_all", "peer", "backward", 2, 0, 20, True),
+    ]
+
+
+def test_flat_collectives_from_traced_world_bytes() -> None:
+    # traced: 2400 B (1300 cross) over the world, less step a's ids and the dense all-reduce
+    # (as SPTT counted them): 1800 (1000 cross) of pooled all-to-all, half each way
+    flat = {"traced_bytes_per_step": {"world/bytes_sent": 2400, "world/bytes_cross_host": 1300}}
+    assert _flat_collectives(flat, SPTT, 4) == [
+        Collective("flat_input_a2a", "all_to_all", "world", "forward", 4, 50, 50, True),
+        Collective("dense_allreduce", "all_reduce", "world", "backward", 4, 25, 25, True),
+        Collective("flat_output_a2a", "all_to_all", "world", "forward", 4, 100, 125, False),
+        Collective("flat_output_a2a", "all_to_all", "world", "backward", 4, 100, 125, False),
+    ]
+
+
+def _runs(truth: ClusterConfig, nic_efficiency: float) -> list[Run]:
+    loads = {
+        "flat": ComputeLoad(2.0, 0.1, 1e4),
+        "sptt": ComputeLoad(2.0, 0.1, 1e4),
+        "dmt": ComputeLoad(1.5, 0.05, 1e4),
+    }
+    runs = []
+    for rate in (1e9, 2.5e9, None):
+        for batch in (512, 2048):
+            s = batch / 512
+            colls = {
+                "flat": [
+                    Collective(
+                        "flat_input_a2a", "all_to_all", "world", "forward", 4, 8000, 8000, True
+                    ),
+                    Collective(
+                        "flat_output_a2a",
+                        "all_to_all",
+                        "world",
+                        "forward",
+                        4,
+                        int(4e5 * s),
+                        int(4e5 * s),
+                        False,
+                    ),
+                    Collective(
+                        "flat_output_a2a",
+                        "all_to_all",
+                        "world",
+                        "backward",
+                        4,
+                        int(4e5 * s),
+                        int(4e5 * s),
+                        False,
+                    ),
+                    Collective(
+                        "dense_allreduce", "all_reduce", "world", "backward", 4, 40000, 40000, True
+                    ),
+                ],
+                "sptt": [
+                    Collective("a", "all_to_all", "world", "forward", 4, 8000, 8000, True),
+                    Collective("d", "all_to_all", "tower", "forward", 2, int(8e5 * s), 0, False),
+                    Collective("f", "all_to_all", "peer", "forward", 2, 0, int(4e5 * s), True),
+                    Collective(
+                        "dense_allreduce", "all_reduce", "world", "backward", 4, 40000, 40000, True
+                    ),
+                ],
+            }
+            colls["dmt"] = [
+                replace(c, cross_host_bytes=c.cross_host_bytes // 4) if c.step == "f" else c
+                for c in colls["sptt"]
+            ]
+            work = {m: ModeWorkload(colls[m], loads[m]) for m in MODES}
+            name = f"G4_{'none' if rate is None else f'{rate:g}'}_B{batch}"
+            run = Run(name, 4, 2, name.split("_")[1], rate, batch, work, {m: 1.0 for m in MODES})
+            times = predict(truth, nic_efficiency, run)
+            runs.append(replace(run, measured_ms={m: times[m].total_ms for m in MODES}))
+    return runs
+
+
+def test_fit_reproduces_runs_made_by_the_model() -> None:
+    base = _base(cores=2, peak_tflops=0.1, hbm_gbps=10.0)
+    truth = replace(
+        base,
+        compute_efficiency=0.2,
+        intra_bandwidth_gbps=0.5,
+        intra_latency_us=300.0,
+        nic_latency_us=800.0,
+        collective_overhead_us=200.0,
+        step_overhead_ms=5.0,
+    )
+    runs = _runs(truth, nic_efficiency=0.8)
+    fitted, eff, rms = fit(base, runs[:4])
+    assert rms < 1e-3
+    for run in runs:  # the two loopback runs were not fitted
+        times = predict(fitted, eff, run)
+        for m in MODES:
+            assert times[m].total_ms == pytest.approx(run.measured_ms[m], rel=0.02)
+
+
+def test_holdout_selection() -> None:
+    run = Run("G8_1gbit_B512", 8, 2, "1gbit", 1e9, 512, {}, {})
+    assert _matches(run, "G=8") and _matches(run, "rate=none,batch=512")
+    assert not _matches(run, "G=4,rate=2500mbit")
+    with pytest.raises(ValueError) as err:
+        _matches(run, "hosts=4")
+    assert str(err.value) == (
+        "--holdout term 'hosts=4': expected KEY=VALUE with KEY one of ['G', 'batch', 'name', 'rate']"
+    )
+
+
+def test_written_preset_composes(tmp_path: Path) -> None:
+    cluster = replace(_base(2, 0.1, 10.0), compute_efficiency=0.25, source="test")
+    (tmp_path / "cluster").mkdir()
+    write_preset(tmp_path / "cluster" / "fitted.yaml", cluster, 0.8, 1e9, ["a note"])
+    register_cluster_configs()
+    with initialize_config_dir(config_dir=str(tmp_path), version_base=None):
+        cfg = compose(config_name=None, overrides=["+cluster=fitted"])
+    loaded = OmegaConf.to_object(cfg.cluster)
+    assert isinstance(loaded, ClusterConfig)
+    validate_cluster(loaded)
+    assert loaded == replace(cluster, nic_bandwidth_gbps=0.1)  # 1 Gbit/s x 0.8
+
+
+def _run_file(path: Path, rate: str, batch: int, ms: dict[str, float]) -> None:
+    """A calibration_runs.sh JSON of G = 4 (L = 2) with bench_sptt's byte counts at B = 512
+    (measured on this model), scaled to ``batch``."""
+    s = batch / 512
+    sptt_counts = _counts(
+        a__world__forward=(638976 * s, 425984 * s),
+        d__tower__forward=(3407872 * s, 0),
+        d__tower__backward=(3407872 * s, 0),
+        f__peer__forward=(3407872 * s, 3407872 * s),
+        f__peer__backward=(3407872 * s, 3407872 * s),
+        dense__world__backward=(662808, 331404),
+    )
+    dmt_counts = {
+        **sptt_counts,
+        **_counts(
+            f__peer__forward=(851968 * s, 851968 * s),
+            f__peer__backward=(851968 * s, 851968 * s),
+            tm__tower__backward=(4224, 0),
+        ),
+    }
+    flat_traced = {"world/bytes_sent": 11525688 * s, "world/bytes_cross_host": 7573324 * s}
+    records: list[dict[str, Any]] = [
+        {"mode": "flat", "peer_permute": None, "traced_bytes_per_step": flat_traced},
+        {"mode": "sptt", "peer_permute": None, "hosts_per_tower": 1, "bytes_per_step": sptt_counts},
+        {"mode": "dmt", "peer_permute": None, "hosts_per_tower": 1, "bytes_per_step": dmt_counts},
+    ]
+    for r in records:  # each run's median ms per step: the fastest first
+        r["ms_per_step_runs"] = [ms[r["mode"]], 1.2 * ms[r["mode"]], 1.1 * ms[r["mode"]]]
+    data = {
+        "settings": {
+            "world_size": 4,
+            "local_world_size": 2,
+            "rate": rate,
+            "rate_bit_per_s": None if rate == "none" else float(rate.removesuffix("gbit")) * 1e9,
+            "throttled": rate != "none",
+            "batch_per_rank": batch,
+        },
+        "records": records,
+        "command": f"sudo bash scripts/netns_throttle.sh -- python benchmarks/bench_sptt.py "
+        f"--world-size 4 --local-world-size 2 --batch {batch} --json /tmp/x.json",
+    }
+    path.write_text(json.dumps(data))
+
+
+def test_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    measured = {  # step times measured at G = 4 (ms): flat, sptt, dmt
+        ("1gbit", 512): (79.4, 78.3, 57.6),
+        ("1gbit", 2048): (228.2, 237.8, 121.9),
+        ("none", 512): (57.7, 60.6, 56.1),
+        ("none", 2048): (161.4, 151.6, 144.1),
+    }
+    for (rate, batch), times in measured.items():
+        _run_file(
+            runs / f"G4_{rate}_B{batch}.json", rate, batch, dict(zip(MODES, times, strict=True))
+        )
+    (runs / "repeats").mkdir()  # the same cell again, faster: the min over both files counts
+    faster = {m: 0.9 * t for m, t in zip(MODES, measured["none", 512], strict=True)}
+    _run_file(runs / "repeats" / "G4_none_B512.json", "none", 512, faster)
+    (tmp_path / "cluster").mkdir()
+    preset, report = tmp_path / "cluster" / "fitted.yaml", tmp_path / "report.json"
+    main([str(runs), "--holdout", "rate=none", "--out", str(preset), "--json", str(report)])
+    out = json.loads(report.read_text())
+    assert [(r["run"], r["held_out"]) for r in out["runs"]] == [
+        ("G4_1gbit_B2048", False),
+        ("G4_1gbit_B512", False),
+        ("G4_none_B2048", True),
+        ("G4_none_B512", True),
+    ]
+    assert out["runs"][0]["measured_ms"] == dict(zip(MODES, measured["1gbit", 2048], strict=True))
+    assert out["runs"][3]["measured_ms"] == faster
+    assert "held-out step times: median abs error" in capsys.readouterr().out
+    register_cluster_configs()
+    with initialize_config_dir(config_dir=str(tmp_path), version_base=None):
+        cfg = compose(config_name=None, overrides=["+cluster=fitted"])
+    fitted = OmegaConf.to_object(cfg.cluster)
+    assert isinstance(fitted, ClusterConfig)
+    validate_cluster(fitted)
+    assert (fitted.name, fitted.gpus_per_host, fitted.ranks_per_nic) == ("cpu_emulated", 2, 2)

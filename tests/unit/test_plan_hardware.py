@@ -1,0 +1,86 @@
+"""Cluster presets (dmt/conf/cluster/*.yaml) against the ClusterConfig schema and their checks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from dmt.planning.hardware import ClusterConfig, register_cluster_configs, validate_cluster
+from dmt.planning.network import LinkSpec
+
+CONF = Path(__file__).resolve().parents[2] / "dmt" / "conf"
+PRESETS = sorted(p.stem for p in (CONF / "cluster").glob("*.yaml"))
+
+
+def _compose(*overrides: str) -> ClusterConfig:
+    register_cluster_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(config_name=None, overrides=list(overrides))
+    cluster = OmegaConf.to_object(cfg.cluster)
+    assert isinstance(cluster, ClusterConfig)
+    return cluster
+
+
+def test_gpu_presets_exist() -> None:
+    assert {"v100", "a100", "h100"} <= set(PRESETS)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_composes_and_validates(preset: str) -> None:
+    cluster = _compose(f"+cluster={preset}")
+    validate_cluster(cluster)
+    assert cluster.name == preset
+    assert cluster.source
+
+
+def test_paper_table1_figures() -> None:
+    # the paper's Table 1: peak TF/s, scale-out per GPU (Gbit/s -> GB/s), scale-up per GPU
+    for preset, tflops, nic_gbit, nvlink in (
+        ("v100", 15.7, 100, 150.0),
+        ("a100", 156.0, 200, 300.0),
+        ("h100", 989.0, 400, 450.0),
+    ):
+        c = _compose(f"+cluster={preset}")
+        assert (c.dense_tflops, c.nic_bandwidth_gbps * 8, c.intra_bandwidth_gbps) == (
+            tflops,
+            nic_gbit,
+            nvlink,
+        )
+        assert (c.gpus_per_host, c.ranks_per_nic) == (8, 1)
+
+
+def test_overrides_and_links() -> None:
+    c = _compose("+cluster=h100", "cluster.hosts=64", "cluster.nic_latency_us=3")
+    assert c.world_size == 512
+    assert c.inter == LinkSpec(bandwidth_gbps=50.0, latency_us=3.0)
+    assert c.intra == LinkSpec(bandwidth_gbps=450.0, latency_us=5.7)
+
+
+def test_misspelt_key_fails_at_composition() -> None:
+    with pytest.raises(Exception, match="cluster.hostz"):
+        _compose("+cluster=h100", "cluster.hostz=64")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"hosts": 0}, "cluster.hosts=0 must be a positive integer"),
+        ({"nic_bandwidth_gbps": 0.0}, "cluster.nic_bandwidth_gbps=0.0 must be > 0"),
+        ({"compute_efficiency": 1.5}, "cluster.compute_efficiency=1.5 must be in (0, 1]"),
+        ({"nic_latency_us": -1.0}, "cluster.nic_latency_us=-1.0 must be >= 0"),
+        (
+            {"ranks_per_nic": 3},
+            "cluster.ranks_per_nic=3 must divide cluster.gpus_per_host=8 "
+            "(the NICs of a host serve equal numbers of its ranks)",
+        ),
+    ],
+)
+def test_bad_cluster(change: dict[str, object], message: str) -> None:
+    c = replace(_compose("+cluster=a100"), **change)  # type: ignore[arg-type]
+    with pytest.raises(ValueError) as err:
+        validate_cluster(c)
+    assert str(err.value) == message

@@ -1,0 +1,240 @@
+"""Step-time composition (dmt.planning.timing): compute, lookup, overlap budgets, speed-ups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+
+from dmt.config import DLRMTowerConfig, DotInteractionConfig, ModelConfig, PartitionConfig
+from dmt.models import build_dmt_model, naive_partition
+from dmt.models.accounting import dense_flops
+from dmt.planning.hardware import ClusterConfig
+from dmt.planning.network import collective_time_s
+from dmt.planning.timing import (
+    ComputeLoad,
+    ModeWorkload,
+    compute_load,
+    predict_modes,
+    predict_step_time,
+)
+
+
+@dataclass(frozen=True)
+class Coll:
+    """The fields of dmt.planning.collectives.CollectiveBytes the time model reads."""
+
+    step: str
+    op: str
+    group: str
+    direction: str
+    group_size: int
+    intra_host_bytes: int
+    cross_host_bytes: int
+    overlappable: bool
+
+
+CLUSTER = ClusterConfig(
+    name="test",
+    hosts=2,
+    gpus_per_host=2,
+    gpu_memory_gb=16.0,
+    dense_tflops=1.0,  # x 0.5 efficiency: 5e11 FLOP/s
+    compute_efficiency=0.5,
+    hbm_bandwidth_gbps=100.0,  # x 0.5: 5e10 B/s
+    lookup_efficiency=0.5,
+    intra_bandwidth_gbps=10.0,
+    intra_latency_us=0.0,
+    nic_bandwidth_gbps=1.0,  # 1e9 B/s
+    nic_latency_us=0.0,
+    ranks_per_nic=2,
+)
+# B = 100: dense 10 MFLOPs x 100 = 1e9 FLOPs -> 2 ms (bottom MLP 3 MFLOPs -> 0.6 ms);
+# lookup 1e4 B x 100 = 1e6 B -> 0.02 ms
+LOAD = ComputeLoad(
+    dense_mflops_per_sample=10.0, bottom_mflops_per_sample=3.0, lookup_bytes_per_sample=1e4
+)
+B = 100
+
+
+def _wire_ms(c: Coll, cluster: ClusterConfig = CLUSTER) -> float:
+    local = 1 if c.group in ("peer", "cross") else min(c.group_size, cluster.gpus_per_host)
+    return 1e3 * collective_time_s(
+        c.op,
+        group_size=c.group_size,
+        ranks_per_host=local,
+        intra_host_bytes=c.intra_host_bytes,
+        cross_host_bytes=c.cross_host_bytes,
+        intra=cluster.intra,
+        inter=cluster.inter,
+        ranks_per_nic=cluster.ranks_per_nic,
+    )
+
+
+def test_compute_and_lookup_alone() -> None:
+    t = predict_step_time("flat", [], LOAD, B, CLUSTER)
+    assert t.compute_ms == pytest.approx(2.0)
+    assert t.lookup_ms == pytest.approx(0.02)
+    assert t.total_ms == pytest.approx(2.02)
+    assert t.collectives == ()
+
+
+def test_exposed_collective_adds_its_wire_time() -> None:
+    # step d: tower all-to-all, never hidden: 2 ranks per NIC x 1e6 B / 1e9 B/s = 2 ms
+    d = Coll("d", "all_to_all", "tower", "forward", 4, 0, 1_000_000, False)
+    t = predict_step_time("sptt", [d], LOAD, B, CLUSTER)
+    assert t.collectives[0].time_ms == pytest.approx(2.0) == pytest.approx(_wire_ms(d))
+    assert t.collectives[0].exposed_ms == t.collectives[0].time_ms
+    assert t.total_ms == pytest.approx(2.02 + 2.0)
+
+
+def test_prefetch_hides_input_all_to_all_up_to_the_step_compute() -> None:
+    small = Coll("a", "all_to_all", "world", "forward", 4, 0, 500_000, True)  # 1 ms < 2.02 ms
+    big = replace(small, cross_host_bytes=2_000_000)  # 4 ms: 2.02 ms hidden, 1.98 ms exposed
+    for c, exposed in ((small, 0.0), (big, 4.0 - 2.02)):
+        t = predict_step_time("sptt", [c], LOAD, B, CLUSTER)
+        assert t.collectives[0].exposed_ms == pytest.approx(exposed)
+        assert t.overlapped_ms == pytest.approx(_wire_ms(c) - exposed)
+        assert t.total_ms == pytest.approx(2.02 + exposed)
+
+
+def test_plain_loop_hides_nothing() -> None:
+    c = Coll("a", "all_to_all", "world", "forward", 4, 0, 500_000, True)
+    t = predict_step_time("sptt", [c], LOAD, B, CLUSTER, pipelined=False)
+    assert t.exposed_ms == pytest.approx(1.0)
+    assert t.total_ms == pytest.approx(3.02)
+
+
+def test_not_overlappable_is_exposed_even_on_a_budgeted_step() -> None:
+    c = Coll("a", "all_to_all", "world", "forward", 4, 0, 500_000, False)
+    assert predict_step_time("sptt", [c], LOAD, B, CLUSTER).exposed_ms == pytest.approx(1.0)
+
+
+def test_step_f_hides_behind_the_bottom_mlp_per_direction() -> None:
+    # peer group, one rank per host: 1 step of 2 ranks per NIC x 250 kB = 0.5 ms each way;
+    # bottom MLP 0.6 ms: forward 0.2 ms, backward 0.4 ms
+    fwd = Coll("f", "all_to_all", "peer", "forward", 2, 0, 250_000, True)
+    bwd = replace(fwd, direction="backward")
+    t = predict_step_time("dmt", [fwd, bwd], LOAD, B, CLUSTER)
+    assert [c.time_ms for c in t.collectives] == pytest.approx([0.5, 0.5])
+    assert [c.exposed_ms for c in t.collectives] == pytest.approx([0.3, 0.1])
+
+
+def test_collectives_share_one_budget_in_order() -> None:
+    # two gradient all-reduces behind the backward (2/3 of 2 ms): the first is hidden, the
+    # second gets what is left
+    ar = Coll("dense_allreduce", "all_reduce", "world", "backward", 4, 0, 1_500_000, True)
+    # hierarchical, S = 1e6 B: intra 2 x (S / 2) / 1e10 = 0.1 ms, inter 2 x 2 x (S / 2) / 2e9 = 1 ms
+    assert _wire_ms(ar) == pytest.approx(1.1)
+    tm = replace(ar, step="tower_allreduce")
+    t = predict_step_time("dmt", [ar, tm], LOAD, B, CLUSTER)
+    budget = 2.0 * 2 / 3
+    assert [c.exposed_ms for c in t.collectives] == pytest.approx([0.0, 1.1 - (budget - 1.1)])
+
+
+def test_all_budgets_come_out_of_one_step_compute() -> None:
+    # the gradient all-reduce hides 1.1 ms behind the backward; step a then finds 2.02 - 1.1 ms
+    # of the step's compute left, however large its own budget
+    ar = Coll("dense_allreduce", "all_reduce", "world", "backward", 4, 0, 1_500_000, True)
+    a = Coll("a", "all_to_all", "world", "forward", 4, 0, 1_000_000, True)  # 2 ms
+    t = predict_step_time("sptt", [ar, a], LOAD, B, CLUSTER)
+    assert [c.exposed_ms for c in t.collectives] == pytest.approx([0.0, 2.0 - (2.02 - 1.1)])
+    assert t.overlapped_ms == pytest.approx(2.02)
+
+
+def test_shared_cores_slow_compute_in_proportion() -> None:
+    emulated = replace(CLUSTER, shared_cores=1, step_overhead_ms=1.0)  # 4 ranks on one core
+    t = predict_step_time("flat", [], LOAD, B, emulated)
+    assert (t.compute_ms, t.lookup_ms, t.overhead_ms) == pytest.approx((8.0, 0.08, 4.0))
+    # intra-host copies too (loopback is CPU work), the NIC not: 1e8 B / (1e10 B/s / 4)
+    d = Coll("d", "all_to_all", "tower", "forward", 4, 100_000_000, 0, False)
+    assert predict_step_time("sptt", [d], LOAD, B, emulated).collectives[0].time_ms == (
+        pytest.approx(40.0)
+    )
+    nic = Coll("d", "all_to_all", "tower", "forward", 4, 0, 1_000_000, False)
+    assert predict_step_time("sptt", [nic], LOAD, B, emulated).collectives[0].time_ms == (
+        pytest.approx(2.0)
+    )
+
+
+def test_overheads() -> None:
+    c = Coll("d", "all_to_all", "tower", "forward", 4, 0, 1_000_000, False)
+    empty = replace(c, cross_host_bytes=0)  # issues nothing
+    cluster = replace(CLUSTER, step_overhead_ms=1.5, collective_overhead_us=250.0)
+    t = predict_step_time("sptt", [c, c, empty], LOAD, B, cluster)
+    assert t.overhead_ms == pytest.approx(1.5 + 2 * 0.25)
+    assert t.total_ms == pytest.approx(2.02 + 2 * 2.0 + 2.0)
+
+
+def test_modes_and_speedups() -> None:
+    out = Coll("flat_output_a2a", "all_to_all", "world", "forward", 4, 0, 1_000_000, False)
+    d = Coll("d", "all_to_all", "tower", "forward", 4, 250_000, 0, False)
+    times = predict_modes(
+        {"flat": ModeWorkload([out], LOAD), "sptt": ModeWorkload([d], LOAD)}, B, CLUSTER
+    )
+    assert times["flat"].speedup_over_flat == 1.0
+    assert times["sptt"].speedup_over_flat == pytest.approx(
+        times["flat"].total_ms / times["sptt"].total_ms
+    )
+    assert times["flat"].exposed_by_step() == {"flat_output_a2a": pytest.approx(2.0)}
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: predict_step_time(
+                "dmt",
+                [Coll("z", "all_to_all", "world", "forward", 4, 0, 1, False)],
+                LOAD,
+                B,
+                CLUSTER,
+            ),
+            "collective step='z' is unknown to the time model; expected one of ['a', "
+            "'flat_input_a2a', 'f', 'dense_allreduce', 'tower_allreduce', 'd', 'flat_output_a2a']",
+        ),
+        (
+            lambda: predict_step_time(
+                "dmt", [Coll("d", "all_to_all", "row", "forward", 4, 0, 1, False)], LOAD, B, CLUSTER
+            ),
+            "group='row' is unknown to the time model; expected peer, cross, world, tower or host",
+        ),
+        (
+            lambda: predict_step_time("tp", [], LOAD, B, CLUSTER),
+            "mode='tp'; expected one of ['flat', 'sptt', 'dmt']",
+        ),
+    ],
+)
+def test_bad_input(call: object, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        call()  # type: ignore[operator]
+    assert str(err.value) == message
+
+
+def test_compute_load_checks() -> None:
+    with pytest.raises(ValueError) as err:
+        ComputeLoad(dense_mflops_per_sample=1.0, bottom_mflops_per_sample=2.0)
+    assert str(err.value) == (
+        "ComputeLoad.bottom_mflops_per_sample=2.0 exceeds dense_mflops_per_sample=1.0 (it is a part of it)"
+    )
+
+
+def test_compute_load_of_a_dmt_model() -> None:
+    names = [f"f{i}" for i in range(6)]
+    cfg = ModelConfig(
+        name="dlrm",
+        interaction=DotInteractionConfig(),
+        embedding_dim=16,
+        bottom_mlp=[32, 8],
+        top_mlp=[16, 1],
+        tower=DLRMTowerConfig(dim=8, c=1, p=0),
+        partition=PartitionConfig(kind="explicit"),
+    )
+    model = build_dmt_model(
+        cfg, naive_partition(names, 2), feature_names=names, cardinalities=[10] * 6, num_dense=13
+    )
+    load = compute_load(model, ids_per_sample=12)
+    # bottom MLP 13 -> 32 -> 8: forward 2 (13 x 32 + 32 x 8) FLOPs, training three times that
+    assert load.bottom_mflops_per_sample == pytest.approx(3 * 2 * (13 * 32 + 32 * 8) / 1e6)
+    assert load.dense_mflops_per_sample == pytest.approx(dense_flops(model)[1] / 1e6)
+    assert load.lookup_bytes_per_sample == 12 * 16 * 4 * 3  # ids x N x fp32 x (read, read, write)
