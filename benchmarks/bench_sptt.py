@@ -34,7 +34,9 @@ SPTT modes also report their own :class:`~dmt.sptt.comm_stats.CommStats` per ste
 the same steps (the trace adds TorchRec's small split-size exchange of step a to it).
 ``--json FILE`` writes a list of records with ``mode``, ``peer_permute``, ``pipeline``,
 ``comm_precision``, ``world_size``, ``local_world_size``, ``batch_per_rank``, ``ms_per_step``
-(median), ``cross_host_mb`` and ``total_mb`` (traced, per step, summed over ranks) and details.
+(median of the run medians), ``ms_per_step_runs``/``_min``/``_max`` (each run's median step),
+``ms_steps`` (rank 0's every timed step, per run), ``cross_host_mb`` and ``total_mb`` (traced,
+per step, summed over ranks) and details.
 
 Hosts are emulated: ``L`` consecutive ranks form a host. On one machine (gloo, CPU)::
 
@@ -392,10 +394,11 @@ def _main_on_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     hosts = Topology(world_size, args.local_world_size, args.hosts_per_tower)
     variants = _build(args, runtime, hosts, _batches(args, rank, device))
 
-    run_medians: dict[str, list[float]] = {v.name: [] for v in variants}
+    run_steps: dict[str, list[list[float]]] = {v.name: [] for v in variants}
     for _ in range(args.runs):
         for v in variants:
-            run_medians[v.name].append(statistics.median(_time_steps(v.step, args, cuda)))
+            run_steps[v.name].append(_time_steps(v.step, args, cuda))
+    run_medians = {name: [statistics.median(r) for r in runs] for name, runs in run_steps.items()}
 
     records = []
     for v in variants:
@@ -424,6 +427,9 @@ def _main_on_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
             "batch_per_rank": args.batch,
             "ms_per_step": statistics.median(run_medians[v.name]) * 1e3,
             "ms_per_step_runs": [t * 1e3 for t in run_medians[v.name]],
+            "ms_per_step_min": min(run_medians[v.name]) * 1e3,
+            "ms_per_step_max": max(run_medians[v.name]) * 1e3,
+            "ms_steps": [[t * 1e3 for t in r] for r in run_steps[v.name]],
             "cross_host_mb": traced["all/bytes_cross_host"] * per_step / 1e6,
             "total_mb": traced["all/bytes_sent"] * per_step / 1e6,
             "traced_bytes_per_step": {k: x * per_step for k, x in traced.items()},

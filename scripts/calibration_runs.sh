@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Measured runs for calibrating dmt's step-time model (issue 12, deliverable 4).
+#
+# Runs benchmarks/bench_sptt.py --json once per grid cell, each emulated host in its own network
+# namespace with every host link throttled to RATE (scripts/netns_throttle.sh), and writes one
+# JSON per cell to OUT (default benchmarks/results/calibration/), named G<G>_<rate>_B<batch>.json:
+#
+#   settings   G, L, hosts, rate (tc syntax and bit/s), per-rank batch, modes, runs, iters, ...
+#   modes      per mode: median / min / max over runs of each run's median ms per step,
+#              cross-host and total MB per step (summed over ranks)
+#   records    bench_sptt's records as written (every run's median, rank 0's every timed step,
+#              traced and CommStats bytes per group)
+#   load_before, load_after   /proc/loadavg around the run (the machine is shared)
+#   date_utc, command, netns_left (namespaces left after the run: must be empty)
+#
+# A cell with RATE "none" runs on loopback without namespaces or throttling (hosts still
+# emulated by --local-world-size for the byte accounting): the compute-bound reference.
+# Cells whose JSON exists are skipped (rerun by deleting it). Needs root for the namespaces.
+#
+#   scripts/calibration_runs.sh                       # the default grid, in priority order
+#   scripts/calibration_runs.sh --cells "4:1gbit:512 8:none:2048" --iters 6 --runs 3
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+OUT="$ROOT/benchmarks/results/calibration"
+RUNS=3
+ITERS=10
+WARMUP=3
+LOCAL=2
+MODES="flat,sptt,dmt"
+# G:rate:batch, most wanted first (the fit needs G=4 at two rates and two batches first)
+CELLS="4:1gbit:512 4:1gbit:2048 4:2500mbit:512 4:2500mbit:2048 4:none:512 4:none:2048
+8:1gbit:512 8:1gbit:2048 8:none:512 8:none:2048 4:500mbit:512 4:500mbit:2048
+8:2500mbit:512 8:2500mbit:2048 4:1gbit:1024 8:1gbit:1024"
+usage() {
+    echo "usage: $0 [--out DIR] [--cells 'G:RATE:BATCH ...'] [--runs N] [--iters N]" \
+        "[--warmup N] [--modes M1,M2] [--local-world-size L]" >&2
+    exit 2
+}
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --out) OUT="$2"; shift 2 ;;
+        --cells) CELLS="$2"; shift 2 ;;
+        --runs) RUNS="$2"; shift 2 ;;
+        --iters) ITERS="$2"; shift 2 ;;
+        --warmup) WARMUP="$2"; shift 2 ;;
+        --modes) MODES="$2"; shift 2 ;;
+        --local-world-size) LOCAL="$2"; shift 2 ;;
+        *) usage ;;
+    esac
+done
+[[ -x "$PYTHON" ]] || { echo "no python at $PYTHON (set PYTHON=...)" >&2; exit 1; }
+AS_ROOT=()
+[[ $(id -u) -eq 0 ]] || AS_ROOT=(sudo)
+mkdir -p "$OUT"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
+
+leftover_netns() { ip netns list 2>/dev/null | awk '/^dmt[0-9]+(sw|h[0-9]+)/ {print $1}' | tr '\n' ' '; }
+
+for cell in $CELLS; do
+    IFS=: read -r G RATE BATCH <<<"$cell"
+    [[ "$G" =~ ^[0-9]+$ && "$BATCH" =~ ^[0-9]+$ && $((G % LOCAL)) -eq 0 ]] || {
+        echo "bad cell '$cell': want G:RATE:BATCH with G a multiple of L=$LOCAL" >&2
+        exit 2
+    }
+    HOSTS=$((G / LOCAL))
+    name="G${G}_${RATE}_B${BATCH}"
+    dest="$OUT/$name.json"
+    if [[ -e "$dest" ]]; then echo "skip $name (exists)" >&2; continue; fi
+    tmp="$(mktemp -d /tmp/calib.XXXX)"
+    bench=("$PYTHON" "$ROOT/benchmarks/bench_sptt.py" --world-size "$G" --local-world-size "$LOCAL"
+        --modes "$MODES" --pipeline on --comm-precision fp32 --batch "$BATCH" --runs "$RUNS"
+        --iters "$ITERS" --warmup "$WARMUP" --json "$tmp/bench.json")
+    if [[ "$RATE" == none ]]; then
+        cmd=("${bench[@]}")
+    else
+        cmd=("${AS_ROOT[@]}" bash "$ROOT/scripts/netns_throttle.sh" --hosts "$HOSTS" --rate "$RATE"
+            -- env PYTHONPATH="$PYTHONPATH" OMP_NUM_THREADS=1 "${bench[@]}")
+    fi
+    load_before="$(cat /proc/loadavg)"
+    date_utc="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "[$date_utc] $name: load $load_before" >&2
+    start=$(date +%s)
+    if ! "${cmd[@]}" >"$tmp/log" 2>&1; then
+        echo "$name failed; last lines:" >&2
+        tail -20 "$tmp/log" >&2
+        rm -rf "$tmp"
+        continue
+    fi
+    wall=$(($(date +%s) - start))
+    load_after="$(cat /proc/loadavg)"
+    left="$(leftover_netns)"
+    [[ -z "$left" ]] || echo "WARNING: namespaces left after $name: $left" >&2
+    "$PYTHON" - "$tmp/bench.json" "$dest" <<EOF
+import json, re, statistics, sys
+
+records = json.load(open(sys.argv[1]))
+rate = "$RATE"
+units = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}
+m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate)
+modes = {}
+for r in records:
+    runs = r["ms_per_step_runs"]
+    modes[r["mode"]] = {
+        "ms_per_step_median": statistics.median(runs),
+        "ms_per_step_min": min(runs),
+        "ms_per_step_max": max(runs),
+        "cross_host_mb": r["cross_host_mb"],
+        "total_mb": r["total_mb"],
+    }
+out = {
+    "settings": {
+        "world_size": $G, "local_world_size": $LOCAL, "hosts": $HOSTS, "rate": rate,
+        "rate_bit_per_s": float(m[1]) * units[m[2]] if m else None,
+        "throttled": rate != "none", "batch_per_rank": $BATCH, "modes": "$MODES".split(","),
+        "pipeline": True, "comm_precision": "fp32", "runs": $RUNS, "iters": $ITERS,
+        "warmup": $WARMUP, "backend": "gloo (CPU)",
+    },
+    "modes": modes,
+    "records": records,
+    "load_before": "$load_before",
+    "load_after": "$load_after",
+    "date_utc": "$date_utc",
+    "wall_s": $wall,
+    "command": """${cmd[*]}""",
+    "netns_left": "$left".split(),
+}
+json.dump(out, open(sys.argv[2], "w"), indent=1)
+print(f"{sys.argv[2]}: " + ", ".join(f"{k} {v['ms_per_step_median']:.1f} ms" for k, v in modes.items()))
+EOF
+    rm -rf "$tmp"
+done
