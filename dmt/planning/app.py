@@ -63,7 +63,8 @@ from dmt.planning.collectives import (
     flat_tables,
     sptt_collectives,
 )
-from dmt.planning.hardware import ClusterConfig
+from dmt.planning.dry_run import dry_run
+from dmt.planning.hardware import ClusterConfig, validate_cluster
 from dmt.planning.memory import (
     RankMemory,
     check_fits,
@@ -71,6 +72,7 @@ from dmt.planning.memory import (
     flat_rank_memory,
     sptt_rank_memory,
 )
+from dmt.planning.timing import ComputeLoad, ModeWorkload, StepTime, compute_load, predict_modes
 from dmt.sharding import flat_sharders, plan_tables, planner_topology, table_constraints
 from dmt.sptt.collectives import COMM_PRECISIONS
 from dmt.sptt.dmt_sharding import DMTSharder
@@ -87,6 +89,7 @@ class PlanConfig(Config):
 
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     flat_search: str = "auto"  # TorchRec planner search for flat: "full" (as training), "uniform" (fast), "auto" (full up to FULL_SEARCH_LIMIT tables x GPUs)
+    dry_run: bool = False  # also build rank 0's real sharded modules of every mode at this size and train one step (dmt.planning.dry_run)
 
 
 def register_plan_configs() -> None:
@@ -107,6 +110,10 @@ class ModePlan:
     collectives: list[CollectiveBytes]
     worst: RankMemory
     """The rank that needs the most GPU memory."""
+    model: ModelConfig
+    """The mode's model config (towers as an explicit partition for ``sptt``/``dmt``)."""
+    compute: ComputeLoad
+    """Dense FLOPs and lookup bytes per sample (:func:`dmt.planning.timing.compute_load`)."""
 
     @property
     def cross_host_bytes(self) -> int:
@@ -126,6 +133,7 @@ def _param_bytes(module: nn.Module | None) -> int:
 def _check_cluster(conf: PlanConfig) -> tuple[Topology, int]:
     """The SPTT topology and the local batch ``B``; ``ValueError`` naming the numbers."""
     c, K = conf.cluster, conf.sptt.hosts_per_tower
+    validate_cluster(c)
     for name, value in (
         ("cluster.hosts", c.hosts),
         ("cluster.gpus_per_host", c.gpus_per_host),
@@ -205,6 +213,7 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
         uvm_cache_load_factor=conf.sharding.uvm_cache_load_factor,
     )
     multi_hot = conf.data.synthetic.multi_hot if conf.data.kind == "synthetic" else 1
+    ids_per_sample = len(names) * multi_hot
     workload = Workload.uniform(
         B,
         len(names),
@@ -224,9 +233,10 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
         sparse_optimizer=sparse_spec,
         memory=budget,
     )
+    towers = PartitionConfig(kind="explicit", towers=partition)
     for mode in ("sptt", "dmt"):
-        model_cfg = conf.model
-        if mode == "sptt" or model_cfg.partition.kind == "none":
+        model_cfg = replace(conf.model, partition=towers)
+        if mode == "sptt" or conf.model.partition.kind == "none":
             model_cfg = _base_dense(replace(model_cfg, tower=PassThroughTowerConfig()))
         model = build_dmt_model(
             model_cfg,
@@ -266,6 +276,8 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
                 dense_param_bytes=dense,
             ),
             check_fits(memory, gpu_bytes, what=mode),
+            model_cfg,
+            compute_load(model, ids_per_sample=ids_per_sample),
         )
     # flat: the model without towers, TorchRec's planner on G CUDA ranks
     flat_cfg = _base_dense(replace(conf.model, partition=PartitionConfig(kind="none")))
@@ -316,11 +328,29 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
     modes["flat"] = ModePlan(
         flat_collectives(tables, topo, workload, dense_param_bytes=dense),
         check_fits(memory, gpu_bytes, what="flat"),
+        flat_cfg,
+        compute_load(flat_model, ids_per_sample=ids_per_sample),
     )
 
     modes = {mode: modes[mode] for mode in ("flat", "sptt", "dmt")}
-    report = _report(conf, topo, B, modes, time.perf_counter() - started)
+    times = predict_modes(
+        {m: ModeWorkload(p.collectives, p.compute) for m, p in modes.items()},
+        B,
+        conf.cluster,
+        pipelined=conf.trainer.pipeline,
+    )
+    report = _report(conf, topo, B, modes, times, time.perf_counter() - started)
     report["flat_search"] = search
+    if conf.dry_run:
+        report["dry_run"] = {
+            mode: dry_run(
+                replace(conf, model=p.model),
+                world_size=G,
+                local_world_size=L,
+                mode=mode,
+            ).to_dict()
+            for mode, p in modes.items()
+        }
     return report
 
 
@@ -380,7 +410,12 @@ def _is_ebc(module: nn.Module) -> bool:
 
 
 def _report(
-    conf: PlanConfig, topo: Topology, B: int, modes: dict[str, ModePlan], seconds: float
+    conf: PlanConfig,
+    topo: Topology,
+    B: int,
+    modes: dict[str, ModePlan],
+    times: dict[str, StepTime],
+    seconds: float,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "cluster": asdict(conf.cluster),
@@ -403,10 +438,27 @@ def _report(
             "cross_host_mb": p.cross_host_bytes / MB,
             "intra_host_mb": p.intra_host_bytes / MB,
             "max_rank_memory_gb": p.worst.device_bytes / GIB,
+            "predicted_ms_per_step": times[mode].total_ms,
+            "speedup_over_flat": times[mode].speedup_over_flat,
+            "breakdown": _breakdown(times[mode]),
             "memory": memory,
             "collectives": [asdict(c) for c in p.collectives],
         }
     return out
+
+
+def _breakdown(t: StepTime) -> dict[str, Any]:
+    """The predicted step's parts (ms): what ``total_ms`` adds up, and each collective."""
+    return {
+        "compute_ms": t.compute_ms,
+        "lookup_ms": t.lookup_ms,
+        "overhead_ms": t.overhead_ms,
+        "communication_ms": t.communication_ms,
+        "exposed_ms": t.exposed_ms,
+        "overlapped_ms": t.overlapped_ms,
+        "exposed_ms_by_step": t.exposed_by_step(),
+        "collectives": [asdict(c) for c in t.collectives],
+    }
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -427,12 +479,35 @@ def format_report(report: dict[str, Any]) -> str:
                 f"{c['group_size']:5d} {c['intra_host_bytes'] / MB:10.3f} "
                 f"{c['cross_host_bytes'] / MB:10.3f}"
             )
-    lines += ["", f"{'mode':5s} {'intra MB/step':>14s} {'cross MB/step':>14s} {'max GPU GiB':>12s}"]
+    lines += [
+        "",
+        f"{'mode':5s} {'intra MB/step':>14s} {'cross MB/step':>14s} {'max GPU GiB':>12s} "
+        f"{'ms/step':>9s} {'compute':>8s} {'lookup':>8s} {'exposed':>8s} {'hidden':>8s} "
+        f"{'vs flat':>8s}",
+    ]
     for mode, m in report["modes"].items():
+        b = m["breakdown"]
         lines.append(
             f"{mode:5s} {m['intra_host_mb']:14.3f} {m['cross_host_mb']:14.3f} "
-            f"{m['max_rank_memory_gb']:12.3f}"
+            f"{m['max_rank_memory_gb']:12.3f} {m['predicted_ms_per_step']:9.3f} "
+            f"{b['compute_ms']:8.3f} {b['lookup_ms']:8.3f} {b['exposed_ms']:8.3f} "
+            f"{b['overlapped_ms']:8.3f} {m['speedup_over_flat']:7.2f}x"
         )
+    dmt = report["modes"]["dmt"]
+    exposed = ", ".join(f"{k} {v:.3f}" for k, v in dmt["breakdown"]["exposed_ms_by_step"].items())
+    lines += [
+        "",
+        f"DMT is predicted {dmt['speedup_over_flat']:.2f}x flat's speed on this cluster "
+        f"(ms/step: flat {report['modes']['flat']['predicted_ms_per_step']:.3f}, "
+        f"dmt {dmt['predicted_ms_per_step']:.3f}; dmt's exposed ms by step: {exposed}).",
+    ]
+    if "dry_run" in report:
+        for mode, d in report["dry_run"].items():
+            lines.append(
+                f"dry run {mode}: rank {d['rank']} of {d['world_size']} built "
+                f"({d['planned_tables']}/{d['num_tables']} tables planned), one step trained: "
+                f"logits {tuple(d['logits_shape'])}, {d['seconds']:.1f} s"
+            )
     return "\n".join(lines)
 
 
