@@ -28,7 +28,7 @@ every run from a fit on the others. The preset written (``--out``) is fitted on 
 Example::
 
     python -m dmt.planning.calibrate benchmarks/results/calibration --holdout G=8 \\
-        --out dmt/conf/cluster/cpu_emulated.yaml
+        --out dmt/conf/cluster/cpu_emulated.yaml --overwrite
 """
 
 from __future__ import annotations
@@ -482,7 +482,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=None, help="write the fitted preset here (YAML)")
     p.add_argument("--breakdown", action="store_true", help="print each prediction's breakdown")
     p.add_argument("--json", type=Path, default=None, help="write the table and errors here")
+    p.add_argument("--overwrite", action="store_true", help="replace existing --out/--json files")
     args = p.parse_args(argv)
+    for name in ("out", "json"):
+        path = getattr(args, name)
+        if path is not None and path.exists() and not args.overwrite:
+            raise SystemExit(
+                f"--{name} {path} exists: pass --overwrite to replace it, or another path"
+            )
 
     paths = sorted(args.runs.glob("*.json"))
     if not paths:

@@ -247,6 +247,10 @@ def test_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert out["runs"][0]["measured_ms"] == dict(zip(MODES, measured["1gbit", 2048], strict=True))
     assert out["runs"][3]["measured_ms"] == faster
     assert "held-out step times: median abs error" in capsys.readouterr().out
+    before = preset.read_text()
+    with pytest.raises(SystemExit, match=r"^--out .*fitted.yaml exists: pass --overwrite"):
+        main([str(runs), "--out", str(preset)])  # a second run never replaces the first's
+    assert preset.read_text() == before
     register_cluster_configs()
     with initialize_config_dir(config_dir=str(tmp_path), version_base=None):
         cfg = compose(config_name=None, overrides=["+cluster=fitted"])
