@@ -107,8 +107,16 @@ def _summary(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_point(
-    preset: str, experiment: str, gpus: int, hosts_per_tower: int, flat_search: str
+    preset: str,
+    experiment: str,
+    gpus: int,
+    hosts_per_tower: int,
+    flat_search: str,
+    sptt_sharding: Sequence[str],
 ) -> dict[str, Any]:
+    """Plan one point once per SPTT sharding type in ``sptt_sharding`` and keep, for ``sptt``
+    and ``dmt`` each, the fastest (as TorchRec's planner picks flat's sharding); flat is the same
+    in every plan."""
     hosts = gpus // GPUS_PER_HOST
     overrides = [
         f"experiment={experiment}",
@@ -126,10 +134,26 @@ def run_point(
         "overrides": overrides,
     }
     started = time.perf_counter()
-    try:
-        point.update(_summary(_plan(overrides)))
-    except ValueError as e:
-        point["error"] = str(e)
+    plans, errors = {}, {}
+    for sharding in sptt_sharding:
+        try:
+            plans[sharding] = _summary(_plan([*overrides, f"sptt.sharding_type={sharding}"]))
+        except ValueError as e:
+            errors[sharding] = str(e)
+    if not plans:
+        point["error"] = "; ".join(f"{k}: {v}" for k, v in errors.items())
+    else:
+        best = next(iter(plans.values()))
+        point.update(best)
+        point["sptt_sharding"] = {}
+        for mode in ("sptt", "dmt"):
+            choice = min(plans, key=lambda k: plans[k]["modes"][mode]["predicted_ms_per_step"])
+            point["modes"][mode] = plans[choice]["modes"][mode]
+            point["sptt_sharding"][mode] = choice
+        flat_ms = point["modes"]["flat"]["predicted_ms_per_step"]
+        for m in point["modes"].values():
+            m["speedup_over_flat"] = flat_ms / m["predicted_ms_per_step"]
+        point["sptt_sharding_errors"] = errors
     point["seconds"] = round(time.perf_counter() - started, 1)
     return point
 
@@ -167,21 +191,22 @@ def write_outputs(points: list[dict[str, Any]], out: Path) -> str:
     lines += [f"- paper, {k}: {v}" for k, v in PAPER.items()]
     lines += [
         "",
-        "| hardware | model | GPUs | T | K | flat ms | SPTT ms | DMT ms | DMT/flat | SPTT/flat | DMT over SPTT |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| hardware | model | GPUs | T | K | flat ms | SPTT ms | DMT ms | DMT/flat | SPTT/flat | DMT over SPTT | SPTT/DMT tables |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     scale = [p for p in points if p["study"] == "scale"]
     for p in scale:
         if "error" in p:
             lines.append(
-                f"| {p['preset']} | {p['model']} | {p['gpus']} | | | error: {p['error'][:120]} | | | | | |"
+                f"| {p['preset']} | {p['model']} | {p['gpus']} | | | error: {p['error'][:120]} | | | | | | |"
             )
             continue
         lines.append(
             f"| {p['preset']} | {p['model']} | {p['gpus']} | {p['num_towers']} | "
             f"{p['hosts_per_tower']} | {_ms(p, 'flat'):.1f} | {_ms(p, 'sptt'):.1f} | "
             f"{_ms(p, 'dmt'):.1f} | {_ratio(p, 'flat', 'dmt'):.2f}x | "
-            f"{_ratio(p, 'flat', 'sptt'):.2f}x | {_ratio(p, 'sptt', 'dmt'):.2f}x |"
+            f"{_ratio(p, 'flat', 'sptt'):.2f}x | {_ratio(p, 'sptt', 'dmt'):.2f}x | "
+            f"{p['sptt_sharding']['sptt']}/{p['sptt_sharding']['dmt']} |"
         )
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -287,6 +312,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default="dlrm,dcn")
     parser.add_argument("--gpus", default="16,32,64,128,208,256,512")
     parser.add_argument(
+        "--sptt-sharding",
+        default="table_wise,column_wise",
+        help="SPTT sharding types to plan; each mode keeps its fastest (sptt.sharding_type)",
+    )
+    parser.add_argument(
         "--flat-search",
         default="auto",
         choices=("auto", "full", "uniform"),
@@ -298,6 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     points: list[dict[str, Any]] = []
+    sharding = args.sptt_sharding.split(",")
 
     def record(point: dict[str, Any], **tags: Any) -> None:
         point.update(tags)
@@ -315,13 +346,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     continue  # the paper's V100 cluster had 16 hosts
                 towers, K = towers_for(gpus)
                 point = run_point(
-                    preset, f"paper_dmt_{towers}t_{model}", gpus, K, args.flat_search
+                    preset, f"paper_dmt_{towers}t_{model}", gpus, K, args.flat_search, sharding
                 )
                 record(point, study="scale", model=model)
     for cr in (2, 4, 8, 16):
         experiment = f"paper_dmt_8t_dlrm_cr{cr}"
-        record(run_point("h100", experiment, 64, 1, args.flat_search), study="cr", cr=cr)
-    record(run_point("h100", "paper_dmt_8t_dcn", 64, 1, args.flat_search), study="components")
+        point = run_point("h100", experiment, 64, 1, args.flat_search, sharding)
+        record(point, study="cr", cr=cr)
+    point = run_point("h100", "paper_dmt_8t_dcn", 64, 1, args.flat_search, sharding)
+    record(point, study="components")
     print(write_outputs(points, args.out))
     print(f"written to {args.out}")
     return 0
