@@ -235,6 +235,33 @@ def _budgets(
     }
 
 
+def _transpose_bound(collectives: Sequence[CollectiveLike]) -> dict[int, tuple[float, float]]:
+    """The (intra, cross) bytes each collective is timed with, keyed by ``id``.
+
+    An all-to-all lasts as long as its busiest rank *sends or receives*, and ``collectives``
+    holds the busiest senders. A step's backward all-to-all is the transpose of its forward one
+    (SPTT ``d`` and ``f``, flat ``flat_output_a2a``): what a rank receives in one direction it
+    sends in the other. So both directions of a step are timed with the larger bytes of the two
+    (per link class). Without this, a rank that holds a whole table for its tower (table-wise
+    towers spanning several hosts) would count its forward send but not its backward receive.
+    Step ``a`` has no backward; its receive side is not bounded here.
+    """
+    largest: dict[tuple[str, str, str, str], tuple[float, float]] = {}
+    for c in collectives:
+        key = (c.step, c.op, c.group, c.direction)
+        intra, cross = largest.get(key, (0.0, 0.0))
+        largest[key] = (max(intra, c.intra_host_bytes), max(cross, c.cross_host_bytes))
+    out: dict[int, tuple[float, float]] = {}
+    for c in collectives:
+        own: tuple[float, float] = (c.intra_host_bytes, c.cross_host_bytes)
+        if c.op == "all_to_all":
+            other = "backward" if c.direction == "forward" else "forward"
+            intra, cross = largest.get((c.step, c.op, c.group, other), (0.0, 0.0))
+            own = (max(own[0], intra), max(own[1], cross))
+        out[id(c)] = own
+    return out
+
+
 def predict_step_time(
     mode: str,
     collectives: Sequence[CollectiveLike],
@@ -271,7 +298,9 @@ def predict_step_time(
         cluster.intra, bandwidth_gbps=cluster.intra_bandwidth_gbps * core_share(cluster)
     )
     timed = []
+    wire = _transpose_bound(collectives)
     for c in collectives:
+        intra_bytes, cross_bytes = wire[id(c)]
         if c.step not in BUDGET_OF_STEP:
             raise ValueError(
                 f"collective step={c.step!r} is unknown to the time model; expected one of "
@@ -281,8 +310,8 @@ def predict_step_time(
             c.op,
             group_size=c.group_size,
             ranks_per_host=group_ranks_per_host(c.group, c.group_size, cluster.gpus_per_host),
-            intra_host_bytes=c.intra_host_bytes,
-            cross_host_bytes=c.cross_host_bytes,
+            intra_host_bytes=intra_bytes,
+            cross_host_bytes=cross_bytes,
             intra=intra,
             inter=cluster.inter,
             ranks_per_nic=cluster.ranks_per_nic,

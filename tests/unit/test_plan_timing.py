@@ -88,6 +88,21 @@ def test_exposed_collective_adds_its_wire_time() -> None:
     assert t.total_ms == pytest.approx(2.02 + 2.0)
 
 
+def test_an_all_to_all_lasts_as_long_as_its_busiest_receiver() -> None:
+    # the forward's busiest sender (1e6 B across hosts) receives as much in the backward, whose
+    # busiest sender sends 1e5 B: both directions take the 1e6 B time; an all-reduce is itself
+    fwd = Coll("d", "all_to_all", "tower", "forward", 4, 300_000, 1_000_000, False)
+    bwd = replace(fwd, direction="backward", intra_host_bytes=400_000, cross_host_bytes=100_000)
+    ar = Coll("dense_allreduce", "all_reduce", "world", "backward", 4, 0, 100_000, True)
+    t = predict_step_time("sptt", [fwd, bwd, ar], LOAD, B, CLUSTER)
+    both = replace(fwd, intra_host_bytes=400_000)
+    assert [c.time_ms for c in t.collectives] == pytest.approx(
+        [_wire_ms(both), _wire_ms(both), _wire_ms(ar)]
+    )
+    alone = predict_step_time("sptt", [bwd], LOAD, B, CLUSTER)  # no forward: its own bytes
+    assert alone.collectives[0].time_ms == pytest.approx(_wire_ms(bwd))
+
+
 def test_prefetch_hides_input_all_to_all_up_to_the_step_compute() -> None:
     small = Coll("a", "all_to_all", "world", "forward", 4, 0, 500_000, True)  # 1 ms < 2.02 ms
     big = replace(small, cross_host_bytes=2_000_000)  # 4 ms: 2.02 ms hidden, 1.98 ms exposed
