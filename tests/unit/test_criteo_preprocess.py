@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -29,6 +30,7 @@ from dmt.data.criteo_preprocess import (
     read_manifest,
     transform_tsv,
 )
+from tests.conftest import typed_config
 
 # Small blocks and ranges so that a few hundred rows cross many block and range boundaries.
 SMALL = {"block_bytes": 1500, "unit_bytes": 6000, "progress": False}
@@ -294,6 +296,35 @@ def test_terabyte_val_day_is_a_whole_day_between_train_and_test(tmp_path: Path) 
         "train_days": [0, 1],
         "eval_day": 3,
         "val_day": 2,
+    }
+
+
+def test_criteo_1tb_forward_config_trains_on_days_0_to_21(tmp_path: Path) -> None:
+    """data=criteo_1tb_forward on 24 tiny made-up days: days 0-21 train, 22 validation, 23 test."""
+    criteo = typed_config("data=criteo_1tb_forward", "data.criteo.raw_path=days").data.criteo
+    assert criteo is not None
+    days = tmp_path / "days"
+    days.mkdir()
+    per_day = [make_rows(3 + d % 4, seed=100 + d) for d in range(24)]
+    for d, rows in enumerate(per_day):
+        write(days / f"day_{d}", rows)
+    out = preprocess_criteo(
+        dataclasses.replace(
+            criteo, raw_path=str(days), preprocessed_dir=str(tmp_path / "out"), num_workers=1
+        ),
+        **SMALL,
+    )
+    train = [row for rows in per_day[:22] for row in rows]
+    for split, rows in (("train", train), ("val", per_day[22]), ("test", per_day[23])):
+        dense, _, labels = load_split(out, split)
+        ref = [ref_parse(r) for r in rows]
+        np.testing.assert_array_equal(labels, [r[0] for r in ref])
+        np.testing.assert_allclose(dense, np.array([r[1] for r in ref], np.float32), rtol=1e-6)
+    assert read_manifest(out)["settings"]["layout"] == {
+        "kind": "days",
+        "train_days": list(range(22)),
+        "eval_day": 23,
+        "val_day": 22,
     }
 
 
