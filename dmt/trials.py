@@ -5,12 +5,12 @@ sweep) leaves one run directory per trial in its sweep directory, each with ``me
 ``.hydra/overrides.yaml``. :class:`TrialsTable` (a Hydra callback, ``conf/config.yaml``) reads
 them when the multirun ends and writes, into the sweep directory:
 
-- ``trials.csv``: one row per trial, in trial order: ``trial`` (``hydra.job.num``, Optuna's
-  trial number), ``status`` (``ok``, or ``failed``: no ``metrics.json`` or no finite value of the
+- ``trials.csv``: one row per trial, in trial order: ``trial`` (``hydra.job.num``: Optuna's
+  trial number in a new study), ``status`` (``ok``, or ``failed``: no ``metrics.json`` or no finite value of the
   metric), the metric the sweep optimizes (``trainer.optimize_metric``), ``best_so_far``, the
   overrides that differ between trials (the sampled settings; the sweep's own command line is the
-  same in every trial and left out), then the trial's other validation metrics and its training
-  throughput. Test metrics are left out on purpose: settings are chosen on validation rows only
+  same in every trial and left out), then the trial's other validation metrics (logloss, NE,
+  calibration) and its training throughput. Test metrics are left out on purpose: settings are chosen on validation rows only
   (each trial's ``metrics.json`` still has them).
 - ``trials.md``: the same table in Markdown, under a line naming the best trial and its settings.
 - ``trials.png``: the metric per trial and the best so far.
@@ -51,7 +51,7 @@ class Trial:
     """One run of a sweep, as its directory records it."""
 
     number: int
-    """``hydra.job.num``: the job's index in the sweep (the Optuna trial number)."""
+    """``hydra.job.num``: the job's index in the sweep (Optuna's trial number in a new study)."""
     directory: Path
     """The trial's run directory."""
     overrides: dict[str, str]
