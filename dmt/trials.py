@@ -187,7 +187,7 @@ def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.4f}" if abs(value) < 1000 else f"{value:.0f}"
+        return f"{value:.4f}" if abs(value) < 100 else f"{value:.0f}"  # AUCs; throughputs
     return str(value).replace("|", "\\|")
 
 
