@@ -181,7 +181,8 @@ class SyntheticConfig:
 
 #: Default Kaggle split: the first 85% of the lines train, then 7.5% validation, 7.5% test.
 DEFAULT_SPLIT_FRACTIONS = (0.85, 0.075, 0.075)
-#: Default Terabyte split: days 0..22 train, day 23 is cut in halves for validation and test.
+#: Default Terabyte split: days 0..22 train, day 23 is cut in halves for validation and test
+#: (``val_day`` makes a whole day the validation split instead).
 DEFAULT_TRAIN_DAYS = tuple(range(23))
 DEFAULT_EVAL_DAY = 23
 CATEGORICAL_MODES = ("vocab", "hash")
@@ -204,7 +205,9 @@ class CriteoConfig:
     train_days: list[int] = field(default_factory=lambda: list(DEFAULT_TRAIN_DAYS))
     """Directory input: the days whose rows form the training split."""
     eval_day: int = DEFAULT_EVAL_DAY
-    """Directory input: the day cut in halves, first half validation, second half test."""
+    """Directory input: the test day; cut in halves (first validation, second test) unless ``val_day`` is set."""
+    val_day: int | None = None
+    """Directory input: a whole day of validation rows (``eval_day`` is then all test); None halves ``eval_day``."""
     categorical_mode: str = "vocab"
     """``vocab``: ids fitted on train with a frequency threshold; ``hash``: stable hashing."""
     frequency_threshold: int = 3
@@ -253,6 +256,17 @@ class CriteoConfig:
             )
         if not self.train_days:
             raise ValueError("train_days must name at least one day")
+        if self.val_day is not None:
+            if self.val_day in self.train_days:
+                raise ValueError(
+                    f"val_day {self.val_day} is also in train_days {list(self.train_days)}; "
+                    "validation rows must not be trained on"
+                )
+            if self.val_day == self.eval_day:
+                raise ValueError(
+                    f"val_day {self.val_day} equals eval_day {self.eval_day}; the validation day "
+                    "must be another day than the test day (or val_day None, to halve eval_day)"
+                )
         if self.categorical_mode not in CATEGORICAL_MODES:
             raise ValueError(
                 f"categorical_mode must be one of {CATEGORICAL_MODES}; got {self.categorical_mode!r}"

@@ -18,7 +18,9 @@ Splits:
   ``split_fractions`` (default 85% / 7.5% / 7.5%);
 * an input **directory** of ``day_<d>`` files (Terabyte) is cut by day: ``train_days`` (default
   0..22) train; ``eval_day`` (default 23) is halved, first ``ceil(n/2)`` lines validation, the
-  rest test (as TorchRec does).
+  rest test (as TorchRec does); or, with ``val_day`` set, ``val_day`` is the validation split and
+  ``eval_day`` the test split, whole (the forward-in-time protocol: train days 0..21, validate
+  on day 22, test on day 23).
 
 Fractions and halves count raw lines; a skipped bad row leaves its split one row shorter.
 
@@ -165,24 +167,30 @@ def preprocess_criteo(
         raise ValueError("raw_path is not set; expected the raw Criteo file or directory of days")
     raw = Path(cfg.raw_path)
     if raw.is_dir():
-        days = sorted(set(cfg.train_days) | {cfg.eval_day})
-        paths = [_find_day_file(raw, d) for d in days]
+        split_of_day = {d: "train" for d in cfg.train_days}
         layout: dict[str, Any] = {
             "kind": "days",
             "train_days": sorted(cfg.train_days),
             "eval_day": cfg.eval_day,
         }
-        split_of_day = {d: "train" for d in cfg.train_days}
-        day_of_path = dict(zip(paths, days))
+        if cfg.val_day is None:
+            split_of_day[cfg.eval_day] = "val+test"
+        else:  # only then in the layout: outputs made before val_day existed stay up to date
+            layout["val_day"] = cfg.val_day
+            split_of_day[cfg.val_day] = "val"
+            split_of_day[cfg.eval_day] = "test"
+        days = sorted(split_of_day)
+        paths = [_find_day_file(raw, d) for d in days]
 
         def plan(lines: list[int]) -> list[_Assignment]:
             out = []
-            for i, p in enumerate(paths):
-                if split_of_day.get(day_of_path[p]) == "train":
-                    out.append(_Assignment(i, 0, lines[i], "train"))
-                else:
+            for i, day in enumerate(days):
+                split = split_of_day[day]
+                if split == "val+test":
                     half = math.ceil(lines[i] / 2)
                     out += [_Assignment(i, 0, half, "val"), _Assignment(i, half, lines[i], "test")]
+                else:
+                    out.append(_Assignment(i, 0, lines[i], split))
             return out
 
     elif raw.is_file():

@@ -8,6 +8,9 @@ Examples::
     # Terabyte: day_0..day_22 train, day_23 halved into validation and test; 40M-row tables
     dmt-preprocess /data/criteo-1tb /data/criteo-1tb-prep --categorical-mode hash --hash-sizes 40000000
 
+    # Terabyte, forward in time: days 0..21 train, day 22 validation, day 23 test
+    dmt-preprocess /data/criteo-1tb /data/criteo-1tb-fwd --train-days 0-21 --val-day 22 --eval-day 23 --categorical-mode hash --hash-sizes 40000000
+
     # any other raw file, through the vocabularies of a preprocessed directory
     dmt-preprocess /data/extra_day.tsv /data/extra-prep --vocab-from /data/criteo-kaggle-prep
 
@@ -69,7 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--eval-day",
         type=int,
         default=DEFAULT_EVAL_DAY,
-        help="directory input: day halved into validation (first half) and test",
+        help="directory input: the test day, halved into validation (first half) and test "
+        "unless --val-day is given",
+    )
+    p.add_argument(
+        "--val-day",
+        type=int,
+        default=None,
+        help="directory input: a whole day of validation rows (--eval-day is then all test)",
     )
     p.add_argument("--categorical-mode", choices=("vocab", "hash"), default="vocab")
     p.add_argument(
@@ -154,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 if isinstance(args.train_days, list)
                 else _days(args.train_days),
                 eval_day=args.eval_day,
+                val_day=args.val_day,
                 categorical_mode=args.categorical_mode,
                 frequency_threshold=args.frequency_threshold,
                 missing_id=args.missing_id,

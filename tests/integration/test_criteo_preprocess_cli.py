@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -11,12 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dmt.data.criteo_config import CriteoConfig
 from dmt.data.criteo_dataset import CriteoSource
 from dmt.data.criteo_preprocess import PAUSE_ENV, preprocess_criteo, read_manifest
 from dmt.data.preprocess_cli import main
+from tests.conftest import typed_config
 
 REPO = Path(__file__).parents[2]
 SHARED = REPO / ".." / "shared" / "data"
@@ -90,6 +93,25 @@ def test_cli_writes_output_and_reports_bad_input(
         main([str(raw), str(tmp_path / "o3"), "--categorical-mode", "nope"])
 
 
+def test_cli_val_day(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--val-day``: the forward-in-time day layout (train days, a validation day, a test day)."""
+    days = tmp_path / "days"
+    days.mkdir()
+    for d, n in enumerate([40, 30, 20, 10]):
+        (days / f"day_{d}.tsv").write_text(raw_rows(n, seed=10 + d))
+    args = [str(days), str(tmp_path / "out"), "--no-progress", "--num-workers", "1"]
+    assert main([*args, "--train-days", "0-1", "--val-day", "2", "--eval-day", "3"]) == 0
+    m = read_manifest(tmp_path / "out")
+    assert [m["splits"][s]["rows"] for s in ("train", "val", "test")] == [70, 20, 10]
+    assert m["settings"]["layout"]["val_day"] == 2
+    capsys.readouterr()
+    assert main([*args, "--train-days", "0-2", "--val-day", "2", "--eval-day", "3"]) == 1
+    assert capsys.readouterr().err == (
+        "dmt-preprocess: error: val_day 2 is also in train_days [0, 1, 2]; validation rows must "
+        "not be trained on\n"
+    )
+
+
 def test_interrupted_run_then_rerun_equals_clean_run(tmp_path: Path) -> None:
     raw = tmp_path / "train.txt"
     raw.write_text(raw_rows(6000, seed=3))  # ~0.9 MB, cut into ~18 ranges below
@@ -158,6 +180,36 @@ def test_kaggle_sample(tmp_path: Path) -> None:
     src = CriteoSource(out / "val", batch_size=4096)
     labels = [x for b in src.batches(0) for x in b.labels.tolist()]
     assert sum(labels) == expected[1][1]
+
+
+@pytest.mark.criteo
+@pytest.mark.skipif(not KAGGLE.is_file(), reason="needs ../shared/data/criteo-kaggle-sample")
+def test_kaggle_sample_forward_protocol(tmp_path: Path) -> None:
+    """data=criteo_sample_forward: train on the first 80% of the lines, validate on the next 10%,
+    test on the last 10%; the splits, read back in order, are the file's rows in file order."""
+    criteo = typed_config("data=criteo_sample_forward").data.criteo
+    assert criteo is not None
+    assert (REPO / criteo.raw_path).resolve() == KAGGLE.resolve()
+    out = preprocess_criteo(
+        dataclasses.replace(criteo, raw_path=str(KAGGLE), preprocessed_dir=str(tmp_path / "fwd")),
+        progress=False,
+    )
+    lines = KAGGLE.read_bytes().splitlines()
+    n = len(lines)
+    b1, b2 = round(n * 0.8), round(n * 0.9)
+    m = read_manifest(out)
+    assert [m["splits"][s]["rows"] for s in ("train", "val", "test")] == [b1, b2 - b1, n - b2]
+    labels = np.array([line[:1] == b"1" for line in lines], dtype=np.int8)
+    dense = np.array(
+        [
+            [math.log(max(int(x), 0) + 1) if x else 0.0 for x in line.split(b"\t")[1:14]]
+            for line in lines
+        ],
+        dtype=np.float32,
+    )
+    for split, (lo, hi) in zip(("train", "val", "test"), [(0, b1), (b1, b2), (b2, n)]):
+        np.testing.assert_array_equal(np.load(out / split / "labels.npy"), labels[lo:hi])
+        np.testing.assert_allclose(np.load(out / split / "dense.npy"), dense[lo:hi], rtol=1e-6)
 
 
 @pytest.mark.criteo

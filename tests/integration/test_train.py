@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -145,6 +146,18 @@ def test_cli_run_and_multirun_sweep(tmp_path):
     )
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     assert len(list((tmp_path / "sweep").glob("*/metrics.json"))) == 4
+    # dmt.trials.TrialsTable: the points side by side, the swept overrides as columns
+    with open(tmp_path / "sweep" / "trials.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["trial"], r["status"], r["model"], r["optim.lr"]) for r in rows] == [
+        ("0", "ok", "dlrm", "0.001"),
+        ("1", "ok", "dlrm", "0.002"),
+        ("2", "ok", "dcn", "0.001"),
+        ("3", "ok", "dcn", "0.002"),
+    ]
+    for r in rows:
+        metrics = json.loads((tmp_path / "sweep" / r["trial"] / "metrics.json").read_text())
+        assert float(r["val_auc"]) == metrics["val_auc"]
 
 
 def test_inspect_cli_writes_inspect_json(tmp_path):

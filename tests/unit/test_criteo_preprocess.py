@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -29,6 +30,7 @@ from dmt.data.criteo_preprocess import (
     read_manifest,
     transform_tsv,
 )
+from tests.conftest import typed_config
 
 # Small blocks and ranges so that a few hundred rows cross many block and range boundaries.
 SMALL = {"block_bytes": 1500, "unit_bytes": 6000, "progress": False}
@@ -270,6 +272,94 @@ def test_terabyte_days(tmp_path: Path) -> None:
     check_split(out, "test", per_day[2][6:], vocab)
     with pytest.raises(ValueError, match="no file for day 5"):
         preprocess_criteo(config(tmp_path, days, train_days=[0, 5], eval_day=2), **SMALL)
+
+
+def test_terabyte_val_day_is_a_whole_day_between_train_and_test(tmp_path: Path) -> None:
+    """The forward-in-time layout: train days, then a whole validation day, then the test day."""
+    days = tmp_path / "days"
+    days.mkdir()
+    per_day = [make_rows(n, seed=20 + d) for d, n in enumerate([25, 18, 13, 9])]
+    for d, rows in enumerate(per_day):
+        write(days / f"day_{d}", rows)
+    out = preprocess_criteo(
+        config(tmp_path, days, train_days=[0, 1], val_day=2, eval_day=3), **SMALL
+    )
+    train = per_day[0] + per_day[1]
+    vocab = ref_vocab(train, 3)
+    check_split(out, "train", train, vocab)
+    check_split(out, "val", per_day[2], vocab)  # all 13 rows of day 2, none of day 3
+    check_split(out, "test", per_day[3], vocab)
+    m = read_manifest(out)
+    assert [m["splits"][s]["rows"] for s in ("train", "val", "test")] == [43, 13, 9]
+    assert m["settings"]["layout"] == {
+        "kind": "days",
+        "train_days": [0, 1],
+        "eval_day": 3,
+        "val_day": 2,
+    }
+
+
+def test_criteo_1tb_forward_config_trains_on_days_0_to_21(tmp_path: Path) -> None:
+    """data=criteo_1tb_forward on 24 tiny made-up days: days 0-21 train, 22 validation, 23 test."""
+    criteo = typed_config("data=criteo_1tb_forward", "data.criteo.raw_path=days").data.criteo
+    assert criteo is not None
+    days = tmp_path / "days"
+    days.mkdir()
+    per_day = [make_rows(3 + d % 4, seed=100 + d) for d in range(24)]
+    for d, rows in enumerate(per_day):
+        write(days / f"day_{d}", rows)
+    out = preprocess_criteo(
+        dataclasses.replace(
+            criteo, raw_path=str(days), preprocessed_dir=str(tmp_path / "out"), num_workers=1
+        ),
+        **SMALL,
+    )
+    train = [row for rows in per_day[:22] for row in rows]
+    for split, rows in (("train", train), ("val", per_day[22]), ("test", per_day[23])):
+        dense, _, labels = load_split(out, split)
+        ref = [ref_parse(r) for r in rows]
+        np.testing.assert_array_equal(labels, [r[0] for r in ref])
+        np.testing.assert_allclose(dense, np.array([r[1] for r in ref], np.float32), rtol=1e-6)
+    assert read_manifest(out)["settings"]["layout"] == {
+        "kind": "days",
+        "train_days": list(range(22)),
+        "eval_day": 23,
+        "val_day": 22,
+    }
+
+
+def test_terabyte_without_val_day_keeps_the_halving_layout(tmp_path: Path) -> None:
+    """val_day None writes the settings of outputs made before it existed (same settings hash,
+    so their outputs stay up to date)."""
+    days = tmp_path / "days"
+    days.mkdir()
+    write(days / "day_0", make_rows(12, seed=30))
+    write(days / "day_1", make_rows(7, seed=31))
+    m = read_manifest(
+        preprocess_criteo(config(tmp_path, days, train_days=[0], eval_day=1), **SMALL)
+    )
+    assert m["settings"]["layout"] == {"kind": "days", "train_days": [0], "eval_day": 1}
+    assert [m["splits"][s]["rows"] for s in ("train", "val", "test")] == [12, 4, 3]
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (
+            {"train_days": [0, 1, 2], "val_day": 2, "eval_day": 3},
+            "val_day 2 is also in train_days [0, 1, 2]; validation rows must not be trained on",
+        ),
+        (
+            {"train_days": [0, 1], "val_day": 3, "eval_day": 3},
+            "val_day 3 equals eval_day 3; the validation day must be another day than the test "
+            "day (or val_day None, to halve eval_day)",
+        ),
+    ],
+)
+def test_val_day_errors_name_the_settings(settings: dict[str, object], message: str) -> None:
+    cfg = CriteoConfig(raw_path="days", preprocessed_dir="out", **settings)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        cfg.validate()
 
 
 def test_workers_and_block_sizes_give_identical_output(tmp_path: Path) -> None:

@@ -1,0 +1,269 @@
+"""The trials of a sweep side by side: ``trials.csv``, ``trials.md`` and ``trials.png``.
+
+A Hydra multirun (``dmt-train -m ...``, e.g. ``hparams_search=criteo_forward_dlrm``, an Optuna
+sweep) leaves one run directory per trial in its sweep directory, each with ``metrics.json`` and
+``.hydra/overrides.yaml``. :class:`TrialsTable` (a Hydra callback, ``conf/config.yaml``) reads
+them when the multirun ends and writes, into the sweep directory:
+
+- ``trials.csv``: one row per trial, in trial order: ``trial`` (``hydra.job.num``: Optuna's
+  trial number in a new study), ``status`` (``ok``, or ``failed``: no ``metrics.json`` or no finite value of the
+  metric), the metric the sweep optimizes (``trainer.optimize_metric``), ``best_so_far``, the
+  overrides that differ between trials (the sampled settings; the sweep's own command line is the
+  same in every trial and left out), then the trial's other validation metrics (logloss, NE,
+  calibration) and its training throughput. Test metrics are left out on purpose: settings are chosen on validation rows only
+  (each trial's ``metrics.json`` still has them).
+- ``trials.md``: the same table in Markdown, under a line naming the best trial and its settings.
+- ``trials.png``: the metric per trial and the best so far.
+
+The Optuna sweeper writes the best settings to ``optimization_results.yaml`` beside them.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from dmt.run_dir import METRICS_FILE
+
+log = logging.getLogger(__name__)
+
+TRIALS_CSV = "trials.csv"
+TRIALS_MD = "trials.md"
+TRIALS_PNG = "trials.png"
+#: a trial's run directory holds these (Hydra writes them before the trial runs)
+OVERRIDES_FILE = ".hydra/overrides.yaml"
+HYDRA_FILE = ".hydra/hydra.yaml"
+#: other metrics of a trial in the table (besides its other ``val_*`` ones)
+EXTRA_METRICS = ("train_samples_per_s",)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One run of a sweep, as its directory records it."""
+
+    number: int
+    """``hydra.job.num``: the job's index in the sweep (Optuna's trial number in a new study)."""
+    directory: Path
+    """The trial's run directory."""
+    overrides: dict[str, str]
+    """Its Hydra overrides, ``key -> value`` (``.hydra/overrides.yaml``), in their order."""
+    metrics: dict[str, float] | None
+    """Its ``metrics.json``; None when it wrote none (it failed before the end)."""
+
+    def value(self, metric: str) -> float | None:
+        """The trial's ``metric``; None if it has none or it is not finite (a failed trial)."""
+        v = None if self.metrics is None else self.metrics.get(metric)
+        return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def read_trials(sweep_dir: str | Path) -> list[Trial]:
+    """The trials under ``sweep_dir`` (every directory with ``.hydra/overrides.yaml``), sorted by
+    trial number."""
+    sweep_dir = Path(sweep_dir)
+    trials = []
+    for overrides_file in sweep_dir.glob(f"**/{OVERRIDES_FILE}"):
+        run_dir = overrides_file.parent.parent
+        overrides: dict[str, str] = {}
+        for item in yaml.safe_load(overrides_file.read_text()) or []:
+            key, _, value = str(item).partition("=")
+            overrides[key] = value
+        hydra_file = run_dir / HYDRA_FILE
+        number = (
+            int(yaml.safe_load(hydra_file.read_text())["hydra"]["job"]["num"])
+            if hydra_file.is_file()
+            else int(run_dir.name)
+        )
+        metrics_file = run_dir / METRICS_FILE
+        metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else None
+        trials.append(Trial(number, run_dir, overrides, metrics))
+    return sorted(trials, key=lambda t: (t.number, str(t.directory)))
+
+
+def varying_overrides(trials: list[Trial]) -> list[str]:
+    """The override keys whose values differ between ``trials`` (or that some trials lack), in
+    the order they first appear."""
+    keys: dict[str, None] = {}
+    for t in trials:
+        keys.update(dict.fromkeys(t.overrides))
+    return [k for k in keys if len({t.overrides.get(k) for t in trials}) > 1]
+
+
+def trials_table(
+    trials: list[Trial], metric: str, *, maximize: bool = True
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """The table's columns and rows (one per trial, in the order of ``trials``).
+
+    ``best_so_far`` is the best ``metric`` of this trial and those before it (None until a trial
+    succeeds); failed trials have None for every metric.
+    """
+    params = varying_overrides(trials)
+    others = sorted(
+        {
+            k
+            for t in trials
+            for k in (t.metrics or {})
+            if k != metric
+            and ((k.startswith("val_") and not k.endswith("num_samples")) or k in EXTRA_METRICS)
+        }
+    )
+    columns = ["trial", "status", metric, "best_so_far", *params, *others]
+    rows = []
+    best: float | None = None
+    for t in trials:
+        value = t.value(metric)
+        if value is not None and (best is None or (value > best if maximize else value < best)):
+            best = value
+        row: dict[str, Any] = {
+            "trial": t.number,
+            "status": "ok" if value is not None else "failed",
+            metric: value,
+            "best_so_far": best,
+        }
+        row.update({k: t.overrides.get(k) for k in params})
+        row.update({k: t.value(k) if value is not None else None for k in others})
+        rows.append(row)
+    return columns, rows
+
+
+def best_row(rows: list[dict[str, Any]], metric: str, *, maximize: bool = True) -> dict[str, Any]:
+    """The row with the best ``metric`` (the first of equal ones).
+
+    Raises:
+        ValueError: no trial has a value of ``metric``.
+    """
+    ok = [r for r in rows if r[metric] is not None]
+    if not ok:
+        raise ValueError(f"no trial has a value of {metric!r}: every trial failed")
+    sign = 1.0 if maximize else -1.0
+    return max(ok, key=lambda r: sign * r[metric])
+
+
+def write_trials(
+    sweep_dir: str | Path, metric: str, *, maximize: bool = True, title: str | None = None
+) -> list[Path]:
+    """Write ``trials.csv``, ``trials.md`` and ``trials.png`` into ``sweep_dir``.
+
+    Args:
+        sweep_dir: the sweep directory (``hydra.sweep.dir``).
+        metric: the metric the sweep optimizes (``trainer.optimize_metric``).
+        maximize: whether higher values of ``metric`` are better.
+        title: the plot's title (default: the sweep directory's path).
+
+    Returns:
+        list[Path]: the files written; none when ``sweep_dir`` holds no trial.
+    """
+    sweep_dir = Path(sweep_dir)
+    trials = read_trials(sweep_dir)
+    if not trials:
+        log.warning("no trials (run directories with %s) in %s", OVERRIDES_FILE, sweep_dir)
+        return []
+    columns, rows = trials_table(trials, metric, maximize=maximize)
+
+    csv_path = sweep_dir / TRIALS_CSV
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
+
+    md_path = sweep_dir / TRIALS_MD
+    params = varying_overrides(trials)
+    md_path.write_text(_markdown(columns, rows, metric, params, maximize=maximize))
+
+    png_path = sweep_dir / TRIALS_PNG
+    _plot(rows, metric, png_path, title=title or str(sweep_dir))
+    return [csv_path, md_path, png_path]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 100 else f"{value:.0f}"  # AUCs; throughputs
+    return str(value).replace("|", "\\|")
+
+
+def _markdown(
+    columns: list[str],
+    rows: list[dict[str, Any]],
+    metric: str,
+    params: list[str],
+    *,
+    maximize: bool,
+) -> str:
+    failed = sum(r["status"] != "ok" for r in rows)
+    try:
+        best = best_row(rows, metric, maximize=maximize)
+        settings = ", ".join(f"`{k}={best[k]}`" for k in params)
+        summary = (
+            f"Best of {len(rows)} trials ({failed} failed): trial {best['trial']}, "
+            f"{metric} {best[metric]:.4f}" + (f": {settings}" if settings else "")
+        )
+    except ValueError as e:
+        summary = str(e)
+    lines = [
+        summary,
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        *("| " + " | ".join(_cell(r[c]) for c in columns) + " |" for r in rows),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(rows: list[dict[str, Any]], metric: str, path: Path, *, title: str) -> None:
+    from matplotlib.figure import Figure  # noqa: PLC0415 - only when a multirun ends
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
+    ok = [r for r in rows if r[metric] is not None]
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot([r["trial"] for r in ok], [r[metric] for r in ok], "o", label=f"{metric} per trial")
+    ax.step(
+        [r["trial"] for r in ok],
+        [r["best_so_far"] for r in ok],
+        where="post",
+        label="best so far",
+    )
+    failed = [r["trial"] for r in rows if r[metric] is None]
+    if failed:
+        for x in failed:
+            ax.axvline(x, color="tab:red", alpha=0.3, lw=1)
+        ax.plot([], [], color="tab:red", alpha=0.3, label=f"failed ({len(failed)})")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("trial")
+    ax.set_ylabel(metric)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.savefig(path, dpi=120)
+
+
+def _maximize(config: DictConfig) -> bool:
+    """The sweeper's direction (Optuna's ``hydra.sweeper.direction``); maximize without one."""
+    direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
+    if isinstance(direction, list | tuple) or OmegaConf.is_list(direction):
+        direction = direction[0] if len(direction) else None
+    name = getattr(direction, "name", direction)
+    return str(name).lower() != "minimize"
+
+
+class TrialsTable(Callback):
+    """Hydra callback: when a multirun ends, write its ``trials.csv``, ``trials.md`` and
+    ``trials.png`` into the sweep directory (:func:`write_trials`), for
+    ``trainer.optimize_metric``, in the sweeper's direction (maximize when it has none)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        metric = str(OmegaConf.select(config, "trainer.optimize_metric", default="val_auc"))
+        written = write_trials(sweep_dir, metric, maximize=_maximize(config))
+        if written:
+            log.info("trials of the sweep: %s", ", ".join(str(p) for p in written))

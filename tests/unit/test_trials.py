@@ -1,0 +1,189 @@
+"""A sweep's trials table (dmt.trials) on fake sweep directories, and the hparams_search configs."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_module
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from dmt.train import CONF_MODULE
+from dmt.trials import (
+    TRIALS_CSV,
+    TRIALS_MD,
+    TRIALS_PNG,
+    TrialsTable,
+    read_trials,
+    trials_table,
+    write_trials,
+)
+from tests.conftest import REPO, typed_config
+
+#: made-up trials: number -> (optim.lr, val_auc); None: the trial wrote no metrics.json
+FAKE = {
+    0: ("0.001", 0.71),
+    1: ("0.002", 0.74),
+    2: ("0.004", None),
+    3: ("0.003", 0.73),
+    4: ("0.0005", float("nan")),
+    10: ("0.0025", 0.75),
+    11: ("0.0001", 0.70),
+}
+
+
+def fake_sweep(root: Path, trials: dict[int, tuple[str, float | None]] = FAKE) -> Path:
+    """A sweep directory as Hydra and dmt-train leave it (made-up numbers, not a real run)."""
+    for number in sorted(trials, key=str):  # created out of numeric order
+        lr, auc = trials[number]
+        run = root / str(number)
+        (run / ".hydra").mkdir(parents=True)
+        overrides = [f"optim.lr={lr}", "hparams_search=criteo_forward_dlrm", "trainer=smoke"]
+        (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+        (run / ".hydra" / "hydra.yaml").write_text(
+            yaml.safe_dump({"hydra": {"job": {"num": number}}})
+        )
+        if auc is not None:
+            metrics = {
+                "val_auc": auc,
+                "val_logloss": 0.5 + number / 100,
+                "val_num_samples": 100.0,
+                "test_auc": 0.6,
+                "train_samples_per_s": 1000.0 + number,
+            }
+            (run / "metrics.json").write_text(json.dumps(metrics))
+    (root / "optimization_results.yaml").write_text("name: optuna\n")  # not a trial
+    return root
+
+
+def test_write_trials_table_csv_markdown_and_plot(tmp_path: Path) -> None:
+    sweep = fake_sweep(tmp_path / "sweep")
+    written = write_trials(sweep, "val_auc")
+    assert written == [sweep / TRIALS_CSV, sweep / TRIALS_MD, sweep / TRIALS_PNG]
+
+    with open(sweep / TRIALS_CSV, newline="") as f:
+        rows = list(csv.DictReader(f))
+    numbers = sorted(FAKE)
+    assert [int(r["trial"]) for r in rows] == numbers
+    # the parameter columns are the overrides that vary; no test metric, no sample count
+    assert list(rows[0]) == [
+        "trial",
+        "status",
+        "val_auc",
+        "best_so_far",
+        "optim.lr",
+        "train_samples_per_s",
+        "val_logloss",
+    ]
+    ok = {n: auc for n, (_, auc) in FAKE.items() if auc is not None and not math.isnan(auc)}
+    for r, n in zip(rows, numbers):
+        assert r["optim.lr"] == FAKE[n][0]
+        assert r["status"] == ("ok" if n in ok else "failed")
+        assert r["val_auc"] == (repr(ok[n]) if n in ok else "")
+        assert r["val_logloss"] == (repr(0.5 + n / 100) if n in ok else "")
+    best_so_far = list(itertools.accumulate((ok.get(n, -math.inf) for n in numbers), max))
+    assert [float(r["best_so_far"]) if r["best_so_far"] else -math.inf for r in rows] == best_so_far
+    best = max(ok, key=ok.__getitem__)
+    assert best == 10 and float(rows[numbers.index(best)]["val_auc"]) == max(ok.values())
+
+    md = (sweep / TRIALS_MD).read_text().splitlines()
+    assert md[0] == "Best of 7 trials (2 failed): trial 10, val_auc 0.7500: `optim.lr=0.0025`"
+    assert md[2] == (
+        "| trial | status | val_auc | best_so_far | optim.lr | train_samples_per_s | val_logloss |"
+    )
+    assert md[4] == "| 0 | ok | 0.7100 | 0.7100 | 0.001 | 1000 | 0.5000 |"
+    assert md[6] == "| 2 | failed |  | 0.7400 | 0.004 |  |  |"  # best so far: trial 1
+    assert len(md) == 4 + len(FAKE)
+    assert (sweep / TRIALS_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_minimize_picks_the_lowest(tmp_path: Path) -> None:
+    sweep = fake_sweep(tmp_path / "sweep")
+    columns, rows = trials_table(read_trials(sweep), "val_logloss", maximize=False)
+    assert columns[2:4] == ["val_logloss", "best_so_far"]
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert [r["best_so_far"] for r in ok] == [0.5] * len(ok)  # trial 0 has the lowest
+    write_trials(sweep, "val_logloss", maximize=False)
+    md = (sweep / TRIALS_MD).read_text()
+    # trial 4 has a NaN AUC but a logloss: it failed only for an AUC sweep
+    assert md.startswith("Best of 7 trials (1 failed): trial 0, val_logloss 0.5000")
+
+
+def test_every_trial_failed(tmp_path: Path) -> None:
+    sweep = fake_sweep(tmp_path / "sweep", {0: ("0.1", None), 1: ("0.2", None)})
+    write_trials(sweep, "val_auc")
+    md = (sweep / TRIALS_MD).read_text().splitlines()
+    assert md[0] == "no trial has a value of 'val_auc': every trial failed"
+    assert (sweep / TRIALS_PNG).is_file()
+
+
+def test_no_trials_writes_nothing(tmp_path: Path) -> None:
+    assert write_trials(tmp_path, "val_auc") == []
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "direction,best", [(None, 10), ("maximize", 10), ("minimize", 11), (["minimize"], 11)]
+)
+def test_callback_follows_the_sweepers_direction(
+    tmp_path: Path, direction: object, best: int
+) -> None:
+    sweep = fake_sweep(tmp_path / "sweep")
+    hydra: dict[str, object] = {"sweep": {"dir": str(sweep)}}
+    if direction is not None:
+        hydra["sweeper"] = {"direction": direction}
+    config = OmegaConf.create({"hydra": hydra, "trainer": {"optimize_metric": "val_auc"}})
+    TrialsTable().on_multirun_end(config)
+    assert (sweep / TRIALS_MD).read_text().startswith(f"Best of 7 trials (2 failed): trial {best},")
+
+
+# -- conf/hparams_search ------------------------------------------------------------------------
+
+SEARCHES = sorted(p.stem for p in (REPO / "dmt" / "conf" / "hparams_search").glob("*.yaml"))
+
+
+def search_space(params: dict[str, str]) -> dict[str, list[object]]:
+    """Each swept key's corner values: every choice, or an interval's two ends."""
+    parser = OverridesParser.create()
+    space: dict[str, list[object]] = {}
+    for key, value in params.items():
+        override = parser.parse_override(f"{key}={value}")
+        if override.is_choice_sweep():
+            space[key] = list(override.sweep_iterator())
+        else:
+            assert override.is_interval_sweep(), (key, value)
+            space[key] = [override.value().start, override.value().end]
+    return space
+
+
+@pytest.mark.parametrize("name", SEARCHES)
+def test_hparams_search_composes_with_the_optuna_sweeper(name: str) -> None:
+    assert SEARCHES == ["criteo_forward_dcn", "criteo_forward_dlrm"]
+    with initialize_config_module(CONF_MODULE, version_base="1.3"):
+        cfg = compose("config", [f"hparams_search={name}"], return_hydra_config=True)
+    sweeper = cfg.hydra.sweeper
+    assert sweeper._target_ == "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+    assert sweeper.direction == "maximize" and sweeper.n_trials == 40
+    assert cfg.trainer.optimize_metric == "val_auc"
+    assert cfg.hydra.runtime.choices["data"] == "criteo_sample_forward"
+    assert cfg.hydra.runtime.choices["model"] == name.removeprefix("criteo_forward_")
+    sampler = instantiate(sweeper.sampler)
+    assert type(sampler).__name__ == "TPESampler"
+    params = OmegaConf.to_container(sweeper.params, resolve=True)
+    assert isinstance(params, dict) and params
+    space = search_space({str(k): str(v) for k, v in params.items()})
+    for key in space:  # only keys the config has (a typo would add nothing to a trial)
+        assert OmegaConf.select(cfg, key, throw_on_missing=True) is not None, key
+    # every corner of the space is a valid config: the i-th choice (or interval end) of each key
+    for i in range(max(len(v) for v in space.values())):
+        corner = [f"{k}={v[i % len(v)]}" for k, v in space.items()]
+        conf = typed_config(f"hparams_search={name}", *corner)
+        assert conf.data.criteo is not None
+        assert conf.data.criteo.split_fractions == [0.8, 0.1, 0.1]
