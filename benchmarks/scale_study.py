@@ -283,9 +283,9 @@ def write_outputs(points: list[dict[str, Any]], out: Path) -> str:
         lines += ["| component | DCN | DMT-DCN | DCN / DMT | paper |", "|---|---|---|---|---|"]
         for k in flat:
             paper = PAPER_POINTS.get(("fig13", k))
-            ratio = flat[k] / dmt[k] if dmt[k] > 0 else math.inf
+            ratio = f"{flat[k] / dmt[k]:.2f}x" if dmt[k] > 0 else "-"
             lines.append(
-                f"| {k} | {flat[k]:.2f} | {dmt[k]:.2f} | {ratio:.2f}x | "
+                f"| {k} | {flat[k]:.2f} | {dmt[k]:.2f} | {ratio} | "
                 f"{'' if paper is None else f'{paper}x'} |"
             )
         fig, ax = plt.subplots(figsize=(7, 4))
