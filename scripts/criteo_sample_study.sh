@@ -1,26 +1,34 @@
 #!/usr/bin/env bash
-# DMT on the real Criteo Kaggle sample (paper Table 6 protocol, CPU-sized): base DLRM against
-# DMT 2T/4T/8T-DLRM with Tower Partitioner (TP) towers and with naive strided towers, K seeds each,
-# train on the first 85% of the rows, test on the last 15% (data=criteo_sample_holdout).
+# DMT on the real Criteo Kaggle sample (paper Table 6 protocol, CPU-sized): base DLRM (and DCN)
+# against DMT 2T/4T/8T-DLRM with Tower Partitioner (TP) towers and with naive strided towers, K
+# seeds each. PROTOCOL=forward (default): the forward-in-time protocol, train on rows 0-80%,
+# validate on 80-90%, report 90-100% (data=criteo_sample_forward, experiments criteo_forward_*,
+# tuned by hparams_search=criteo_forward_*); PROTOCOL=holdout: train on the first 85%, test on the
+# last 15% (data=criteo_sample_holdout, experiments criteo_sample_*), the former protocol.
 #
-#   bash scripts/criteo_sample_study.sh [OUT_DIR] [SEEDS]      # defaults: study/criteo_sample 5
+#   bash scripts/criteo_sample_study.sh [OUT_DIR] [SEEDS]   # defaults: study/criteo_<PROTOCOL> 9
 #
 # 1. trains the base DLRM once (seed 0) with a checkpoint;
 # 2. dmt-partition --checkpoint: the feature affinity of its embeddings over 40 training batches
 #    (20k rows; no test rows), partitioned into 2, 4 and 8 towers (OUT/tp{2,4,8}/partition.yaml,
 #    affinity_heatmap.png, affinity.npy);
-# 3. scripts/seeds.py: 7 configs x SEEDS seeds; median/std of test AUC and Mann-Whitney U of TP
+# 3. scripts/seeds.py: 8 configs x SEEDS seeds; median/std of test AUC and Mann-Whitney U of TP
 #    against naive at each tower count (OUT/seeds.json). Finished runs are read back, not rerun.
 # Needs ../shared/data/criteo-kaggle-sample/train.tsv (preprocessed on first use into data_cache/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-study/criteo_sample}
-SEEDS=${2:-5}
+PROTOCOL=${PROTOCOL:-forward}
+case "$PROTOCOL" in
+  forward) DATA="data=criteo_sample_forward"; EXP=criteo_forward ;;
+  holdout) DATA="data=criteo_sample_holdout"; EXP=criteo_sample ;;
+  *) echo "PROTOCOL=$PROTOCOL: expected forward or holdout" >&2; exit 2 ;;
+esac
+OUT=${1:-study/criteo_$PROTOCOL}
+SEEDS=${2:-9}
 PY=.venv/bin/python
-DATA="data=criteo_sample_holdout"
 
 if [[ ! -f "$OUT/base_ckpt/metrics.json" ]]; then
-  "$PY" -m dmt.train experiment=criteo_sample_dlrm "$DATA" logger=disabled trainer.progress_bar=false \
+  "$PY" -m dmt.train "experiment=${EXP}_dlrm" "$DATA" logger=disabled trainer.progress_bar=false \
     trainer.checkpoint=true "hydra.run.dir=$OUT/base_ckpt"
 fi
 for T in 2 4 8; do
@@ -30,12 +38,14 @@ for T in 2 4 8; do
   fi
 done
 
-DMT="experiment=criteo_sample_dmt_dlrm $DATA"
-args=(--seeds "$SEEDS" --out "$OUT" --config base "experiment=criteo_sample_dlrm $DATA")
+DMT="experiment=${EXP}_dmt_dlrm $DATA"
+args=(--seeds "$SEEDS" --out "$OUT" --common "logger=disabled trainer.progress_bar=false")
+args+=(--config base "experiment=${EXP}_dlrm $DATA" --config dcn "experiment=${EXP}_dcn $DATA")
 for T in 2 4 8; do
   args+=(--config "tp${T}" "$DMT partition=tp model.partition.path=$OUT/tp$T/partition.yaml model.partition.num_towers=$T")
   args+=(--config "naive${T}" "$DMT model.partition.num_towers=$T")
 done
 for T in 2 4 8; do args+=(--pair "tp$T" "naive$T"); done
 for T in 2 4 8; do args+=(--pair "tp$T" base); done
+args+=(--pair dcn base)
 "$PY" scripts/seeds.py "${args[@]}"
