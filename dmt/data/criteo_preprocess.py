@@ -1102,11 +1102,13 @@ def output_damage(directory: str | os.PathLike[str]) -> str | None:
                 expected.append((root / split / name, dtype, (rows, *tail)))
         settings = manifest["settings"]
         if settings["categorical"]["mode"] == "vocab" and "vocab_from" not in settings:
+            # ids not in the vocabulary: the rare/unseen bucket, and a distinct missing id
+            reserved = 2 if missing_id_of(settings["categorical"]) == "distinct" else 1
             for f, cardinality in enumerate(manifest["cardinalities"]):
                 path = vocab_path(root, f)
-                expected.append((path, np.dtype(np.uint32), (cardinality - 1,)))
+                expected.append((path, np.dtype(np.uint32), (cardinality - reserved,)))
                 counts = path.with_name(f"cat_{f}_counts.npy")
-                expected.append((counts, np.dtype(np.int64), (cardinality - 1,)))
+                expected.append((counts, np.dtype(np.int64), (cardinality - reserved,)))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return f"{root / MANIFEST} is not a complete manifest ({e})"
     for path, dtype, shape in expected:

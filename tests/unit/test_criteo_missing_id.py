@@ -10,7 +10,12 @@ import pytest
 
 from dmt.config import DataConfig
 from dmt.data.criteo_dataset import build_criteo
-from dmt.data.criteo_preprocess import preprocess_criteo, read_manifest, transform_tsv
+from dmt.data.criteo_preprocess import (
+    output_damage,
+    preprocess_criteo,
+    read_manifest,
+    transform_tsv,
+)
 from tests.unit.test_criteo_preprocess import (
     SMALL,
     config,
@@ -136,3 +141,15 @@ def test_hash_mode_keeps_empty_fields_apart_either_way(tmp_path):
 def test_missing_id_must_be_known(tmp_path):
     with pytest.raises(ValueError, match=r"missing_id must be one of \('shared', 'distinct'\)"):
         config(tmp_path, tmp_path / "x.txt", missing_id="own").validate()
+
+
+@pytest.mark.parametrize("missing_id", ["distinct", "shared"])
+def test_a_directory_made_with_either_setting_loads(tmp_path, missing_id):
+    # regression: the integrity check expected cardinality - 1 vocabulary entries, so a
+    # distinct-missing directory (cardinality = vocabulary + 2) read as damaged
+    out = _preprocess(tmp_path, missing_id)
+    assert output_damage(out) is None
+    criteo = config(tmp_path, tmp_path / "train.txt", missing_id=missing_id)
+    criteo.raw_path, criteo.auto_preprocess = None, False
+    bundle = build_criteo(DataConfig(kind="criteo", batch_size=2, criteo=criteo))
+    assert bundle.cardinalities == [3 if missing_id == "distinct" else 2] * 26
