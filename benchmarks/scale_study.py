@@ -181,6 +181,27 @@ def _component(point: dict[str, Any], mode: str) -> dict[str, float]:
     }
 
 
+def _speedup_per_preset(
+    ax: Any, scale: list[dict[str, Any]], model: str, baseline: str, paper: float
+) -> None:
+    """One line per hardware preset: DMT's predicted speed-up over ``baseline`` against GPUs,
+    with the paper's reported maximum."""
+    for preset in ("v100", "a100", "h100"):
+        pts = [
+            p for p in scale if p["model"] == model and p["preset"] == preset and "error" not in p
+        ]
+        if pts:
+            ax.plot(
+                [p["gpus"] for p in pts],
+                [_ratio(p, baseline, "dmt") for p in pts],
+                marker="o",
+                label=preset,
+            )
+    ax.axhline(paper, ls="--", c="gray", label="paper's maximum")
+    ax.axhline(1.0, c="black", lw=0.5)
+    ax.set_xscale("log", base=2)
+
+
 def write_outputs(points: list[dict[str, Any]], out: Path) -> str:
     import matplotlib  # noqa: PLC0415
 
@@ -211,19 +232,7 @@ def write_outputs(points: list[dict[str, Any]], out: Path) -> str:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, model in zip(axes, ("dlrm", "dcn")):
-        for preset in ("v100", "a100", "h100"):
-            pts = [p for p in scale if p["model"] == model and p["preset"] == preset]
-            pts = [p for p in pts if "error" not in p]
-            if pts:
-                ax.plot(
-                    [p["gpus"] for p in pts],
-                    [_ratio(p, "flat", "dmt") for p in pts],
-                    marker="o",
-                    label=preset,
-                )
-        ax.axhline(PAPER_POINTS[("fig10", model)], ls="--", c="gray", label="paper's maximum")
-        ax.axhline(1.0, c="black", lw=0.5)
-        ax.set_xscale("log", base=2)
+        _speedup_per_preset(ax, scale, model, "flat", PAPER_POINTS[("fig10", model)])
         ax.set_title(f"Fig. 10: DMT over flat, {model.upper()}")
         ax.set_xlabel("GPUs")
         ax.legend()
@@ -233,19 +242,7 @@ def write_outputs(points: list[dict[str, Any]], out: Path) -> str:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for preset in ("v100", "a100", "h100"):
-        pts = [p for p in scale if p["model"] == "dlrm" and p["preset"] == preset]
-        pts = [p for p in pts if "error" not in p]
-        if pts:
-            ax.plot(
-                [p["gpus"] for p in pts],
-                [_ratio(p, "sptt", "dmt") for p in pts],
-                marker="o",
-                label=preset,
-            )
-    ax.axhline(PAPER_POINTS[("fig11", "dlrm")], ls="--", c="gray", label="paper's maximum")
-    ax.axhline(1.0, c="black", lw=0.5)
-    ax.set_xscale("log", base=2)
+    _speedup_per_preset(ax, scale, "dlrm", "sptt", PAPER_POINTS[("fig11", "dlrm")])
     ax.set_xlabel("GPUs")
     ax.set_ylabel("DMT over SPTT (predicted)")
     ax.set_title("Fig. 11: tower modules over SPTT, DLRM")

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from dmt.planning.collectives import CollectiveBytes
 from dmt.planning.hardware import ClusterConfig
 from dmt.planning.timing import (
     MODES,
@@ -82,20 +83,6 @@ PARAMS: tuple[tuple[str, float, float, float], ...] = (
 
 
 @dataclass(frozen=True)
-class Collective:
-    """One collective of a measured step, per rank (the fields of CollectiveBytes)."""
-
-    step: str
-    op: str
-    group: str
-    direction: str
-    group_size: int
-    intra_host_bytes: int
-    cross_host_bytes: int
-    overlappable: bool
-
-
-@dataclass(frozen=True)
 class Run:
     """One measured emulated cluster: its settings, workloads and median ms per step per mode."""
 
@@ -116,7 +103,7 @@ def _per_rank(x: float, world_size: int) -> int:
     return round(x / world_size)
 
 
-def _sptt_collectives(record: dict[str, Any], world_size: int, local: int) -> list[Collective]:
+def _sptt_collectives(record: dict[str, Any], world_size: int, local: int) -> list[CollectiveBytes]:
     counted = record["bytes_per_step"]
     keys = {k.rsplit("/", 1)[0] for k in counted if k.endswith("/bytes_sent")}
     out = []
@@ -131,7 +118,7 @@ def _sptt_collectives(record: dict[str, Any], world_size: int, local: int) -> li
         size = {"world": world_size, "tower": world_size // _towers(record, world_size, local)}
         size["peer"] = world_size // size["tower"]
         out.append(
-            Collective(
+            CollectiveBytes(
                 name,
                 op,
                 model_group,
@@ -151,7 +138,7 @@ def _towers(record: dict[str, Any], world_size: int, local: int) -> int:
 
 def _flat_collectives(
     flat: dict[str, Any], sptt: dict[str, Any], world_size: int
-) -> list[Collective]:
+) -> list[CollectiveBytes]:
     traced = flat["traced_bytes_per_step"]
     sent, cross = traced["world/bytes_sent"], traced["world/bytes_cross_host"]
     counted = sptt["bytes_per_step"]
@@ -164,7 +151,7 @@ def _flat_collectives(
         c = counted[f"{step}/world/{direction}/bytes_cross_host"]
         sent, cross = sent - s, cross - c
         out.append(
-            Collective(
+            CollectiveBytes(
                 name,
                 op,
                 "world",
@@ -177,7 +164,7 @@ def _flat_collectives(
         )
     for direction in ("forward", "backward"):
         out.append(
-            Collective(
+            CollectiveBytes(
                 "flat_output_a2a",
                 "all_to_all",
                 "world",

@@ -43,6 +43,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dmt.sptt.plan import SPTTPlan, TableShard
 from dmt.sptt.splits import (
+    ring_allreduce_bytes,
     step_a_bytes_per_dst,
     step_d_reduce_scatter_block,
     step_d_split_sizes,
@@ -147,12 +148,6 @@ def _split(
         else:
             cross += n
     return round(intra), round(cross)
-
-
-def ring_allreduce_bytes(nbytes: int, group_size: int) -> int:
-    """Bytes a rank sends to its ring successor in an all-reduce of ``nbytes`` (CommStats'
-    ring model, :class:`dmt.sptt.dmt_sharding._AllReduceRecord`)."""
-    return 2 * (group_size - 1) * nbytes // group_size
 
 
 def _allreduce(
@@ -598,7 +593,6 @@ __all__ = [
     "CollectiveBytes",
     "Workload",
     "busiest",
-    "ring_allreduce_bytes",
     "sptt_collectives",
     "sptt_rank_collectives",
     "step_a_ids",

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from torch import nn
 
 from dmt.models.accounting import dense_flops
 from dmt.models.dmt import DMTModel
 from dmt.models.rec_model import RecModel
+from dmt.planning.collectives import CollectiveBytes
 from dmt.planning.hardware import ClusterConfig
 from dmt.planning.network import collective_time_s
 
@@ -56,27 +56,6 @@ BUDGET_OF_STEP: dict[str, str | None] = {
     "flat_output_a2a": None,
 }
 """Which compute budget a step's collective can hide behind when pipelined (None: none)."""
-
-
-class CollectiveLike(Protocol):
-    """What the time model reads of :class:`dmt.planning.collectives.CollectiveBytes`."""
-
-    @property
-    def step(self) -> str: ...
-    @property
-    def op(self) -> str: ...
-    @property
-    def group(self) -> str: ...
-    @property
-    def direction(self) -> str: ...
-    @property
-    def group_size(self) -> int: ...
-    @property
-    def intra_host_bytes(self) -> int: ...
-    @property
-    def cross_host_bytes(self) -> int: ...
-    @property
-    def overlappable(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -235,7 +214,7 @@ def _budgets(
     }
 
 
-def _transpose_bound(collectives: Sequence[CollectiveLike]) -> dict[int, tuple[float, float]]:
+def _transpose_bound(collectives: Sequence[CollectiveBytes]) -> dict[int, tuple[float, float]]:
     """The (intra, cross) bytes each collective is timed with, keyed by ``id``.
 
     An all-to-all lasts as long as its busiest rank *sends or receives*, and ``collectives``
@@ -264,7 +243,7 @@ def _transpose_bound(collectives: Sequence[CollectiveLike]) -> dict[int, tuple[f
 
 def predict_step_time(
     mode: str,
-    collectives: Sequence[CollectiveLike],
+    collectives: Sequence[CollectiveBytes],
     compute: ComputeLoad,
     batch_per_rank: int,
     cluster: ClusterConfig,
@@ -349,7 +328,7 @@ def with_speedups(times: Mapping[str, StepTime]) -> dict[str, StepTime]:
 class ModeWorkload:
     """What one mode runs per step on its busiest rank: collectives and compute."""
 
-    collectives: Sequence[CollectiveLike] = field(default_factory=tuple)
+    collectives: Sequence[CollectiveBytes] = field(default_factory=tuple)
     compute: ComputeLoad = field(default_factory=lambda: ComputeLoad(0.0))
 
 

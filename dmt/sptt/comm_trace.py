@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dmt.sptt.comm_stats import CommStats
+from dmt.sptt.splits import ring_allreduce_bytes
 
 DIRECTION = "traced"
 
@@ -131,7 +132,7 @@ class CommTrace(TorchDispatchMode):
         elif op in ("allreduce_", "allreduce_coalesced_"):
             nbytes = sum(_nbytes(t) for t in a["tensors"])
             sent = [0] * n
-            sent[(me + 1) % n] = 2 * (n - 1) * nbytes // n
+            sent[(me + 1) % n] = ring_allreduce_bytes(nbytes, n)
         elif op == "broadcast_":
             nbytes = sum(_nbytes(t) for t in a["tensors"])
             sent = [nbytes if ranks[a["root_rank"]] == self.stats.rank else 0] * n

@@ -79,6 +79,7 @@ from dmt.sptt.plan import SHARDING_KINDS, SPTTPlan, TableShard, build_plan
 from dmt.sptt.process_groups import DEFAULT_TIMEOUT, SPTTProcessGroups, create_process_groups
 from dmt.sptt.sharded_state import TABLE_KEY, column_blocks, plain_name, sharded_table
 from dmt.sptt.sharded_towers import ShardedTowers
+from dmt.sptt.splits import ring_allreduce_bytes
 from dmt.sptt.topology import Topology
 
 if TYPE_CHECKING:
@@ -266,7 +267,7 @@ class _AllReduceRecord:
         self, bucket: dist.GradBucket
     ) -> torch.futures.Future[torch.Tensor]:  # pragma: no cover - called by DDP
         nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
-        sent = 2 * (self.size - 1) * nbytes // self.size
+        sent = ring_allreduce_bytes(nbytes, self.size)
         self.stats.record(
             self.step, self.group_name, [self.successor], [sent], direction="backward"
         )

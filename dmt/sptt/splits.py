@@ -87,3 +87,10 @@ def step_f_split_sizes(
     V, D = tower_output_dims[tower]
     T = len(tower_output_dims)
     return [local_batch * v * d for v, d in tower_output_dims], [local_batch * V * D] * T
+
+
+def ring_allreduce_bytes(nbytes: int, group_size: int) -> int:
+    """Bytes a rank sends to its ring successor in an all-reduce of ``nbytes`` over
+    ``group_size`` ranks: ``2 (n - 1) / n`` of the buffer (the ring model every byte count of
+    dmt uses for all-reduces, whatever algorithm the backend runs)."""
+    return 2 * (group_size - 1) * nbytes // group_size

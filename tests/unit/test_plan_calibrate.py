@@ -12,7 +12,6 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from dmt.planning.calibrate import (
-    Collective,
     Run,
     _base,
     _flat_collectives,
@@ -23,6 +22,7 @@ from dmt.planning.calibrate import (
     predict,
     write_preset,
 )
+from dmt.planning.collectives import CollectiveBytes as Collective
 from dmt.planning.hardware import ClusterConfig, register_cluster_configs, validate_cluster
 from dmt.planning.timing import MODES, ComputeLoad, ModeWorkload
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 
 from dmt.config import DLRMTowerConfig, DotInteractionConfig, ModelConfig, PartitionConfig
 from dmt.models import build_dmt_model, naive_partition
 from dmt.models.accounting import dense_flops
+from dmt.planning.collectives import CollectiveBytes as Coll
 from dmt.planning.hardware import ClusterConfig
 from dmt.planning.network import collective_time_s
 from dmt.planning.timing import (
@@ -18,21 +19,6 @@ from dmt.planning.timing import (
     predict_modes,
     predict_step_time,
 )
-
-
-@dataclass(frozen=True)
-class Coll:
-    """The fields of dmt.planning.collectives.CollectiveBytes the time model reads."""
-
-    step: str
-    op: str
-    group: str
-    direction: str
-    group_size: int
-    intra_host_bytes: int
-    cross_host_bytes: int
-    overlappable: bool
-
 
 CLUSTER = ClusterConfig(
     name="test",
