@@ -147,6 +147,32 @@ def best_row(rows: list[dict[str, Any]], metric: str, *, maximize: bool = True) 
     return max(ok, key=lambda r: sign * r[metric])
 
 
+def top_trials(trials: list[Trial], metric: str, k: int, *, maximize: bool = True) -> list[Trial]:
+    """The ``k`` trials with the best ``metric``, best first (ties: lower trial number first);
+    failed trials are left out.
+
+    A sweep's best single-seed value flatters its trial (the winner's curse: with ~40 trials,
+    seed noise of ~0.001 AUC picks a lucky draw), so ``scripts/confirm_trials.py`` runs these again
+    over more seeds and chooses on their median.
+
+    Raises:
+        ValueError: ``k < 1``, or no trial has a value of ``metric``.
+    """
+    if k < 1:
+        raise ValueError(f"k={k} must be >= 1")
+    ok = [t for t in trials if t.value(metric) is not None]
+    if not ok:
+        raise ValueError(f"no trial has a value of {metric!r}: every trial failed")
+    sign = -1.0 if maximize else 1.0
+    return sorted(ok, key=lambda t: (sign * (t.value(metric) or 0.0), t.number))[:k]
+
+
+def override_list(trial: Trial) -> list[str]:
+    """The trial's Hydra overrides as ``key=value`` strings, in their order: enough to run it
+    again (``dmt-train <overrides> trainer.seed=<seed>``)."""
+    return [f"{key}={value}" for key, value in trial.overrides.items()]
+
+
 def write_trials(
     sweep_dir: str | Path, metric: str, *, maximize: bool = True, title: str | None = None
 ) -> list[Path]:

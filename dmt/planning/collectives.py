@@ -34,8 +34,9 @@ Shape legend: ``G`` ranks, ``L`` per host, ``K`` hosts per tower, ``T = G / (K L
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from torch import nn
@@ -75,6 +76,13 @@ class CollectiveBytes:
     """Bytes the rank sends to ranks on other hosts per step."""
     overlappable: bool
     """Whether the pipelined schedule can hide it behind compute."""
+    received_intra_host_bytes: int = 0
+    """Bytes the busiest *receiver* gets from other ranks on its host, for all-to-alls whose
+    receivers can get more than any sender sends and that have no transposed backward to bound
+    them (step a, ``flat_input_a2a``: a rank holding more tables than its peers receives more
+    ids); filled by :func:`sptt_collectives` and :func:`flat_collectives`, 0 elsewhere."""
+    received_cross_host_bytes: int = 0
+    """As :attr:`received_intra_host_bytes`, from ranks on other hosts."""
 
     @property
     def total_bytes(self) -> int:
@@ -162,6 +170,34 @@ def _allreduce(
     successor = ranks[(ranks.index(rank) + 1) % n]
     intra, cross = _split(rank, [successor], [ring_allreduce_bytes(nbytes, n)], host_of)
     return CollectiveBytes(step, "all_reduce", group, "backward", n, intra, cross, True)
+
+
+def busiest_receiver(
+    to: Sequence[float], ranks: Sequence[int], host_of: Callable[[int], int]
+) -> tuple[int, int]:
+    """``(intra-host, cross-host)`` bytes of the rank of ``ranks`` that receives the most
+    cross-host bytes (ties: the most bytes) in an all-to-all where *every* rank sends ``to[r]``
+    bytes to rank ``r`` (the sparse input when all ranks hold one workload): rank ``r`` gets
+    ``to[r]`` from each other rank, those on its host intra-host, the others cross-host."""
+    per_host = Counter(host_of(r) for r in ranks)
+    best = (0, 0)
+    for r in ranks:
+        mates = per_host[host_of(r)] - 1
+        intra, cross = round(to[r] * mates), round(to[r] * (len(ranks) - 1 - mates))
+        if (cross, intra + cross) > (best[1], best[0] + best[1]):
+            best = (intra, cross)
+    return best
+
+
+def _with_received(
+    summary: list[CollectiveBytes], step: str, received: tuple[int, int]
+) -> list[CollectiveBytes]:
+    return [
+        replace(c, received_intra_host_bytes=received[0], received_cross_host_bytes=received[1])
+        if c.step == step
+        else c
+        for c in summary
+    ]
 
 
 def busiest(per_rank: Sequence[Sequence[CollectiveBytes]]) -> list[CollectiveBytes]:
@@ -309,10 +345,12 @@ def sptt_collectives(
     ``workload`` (see :func:`sptt_rank_collectives` for the arguments).
 
     Step a's bytes to each destination do not depend on the source under one workload, so they
-    are computed once (``O(shards)``) and each rank's split in ``O(G)``.
+    are computed once (``O(shards)``) and each rank's split in ``O(G)``; its entry also carries
+    the busiest receiver's bytes (:func:`busiest_receiver`).
     """
     a = _step_a_bytes(plan, workload)
-    return busiest(
+    topo = plan.topology
+    summary = busiest(
         [
             sptt_rank_collectives(
                 plan,
@@ -323,9 +361,10 @@ def sptt_collectives(
                 dense_param_bytes=dense_param_bytes,
                 step_a_bytes=a,
             )
-            for rank in range(plan.topology.world_size)
+            for rank in range(topo.world_size)
         ]
     )
+    return _with_received(summary, "a", busiest_receiver(a, topo.world_ranks, topo.host_of))
 
 
 # ---- flat TorchRec sharding -----------------------------------------------------------------
@@ -565,9 +604,11 @@ def flat_collectives(
     dense_param_bytes: int = 0,
 ) -> list[CollectiveBytes]:
     """The busiest rank's bytes of every collective of a flat TorchRec step, every rank
-    holding ``workload`` (see :func:`flat_rank_collectives`)."""
+    holding ``workload`` (see :func:`flat_rank_collectives`); the input all-to-all's entry also
+    carries the busiest receiver's bytes (:func:`busiest_receiver`, the largest of the sharding
+    types')."""
     inputs = flat_input_bytes(tables, hosts.world_size, workload)
-    return busiest(
+    summary = busiest(
         [
             flat_rank_collectives(
                 tables,
@@ -580,6 +621,9 @@ def flat_collectives(
             for rank in range(hosts.world_size)
         ]
     )
+    received = [busiest_receiver(to, hosts.world_ranks, hosts.host_of) for to in inputs.values()]
+    most = max(received, key=lambda r: (r[1], r[0] + r[1]), default=(0, 0))
+    return _with_received(summary, "flat_input_a2a", most)
 
 
 __all__ = [
@@ -593,6 +637,7 @@ __all__ = [
     "CollectiveBytes",
     "Workload",
     "busiest",
+    "busiest_receiver",
     "sptt_collectives",
     "sptt_rank_collectives",
     "step_a_ids",

@@ -223,7 +223,8 @@ def _transpose_bound(collectives: Sequence[CollectiveBytes]) -> dict[int, tuple[
     sends in the other. So both directions of a step are timed with the larger bytes of the two
     (per link class). Without this, a rank that holds a whole table for its tower (table-wise
     towers spanning several hosts) would count its forward send but not its backward receive.
-    Step ``a`` has no backward; its receive side is not bounded here.
+    Step ``a`` and the flat input all-to-all have no backward; their busiest receiver's bytes
+    (``received_*``, from the plan) bound them instead.
     """
     largest: dict[tuple[str, str, str, str], tuple[float, float]] = {}
     for c in collectives:
@@ -232,7 +233,10 @@ def _transpose_bound(collectives: Sequence[CollectiveBytes]) -> dict[int, tuple[
         largest[key] = (max(intra, c.intra_host_bytes), max(cross, c.cross_host_bytes))
     out: dict[int, tuple[float, float]] = {}
     for c in collectives:
-        own: tuple[float, float] = (c.intra_host_bytes, c.cross_host_bytes)
+        own: tuple[float, float] = (
+            max(c.intra_host_bytes, c.received_intra_host_bytes),
+            max(c.cross_host_bytes, c.received_cross_host_bytes),
+        )
         if c.op == "all_to_all":
             other = "backward" if c.direction == "forward" else "forward"
             intra, cross = largest.get((c.step, c.op, c.group, other), (0.0, 0.0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import itertools
 import json
 import math
@@ -21,7 +22,9 @@ from dmt.trials import (
     TRIALS_MD,
     TRIALS_PNG,
     TrialsTable,
+    override_list,
     read_trials,
+    top_trials,
     trials_table,
     write_trials,
 )
@@ -144,6 +147,70 @@ def test_callback_follows_the_sweepers_direction(
     assert (sweep / TRIALS_MD).read_text().startswith(f"Best of 7 trials (2 failed): trial {best},")
 
 
+# -- confirming the best trials over more seeds (scripts/confirm_trials.py) -------------------
+
+
+def test_top_trials_best_first_without_the_failed(tmp_path: Path) -> None:
+    trials = read_trials(fake_sweep(tmp_path))
+    assert [t.number for t in top_trials(trials, "val_auc", 3)] == [10, 1, 3]
+    assert [t.number for t in top_trials(trials, "val_auc", 100)] == [10, 1, 3, 0, 11]
+    assert [t.number for t in top_trials(trials, "val_auc", 2, maximize=False)] == [11, 0]
+    best = top_trials(trials, "val_auc", 1)[0]
+    assert override_list(best) == [
+        "optim.lr=0.0025",
+        "hparams_search=criteo_forward_dlrm",
+        "trainer=smoke",
+    ]
+    with pytest.raises(ValueError, match=r"^k=0 must be >= 1$"):
+        top_trials(trials, "val_auc", 0)
+    failed = read_trials(fake_sweep(tmp_path / "failed", {0: ("0.001", None)}))
+    with pytest.raises(ValueError, match="no trial has a value of 'val_auc': every trial failed"):
+        top_trials(failed, "val_auc", 1)
+
+
+def _confirm_driver():
+    spec = importlib.util.spec_from_file_location(
+        "confirm_trials", REPO / "scripts" / "confirm_trials.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_confirm_trials_chooses_on_the_median_over_seeds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = fake_sweep(tmp_path / "sweep")
+    out = tmp_path / "confirm"
+    # the confirming runs are already there (read back, not rerun): trial 10 won the sweep
+    # (0.75) on a lucky seed; over seeds 1-3 trial 1 (0.74 in the sweep) is better
+    for number, values in {10: [0.70, 0.72, 0.71], 1: [0.73, 0.74, 0.72]}.items():
+        for seed, value in zip((1, 2, 3), values, strict=True):
+            run = out / f"trial{number}" / f"seed_{seed}"
+            run.mkdir(parents=True)
+            (run / "metrics.json").write_text(json.dumps({"val_auc": value}))
+    confirm = _confirm_driver()
+    result = confirm.main([str(sweep), "--top", "2", "--out", str(out)])
+    assert [r["config"] for r in result["ranking"]] == ["trial1", "trial10"]
+    chosen = result["chosen"]
+    assert (chosen["config"], chosen["median"], chosen["sweep_value"]) == ("trial1", 0.73, 0.74)
+    assert chosen["values"] == [0.73, 0.74, 0.72]
+    assert chosen["overrides"] == [
+        "optim.lr=0.002",
+        "hparams_search=criteo_forward_dlrm",
+        "trainer=smoke",
+    ]
+    assert json.loads((out / "confirm.json").read_text()) == result
+    assert (out / "seeds.json").is_file() and (out / "seeds.png").is_file()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # a second run does not replace the first one's choice
+        confirm.main([str(sweep), "--top", "2", "--out", str(out)])
+    assert f"{out / 'confirm.json'} exists (--overwrite to replace it)" in capsys.readouterr().err
+    again = confirm.main([str(sweep), "--top", "2", "--out", str(out), "--overwrite"])
+    assert again == result
+
+
 # -- conf/hparams_search ------------------------------------------------------------------------
 
 SEARCHES = sorted(p.stem for p in (REPO / "dmt" / "conf" / "hparams_search").glob("*.yaml"))
@@ -165,7 +232,7 @@ def search_space(params: dict[str, str]) -> dict[str, list[object]]:
 
 @pytest.mark.parametrize("name", SEARCHES)
 def test_hparams_search_composes_with_the_optuna_sweeper(name: str) -> None:
-    assert SEARCHES == ["criteo_forward_dcn", "criteo_forward_dlrm"]
+    assert SEARCHES == ["criteo_forward_dcn", "criteo_forward_dlrm", "criteo_forward_dmt_dlrm"]
     with initialize_config_module(CONF_MODULE, version_base="1.3"):
         cfg = compose("config", [f"hparams_search={name}"], return_hydra_config=True)
     sweeper = cfg.hydra.sweeper
@@ -173,7 +240,10 @@ def test_hparams_search_composes_with_the_optuna_sweeper(name: str) -> None:
     assert sweeper.direction == "maximize" and sweeper.n_trials == 40
     assert cfg.trainer.optimize_metric == "val_auc"
     assert cfg.hydra.runtime.choices["data"] == "criteo_sample_forward"
-    assert cfg.hydra.runtime.choices["model"] == name.removeprefix("criteo_forward_")
+    model = name.removeprefix("criteo_forward_")
+    assert cfg.hydra.runtime.choices["model"] == model.removeprefix("dmt_")
+    if model.startswith("dmt_"):  # towers: the DMT form of the model
+        assert cfg.model.partition.kind != "none" and cfg.model.partition.num_towers > 1
     sampler = instantiate(sweeper.sampler)
     assert type(sampler).__name__ == "TPESampler"
     params = OmegaConf.to_container(sweeper.params, resolve=True)
@@ -187,3 +257,6 @@ def test_hparams_search_composes_with_the_optuna_sweeper(name: str) -> None:
         conf = typed_config(f"hparams_search={name}", *corner)
         assert conf.data.criteo is not None
         assert conf.data.criteo.split_fractions == [0.8, 0.1, 0.1]
+        if model.startswith("dmt_"):  # the dense vector joins the towers' D-sized vectors
+            assert conf.model.tower is not None
+            assert conf.model.bottom_mlp[-1] == conf.model.tower.dim

@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""Confirm a sweep's best trials over more seeds before choosing settings.
+
+A sweep scores each trial on one seed, so its best value flatters its trial (the winner's curse:
+among ~40 trials, seed noise of ~0.001 AUC picks a lucky draw; the 40-trial DCN sweep's best
+trial scored 0.7723 validation AUC, the same settings 0.7697 as the median of 9 seeds). This runs
+the ``--top`` trials of a sweep directory again (their own overrides, ``trainer.seed`` from
+``--seeds``, none of them the sweep's), ranks them by the median of the metric, and writes::
+
+    OUT/trial<N>/seed_<S>/   each run (read back, not rerun, when its metrics.json exists)
+    OUT/seeds.json, seeds.png  scripts/seeds.py's table and box plot of the metric
+    OUT/confirm.json           ranking (trial, sweep value, median, std, overrides) and the choice
+
+The metric is a validation metric (default ``val_auc``): settings are chosen on validation rows,
+never on test rows. Example, after ``dmt-train -m hparams_search=criteo_forward_dcn``::
+
+    OMP_NUM_THREADS=1 python scripts/confirm_trials.py multirun/2026-11-24/09-00-00-123 --top 5 \\
+        --seeds 1-3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from seeds import format_report, parse_seeds, study  # noqa: E402  (scripts/seeds.py)
+
+from dmt.trials import override_list, read_trials, top_trials  # noqa: E402
+
+CONFIRM_FILE = "confirm.json"
+
+
+def rank(report: dict[str, Any], sweep_values: dict[str, float], *, maximize: bool) -> list[dict]:
+    """Configs of a ``seeds.study`` report, best median first (ties: the sweep's order)."""
+    order = list(report["configs"])
+    sign = -1.0 if maximize else 1.0
+    names = sorted(order, key=lambda n: (sign * report["configs"][n]["median"], order.index(n)))
+    return [
+        {
+            "config": n,
+            "sweep_value": sweep_values[n],
+            "median": report["configs"][n]["median"],
+            "std": report["configs"][n]["std"],
+            "values": report["configs"][n]["values"],
+            "overrides": report["configs"][n]["overrides"],
+        }
+        for n in names
+    ]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("sweep_dir", type=Path, help="the sweep directory (hydra.sweep.dir)")
+    parser.add_argument("--top", type=int, default=5, help="trials to confirm (default 5)")
+    parser.add_argument(
+        "--seeds",
+        type=parse_seeds,
+        default=parse_seeds("1-3"),
+        help="seeds: K (0..K-1), LO-HI or a comma list (default 1-3; the sweep ran seed 0)",
+    )
+    parser.add_argument("--metric", default="val_auc", help="metric (default val_auc)")
+    parser.add_argument("--minimize", action="store_true", help="lower metric is better")
+    parser.add_argument("--out", type=Path, help="output directory (default SWEEP_DIR/confirm)")
+    parser.add_argument(
+        "--common", default="", help="Hydra overrides for every run (one quoted string)"
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help=f"replace an existing OUT/{CONFIRM_FILE}"
+    )
+    args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        parser.error(f"{args.sweep_dir} is not a directory")
+    out = args.out or args.sweep_dir / "confirm"
+    if (out / CONFIRM_FILE).exists() and not args.overwrite:
+        parser.error(f"{out / CONFIRM_FILE} exists (--overwrite to replace it)")
+    trials = read_trials(args.sweep_dir)
+    if not trials:
+        parser.error(
+            f"{args.sweep_dir} holds no trials (run directories with .hydra/overrides.yaml)"
+        )
+    maximize = not args.minimize
+    best = top_trials(trials, args.metric, args.top, maximize=maximize)
+    configs = {f"trial{t.number}": override_list(t) for t in best}
+    sweep_values = {f"trial{t.number}": t.value(args.metric) or 0.0 for t in best}
+    names = list(configs)
+    report = study(
+        configs,
+        args.seeds,
+        out,
+        metric=args.metric,
+        common=args.common.split(),
+        pairs=[(names[0], n) for n in names[1:]] if len(names) > 1 else [],
+    )
+    ranking = rank(report, sweep_values, maximize=maximize)
+    result = {
+        "sweep_dir": str(args.sweep_dir),
+        "metric": args.metric,
+        "seeds": list(args.seeds),
+        "ranking": ranking,
+        "chosen": ranking[0],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "seeds.json").write_text(json.dumps(report, indent=2) + "\n")
+    from seeds import box_plot  # noqa: PLC0415
+
+    box_plot(report, out / "seeds.png")
+    tmp = out / f".{CONFIRM_FILE}.tmp"
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out / CONFIRM_FILE)
+    print(format_report(report))
+    print(f"\nranked by median {args.metric} over seeds {list(args.seeds)}:")
+    for r in ranking:
+        print(
+            f"  {r['config']:>8s}  median {r['median']:.4f} (std {r['std']:.4f})  "
+            f"sweep {r['sweep_value']:.4f}  {' '.join(r['overrides'])}"
+        )
+    print(f"chosen: {ranking[0]['config']}; written to {out / CONFIRM_FILE}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,102 @@
+"""The busiest receiver of the sparse-input all-to-alls (step a, flat input): planted asymmetry.
+
+Under one workload every rank sends the same bytes to each destination, so a rank that holds more
+tables than its peers receives more than any rank sends. The plan's summary carries that rank's
+bytes, counted here by brute force (every source's sends to every rank), and the time model
+times the all-to-all by it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dmt.planning.collectives import (
+    FlatShard,
+    FlatTable,
+    Workload,
+    busiest_receiver,
+    flat_collectives,
+    flat_input_bytes,
+    sptt_collectives,
+    step_a_ids,
+)
+from dmt.planning.timing import ComputeLoad, predict_step_time
+from dmt.sptt.plan import build_plan
+from dmt.sptt.splits import step_a_bytes_per_dst
+from dmt.sptt.topology import Topology
+from tests.unit.test_plan_timing import CLUSTER, _wire_ms
+
+
+def _brute_force(to: list[float], hosts: Topology) -> tuple[int, int]:
+    """Per receiver, the bytes every other source sends it; the receiver with the most
+    cross-host bytes (ties: most bytes)."""
+    received = []
+    for r in hosts.world_ranks:
+        intra = sum(
+            to[r] for s in hosts.world_ranks if s != r and hosts.host_of(s) == hosts.host_of(r)
+        )
+        cross = sum(to[r] for s in hosts.world_ranks if hosts.host_of(s) != hosts.host_of(r))
+        received.append((round(intra), round(cross)))
+    return max(received, key=lambda x: (x[1], x[0] + x[1]))
+
+
+def test_busiest_receiver_of_a_uniform_all_to_all() -> None:
+    hosts = Topology(6, 2)  # hosts {0,1} {2,3} {4,5}
+    to = [10.0, 70.0, 20.0, 30.0, 0.0, 5.0]
+    # rank 1 gets 70 from rank 0 (its host) and from the 4 ranks of the other hosts
+    assert busiest_receiver(to, hosts.world_ranks, hosts.host_of) == (70, 280)
+    assert busiest_receiver(to, hosts.world_ranks, hosts.host_of) == _brute_force(to, hosts)
+
+
+def test_sptt_step_a_carries_its_busiest_receiver() -> None:
+    # 2 towers of one host each; tower 0 has 3 tables on its 2 ranks: one rank holds two
+    topo = Topology(4, 2)
+    names = [f"f{i}" for i in range(5)]
+    plan = build_plan(topo, names, [[0, 1, 2], [3, 4]], embedding_dim=4, num_embeddings=[100] * 5)
+    held = [len(plan.rank_shards(r)) for r in topo.world_ranks]
+    assert sorted(held[:2]) == [1, 2] and held[2:] == [1, 1]
+    workload = Workload.uniform(16, 5)
+    to = step_a_bytes_per_dst(plan, 16, step_a_ids(plan, workload), length_size=4, id_size=8)
+    (a,) = [c for c in sptt_collectives(plan, workload) if c.step == "a"]
+    assert (a.received_intra_host_bytes, a.received_cross_host_bytes) == _brute_force(to, topo)
+    # one feature is 16 lengths x 4 B + 16 ids x 8 B = 192 B. The busiest sender sends 3
+    # features to the other host; the rank with two tables receives 2 from each of 2 ranks there
+    assert a.cross_host_bytes == 3 * 192
+    assert a.received_cross_host_bytes == 4 * 192
+    # every other step: no receiver side
+    assert all(
+        c.received_intra_host_bytes == c.received_cross_host_bytes == 0
+        for c in sptt_collectives(plan, workload)
+        if c.step != "a"
+    )
+
+
+def test_flat_input_carries_its_busiest_receiver() -> None:
+    # table-wise: rank 0 holds 3 of the 4 tables; 2 hosts of 2 ranks
+    hosts = Topology(4, 2)
+    tables = [
+        FlatTable(f"t{i}", i, f"f{i}", 100, 8, "table_wise", (FlatShard(rank, 0, 100, 0, 8),))
+        for i, rank in enumerate([0, 0, 0, 3])
+    ]
+    workload = Workload.uniform(16, 4)
+    to = flat_input_bytes(tables, 4, workload)["table_wise"]
+    (a,) = [c for c in flat_collectives(tables, hosts, workload) if c.step == "flat_input_a2a"]
+    assert (a.received_intra_host_bytes, a.received_cross_host_bytes) == _brute_force(to, hosts)
+    assert a.cross_host_bytes == 3 * 192  # a rank of host 1 sends rank 0's three features
+    assert a.received_cross_host_bytes == 2 * 3 * 192  # rank 0 gets them from both
+
+
+def test_the_time_model_times_step_a_by_its_busiest_receiver() -> None:
+    topo = Topology(4, 2)
+    names = [f"f{i}" for i in range(5)]
+    plan = build_plan(topo, names, [[0, 1, 2], [3, 4]], embedding_dim=4, num_embeddings=[100] * 5)
+    (a,) = [c for c in sptt_collectives(plan, Workload.uniform(16, 5)) if c.step == "a"]
+    t = predict_step_time("sptt", [a], ComputeLoad(0.0), 16, CLUSTER, pipelined=False)
+    wire = _wire_ms(
+        type(a)(
+            "a", "all_to_all", "world", "forward", 4,
+            a.received_intra_host_bytes, a.received_cross_host_bytes, True,
+        )
+    )  # fmt: skip
+    assert t.collectives[0].time_ms == pytest.approx(wire)
+    assert t.collectives[0].time_ms > _wire_ms(a)  # the sender's bytes alone: less
