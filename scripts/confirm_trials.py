@@ -5,14 +5,18 @@ A sweep scores each trial on one seed, so its best value flatters its trial (the
 among ~40 trials, seed noise of ~0.001 AUC picks a lucky draw; the 40-trial DCN sweep's best
 trial scored 0.7723 validation AUC, the same settings 0.7697 as the median of 9 seeds). This runs
 the ``--top`` trials of a sweep directory again (their own overrides, ``trainer.seed`` from
-``--seeds``, none of them the sweep's), ranks them by the median of the metric, and writes::
+``--seeds``, which must not include the seed the sweep ran them with), ranks them by the median
+of the metric, and writes::
 
     OUT/trial<N>/seed_<S>/   each run (read back, not rerun, when its metrics.json exists)
-    OUT/seeds.json, seeds.png  scripts/seeds.py's table and box plot of the metric
+    OUT/seeds.json, seeds.png  dmt.seeds' table and box plot of the metric
     OUT/confirm.json           ranking (trial, sweep value, median, std, overrides) and the choice
 
 The metric is a validation metric (default ``val_auc``): settings are chosen on validation rows,
-never on test rows. Example, after ``dmt-train -m hparams_search=criteo_forward_dcn``::
+never on test rows. Runs already in OUT are read back without checking their settings (as
+``scripts/seeds.py`` does): give each sweep its own OUT (the default is inside the sweep);
+``--overwrite`` replaces only ``confirm.json``. Example, after ``dmt-train -m
+hparams_search=criteo_forward_dcn``::
 
     OMP_NUM_THREADS=1 python scripts/confirm_trials.py multirun/2026-11-24/09-00-00-123 --top 5 \\
         --seeds 1-3
@@ -22,24 +26,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import yaml
 
-from seeds import format_report, parse_seeds, study  # noqa: E402  (scripts/seeds.py)
-
-from dmt.trials import override_list, read_trials, top_trials  # noqa: E402
+from dmt.seeds import box_plot, format_report, parse_seeds, study
+from dmt.trials import Trial, override_list, read_trials, top_trials
 
 CONFIRM_FILE = "confirm.json"
 
 
-def rank(report: dict[str, Any], sweep_values: dict[str, float], *, maximize: bool) -> list[dict]:
-    """Configs of a ``seeds.study`` report, best median first (ties: the sweep's order)."""
+def rank(
+    report: dict[str, Any], sweep_values: dict[str, float | None], *, maximize: bool
+) -> list[dict[str, Any]]:
+    """Configs of a ``dmt.seeds.study`` report, best median first (ties: the sweep's order; a
+    NaN median, from a diverged run, last)."""
     order = list(report["configs"])
     sign = -1.0 if maximize else 1.0
-    names = sorted(order, key=lambda n: (sign * report["configs"][n]["median"], order.index(n)))
+
+    def key(name: str) -> tuple[bool, float, int]:
+        median = float(report["configs"][name]["median"])
+        nan = math.isnan(median)
+        return (nan, 0.0 if nan else sign * median, order.index(name))
+
     return [
         {
             "config": n,
@@ -49,8 +62,18 @@ def rank(report: dict[str, Any], sweep_values: dict[str, float], *, maximize: bo
             "values": report["configs"][n]["values"],
             "overrides": report["configs"][n]["overrides"],
         }
-        for n in names
+        for n in sorted(order, key=key)
     ]
+
+
+def sweep_seed(trial: Trial) -> int | None:
+    """The ``trainer.seed`` the trial ran with (its ``.hydra/config.yaml``); None if unknown."""
+    config = trial.directory / ".hydra" / "config.yaml"
+    if not config.is_file():
+        return None
+    trainer = (yaml.safe_load(config.read_text()) or {}).get("trainer") or {}
+    seed = trainer.get("seed")
+    return seed if isinstance(seed, int) else None
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -63,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--seeds",
         type=parse_seeds,
         default=parse_seeds("1-3"),
-        help="seeds: K (0..K-1), LO-HI or a comma list (default 1-3; the sweep ran seed 0)",
+        help="seeds: K (0..K-1), LO-HI or a comma list; at least 2, none the sweep's (default 1-3)",
     )
     parser.add_argument("--metric", default="val_auc", help="metric (default val_auc)")
     parser.add_argument("--minimize", action="store_true", help="lower metric is better")
@@ -77,6 +100,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         parser.error(f"{args.sweep_dir} is not a directory")
+    if args.top < 1:
+        parser.error(f"--top {args.top}: expected at least 1 trial")
+    if len(args.seeds) < 2:
+        parser.error(f"--seeds {args.seeds}: a median and a comparison need at least 2 seeds")
     out = args.out or args.sweep_dir / "confirm"
     if (out / CONFIRM_FILE).exists() and not args.overwrite:
         parser.error(f"{out / CONFIRM_FILE} exists (--overwrite to replace it)")
@@ -86,17 +113,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{args.sweep_dir} holds no trials (run directories with .hydra/overrides.yaml)"
         )
     maximize = not args.minimize
-    best = top_trials(trials, args.metric, args.top, maximize=maximize)
+    try:
+        best = top_trials(trials, args.metric, args.top, maximize=maximize)
+    except ValueError as e:
+        parser.error(f"{args.sweep_dir}: {e}")
+    used = sorted({s for t in best if (s := sweep_seed(t)) is not None} & set(args.seeds))
+    if used:
+        parser.error(
+            f"--seeds {args.seeds} include the seed(s) {used} the sweep scored its trials with; "
+            "confirm with other seeds"
+        )
     configs = {f"trial{t.number}": override_list(t) for t in best}
-    sweep_values = {f"trial{t.number}": t.value(args.metric) or 0.0 for t in best}
+    sweep_values = {f"trial{t.number}": t.value(args.metric) for t in best}
     names = list(configs)
     report = study(
         configs,
         args.seeds,
         out,
         metric=args.metric,
-        common=args.common.split(),
-        pairs=[(names[0], n) for n in names[1:]] if len(names) > 1 else [],
+        common=shlex.split(args.common),
+        pairs=[(names[0], n) for n in names[1:]],
     )
     ranking = rank(report, sweep_values, maximize=maximize)
     result = {
@@ -108,8 +144,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "seeds.json").write_text(json.dumps(report, indent=2) + "\n")
-    from seeds import box_plot  # noqa: PLC0415
-
     box_plot(report, out / "seeds.png")
     tmp = out / f".{CONFIRM_FILE}.tmp"
     tmp.write_text(json.dumps(result, indent=2) + "\n")
@@ -119,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for r in ranking:
         print(
             f"  {r['config']:>8s}  median {r['median']:.4f} (std {r['std']:.4f})  "
-            f"sweep {r['sweep_value']:.4f}  {' '.join(r['overrides'])}"
+            f"sweep {r['sweep_value']}  {' '.join(r['overrides'])}"
         )
     print(f"chosen: {ranking[0]['config']}; written to {out / CONFIRM_FILE}")
     return result

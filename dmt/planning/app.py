@@ -11,8 +11,8 @@ For every mode it plans the tables like the real code does (TorchRec's
 ``EmbeddingShardingPlanner`` with a ``Topology`` of ``G = hosts x gpus_per_host`` CUDA ranks and
 the GPU's memory for ``flat``; :func:`dmt.sptt.plan.build_plan` through
 :class:`~dmt.sptt.dmt_sharding.DMTSharder` for ``sptt``/``dmt``), counts the bytes the busiest
-rank sends per collective and direction, split intra-host / cross-host
-(:mod:`dmt.planning.collectives`), and the memory every rank needs
+rank sends per collective and direction, split intra-host / cross-host, with the busiest
+receiver's bytes for the sparse-input all-to-alls (:mod:`dmt.planning.collectives`), and the memory every rank needs
 (:mod:`dmt.planning.memory`). Models are built with tables on ``meta``.
 
 Modes: ``flat`` is the experiment's model without towers (``model.partition.kind=none``),

@@ -499,7 +499,8 @@ def flat_rank_collectives(
     Per sharding type, as TorchRec's sharded ``EmbeddingBagCollection`` runs them:
 
     * table-, column- and table-column-wise: the input KJT all-to-all over the world
-      (``flat_input_a2a``), then the pooled all-to-all (``flat_output_a2a``): ``rank`` sends
+      (``flat_input_a2a``: TorchRec runs one per sharding type, one after another; they are one
+      entry here, their sum), then the pooled all-to-all (``flat_output_a2a``): ``rank`` sends
       ``B W_r`` values to every rank (``W_r`` its shards' columns), and gets ``B W_q`` gradients
       back from each rank ``q`` in the backward;
     * row-wise: the bucketized input all-to-all, then a reduce-scatter over the world of the
@@ -525,6 +526,13 @@ def flat_rank_collectives(
     host_of, size, world = hosts.host_of, workload.comm_size, hosts.world_ranks
     inputs = input_bytes if input_bytes is not None else flat_input_bytes(tables, G, workload)
     out: list[CollectiveBytes] = []
+    if inputs:  # one all-to-all per sharding type, one after another: one entry, their sum
+        out.append(
+            CollectiveBytes(
+                "flat_input_a2a", "all_to_all", "world", "forward", G,
+                *_split(rank, world, _summed(inputs), host_of), True,
+            )
+        )  # fmt: skip
     kinds = list(dict.fromkeys(t.sharding_type for t in tables))
     dp_bytes = 0
     for kind in kinds:
@@ -532,12 +540,6 @@ def flat_rank_collectives(
         if kind == "data_parallel":
             dp_bytes += sum(4 * t.num_embeddings * t.embedding_dim for t in of_kind)
             continue
-        out.append(
-            CollectiveBytes(
-                "flat_input_a2a", "all_to_all", "world", "forward", G,
-                *_split(rank, world, inputs[kind], host_of), True,
-            )
-        )  # fmt: skip
         if kind in TABLE_WISE_LIKE:
             width = [0] * G
             for t in of_kind:
@@ -605,8 +607,7 @@ def flat_collectives(
 ) -> list[CollectiveBytes]:
     """The busiest rank's bytes of every collective of a flat TorchRec step, every rank
     holding ``workload`` (see :func:`flat_rank_collectives`); the input all-to-all's entry also
-    carries the busiest receiver's bytes (:func:`busiest_receiver`, the largest of the sharding
-    types')."""
+    carries the busiest receiver's bytes (:func:`busiest_receiver`, over every sharding type)."""
     inputs = flat_input_bytes(tables, hosts.world_size, workload)
     summary = busiest(
         [
@@ -621,9 +622,15 @@ def flat_collectives(
             for rank in range(hosts.world_size)
         ]
     )
-    received = [busiest_receiver(to, hosts.world_ranks, hosts.host_of) for to in inputs.values()]
-    most = max(received, key=lambda r: (r[1], r[0] + r[1]), default=(0, 0))
-    return _with_received(summary, "flat_input_a2a", most)
+    if not inputs:
+        return summary
+    received = busiest_receiver(_summed(inputs), hosts.world_ranks, hosts.host_of)
+    return _with_received(summary, "flat_input_a2a", received)
+
+
+def _summed(per_kind: Mapping[str, Sequence[float]]) -> list[float]:
+    """Bytes to each rank over every sharding type's input all-to-all."""
+    return [sum(column) for column in zip(*per_kind.values(), strict=True)]
 
 
 __all__ = [

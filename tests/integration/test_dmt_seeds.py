@@ -1,4 +1,4 @@
-"""scripts/seeds.py: repeated seeds, medians and the Mann-Whitney U test (paper Table 6)."""
+"""scripts/seeds.py and dmt.seeds: repeated seeds, medians and the Mann-Whitney U test (paper Table 6)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import matplotlib.image
 import pytest
 import torch
 
+from dmt import seeds as seed_lib
 from tests.conftest import REPO
 
 
@@ -26,23 +27,23 @@ seeds = load_driver()
 def test_summary_and_mann_whitney():
     tp = [0.7990, 0.7987, 0.7993, 0.7991, 0.7989, 0.7995, 0.7986, 0.7992, 0.7988]
     naive = [0.7981, 0.7978, 0.7984, 0.7980, 0.7983, 0.7979, 0.7982, 0.7985, 0.7977]
-    s = seeds.summarize(tp)
+    s = seed_lib.summarize(tp)
     assert s["n"] == 9 and s["median"] == 0.7990 and s["min"] == 0.7986 and s["max"] == 0.7995
     assert s["std"] == pytest.approx(torch.tensor(tp, dtype=torch.float64).std().item())
     # Every TP run beats every naive run: U = 81 of 81. SciPy's default for 9 runs a config is
     # the normal approximation with continuity correction; the exact p is 2 / C(18, 9).
-    c = seeds.compare(tp, naive)
+    c = seed_lib.compare(tp, naive)
     z = (81 - 40.5 - 0.5) / math.sqrt(9 * 9 * 19 / 12)
     assert c["u"] == 81 and c["p_value"] == pytest.approx(math.erfc(z / math.sqrt(2)))
-    assert seeds.compare(tp, naive, method="exact")["p_value"] == pytest.approx(2 / 48620)
-    assert seeds.compare(tp, naive, "greater", "exact")["p_value"] == pytest.approx(1 / 48620)
-    assert seeds.compare(naive, tp)["u"] == 0
-    tied = seeds.compare([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    assert seed_lib.compare(tp, naive, method="exact")["p_value"] == pytest.approx(2 / 48620)
+    assert seed_lib.compare(tp, naive, "greater", "exact")["p_value"] == pytest.approx(1 / 48620)
+    assert seed_lib.compare(naive, tp)["u"] == 0
+    tied = seed_lib.compare([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
     assert tied["p_value"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="needs >= 2 runs"):
-        seeds.compare([1.0], [2.0, 3.0])
-    assert seeds.parse_seeds("3") == [0, 1, 2] and seeds.parse_seeds("2-4") == [2, 3, 4]
-    assert seeds.parse_seeds("0,5") == [0, 5]
+        seed_lib.compare([1.0], [2.0, 3.0])
+    assert seed_lib.parse_seeds("3") == [0, 1, 2] and seed_lib.parse_seeds("2-4") == [2, 3, 4]
+    assert seed_lib.parse_seeds("0,5") == [0, 5]
 
 
 def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from dmt.planning.collectives import CollectiveBytes as Coll
 from dmt.planning.collectives import (
     FlatShard,
     FlatTable,
@@ -17,6 +18,7 @@ from dmt.planning.collectives import (
     busiest_receiver,
     flat_collectives,
     flat_input_bytes,
+    flat_rank_collectives,
     sptt_collectives,
     step_a_ids,
 )
@@ -100,3 +102,38 @@ def test_the_time_model_times_step_a_by_its_busiest_receiver() -> None:
     )  # fmt: skip
     assert t.collectives[0].time_ms == pytest.approx(wire)
     assert t.collectives[0].time_ms > _wire_ms(a)  # the sender's bytes alone: less
+
+
+def test_flat_input_of_several_sharding_types_is_their_sum() -> None:
+    # a table-wise table on rank 0 and a row-wise one in 4 blocks of 25 rows, 2 hosts of 2 ranks:
+    # every source sends rank 0 192 + 96 B and every other rank 96 B (16 lengths x 4 B + 4 ids x 8 B)
+    hosts = Topology(4, 2)
+    tables = [
+        FlatTable("t0", 0, "f0", 100, 8, "table_wise", (FlatShard(0, 0, 100, 0, 8),)),
+        FlatTable(
+            "t1", 1, "f1", 100, 8, "row_wise",
+            tuple(FlatShard(r, 25 * r, 25 * (r + 1), 0, 8) for r in range(4)),
+        ),
+    ]  # fmt: skip
+    workload = Workload.uniform(16, 2)
+    for rank, sent in ((0, (96, 192)), (3, (96, 384))):
+        inputs = [
+            c
+            for c in flat_rank_collectives(tables, hosts, rank, workload)
+            if c.step == "flat_input_a2a"
+        ]
+        assert [(c.intra_host_bytes, c.cross_host_bytes) for c in inputs] == [sent]
+    (a,) = [c for c in flat_collectives(tables, hosts, workload) if c.step == "flat_input_a2a"]
+    assert (a.intra_host_bytes, a.cross_host_bytes) == (96, 384)  # ranks 2 and 3
+    assert (a.received_intra_host_bytes, a.received_cross_host_bytes) == (288, 576)  # rank 0
+
+
+def test_each_link_class_takes_the_larger_of_sender_and_receiver() -> None:
+    # more sent across hosts, more received inside the host: each class's maximum counts, so the
+    # time is the sender's here (timing the receiver's bytes alone would be 10x shorter)
+    a = Coll("a", "all_to_all", "world", "forward", 4, 0, 1_000_000, True, 500_000, 100_000)
+    t = predict_step_time("sptt", [a], ComputeLoad(0.0), 16, CLUSTER, pipelined=False)
+    both = Coll("a", "all_to_all", "world", "forward", 4, 500_000, 1_000_000, True)
+    received = Coll("a", "all_to_all", "world", "forward", 4, 500_000, 100_000, True)
+    assert t.collectives[0].time_ms == pytest.approx(_wire_ms(both))
+    assert t.collectives[0].time_ms > 5 * _wire_ms(received)

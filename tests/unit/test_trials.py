@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -168,7 +169,7 @@ def test_top_trials_best_first_without_the_failed(tmp_path: Path) -> None:
         top_trials(failed, "val_auc", 1)
 
 
-def _confirm_driver():
+def _confirm_driver() -> Any:
     spec = importlib.util.spec_from_file_location(
         "confirm_trials", REPO / "scripts" / "confirm_trials.py"
     )
@@ -209,6 +210,44 @@ def test_confirm_trials_chooses_on_the_median_over_seeds(
     assert f"{out / 'confirm.json'} exists (--overwrite to replace it)" in capsys.readouterr().err
     again = confirm.main([str(sweep), "--top", "2", "--out", str(out), "--overwrite"])
     assert again == result
+
+
+def test_confirm_trials_refuses_the_sweeps_seed_and_a_single_seed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = fake_sweep(tmp_path / "sweep")
+    (sweep / "10" / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"trainer": {"seed": 2}}))
+    confirm = _confirm_driver()
+    with pytest.raises(SystemExit):
+        confirm.main([str(sweep), "--top", "2", "--seeds", "1-3", "--out", str(tmp_path / "c")])
+    assert (
+        "--seeds [1, 2, 3] include the seed(s) [2] the sweep scored its trials with; "
+        "confirm with other seeds" in capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        confirm.main([str(sweep), "--seeds", "5-5", "--out", str(tmp_path / "c")])
+    assert "a median and a comparison need at least 2 seeds" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()  # refused before any run
+
+
+def test_confirm_ranking_puts_a_diverged_config_last() -> None:
+    configs = {
+        "a": {"median": float("nan"), "std": 0.0, "values": [], "overrides": ["x=1"]},
+        "b": {"median": 0.70, "std": 0.0, "values": [], "overrides": ["x=2"]},
+        "c": {"median": 0.72, "std": 0.0, "values": [], "overrides": ["x=3"]},
+    }
+    rank = _confirm_driver().rank
+    values = {"a": 0.8, "b": 0.7, "c": None}
+    assert [r["config"] for r in rank({"configs": configs}, values, maximize=True)] == [
+        "c",
+        "b",
+        "a",
+    ]
+    assert [r["config"] for r in rank({"configs": configs}, values, maximize=False)] == [
+        "b",
+        "c",
+        "a",
+    ]
 
 
 # -- conf/hparams_search ------------------------------------------------------------------------

@@ -1,0 +1,171 @@
+"""Repeated seeds and significance (paper §5.2, Table 6), as a library: train configs over K seeds,
+summarize a metric per config (median, standard deviation), compare configs with the Mann-Whitney
+U test, and draw a box plot. ``scripts/seeds.py`` is its command line; ``scripts/confirm_trials.py``
+uses it to run a sweep's best trials again.
+
+Each run is ``dmt.train.train`` in this process with ``trainer.seed=<seed>``, written to
+``<out>/<config>/seed_<seed>/metrics.json``; runs whose ``metrics.json`` exists are read back, not
+rerun (their overrides are not checked: use a fresh ``out`` for other settings).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scipy.stats import mannwhitneyu
+
+ALTERNATIVES = ("two-sided", "greater", "less")
+
+
+def summarize(values: Sequence[float]) -> dict[str, Any]:
+    """Median, sample standard deviation (``n - 1``), mean, min and max of one config's runs."""
+    v = [float(x) for x in values]
+    return {
+        "n": len(v),
+        "median": statistics.median(v),
+        "std": statistics.stdev(v) if len(v) > 1 else float("nan"),
+        "mean": statistics.fmean(v),
+        "min": min(v),
+        "max": max(v),
+        "values": v,
+    }
+
+
+def compare(
+    a: Sequence[float], b: Sequence[float], alternative: str = "two-sided", method: str = "auto"
+) -> dict[str, Any]:
+    """Mann-Whitney U test of ``a`` against ``b`` (``greater``: ``a`` tends to be larger).
+
+    ``method`` is SciPy's: ``auto`` (its default) is exact below 8 runs a config without ties and
+    the normal approximation with continuity correction otherwise; ``exact`` forces the former.
+    """
+    if alternative not in ALTERNATIVES:
+        raise ValueError(f"alternative={alternative!r}; expected one of {list(ALTERNATIVES)}")
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(
+            f"the Mann-Whitney U test needs >= 2 runs a config, got {len(a)} and {len(b)}"
+        )
+    result = mannwhitneyu(a, b, alternative=alternative, method=method)
+    return {
+        "u": float(result.statistic),
+        "p_value": float(result.pvalue),
+        "alternative": alternative,
+        "method": method,
+        "median_difference": statistics.median(a) - statistics.median(b),
+    }
+
+
+def study(
+    configs: dict[str, list[str]],
+    seeds: Sequence[int],
+    out: Path,
+    *,
+    metric: str = "test_auc",
+    common: Sequence[str] = (),
+    train_missing: bool = True,
+    alternative: str = "two-sided",
+    method: str = "auto",
+    pairs: Sequence[tuple[str, str]] = (),
+) -> dict[str, Any]:
+    """Run (or read) every config at every seed; summary and comparisons as a JSON-able dict.
+
+    ``pairs`` lists the ``(a, b)`` comparisons; by default the first config against each other.
+    """
+    names = list(configs)
+    unknown = sorted({n for pair in pairs for n in pair} - set(names))
+    if unknown:
+        raise ValueError(f"--pair names unknown config(s) {unknown}; the configs are {names}")
+    from dmt.train import compose_config, train  # noqa: PLC0415  (keeps --help fast)
+
+    results: dict[str, Any] = {}
+    for name, overrides in configs.items():
+        values = []
+        for seed in seeds:
+            run_dir = out / name / f"seed_{seed}"
+            path = run_dir / "metrics.json"
+            if path.exists():
+                metrics = json.loads(path.read_text())
+            elif train_missing:
+                args = [
+                    *_quiet(list(common) + overrides),
+                    *common,
+                    *overrides,
+                    f"trainer.seed={seed}",
+                ]
+                print(f"[{name} seed {seed}] dmt-train {' '.join(args)}", flush=True)
+                metrics = train(compose_config(*args), run_dir)
+            else:
+                raise FileNotFoundError(f"{path} is missing (run without --no-train to train it)")
+            if metric not in metrics:
+                raise KeyError(f"{path} has no {metric!r} (has {sorted(metrics)})")
+            values.append(metrics[metric])
+        results[name] = {"overrides": [*common, *overrides], **summarize(values)}
+    chosen = list(pairs) or [(names[0], other) for other in names[1:]]
+    comparisons = [
+        {"a": a, "b": b, **compare(results[a]["values"], results[b]["values"], alternative, method)}
+        for a, b in chosen
+    ]
+    return {"metric": metric, "seeds": list(seeds), "configs": results, "comparisons": comparisons}
+
+
+def _quiet(overrides: list[str]) -> list[str]:
+    """No wandb and no progress bar unless the overrides say otherwise."""
+    extra = []
+    if not any(o.startswith(("logger=", "logger.")) for o in overrides):
+        extra.append("logger=disabled")
+    if not any(o.startswith("trainer.progress_bar=") for o in overrides):
+        extra.append("trainer.progress_bar=false")
+    return extra
+
+
+def format_report(report: dict[str, Any]) -> str:
+    metric = report["metric"]
+    width = max(len("config"), *(len(n) for n in report["configs"]))
+    lines = [
+        f"{'config':{width}s}  {'n':>3s}  {'median ' + metric:>16s}  {'std':>8s}  {'mean':>8s}  {'min':>8s}  {'max':>8s}"
+    ]
+    for name, r in report["configs"].items():
+        lines.append(
+            f"{name:{width}s}  {r['n']:3d}  {r['median']:16.4f}  {r['std']:8.4f}  {r['mean']:8.4f}  "
+            f"{r['min']:8.4f}  {r['max']:8.4f}"
+        )
+    for c in report["comparisons"]:
+        lines.append(
+            f"Mann-Whitney U ({c['alternative']}, {c['method']}) {c['a']} vs {c['b']}: U={c['u']:g}, "
+            f"p={c['p_value']:.4g}, median difference {c['median_difference']:+.4f}"
+        )
+    return "\n".join(lines)
+
+
+def box_plot(report: dict[str, Any], path: Path) -> None:
+    """A box plot of the metric per config (median, quartiles, whiskers to 1.5 IQR), every run
+    a point over it; written to ``path`` through a temporary file."""
+    from matplotlib.figure import Figure  # noqa: PLC0415 (slow import; no pyplot)
+
+    from dmt.history import save_figure  # noqa: PLC0415
+
+    names = list(report["configs"])
+    values = [report["configs"][n]["values"] for n in names]
+    fig = Figure(figsize=(max(4.0, 1.4 * len(names) + 2), 4), layout="constrained")
+    ax = fig.subplots()
+    ax.boxplot(values, tick_labels=names, showfliers=False)
+    for i, v in enumerate(values, start=1):
+        ax.plot([i] * len(v), v, "o", color="tab:blue", alpha=0.6, markersize=4)
+    ax.set_ylabel(report["metric"])
+    ax.set_title(f"{report['metric']} per config, {len(report['seeds'])} seeds")
+    ax.grid(axis="y", alpha=0.3)
+    save_figure(fig, path)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``9`` (seeds 0..8), ``3-7`` (3..7) or ``0,4,5``."""
+    if "," in text:
+        return [int(s) for s in text.split(",")]
+    if "-" in text:
+        lo, hi = (int(s) for s in text.split("-"))
+        return list(range(lo, hi + 1))
+    return list(range(int(text)))
