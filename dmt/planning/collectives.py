@@ -492,7 +492,7 @@ def flat_rank_collectives(
     workload: Workload,
     *,
     dense_param_bytes: int = 0,
-    input_bytes: Mapping[str, Sequence[float]] | None = None,
+    input_bytes: Sequence[float] | None = None,
 ) -> list[CollectiveBytes]:
     """The collectives ``rank`` runs in one step of flat TorchRec sharding and its bytes.
 
@@ -520,17 +520,18 @@ def flat_rank_collectives(
         rank: global rank.
         workload: this rank's local batch.
         dense_param_bytes: bytes of the parameters DDP all-reduces.
-        input_bytes: :func:`flat_input_bytes` of ``workload`` if already computed.
+        input_bytes: bytes to each rank over every sharding type's input all-to-all, if already
+            computed (:func:`flat_input_bytes` of ``workload``, summed over types).
     """
     G, L, B = hosts.world_size, hosts.local_world_size, workload.local_batch
     host_of, size, world = hosts.host_of, workload.comm_size, hosts.world_ranks
-    inputs = input_bytes if input_bytes is not None else flat_input_bytes(tables, G, workload)
+    to = input_bytes if input_bytes is not None else _summed(flat_input_bytes(tables, G, workload))
     out: list[CollectiveBytes] = []
-    if inputs:  # one all-to-all per sharding type, one after another: one entry, their sum
+    if to:  # one all-to-all per sharding type, one after another: one entry, their sum
         out.append(
             CollectiveBytes(
                 "flat_input_a2a", "all_to_all", "world", "forward", G,
-                *_split(rank, world, _summed(inputs), host_of), True,
+                *_split(rank, world, to, host_of), True,
             )
         )  # fmt: skip
     kinds = list(dict.fromkeys(t.sharding_type for t in tables))
@@ -608,7 +609,7 @@ def flat_collectives(
     """The busiest rank's bytes of every collective of a flat TorchRec step, every rank
     holding ``workload`` (see :func:`flat_rank_collectives`); the input all-to-all's entry also
     carries the busiest receiver's bytes (:func:`busiest_receiver`, over every sharding type)."""
-    inputs = flat_input_bytes(tables, hosts.world_size, workload)
+    to = _summed(flat_input_bytes(tables, hosts.world_size, workload))
     summary = busiest(
         [
             flat_rank_collectives(
@@ -617,19 +618,19 @@ def flat_collectives(
                 rank,
                 workload,
                 dense_param_bytes=dense_param_bytes,
-                input_bytes=inputs,
+                input_bytes=to,
             )
             for rank in range(hosts.world_size)
         ]
     )
-    if not inputs:
+    if not to:
         return summary
-    received = busiest_receiver(_summed(inputs), hosts.world_ranks, hosts.host_of)
+    received = busiest_receiver(to, hosts.world_ranks, hosts.host_of)
     return _with_received(summary, "flat_input_a2a", received)
 
 
 def _summed(per_kind: Mapping[str, Sequence[float]]) -> list[float]:
-    """Bytes to each rank over every sharding type's input all-to-all."""
+    """Bytes to each rank over every sharding type's input all-to-all (empty: none)."""
     return [sum(column) for column in zip(*per_kind.values(), strict=True)]
 
 

@@ -10,15 +10,8 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dmt.config import (
-    DLRMTowerConfig,
-    DotInteractionConfig,
-    ModelConfig,
-    OptimConfig,
-    PartitionConfig,
-    PassThroughTowerConfig,
-)
-from dmt.models import build_dmt_model, embedding_parameters, naive_partition
+from dmt.config import OptimConfig
+from dmt.models import embedding_parameters
 from dmt.optim import apply_sparse_optimizer, build_optimizer
 from dmt.runtime import Runtime
 from dmt.sharding import shard_model
@@ -28,9 +21,10 @@ from dmt.sptt.dmt_sharding import shard_dmt
 from dmt.sptt.topology import Topology
 from dmt.trainer import TrainTask
 from tests.distributed.distributed_harness import run_on_ranks
+from tests.distributed.small_dmt import NAMES, ROWS, F, small_dmt_model
 
 G, L = 4, 2
-F, ROWS, N, D, B = 6, 40, 8, 4, 8
+B = 8
 OPTIM = OptimConfig(
     sparse_lr=0.05,
     lr=0.01,
@@ -42,32 +36,6 @@ OPTIM = OptimConfig(
     },
     dense={"_target_": "torch.optim.SGD", "_partial_": True, "lr": "${..lr}"},
 )
-NAMES = [f"cat_{f}" for f in range(F)]
-
-
-def _model(num_towers: int, tower: str) -> torch.nn.Module:
-    dim = N if tower == "passthrough" else D
-    cfg = ModelConfig(
-        name="dlrm",
-        interaction=DotInteractionConfig(),
-        embedding_dim=N,
-        bottom_mlp=[8, dim],
-        top_mlp=[8, 1],
-        tower=(
-            PassThroughTowerConfig()
-            if tower == "passthrough"
-            else DLRMTowerConfig(dim=dim, c=1, p=0)
-        ),
-        partition=PartitionConfig(kind="explicit"),
-    )
-    torch.manual_seed(0)
-    return build_dmt_model(
-        cfg,
-        naive_partition(NAMES, num_towers),
-        feature_names=NAMES,
-        cardinalities=[ROWS] * F,
-        num_dense=3,
-    )
 
 
 def _batch(rank: int, step: int) -> Batch:
@@ -112,7 +80,7 @@ def _sptt_worker(rank: int, world_size: int, precision: str) -> None:
     runtime = Runtime(rank, world_size, rank % L, L, torch.device("cpu"), "gloo")
     stats = CommStats(topo, rank)
     task, optimizer = shard_dmt(
-        TrainTask(_model(topo.num_towers, "dlrm")),
+        TrainTask(small_dmt_model(topo.num_towers, "dlrm")),
         runtime,
         topology=topo,
         optim_cfg=OPTIM,
@@ -157,7 +125,7 @@ def _flat_worker(rank: int, world_size: int) -> dict[str, dict[str, int]]:
     hosts = Topology(world_size, L)
     out = {}
     for precision in ("fp32", "bf16"):
-        model = _model(1, "passthrough")
+        model = small_dmt_model(1, "passthrough")
         apply_sparse_optimizer(embedding_parameters(model), OPTIM)
         dmp = shard_model(
             TrainTask(model), runtime, batch_size=B * world_size, comm_precision=precision

@@ -33,16 +33,8 @@ from torchrec.distributed.types import ShardingPlan
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dmt.config import (
-    DLRMTowerConfig,
-    DotInteractionConfig,
-    ModelConfig,
-    OptimConfig,
-    PartitionConfig,
-    PassThroughTowerConfig,
-    ShardingConfig,
-)
-from dmt.models import build_dmt_model, embedding_parameters, naive_partition
+from dmt.config import OptimConfig, ShardingConfig
+from dmt.models import embedding_parameters
 from dmt.optim import apply_sparse_optimizer, build_optimizer
 from dmt.planning.collectives import (
     CollectiveBytes,
@@ -64,9 +56,8 @@ from dmt.sptt.process_groups import SPTTProcessGroups, create_process_groups
 from dmt.sptt.topology import Topology
 from dmt.trainer import TrainTask
 from tests.distributed.distributed_harness import run_on_ranks
+from tests.distributed.small_dmt import NAMES, ROWS, F, small_dmt_model
 
-F, ROWS, N, D = 6, 40, 8, 4
-NAMES = [f"cat_{f}" for f in range(F)]
 OPTIM = OptimConfig(
     sparse_lr=0.05,
     lr=0.01,
@@ -78,31 +69,6 @@ SHARDING = {"cat_0": "row_wise", "cat_1": "column_wise"}
 # (L, K) per world size; T = G / (K L)
 TOPOLOGIES = {2: [(1, 1), (1, 2)], 4: [(2, 1), (1, 2)], 8: [(2, 1), (2, 2)]}
 STEP_NAMES = {"tm": "tower_allreduce", "dense": "dense_allreduce"}
-
-
-def _model(num_towers: int, tower: str) -> torch.nn.Module:
-    dim = N if tower == "passthrough" else D
-    cfg = ModelConfig(
-        name="dlrm",
-        interaction=DotInteractionConfig(),
-        embedding_dim=N,
-        bottom_mlp=[8, dim],
-        top_mlp=[8, 1],
-        tower=(
-            PassThroughTowerConfig()
-            if tower == "passthrough"
-            else DLRMTowerConfig(dim=dim, c=1, p=0)
-        ),
-        partition=PartitionConfig(kind="explicit"),
-    )
-    torch.manual_seed(0)
-    return build_dmt_model(
-        cfg,
-        naive_partition(NAMES, num_towers),
-        feature_names=NAMES,
-        cardinalities=[ROWS] * F,
-        num_dense=3,
-    )
 
 
 def _batch(rank: int, step: int, B: int, *, same_counts: bool = False) -> Batch:
@@ -176,7 +142,7 @@ def _case(
     """Train a few steps of one case; return how many (rank, step) comparisons were made."""
     runtime = Runtime(rank, world_size, rank % topo.local_world_size, topo.local_world_size,
                       torch.device("cpu"), "gloo")  # fmt: skip
-    model = _model(topo.num_towers, tower)
+    model = small_dmt_model(topo.num_towers, tower)
     towers = list(cast(torch.nn.ModuleList, model.towers))
     tower_bytes = [_param_bytes(cast(torch.nn.Module | None, t.tower_module)) for t in towers]
     dense_bytes = _param_bytes(model) - sum(_param_bytes(t) for t in towers)
@@ -338,7 +304,7 @@ def _flat_worker(rank: int, world_size: int) -> list[str]:
     os.environ.update(LOCAL_WORLD_SIZE="2", LOCAL_RANK=str(rank % 2))
     kinds = []
     for how in ("planner", "hand"):
-        model = _model(1, "passthrough")
+        model = small_dmt_model(1, "passthrough")
         dense_bytes = _param_bytes(model) - sum(
             _param_bytes(t) for t in cast(torch.nn.ModuleList, model.towers)
         )
