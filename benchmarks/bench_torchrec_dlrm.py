@@ -71,7 +71,6 @@ LR = 0.01
 OVERRIDES = [
     "logger=disabled",
     "trainer.progress_bar=false",
-    "trainer.device=cpu",
     "data=criteo_sample",
     "data.batch_size=512",
     "model=dlrm",
@@ -92,8 +91,10 @@ DMT_VARIANTS = {
 VARIANTS = ["reference", *DMT_VARIANTS]
 
 
-def dmt_config(variant: str) -> Config:
-    return to_config(compose_config(*OVERRIDES, *DMT_VARIANTS[variant]))
+def dmt_config(variant: str, device: str = "cpu", extra: tuple[str, ...] = ()) -> Config:
+    return to_config(
+        compose_config(*OVERRIDES, f"trainer.device={device}", *extra, *DMT_VARIANTS[variant])
+    )
 
 
 def training_batches(data: DataBundle, count: int) -> list[Batch]:
@@ -170,11 +171,17 @@ def reference_steps(
 
 
 def variant_steps(
-    variant: str, rt: Runtime, data: DataBundle, batches: list[Batch], out: Path
+    variant: str,
+    rt: Runtime,
+    data: DataBundle,
+    batches: list[Batch],
+    out: Path,
+    extra: tuple[str, ...] = (),
 ) -> Iterator[torch.Tensor]:
     """A fresh model of ``variant``, as an iterator over its training steps on ``batches``
     (each yields the step's loss)."""
-    cfg = dmt_config(variant if variant != "reference" else "dmt pipelined")
+    name = variant if variant != "reference" else "dmt pipelined"
+    cfg = dmt_config(name, rt.device.type, extra)
     torch.manual_seed(cfg.trainer.seed)
     if variant == "reference":
         pipeline, lr_step = reference_pipeline(data, cfg, rt.device)
@@ -191,8 +198,22 @@ def variant_steps(
     return steps()
 
 
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously: a clock read without it
+    measures launches, not steps)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def run(
-    rt: Runtime, data: DataBundle, batches: list[Batch], *, warmup: int, block: int, first: int
+    rt: Runtime,
+    data: DataBundle,
+    batches: list[Batch],
+    *,
+    warmup: int,
+    block: int,
+    first: int,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, tuple[float, float]]:
     """One run: a fresh model per variant, ``warmup`` untimed steps each, then the timed steps
     in rounds of ``block`` steps per variant, the order rotating every round (round ``r``
@@ -204,16 +225,18 @@ def run(
     elapsed = dict.fromkeys(VARIANTS, 0.0)
     losses: dict[str, list[torch.Tensor]] = {v: [] for v in VARIANTS}
     with TemporaryDirectory() as out:
-        its = {v: variant_steps(v, rt, data, batches, Path(out)) for v in VARIANTS}
+        its = {v: variant_steps(v, rt, data, batches, Path(out), extra) for v in VARIANTS}
         for it in its.values():
             for _ in range(warmup):
                 next(it)
         for r, start in enumerate(range(0, steps, block)):
             k = (first + r) % len(VARIANTS)
             for v in VARIANTS[k:] + VARIANTS[:k]:
+                _sync(rt.device)
                 tick = time.perf_counter()
                 for _ in range(min(block, steps - start)):
                     losses[v].append(next(its[v]))
+                _sync(rt.device)
                 elapsed[v] += time.perf_counter() - tick
         for v, it in its.items():
             if next(it, None) is not None:
@@ -235,6 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block", type=int, default=10, help="steps per variant before the next")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="one CPU or one GPU")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="a further dmt config override for every variant (e.g. data.criteo.raw_path=...)",
+    )
     args = p.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -244,15 +274,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads",
         flush=True,
     )
-    rt = init_runtime("cpu")
+    rt = init_runtime(args.device)
+    extra = tuple(args.override)
     try:
-        cfg = dmt_config("dmt pipelined")
+        cfg = dmt_config("dmt pipelined", args.device, extra)
         data = build_data(cfg.data, rank=0, world_size=1, seed=cfg.trainer.seed)
         batches = training_batches(data, args.warmup + args.steps)
         rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
         losses: dict[str, list[float]] = {v: [] for v in VARIANTS}
         for i in range(args.runs):
-            result = run(rt, data, batches, warmup=args.warmup, block=args.block, first=i)
+            result = run(
+                rt, data, batches, warmup=args.warmup, block=args.block, first=i, extra=extra
+            )
             for variant, (rate, loss) in result.items():
                 rates[variant].append(rate)
                 losses[variant].append(loss)
@@ -291,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
             "block": args.block,
             "batch_size": cfg.data.batch_size,
             "torch_threads": torch.get_num_threads(),
+            "device": str(rt.device),
+            "device_name": torch.cuda.get_device_name(rt.device)
+            if rt.device.type == "cuda"
+            else None,
             "load_start": load_start,
             "load_end": load_end,
             "samples_per_s": rates,

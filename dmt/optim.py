@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from fbgemm_gpu.tbe.config.optimizer_config import WeightDecayMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf

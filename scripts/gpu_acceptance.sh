@@ -24,6 +24,14 @@ step fused_adam "$PY" "${TRAIN[@]}" optim=adam trainer=smoke hydra.run.dir="$WOR
 # memory budget: tables that miss sharding.hbm_gb are UVM-cached (flat and SPTT), same training
 step uvm_caching "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_sharding_plan.py -k cuda
 step checkpoint_and_eval bash -c "'$PY' ${TRAIN[*]} trainer=smoke trainer.checkpoint=true hydra.run.dir='$WORK/ck' && '$ROOT/.venv/bin/dmt-eval' --checkpoint '$WORK/ck/checkpoints' --data test --device cuda --out '$WORK/ck/eval.json'"
+# one GPU: dmt against the torchrec_dlrm loop on the Criteo sample (figures in the log, not PASS)
+SAMPLE="$ROOT/../shared/data/criteo-kaggle-sample/train.tsv"
+if [[ -f "$SAMPLE" ]]; then
+  step torchrec_dlrm_one_gpu "$PY" benchmarks/bench_torchrec_dlrm.py --device cuda --runs 3 \
+    --steps 200 --warmup 20 --override "data.criteo.preprocessed_dir=$WORK/criteo_sample" \
+    --json "$WORK/torchrec_dlrm.json"
+  tail -6 "$WORK/torchrec_dlrm_one_gpu.log"
+fi
 if [[ "$GPUS" -ge 2 ]]; then
   step torchrun_flat "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 "${TRAIN[@]}" hydra.run.dir="$WORK/flat2"
   step torchrun_sptt "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 "${TRAIN[@]}" \

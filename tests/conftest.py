@@ -5,16 +5,34 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 __all__ = ["compose_config", "typed_config"]
 from dmt.train import compose_config, to_config
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+# CUDA counts the devices once per process, reading CUDA_VISIBLE_DEVICES then: count them here,
+# before a test hides them (below), so that this process keeps seeing every GPU (on an H100 the
+# first count fell inside a CPU test and the CUDA tests after it saw none)
+torch.cuda.is_available()
 
 
 def typed_config(*overrides: str):
     return to_config(compose_config(*overrides))
+
+
+@pytest.fixture(autouse=True)
+def cpu_unless_the_test_is_for_gpus(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a machine with GPUs, a test of the CPU/gloo path stays there: the processes it starts
+    (``dmt-train``, torchrun, spawned ranks) see no GPU, so ``trainer.device=auto`` means CPU
+    and several ranks do not all pick the one GPU (on an H100 they did: NCCL on a shared device,
+    and CUDA in forked ranks). Tests for the GPU path name it (``cuda`` or the ``nccl``
+    parameter) and see every GPU."""
+    if "cuda" not in request.node.name and "nccl" not in request.node.name:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
 @pytest.fixture

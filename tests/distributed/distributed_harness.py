@@ -1,8 +1,11 @@
 """Run a function on ``G`` gloo processes (CPU) and collect what each rank returns.
 
-Processes start from a ``forkserver`` that has imported torch and torchrec once, so a test pays
-a fork, not a fresh interpreter and a torchrec import, per rank (that matters with 8 ranks on 2
-cores). The default group rendezvouses through a file, so no port is picked; every collective
+On a machine without GPUs, processes start from a ``forkserver`` that has imported torch and
+torchrec once, so a test pays a fork, not a fresh interpreter and a torchrec import, per rank
+(that matters with 8 ranks on 2 cores). NCCL ranks, and every rank on a machine with GPUs, are
+spawned: the forkserver's imports initialize CUDA (FBGEMM's CUDA libraries), and CUDA cannot be
+used again in a forked child ("Cannot re-initialize CUDA in forked subprocess" and "CUDA error:
+initialization error", both seen on an H100). The default group rendezvouses through a file, so no port is picked; every collective
 has a timeout, and the whole run has a deadline after which the parent kills its children.
 """
 
@@ -58,6 +61,16 @@ def _entry(
         dist.destroy_process_group()
 
 
+def start_method_for(backend: str, cuda_available: bool | None = None) -> str:
+    """How the ranks start: ``spawn`` (a fresh interpreter) for nccl and on any machine with a
+    GPU, since CUDA cannot be used in a child forked after it was initialized (the forkserver's
+    imports load FBGEMM's CUDA libraries; torch's optimizers query CUDA even for CPU tensors),
+    else the preloaded ``forkserver``."""
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    return "spawn" if backend == "nccl" or cuda_available else _START_METHOD
+
+
 def run_on_ranks(
     fn: Callable[..., Any],
     world_size: int,
@@ -71,7 +84,8 @@ def run_on_ranks(
     process group initialized (``backend``: gloo, or nccl with rank ``r`` on ``cuda:r``). A
     failure on any rank is re-raised here with its traceback.
     """
-    ctx = mp.get_context(_START_METHOD)
+    start_method = start_method_for(backend)
+    ctx = mp.get_context(start_method)
     results = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
@@ -80,7 +94,7 @@ def run_on_ranks(
             args=(world_size, init_file, fn, args, results, backend),
             nprocs=world_size,
             join=False,
-            start_method=_START_METHOD,
+            start_method=start_method,
         )
         by_rank: dict[int, Any] = {}
         deadline = time.monotonic() + timeout_s

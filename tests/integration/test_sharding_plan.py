@@ -10,9 +10,10 @@ import torch
 from dmt.train import train
 from tests.conftest import compose_config
 
-TINY = [
+TINY = [  # on CPU (the plans below are CPU plans); the CUDA test overrides the device
     "logger=disabled",
     "trainer=smoke",
+    "trainer.device=cpu",
     "trainer.progress_bar=false",
     "data.synthetic.num_sparse=6",
     "data.synthetic.num_groups=2",

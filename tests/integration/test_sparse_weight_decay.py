@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fbgemm_gpu.tbe.config.optimizer_config import WeightDecayMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 

@@ -3,7 +3,7 @@ that FBGEMM's kernels would ignore (its CPU kernels: tests/integration/test_spar
 
 import pytest
 import torch
-from fbgemm_gpu.tbe.config.optimizer_config import WeightDecayMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 from torch import nn
 
 from dmt.optim import (
