@@ -1,6 +1,7 @@
 """dmt against Meta's ``torchrec_dlrm`` training loop, one process, the same batches (issue 11).
 
-In one process (a world of one on gloo, CPU) and on the same batches of the Criteo Kaggle sample
+In one process (a world of one: gloo on the CPU, or NCCL on one GPU with ``--device cuda``) and
+on the same batches of the Criteo Kaggle sample
 (``data=criteo_sample``, preprocessed by dmt's loaders), four variants train side by side:
 
 - ``reference``: ``facebookresearch/dlrm``'s ``torchrec_dlrm/dlrm_main.py`` loop rebuilt from
@@ -28,6 +29,8 @@ oversubscribed (with 2 threads on 2 busy cores every variant ran about 8x slower
 
     .venv/bin/python benchmarks/bench_torchrec_dlrm.py --runs 5 --threads 1
     .venv/bin/python benchmarks/bench_torchrec_dlrm.py --steps 200 --runs 5 --json out.json
+    .venv/bin/python benchmarks/bench_torchrec_dlrm.py --device cuda --steps 200 --warmup 20 --runs 5
+    .venv/bin/python benchmarks/bench_torchrec_dlrm.py --device cuda --override data.batch_size=4096
 
 Prints samples/s per run, the median and range of each variant, the ratios dmt / reference,
 pipelined / plain and no-sync / sync, and the load average at start and end.
@@ -92,8 +95,10 @@ VARIANTS = ["reference", *DMT_VARIANTS]
 
 
 def dmt_config(variant: str, device: str = "cpu", extra: tuple[str, ...] = ()) -> Config:
+    """The variant's config; ``extra`` (``--override``) before the variant's own settings and the
+    device (``--device``), which it cannot change."""
     return to_config(
-        compose_config(*OVERRIDES, f"trainer.device={device}", *extra, *DMT_VARIANTS[variant])
+        compose_config(*OVERRIDES, *extra, *DMT_VARIANTS[variant], f"trainer.device={device}")
     )
 
 

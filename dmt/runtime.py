@@ -260,13 +260,16 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0) -> Runtime:
     (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
     ``MASTER_PORT``) so that TorchRec, which reads some of them, sees the same world.
     """
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if device == "cuda" and not torch.cuda.is_available():
+    # one count decides both whether and which: before CUDA starts in this process, torch counts
+    # the devices CUDA_VISIBLE_DEVICES shows now, which can differ from is_available()'s answer
+    visible = torch.cuda.device_count() if device != "cpu" else 0
+    use_cuda = device == "cuda" or (device == "auto" and visible > 0)
+    if device == "cuda" and visible == 0:
         raise ValueError("trainer.device=cuda but no CUDA device is available")
     world = world_from_env(os.environ)
     backend = "nccl" if use_cuda else "gloo"
     dev = (
-        torch.device("cuda", cuda_index(world.local_rank, torch.cuda.device_count()))
+        torch.device("cuda", cuda_index(world.local_rank, visible))
         if use_cuda
         else torch.device("cpu")
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 # before a test hides them (below), so that this process keeps seeing every GPU (on an H100 the
 # first count fell inside a CPU test and the CUDA tests after it saw none)
 torch.cuda.is_available()
+#: ``CUDA_VISIBLE_DEVICES`` as the suite found it (``None``: unset)
+VISIBLE_AT_START = os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
 def typed_config(*overrides: str):
@@ -26,12 +29,14 @@ def typed_config(*overrides: str):
 def cpu_unless_the_test_is_for_gpus(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On a machine with GPUs, a test of the CPU/gloo path stays there: the processes it starts
-    (``dmt-train``, torchrun, spawned ranks) see no GPU, so ``trainer.device=auto`` means CPU
-    and several ranks do not all pick the one GPU (on an H100 they did: NCCL on a shared device,
-    and CUDA in forked ranks). Tests for the GPU path name it (``cuda`` or the ``nccl``
-    parameter) and see every GPU."""
-    if "cuda" not in request.node.name and "nccl" not in request.node.name:
+    """On a machine with GPUs, a test of the CPU/gloo path keeps what it starts on the CPU: the
+    processes it starts (``dmt-train``, torchrun, spawned ranks) see no GPU, so
+    ``trainer.device=auto`` means CPU there and several ranks do not all pick the one GPU (on an
+    H100 they did: NCCL on a shared device, and CUDA in forked ranks). Tests of the GPU path
+    (``cuda`` in the test's name, or the ``nccl`` backend parameter) see every GPU."""
+    callspec = getattr(request.node, "callspec", None)
+    nccl = callspec is not None and callspec.params.get("backend") == "nccl"
+    if "cuda" not in request.node.originalname and not nccl:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 

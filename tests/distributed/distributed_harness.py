@@ -1,12 +1,13 @@
-"""Run a function on ``G`` gloo processes (CPU) and collect what each rank returns.
+"""Run a function on ``G`` processes (gloo on CPU, or nccl) and collect what each rank returns.
 
 On a machine without GPUs, processes start from a ``forkserver`` that has imported torch and
 torchrec once, so a test pays a fork, not a fresh interpreter and a torchrec import, per rank
 (that matters with 8 ranks on 2 cores). NCCL ranks, and every rank on a machine with GPUs, are
 spawned: the forkserver's imports initialize CUDA (FBGEMM's CUDA libraries), and CUDA cannot be
 used again in a forked child ("Cannot re-initialize CUDA in forked subprocess" and "CUDA error:
-initialization error", both seen on an H100). The default group rendezvouses through a file, so no port is picked; every collective
-has a timeout, and the whole run has a deadline after which the parent kills its children.
+initialization error", both seen on an H100). The default group rendezvouses through a file, so
+no port is picked; every collective has a timeout, and the whole run has a deadline after which
+the parent kills its children.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from tests.conftest import VISIBLE_AT_START
 from tests.distributed.distributed_harness import start_method_for
 
 
@@ -23,4 +24,4 @@ def test_a_cpu_test_hides_the_gpus_from_what_it_starts() -> None:
 
 
 def test_a_cuda_test_sees_them() -> None:
-    assert os.environ.get("CUDA_VISIBLE_DEVICES") != ""
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == VISIBLE_AT_START
