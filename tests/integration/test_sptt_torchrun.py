@@ -66,6 +66,7 @@ def _check(procs: list[subprocess.Popen], timeout: float = 300) -> None:
         assert p.returncode == 0, out[-4000:]
 
 
+@pytest.mark.slow  # 35 s on 2 cores: in `-m slow`, out of CI's 15 minutes
 def test_sptt_training_one_host_and_two_emulated_hosts_agree(tmp_path) -> None:
     one = tmp_path / "one_host"
     _check(

@@ -130,6 +130,7 @@ def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([exe, *args[1:]], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # 5 CLI runs, 20 s (multirun also: test_run_artifacts.py)
 def test_cli_run_and_multirun_sweep(tmp_path):
     run = _cli("dmt-train", *TINY, "trainer=smoke", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
