@@ -208,6 +208,8 @@ class CriteoConfig:
     """Directory input: the test day; cut in halves (first validation, second test) unless ``val_day`` is set."""
     val_day: int | None = None
     """Directory input: a whole day of validation rows (``eval_day`` is then all test); None halves ``eval_day``."""
+    val_split: bool = True
+    """False: no validation rows. Directory input: ``eval_day`` is all test, ``val_day`` must be None (the forward protocol's refit: the settings chosen on ``val_day``, trained again with that day in ``train_days``). A single file says it with ``split_fractions[1] = 0``."""
     categorical_mode: str = "vocab"
     """``vocab``: ids fitted on train with a frequency threshold; ``hash``: stable hashing."""
     frequency_threshold: int = 3
@@ -266,6 +268,12 @@ class CriteoConfig:
                 raise ValueError(
                     f"val_day {self.val_day} equals eval_day {self.eval_day}; the validation day "
                     "must be another day than the test day (or val_day None, to halve eval_day)"
+                )
+            if not self.val_split:
+                raise ValueError(
+                    f"val_split is false (no validation rows) but val_day {self.val_day} is set; "
+                    f"set val_day to null, and put day {self.val_day} into train_days to train "
+                    "on it"
                 )
         if self.categorical_mode not in CATEGORICAL_MODES:
             raise ValueError(

@@ -20,7 +20,8 @@ Splits:
   0..22) train; ``eval_day`` (default 23) is halved, first ``ceil(n/2)`` lines validation, the
   rest test (as TorchRec does); or, with ``val_day`` set, ``val_day`` is the validation split and
   ``eval_day`` the test split, whole (the forward-in-time protocol: train days 0..21, validate
-  on day 22, test on day 23).
+  on day 22, test on day 23); or, with ``val_split`` false, there are no validation rows and
+  ``eval_day`` is the test split, whole (the protocol's refit: train days 0..22, test day 23).
 
 Fractions and halves count raw lines; a skipped bad row leaves its split one row shorter.
 
@@ -173,7 +174,10 @@ def preprocess_criteo(
             "train_days": sorted(cfg.train_days),
             "eval_day": cfg.eval_day,
         }
-        if cfg.val_day is None:
+        if not cfg.val_split:  # only then in the layout, as val_day
+            layout["val_split"] = False
+            split_of_day[cfg.eval_day] = "test"
+        elif cfg.val_day is None:
             split_of_day[cfg.eval_day] = "val+test"
         else:  # only then in the layout: outputs made before val_day existed stay up to date
             layout["val_day"] = cfg.val_day
@@ -194,6 +198,12 @@ def preprocess_criteo(
             return out
 
     elif raw.is_file():
+        if not cfg.val_split and cfg.split_fractions[1] != 0:
+            raise ValueError(
+                f"val_split is false (no validation rows) but split_fractions "
+                f"{list(cfg.split_fractions)} give validation {cfg.split_fractions[1]} of "
+                f"{str(raw)!r}; set split_fractions[1] to 0"
+            )
         paths = [raw]
         layout = {"kind": "fractions", "split_fractions": [float(f) for f in cfg.split_fractions]}
 

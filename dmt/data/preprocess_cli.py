@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="directory input: a whole day of validation rows (--eval-day is then all test)",
     )
+    p.add_argument(
+        "--no-val",
+        action="store_true",
+        help="directory input: no validation rows, --eval-day all test (the forward protocol's "
+        "refit: train days 0-22, test day 23); not with --val-day",
+    )
     p.add_argument("--categorical-mode", choices=("vocab", "hash"), default="vocab")
     p.add_argument(
         "--frequency-threshold",
@@ -165,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 else _days(args.train_days),
                 eval_day=args.eval_day,
                 val_day=args.val_day,
+                val_split=not args.no_val,
                 categorical_mode=args.categorical_mode,
                 frequency_threshold=args.frequency_threshold,
                 missing_id=args.missing_id,

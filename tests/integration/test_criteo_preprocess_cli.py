@@ -93,23 +93,49 @@ def test_cli_writes_output_and_reports_bad_input(
         main([str(raw), str(tmp_path / "o3"), "--categorical-mode", "nope"])
 
 
-def test_cli_val_day(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``--val-day``: the forward-in-time day layout (train days, a validation day, a test day)."""
+@pytest.mark.parametrize(
+    "layout,rows,manifest,bad,error",
+    [
+        (  # the forward-in-time layout: train days, a validation day, a test day
+            ["--train-days", "0-1", "--val-day", "2", "--eval-day", "3"],
+            [70, 20, 10],
+            {"train_days": [0, 1], "val_day": 2},
+            ["--train-days", "0-2", "--val-day", "2", "--eval-day", "3"],
+            "val_day 2 is also in train_days [0, 1, 2]; validation rows must not be trained on",
+        ),
+        (  # the refit layout: train days, no validation rows, the test day whole
+            ["--train-days", "0-2", "--no-val", "--eval-day", "3"],
+            [90, 0, 10],
+            {"train_days": [0, 1, 2], "val_split": False},
+            ["--train-days", "0-1", "--val-day", "2", "--no-val"],
+            "val_split is false (no validation rows) but val_day 2 is set; set val_day to null, "
+            "and put day 2 into train_days to train on it",
+        ),
+    ],
+    ids=["val-day", "no-val"],
+)
+def test_cli_day_layouts(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    layout: list[str],
+    rows: list[int],
+    manifest: dict[str, object],
+    bad: list[str],
+    error: str,
+) -> None:
+    """``--val-day`` and ``--no-val``: the rows of each split, and the error of a bad layout."""
     days = tmp_path / "days"
     days.mkdir()
     for d, n in enumerate([40, 30, 20, 10]):
         (days / f"day_{d}.tsv").write_text(raw_rows(n, seed=10 + d))
     args = [str(days), str(tmp_path / "out"), "--no-progress", "--num-workers", "1"]
-    assert main([*args, "--train-days", "0-1", "--val-day", "2", "--eval-day", "3"]) == 0
+    assert main([*args, *layout]) == 0
     m = read_manifest(tmp_path / "out")
-    assert [m["splits"][s]["rows"] for s in ("train", "val", "test")] == [70, 20, 10]
-    assert m["settings"]["layout"]["val_day"] == 2
+    assert [m["splits"][s]["rows"] for s in ("train", "val", "test")] == rows
+    assert m["settings"]["layout"] == {"kind": "days", "eval_day": 3, **manifest}
     capsys.readouterr()
-    assert main([*args, "--train-days", "0-2", "--val-day", "2", "--eval-day", "3"]) == 1
-    assert capsys.readouterr().err == (
-        "dmt-preprocess: error: val_day 2 is also in train_days [0, 1, 2]; validation rows must "
-        "not be trained on\n"
-    )
+    assert main([*args, *bad]) == 1
+    assert capsys.readouterr().err == f"dmt-preprocess: error: {error}\n"
 
 
 def test_interrupted_run_then_rerun_equals_clean_run(tmp_path: Path) -> None:

@@ -106,11 +106,12 @@ def check_split(out: Path, split: str, rows: list[str], vocab: list[dict[int, in
     assert dense.shape == (len(rows), 13) and sparse.shape == (len(rows), 26)
     ref = [ref_parse(r) for r in rows]
     np.testing.assert_array_equal(labels, [r[0] for r in ref])
-    np.testing.assert_allclose(dense, np.array([r[1] for r in ref], np.float32), rtol=1e-6, atol=0)
+    ref_dense = np.array([r[1] for r in ref], np.float32).reshape(len(rows), 13)
+    np.testing.assert_allclose(dense, ref_dense, rtol=1e-6, atol=0)
     expected = [
         [vocab[f].get(v, 0) if v is not None else 0 for f, v in enumerate(r[2])] for r in ref
     ]
-    np.testing.assert_array_equal(sparse, expected)
+    np.testing.assert_array_equal(sparse, np.array(expected, np.int64).reshape(len(rows), 26))
 
 
 def config(tmp_path: Path, raw: Path, **kw: object) -> CriteoConfig:
@@ -299,9 +300,20 @@ def test_terabyte_val_day_is_a_whole_day_between_train_and_test(tmp_path: Path) 
     }
 
 
-def test_criteo_1tb_forward_config_trains_on_days_0_to_21(tmp_path: Path) -> None:
-    """data=criteo_1tb_forward on 24 tiny made-up days: days 0-21 train, 22 validation, 23 test."""
-    criteo = typed_config("data=criteo_1tb_forward", "data.criteo.raw_path=days").data.criteo
+@pytest.mark.parametrize(
+    "data,train_days,val_day,layout",
+    [
+        ("criteo_1tb_forward", 22, 22, {"val_day": 22}),
+        ("criteo_1tb_forward_refit", 23, None, {"val_split": False}),
+    ],
+)
+def test_criteo_1tb_forward_configs_split_by_day(
+    tmp_path: Path, data: str, train_days: int, val_day: int | None, layout: dict[str, object]
+) -> None:
+    """On 24 tiny made-up days: data=criteo_1tb_forward trains on days 0-21, validates on day 22
+    and tests on day 23; data=criteo_1tb_forward_refit trains on days 0-22, has no validation
+    rows and tests on the same day 23, whole."""
+    criteo = typed_config(f"data={data}", "data.criteo.raw_path=days").data.criteo
     assert criteo is not None
     days = tmp_path / "days"
     days.mkdir()
@@ -314,18 +326,65 @@ def test_criteo_1tb_forward_config_trains_on_days_0_to_21(tmp_path: Path) -> Non
         ),
         **SMALL,
     )
-    train = [row for rows in per_day[:22] for row in rows]
-    for split, rows in (("train", train), ("val", per_day[22]), ("test", per_day[23])):
-        dense, _, labels = load_split(out, split)
+    train = [row for rows in per_day[:train_days] for row in rows]
+    val = per_day[val_day] if val_day is not None else []
+    for split, rows in (("train", train), ("val", val), ("test", per_day[23])):
+        dense, sparse, labels = load_split(out, split)
+        assert sparse.shape == (len(rows), 26)
         ref = [ref_parse(r) for r in rows]
         np.testing.assert_array_equal(labels, [r[0] for r in ref])
-        np.testing.assert_allclose(dense, np.array([r[1] for r in ref], np.float32), rtol=1e-6)
-    assert read_manifest(out)["settings"]["layout"] == {
+        np.testing.assert_allclose(
+            dense, np.array([r[1] for r in ref], np.float32).reshape(-1, 13), rtol=1e-6
+        )
+    m = read_manifest(out)
+    assert [m["splits"][s]["rows"] for s in ("train", "val", "test")] == [
+        len(train),
+        len(val),
+        len(per_day[23]),
+    ]
+    assert m["settings"]["layout"] == {
         "kind": "days",
-        "train_days": list(range(22)),
+        "train_days": list(range(train_days)),
         "eval_day": 23,
-        "val_day": 22,
+        **layout,
     }
+
+
+def test_no_val_split_on_days_keeps_vocab_and_test_rows(tmp_path: Path) -> None:
+    """val_split false: the vocabularies are fitted on the train days only and the test day is
+    mapped through them whole, as with val_day."""
+    days = tmp_path / "days"
+    days.mkdir()
+    per_day = [make_rows(n, seed=40 + d) for d, n in enumerate([25, 18, 9])]
+    for d, rows in enumerate(per_day):
+        write(days / f"day_{d}", rows)
+    out = preprocess_criteo(
+        config(tmp_path, days, train_days=[0, 1], eval_day=2, val_split=False), **SMALL
+    )
+    vocab = ref_vocab(per_day[0] + per_day[1], 3)
+    check_split(out, "train", per_day[0] + per_day[1], vocab)
+    check_split(out, "val", [], vocab)
+    check_split(out, "test", per_day[2], vocab)
+
+
+def test_no_val_split_on_one_file_needs_no_validation_fraction(tmp_path: Path) -> None:
+    raw = tmp_path / "train.txt"
+    write(raw, make_rows(20, seed=50))
+    cfg = CriteoConfig(
+        raw_path=str(raw),
+        preprocessed_dir=str(tmp_path / "out"),
+        split_fractions=[0.8, 0.1, 0.1],
+        val_split=False,
+    )
+    message = (
+        "val_split is false (no validation rows) but split_fractions [0.8, 0.1, 0.1] give "
+        f"validation 0.1 of {str(raw)!r}; set split_fractions[1] to 0"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        preprocess_criteo(cfg, **SMALL)
+    assert not (tmp_path / "out").exists()
+    out = preprocess_criteo(dataclasses.replace(cfg, split_fractions=[0.8, 0.0, 0.2]), **SMALL)
+    assert read_manifest(out)["splits"]["val"]["rows"] == 0
 
 
 def test_terabyte_without_val_day_keeps_the_halving_layout(tmp_path: Path) -> None:
@@ -353,6 +412,11 @@ def test_terabyte_without_val_day_keeps_the_halving_layout(tmp_path: Path) -> No
             {"train_days": [0, 1], "val_day": 3, "eval_day": 3},
             "val_day 3 equals eval_day 3; the validation day must be another day than the test "
             "day (or val_day None, to halve eval_day)",
+        ),
+        (
+            {"train_days": [0, 1], "val_day": 2, "eval_day": 3, "val_split": False},
+            "val_split is false (no validation rows) but val_day 2 is set; set val_day to null, "
+            "and put day 2 into train_days to train on it",
         ),
     ],
 )
