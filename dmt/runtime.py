@@ -24,6 +24,7 @@ size, so dmt reads the variables itself and exports the same torchrun variables 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -324,13 +325,22 @@ def _export(world: World, environ: MutableMapping[str, str]) -> None:
         environ.setdefault(key, value)
 
 
-def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store:
-    """The torchrun agent's store, with this restart's keys apart from earlier attempts'.
+#: process groups this process has initialized on the torchrun agent's store (see _elastic_store)
+_agent_store_inits = itertools.count()
 
-    After ``torchrun --max-restarts`` restarts the workers, they meet again in the agent's
-    store, which still holds the previous attempt's keys; a worker that starts before its peer
-    would read the peer's *old* gloo/NCCL address and fail with "Connection refused". The
-    restart count (``TORCHELASTIC_RESTART_COUNT``) as a key prefix keeps the attempts apart.
+
+def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store:
+    """The torchrun agent's store, with this group's keys apart from earlier groups'.
+
+    The agent's store outlives the process groups that meet in it, and keeps their keys:
+    - after ``torchrun --max-restarts`` restarts the workers, they meet again in it;
+    - a Hydra multirun (``-m``) under torchrun runs its jobs one after another in the same
+      workers, each job initializing and destroying its own process group.
+    A worker that starts before its peer would read the peer's *old* gloo/NCCL address and fail
+    ("Connection refused" on gloo, a hang or a failed communicator on NCCL). The restart count
+    (``TORCHELASTIC_RESTART_COUNT``) and this process's count of groups initialized so far (the
+    same on every rank: all ranks run the same jobs in the same order) as a key prefix keep them
+    apart.
     """
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
@@ -339,9 +349,8 @@ def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store:
         is_master=False,
         timeout=timeout,
     )
-    return dist.PrefixStore(
-        f"dmt/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store
-    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"dmt/attempt_{attempt}/group_{next(_agent_store_inits)}", store)
 
 
 def close_runtime() -> None:

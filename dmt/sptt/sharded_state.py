@@ -60,7 +60,10 @@ def plain_name(internal: str, tower: int) -> str | None:
 
 
 def shard_placement(rank: int, device: torch.device, local_world_size: int) -> str:
-    """``rank:<r>/<device>`` of a shard on global rank ``r`` (CUDA: its local device index)."""
+    """``rank:<r>/<device>`` of a shard on global rank ``r`` that this rank does not hold: the
+    device is nominal (CUDA: ``r``'s index on a host of ``local_world_size`` ranks). Torch checks
+    a placement's device only against the local shard's tensor, and this rank's own shards are
+    placed on their tensors' devices (:func:`sharded_table`)."""
     if device.type == "cuda":
         return f"rank:{rank}/cuda:{rank % local_world_size}"
     return f"rank:{rank}/{device.type}"
@@ -99,12 +102,17 @@ def sharded_table(
             continue
         offsets = [s.row_start] if one_dim else [s.row_start, s.col_start]
         sizes = [s.num_rows] if one_dim else [s.num_rows, s.num_cols]
-        meta = ShardMetadata(offsets, sizes, shard_placement(s.rank, device, L))
-        metas.append(meta)
         if s.rank == rank and i in local:
+            # the device the tensor is on: the plan's host layout (sptt.local_world_size, which
+            # may emulate hosts) or the launcher's (one GPU per task: every rank's cuda:0) need
+            # not say which GPU a rank uses
             tensor = local[i]
             assert list(tensor.shape) == sizes, (tensor.shape, sizes)
+            meta = ShardMetadata(offsets, sizes, f"rank:{s.rank}/{tensor.device}")
             local_shards.append(Shard(tensor, meta))
+        else:
+            meta = ShardMetadata(offsets, sizes, shard_placement(s.rank, device, L))
+        metas.append(meta)
     dtype = next(iter(local.values())).dtype if local else torch.float32
     size = torch.Size([rows] if one_dim else [rows, plan.embedding_dim])
     global_meta = ShardedTensorMetadata(metas, size, TensorProperties(dtype=dtype))

@@ -1,0 +1,48 @@
+"""One torchrun worker process initializes and destroys several process groups in turn, as a Hydra
+multirun (``dmt-train -m``) under torchrun does: each job's group must meet in the agent's store
+under its own keys, not read an earlier job's rendezvous (gloo: "Connection refused")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+WORKER = """
+import sys, time
+import torch, torch.distributed as dist
+from dmt.runtime import close_runtime, init_runtime
+
+for job in range(3):
+    runtime = init_runtime("cpu", timeout_s=60)
+    if runtime.rank == 1:
+        time.sleep(0.5)  # rank 0 meets first: it would find rank 1's old address
+    total = torch.tensor([float(runtime.rank + 1)])
+    dist.all_reduce(total)
+    print(f"rank {runtime.rank} job {job} sum {total.item():g}", flush=True)
+    close_runtime()
+"""
+
+
+def test_torchrun_workers_run_three_groups_in_turn(tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(script),
+    ]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    assert lines == sorted(f"rank {r} job {j} sum 3" for r in (0, 1) for j in range(3)), out
