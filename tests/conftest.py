@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-__all__ = ["compose_config", "typed_config"]
+__all__ = ["compose_config", "torchrun", "typed_config"]
 from dmt.train import compose_config, to_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,6 +24,17 @@ VISIBLE_AT_START = os.environ.get("CUDA_VISIBLE_DEVICES")
 
 def typed_config(*overrides: str):
     return to_config(compose_config(*overrides))
+
+
+def torchrun(*args: str, nproc: int = 2) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of ``torchrun --standalone --nproc-per-node=<nproc> <args>``:
+    one thread per rank, this checkout importable, and no rank variables inherited from the
+    caller (torchrun sets its own)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return [*run, f"--nproc-per-node={nproc}", *args], env
 
 
 @pytest.fixture(autouse=True)

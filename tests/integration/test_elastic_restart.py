@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from dmt import checkpoint
+from tests.conftest import torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = (
@@ -43,19 +43,7 @@ COMPARED = ("val_auc", "test_auc", "test_logloss", "test_ne", "num_steps")
 
 
 def _torchrun(run_dir: Path) -> subprocess.Popen[str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "--max-restarts=1",
-        *TRAIN,
-        f"hydra.run.dir={run_dir}",
-    ]
+    cmd, env = torchrun("--max-restarts=1", *TRAIN, f"hydra.run.dir={run_dir}")
     return subprocess.Popen(
         cmd,
         cwd=REPO,

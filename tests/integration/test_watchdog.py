@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import torchrun
+
 TIMEOUT_S = 20
 MARGIN_S = 40
 
@@ -54,26 +54,19 @@ def _alive(pid: int) -> bool:
 @pytest.mark.slow
 def test_a_stopped_rank_ends_the_job_within_the_timeout(tmp_path) -> None:
     log_path = tmp_path / "torchrun.log"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
+    cmd, env = torchrun(
+        "-m",
+        "dmt.train",
+        "logger=disabled",
+        "trainer.progress_bar=true",
+        "trainer.epochs=1000",
+        "data.synthetic.num_train=20000",
+        "data.batch_size=256",
+        f"trainer.collective_timeout_s={TIMEOUT_S}",
+    )
     with log_path.open("w") as log:
         job = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc-per-node=2",
-                "-m",
-                "dmt.train",
-                "logger=disabled",
-                "trainer.progress_bar=true",
-                "trainer.epochs=1000",
-                "data.synthetic.num_train=20000",
-                "data.batch_size=256",
-                f"trainer.collective_timeout_s={TIMEOUT_S}",
-            ],
+            cmd,
             cwd=tmp_path,
             env=env,
             stdout=log,
