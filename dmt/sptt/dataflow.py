@@ -234,9 +234,12 @@ class SPTTDataflow(nn.Module):
     # ---- weights -----------------------------------------------------------------------------
 
     def shard_parameters(self) -> list[tuple[TableShard, nn.Parameter]]:
-        """This rank's shards and their weights ``(rows, cols)``, in lookup order."""
+        """This rank's shards and their weights ``(rows, cols)``, in lookup order; UVM-cached
+        shards are flushed first (:meth:`_FusedShards.flush`), so the weights are up to date."""
         if self.embedding_bag_collection is None:
             return []
+        if isinstance(self.embedding_bag_collection, _FusedShards):
+            self.embedding_bag_collection.flush()
         bags = self.embedding_bag_collection.embedding_bags
         # ModuleDict items are typed nn.Module; an embedding bag's weight is a Parameter.
         return [
@@ -787,6 +790,21 @@ class _FusedShards(nn.Module):
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return list(self._configs)
+
+    def flush(self) -> None:
+        """Write the UVM-cached tables' rows held in the HBM cache back to the tables.
+
+        FBGEMM applies the fused optimizer's updates to a cached row in the cache; the table
+        (the registered ``weight``, in UVM) gets them only when the row is evicted or the cache is
+        flushed. TorchRec's sharded kernels flush in ``state_dict``; this module must too, before
+        its weights are read for a checkpoint, ``dmt-eval`` or ``dmt-export``. No-op without
+        cached tables. CUDA only, so no CPU test reaches the loop (``scripts/gpu_acceptance.sh``).
+        """
+        if self.fused_cached is None:
+            return
+        # FusedEmbeddingBagCollection keeps its FBGEMM lookups in a plain list and has no flush
+        for lookup in self.fused_cached._emb_modules:
+            lookup.flush()
 
     def fused_optimizer(self) -> KeyedOptimizer:
         optimizers = [m.fused_optimizer() for m in self._modules_in_order]

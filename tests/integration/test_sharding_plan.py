@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 
+from dmt import checkpoint
 from dmt.train import train
 from tests.conftest import compose_config
 
@@ -89,8 +90,15 @@ def test_runs_fail_before_training_when_tables_exceed_the_budget(tmp_path, one_t
 @pytest.mark.parametrize("extra", [[], SPTT], ids=["flat", "sptt"])
 def test_cuda_uvm_caching_trains_like_hbm(tmp_path, extra):
     """6 tables of 6.8 MB in 0.02 GiB of HBM: some are UVM-cached (mixed with HBM ones), and
-    training computes what it computes with every table in HBM."""
-    big = [*TINY, *extra, "trainer.device=cuda", "data.synthetic.cardinality=100000"]
+    training computes what it computes with every table in HBM; the checkpoints hold the same
+    tables (the UVM cache's updated rows are flushed into the tables before they are saved)."""
+    big = [
+        *TINY,
+        *extra,
+        "trainer.device=cuda",
+        "data.synthetic.cardinality=100000",
+        "trainer.checkpoint=true",
+    ]
     roomy = train(compose_config(*big), tmp_path / "hbm")
     short = train(compose_config(*big, "sharding.hbm_gb=0.02"), tmp_path / "uvm")
     plan = (tmp_path / "uvm" / "sharding_plan.txt").read_text()
@@ -102,3 +110,10 @@ def test_cuda_uvm_caching_trains_like_hbm(tmp_path, extra):
         assert plan.count("location uvm_caching") == 4 and plan.count("location hbm") == 2, plan
     for key in ("train_loss_last", "val_auc", "test_logloss"):
         assert short[key] == pytest.approx(roomy[key], rel=1e-4, abs=1e-5), key
+    paths = [checkpoint.latest(tmp_path / run / "checkpoints") for run in ("hbm", "uvm")]
+    saved = [checkpoint.load_model_state(p) for p in paths if p is not None]
+    assert len(saved) == 2, paths
+    tables = [k for k in saved[0] if "embedding_bags" in k]
+    assert tables and sorted(saved[0]) == sorted(saved[1])
+    for key in tables:
+        torch.testing.assert_close(saved[1][key], saved[0][key], rtol=1e-4, atol=1e-5)
