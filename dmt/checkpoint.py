@@ -90,17 +90,24 @@ _CHANGEABLE_PREFIXES = ("optim.", *_RUN_LENGTH_KEYS)
 
 
 def _rng_state() -> dict[str, Any]:
-    return {
+    """This rank's generators: CPU torch, numpy, python, and the rank's GPU's (``cuda``, when
+    CUDA is in use: dropout on a GPU draws from it)."""
+    state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "numpy": np.random.get_state(),
         "python": random.getstate(),
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device: the rank's GPU
+    return state
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def _sharded_dmt(model: nn.Module) -> ShardedDMT | None:
@@ -519,7 +526,10 @@ def load(
             )
     same_world = int(meta["world_size"]) == world
     if same_world:
-        state["rng"] = {f"rank_{rank}": _rng_state()}
+        rng = _rng_state()
+        if f"rng.rank_{rank}.cuda" not in saved:  # saved on the CPU, or by an older dmt
+            rng.pop("cuda", None)
+        state["rng"] = {f"rank_{rank}": rng}
     try:
         dcp.load(state, checkpoint_id=path)
     except Exception as e:  # DCP gathers every rank's error into one CheckpointException

@@ -23,6 +23,8 @@ step train_one_gpu "$PY" "${TRAIN[@]}" hydra.run.dir="$WORK/one"
 step fused_adam "$PY" "${TRAIN[@]}" optim=adam trainer=smoke hydra.run.dir="$WORK/adam"
 # memory budget: tables that miss sharding.hbm_gb are UVM-cached (flat and SPTT), same training
 step uvm_caching "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_sharding_plan.py -k cuda
+# a resumed run draws the GPU's dropout masks of an uninterrupted one (the CUDA generator is saved)
+step resume_dropout_cuda "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_train.py -k "dropout and cuda"
 step checkpoint_and_eval bash -c "'$PY' ${TRAIN[*]} trainer=smoke trainer.checkpoint=true hydra.run.dir='$WORK/ck' && '$ROOT/.venv/bin/dmt-eval' --checkpoint '$WORK/ck/checkpoints' --data test --device cuda --out '$WORK/ck/eval.json'"
 # one GPU: dmt against the torchrec_dlrm loop on the Criteo sample (figures in the log, not PASS)
 SAMPLE="$ROOT/../shared/data/criteo-kaggle-sample/train.tsv"
