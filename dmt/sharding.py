@@ -13,8 +13,10 @@ reduce-scatters of the sharded tables, forward and backward, with TorchRec's own
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
@@ -33,7 +35,14 @@ from torchrec.distributed.model_parallel import DistributedModelParallel, get_de
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.types import KernelConfig, PlannerError, TopologyFactory
 from torchrec.distributed.planner.types import TrainerConfig as PlannerTrainerConfig
-from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan, ShardingType
+from torchrec.distributed.types import (
+    CacheParams,
+    EnumerableShardingSpec,
+    ModuleSharder,
+    ShardingPlan,
+    ShardingType,
+    ShardMetadata,
+)
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dmt.config import ShardingConfig
@@ -186,6 +195,45 @@ def plan_tables(
         ) from e
 
 
+def place_on_devices(plan: ShardingPlan, devices: Sequence[torch.device]) -> ShardingPlan:
+    """``plan`` with every shard placed on the device its rank uses, ``devices[rank]``.
+
+    TorchRec's planner places rank ``r``'s shards on ``cuda:<r % local_world_size>``, and
+    TorchRec refuses a local shard whose tensor is on another device ("Local shard tensor device
+    does not match with local Shard's placement!"). That index is not the rank's GPU when the
+    launcher binds one GPU per task (SLURM ``--gpus-per-task=1``: every rank's ``cuda:0``) or
+    numbers ranks otherwise than host by host. In place; the plan is returned.
+    """
+    for module_plan in plan.plan.values():
+        for sharding in module_plan.values():
+            spec = sharding.sharding_spec
+            if not isinstance(spec, EnumerableShardingSpec):
+                continue
+            placed = []
+            for shard in spec.shards:
+                assert shard.placement is not None
+                rank = shard.placement.rank()
+                assert rank is not None
+                placed.append(
+                    ShardMetadata(
+                        shard_offsets=shard.shard_offsets,
+                        shard_sizes=shard.shard_sizes,
+                        placement=f"rank:{rank}/{devices[rank]}",
+                    )
+                )
+            spec.shards = placed
+    return plan
+
+
+def rank_devices(runtime: Runtime) -> list[torch.device]:
+    """Every rank's device, by rank (one object all-gather; a world of one needs none)."""
+    if runtime.world_size == 1:
+        return [runtime.device]
+    found: list[str | None] = [None] * runtime.world_size
+    dist.all_gather_object(found, str(runtime.device))
+    return [torch.device(str(d)) for d in found]
+
+
 def shard_model(
     module: nn.Module,
     runtime: Runtime,
@@ -224,7 +272,8 @@ def shard_model(
     if isinstance(found[0], str):
         raise ValueError(found[0])
     assert isinstance(found[0], ShardingPlan)
-    return DistributedModelParallel(module, device=runtime.device, plan=found[0], sharders=sharders)
+    plan = place_on_devices(found[0], rank_devices(runtime))
+    return DistributedModelParallel(module, device=runtime.device, plan=plan, sharders=sharders)
 
 
 def sharding_plan_text(model: nn.Module, memory: MemoryBudget | None = None) -> str:

@@ -38,6 +38,13 @@ if [[ "$GPUS" -ge 2 ]]; then
   step torchrun_flat "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 "${TRAIN[@]}" hydra.run.dir="$WORK/flat2"
   step torchrun_sptt "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 "${TRAIN[@]}" \
     experiment=dmt_4t_dlrm model.partition.num_towers=2 sptt=on sptt.local_world_size=1 hydra.run.dir="$WORK/sptt2"
+  # one GPU per task, as SLURM's --gpus-per-task=1 binds them (each rank sees only cuda:0), and
+  # sptt.local_world_size=1 (hosts emulated): the plans place each rank's shards on the GPU it uses
+  PER_TASK=(-m torch.distributed.run --standalone --nproc-per-node=2 --no-python bash -c
+    'CUDA_VISIBLE_DEVICES=$LOCAL_RANK exec "$0" "$@"' "$PY")
+  step one_gpu_per_task_flat "$PY" "${PER_TASK[@]}" "${TRAIN[@]}" trainer=smoke trainer.checkpoint=true hydra.run.dir="$WORK/pertask_flat"
+  step one_gpu_per_task_sptt "$PY" "${PER_TASK[@]}" "${TRAIN[@]}" trainer=smoke trainer.checkpoint=true \
+    experiment=dmt_4t_dlrm model.partition.num_towers=2 sptt=on sptt.local_world_size=1 hydra.run.dir="$WORK/pertask_sptt"
   step elastic_restart_checkpoint "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 --max-restarts=1 \
     "${TRAIN[@]}" trainer.checkpoint_every=20 trainer.checkpoint_async=true trainer.resume_from=auto hydra.run.dir="$WORK/elastic"
 fi

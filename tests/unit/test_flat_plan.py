@@ -13,7 +13,13 @@ import torch
 
 from dmt.memory import MemoryBudget
 from dmt.models import build_model
-from dmt.sharding import SHARDED_TYPES, plan_tables, planner_topology, table_constraints
+from dmt.sharding import (
+    SHARDED_TYPES,
+    place_on_devices,
+    plan_tables,
+    planner_topology,
+    table_constraints,
+)
 from dmt.trainer import TrainTask
 from tests.conftest import typed_config
 
@@ -93,3 +99,31 @@ def test_plan_fails_with_the_budget_when_tables_do_not_fit(task):
     roomy = MemoryBudget("cpu", hbm_bytes=1, ddr_bytes=40 * 10**6)
     kernels = _kernels(plan_tables(task, roomy, world_size=2, local_world_size=2, batch_size=512))
     assert set(kernels.values()) == {"fused"}
+
+
+def _placements(plan) -> list[tuple[str, int, str, list[int], list[int]]]:
+    (module_plan,) = plan.plan.values()
+    return [
+        (name, m.placement.rank(), str(m.placement.device()), m.shard_offsets, m.shard_sizes)
+        for name, p in sorted(module_plan.items())
+        for m in p.sharding_spec.shards
+    ]
+
+
+@pytest.mark.parametrize(
+    "devices",
+    [
+        ["cuda:0"] * 4,  # one GPU per task (SLURM --gpus-per-task=1): every rank's cuda:0
+        ["cuda:0", "cuda:0", "cuda:1", "cuda:1"],  # ranks numbered round-robin over 2 hosts
+    ],
+    ids=["one-gpu-per-task", "cyclic"],
+)
+def test_plan_places_each_rank_on_its_own_device(task, devices):
+    """TorchRec's planner places rank r on cuda:<r % local_world_size>; the plan dmt shards with
+    puts every shard on the device its rank uses, and changes nothing else."""
+    cuda = MemoryBudget("cuda", hbm_bytes=1024**3, ddr_bytes=1024**3)
+    plan = plan_tables(task, cuda, world_size=4, local_world_size=4, batch_size=512)
+    before = _placements(plan)
+    assert {(r, d) for _, r, d, _, _ in before} == {(r, f"cuda:{r}") for r in range(4)}
+    after = _placements(place_on_devices(plan, [torch.device(d) for d in devices]))
+    assert after == [(n, r, devices[r], o, s) for n, r, _, o, s in before]
