@@ -16,13 +16,22 @@ size); rank ``r`` of ``G`` gets its contiguous share (:func:`dmt.data.source.ran
 ``G``-process run sees exactly the batches of a single process. Rows of a memory-mapped array are
 read in sorted order and put back in batch order. A background thread prepares
 ``prefetch_batches`` batches ahead.
+
+In a multi-rank run, rank 0 alone preprocesses (``data.criteo.auto_preprocess``) and transforms
+``data.criteo.test_path``; the other ranks wait for it through the default process group's store
+(:func:`on_rank_zero`), not in a collective, so hours of preprocessing are not cut short by the
+process group's timeout (``trainer.collective_timeout_s``).
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +59,22 @@ from dmt.data.criteo_preprocess import (
     transform_tsv,
 )
 from dmt.data.source import make_kjt, rank_slice
+
+log = logging.getLogger(__name__)
+
+RANK_ZERO_WAIT_S = 24 * 3600.0
+"""How long the other ranks wait for rank 0's preprocessing (:func:`on_rank_zero`): 24 hours,
+enough for the Criteo 1TB logs. Unlike a collective, this wait is not bounded by the process
+group's timeout (``trainer.collective_timeout_s``)."""
+RANK_ZERO_ACK_S = 60.0
+"""How long a failed rank 0 waits for the others to read its error before it raises (and, when it
+holds the job's TCPStore, takes the store down with it)."""
+_POLL_S = (0.01, 1.0)  # first and longest pause between two looks at the store
+_WAIT_LOG_S = 300.0  # a waiting rank says so this often
+#: calls of on_rank_zero in this process with a process group: the same on every rank (all ranks
+#: build the same data in the same order), so each call has its own key, apart from earlier calls'
+#: (a Hydra multirun's jobs, or training then evaluation, in the same process)
+_rank_zero_calls = itertools.count()
 
 
 class CriteoSource:
@@ -360,26 +385,95 @@ def tsv_source(
     )
 
 
+def on_rank_zero(what: str, work: Callable[[], str], *, rank: int, world_size: int) -> str:
+    """Run ``work`` on rank 0 only and return its result on every rank.
+
+    The other ranks poll the default process group's store for rank 0's result for up to
+    :data:`RANK_ZERO_WAIT_S`, independently of the group's timeout and backend (nothing goes
+    through gloo or NCCL). Without a process group (or with one rank), this process runs ``work``
+    itself.
+
+    Raises:
+        ValueError: on every rank, with the same message, when ``work`` raised a ValueError on
+            rank 0.
+        RuntimeError: on the other ranks when ``work`` raised anything else on rank 0 (which
+            re-raises its own exception).
+        TimeoutError: rank 0 did not answer within :data:`RANK_ZERO_WAIT_S`.
+    """
+    if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return work()
+    store = dist.distributed_c10d._get_default_store()
+    key = f"dmt/criteo_dataset/rank_zero/{next(_rank_zero_calls)}"
+    if rank == 0:
+        return _run_and_publish(store, key, work, world_size)
+    answer = _wait_for(store, key, what, rank)
+    if "result" in answer:
+        return str(answer["result"])
+    store.add(f"{key}/read", 1)  # rank 0 waits for this before it raises
+    if answer["type"] == "ValueError":
+        raise ValueError(answer["error"])
+    raise RuntimeError(f"rank 0 failed to {what}: {answer['type']}: {answer['error']}")
+
+
+def _run_and_publish(store: dist.Store, key: str, work: Callable[[], str], world_size: int) -> str:
+    try:
+        result = work()
+    except Exception as exc:
+        store.set(key, json.dumps({"error": str(exc), "type": type(exc).__name__}))
+        # the others read the error before this rank raises and its process (perhaps holding
+        # the job's TCPStore) ends
+        deadline = time.monotonic() + RANK_ZERO_ACK_S
+        while store.add(f"{key}/read", 0) < world_size - 1 and time.monotonic() < deadline:
+            time.sleep(_POLL_S[0])
+        if isinstance(exc, ValueError):
+            raise ValueError(str(exc)) from exc
+        raise
+    except BaseException as exc:  # interrupted: no one waits a day for it
+        store.set(key, json.dumps({"error": repr(exc), "type": type(exc).__name__}))
+        raise
+    store.set(key, json.dumps({"result": result}))
+    return result
+
+
+def _wait_for(store: dist.Store, key: str, what: str, rank: int) -> dict[str, Any]:
+    start = time.monotonic()
+    logged = start
+    pause = _POLL_S[0]
+    while not store.check([key]):
+        now = time.monotonic()
+        if now - start > RANK_ZERO_WAIT_S:
+            raise TimeoutError(
+                f"rank {rank}: rank 0 did not {what} within {RANK_ZERO_WAIT_S:g} s "
+                "(dmt.data.criteo_dataset.RANK_ZERO_WAIT_S)"
+            )
+        if now - logged >= _WAIT_LOG_S:
+            log.info("rank %d: waiting for rank 0 to %s (%.0f s so far)", rank, what, now - start)
+            logged = now
+        time.sleep(pause)
+        pause = min(2 * pause, _POLL_S[1])
+    answer: dict[str, Any] = json.loads(store.get(key))
+    return answer
+
+
 def _preprocess_once(c: CriteoConfig, *, rank: int, world_size: int) -> None:
     """Rank 0 brings ``c.preprocessed_dir`` up to date (a no-op when it is); the others wait."""
-    distributed = world_size > 1 and dist.is_available() and dist.is_initialized()
-    error: str | None = None
-    if rank == 0:
-        try:
-            preprocess_criteo(c, rebuild_damaged=True, progress=True)
-        except ValueError as exc:
-            error = str(exc)
-    if distributed:
-        # every rank learns whether rank 0 failed, so none waits forever on missing files
-        box: list[Any] = [error]
-        dist.broadcast_object_list(box, src=0)
-        error = box[0]
-    if error is not None:
+
+    def work() -> str:
+        return str(preprocess_criteo(c, rebuild_damaged=True, progress=True))
+
+    try:
+        on_rank_zero(
+            f"preprocess data.criteo.raw_path={c.raw_path!r}",
+            work,
+            rank=rank,
+            world_size=world_size,
+        )
+    except ValueError as exc:  # the same on every rank
         raise ValueError(
             f"preprocessing data.criteo.raw_path={c.raw_path!r} into "
-            f"data.criteo.preprocessed_dir={c.preprocessed_dir!r} failed: {error} "
+            f"data.criteo.preprocessed_dir={c.preprocessed_dir!r} failed: {exc} "
             "(set data.criteo.auto_preprocess=false to use an existing directory as is)"
-        )
+        ) from exc
 
 
 def check_missing_id(c: CriteoConfig, manifest: dict[str, Any]) -> None:
@@ -446,17 +540,29 @@ def build_criteo(
 
     test_dir = split_dir(root, "test")
     if c.test_path is not None:
-        test_dir = split_dir(
-            transform_tsv(
-                root,
-                c.test_path,
-                skip_bad_rows=c.skip_bad_rows,
-                num_workers=c.num_workers,
-                rebuild_damaged=True,
-                progress=rank == 0,
-            ),
-            "test",
+        test_path = c.test_path
+
+        def transform() -> str:
+            return str(
+                transform_tsv(
+                    root,
+                    test_path,
+                    skip_bad_rows=c.skip_bad_rows,
+                    num_workers=c.num_workers,
+                    rebuild_damaged=True,
+                    progress=rank == 0,
+                )
+            )
+
+        # rank 0 alone: concurrent runs would each redo the work, and on hosts sharing a file
+        # system take each other's in-progress output for an interrupted run's and remove it
+        out = on_rank_zero(
+            f"transform data.criteo.test_path={test_path!r}",
+            transform,
+            rank=rank,
+            world_size=world_size,
         )
+        test_dir = split_dir(out, "test")
     rows = {s: manifest["splits"][s]["rows"] for s in manifest["splits"]}
     return DataBundle(
         train=source(split_dir(root, "train"), True),
