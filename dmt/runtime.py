@@ -28,7 +28,8 @@ import itertools
 import logging
 import os
 import re
-from collections.abc import Mapping, MutableMapping
+import socket
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -299,6 +300,8 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0) -> Runtime:
                 world_size=world.world_size,
                 timeout=timeout,
             )
+    if use_cuda and world.world_size > 1:
+        _check_own_gpus(world.rank, world.world_size, dev)
     rendezvous = (
         "in-process store"
         if world.master_addr is None
@@ -318,6 +321,36 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0) -> Runtime:
     return Runtime(
         world.rank, world.world_size, world.local_rank, world.local_world_size, dev, backend
     )
+
+
+def shared_devices(devices: Sequence[str]) -> list[list[int]]:
+    """The groups of ranks (by rank) whose device names, ``devices[rank]``, are the same."""
+    ranks: dict[str, list[int]] = {}
+    for rank, device in enumerate(devices):
+        ranks.setdefault(device, []).append(rank)
+    return [r for r in ranks.values() if len(r) > 1]
+
+
+def _check_own_gpus(rank: int, world_size: int, device: torch.device) -> None:
+    """Every rank has a GPU of its own, or every rank raises the same ``ValueError``.
+
+    NCCL refuses two ranks on one GPU only at their first collective, with "Duplicate GPU
+    detected"; e.g. torchrun with more processes per node than GPUs visible, when a single GPU
+    is visible (``cuda_index`` then gives every local rank ``cuda:0``, which is right only when
+    the launcher binds one GPU per task). The GPUs are compared by host and UUID through the
+    process group's store, not by a collective."""
+    store = dist.distributed_c10d._get_default_store()
+    uuid = torch.cuda.get_device_properties(device).uuid
+    store.set(f"dmt/runtime/gpu/{rank}", f"{socket.gethostname()} GPU {uuid}")
+    devices = [store.get(f"dmt/runtime/gpu/{r}").decode() for r in range(world_size)]
+    shared = shared_devices(devices)
+    if shared:
+        ranks = shared[0]
+        raise ValueError(
+            f"ranks {ranks} share one GPU ({devices[ranks[0]]}): give every rank a GPU of its "
+            "own (torchrun --nproc-per-node at most the GPUs CUDA_VISIBLE_DEVICES shows, or "
+            "SLURM --gpus-per-task=1)"
+        )
 
 
 def _export(world: World, environ: MutableMapping[str, str]) -> None:

@@ -26,6 +26,8 @@ step uvm_caching "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_s
 # a resumed run draws the GPU's dropout masks of an uninterrupted one (the CUDA generator is saved)
 step resume_dropout_cuda "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_train.py -k "dropout and cuda"
 step checkpoint_and_eval bash -c "'$PY' ${TRAIN[*]} trainer=smoke trainer.checkpoint=true hydra.run.dir='$WORK/ck' && '$ROOT/.venv/bin/dmt-eval' --checkpoint '$WORK/ck/checkpoints' --data test --device cuda --out '$WORK/ck/eval.json'"
+# two ranks on one GPU are refused at start with dmt's message, not NCCL's at the first collective
+step shared_gpu_refused bash -c "CUDA_VISIBLE_DEVICES=0 '$PY' -m torch.distributed.run --standalone --nproc-per-node=2 ${TRAIN[*]} trainer=smoke hydra.run.dir='$WORK/shared' > '$WORK/shared.out' 2>&1; grep 'share one GPU' '$WORK/shared.out'"
 # one GPU: dmt against the torchrec_dlrm loop on the Criteo sample (figures in the log, not PASS)
 SAMPLE="$ROOT/../shared/data/criteo-kaggle-sample/train.tsv"
 if [[ -f "$SAMPLE" ]]; then

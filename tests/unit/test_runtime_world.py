@@ -14,6 +14,7 @@ from dmt.runtime import (
     World,
     cuda_index,
     first_host,
+    shared_devices,
     tasks_per_node,
     world_from_env,
 )
@@ -220,3 +221,11 @@ def test_cuda_index() -> None:
     assert cuda_index(3, 1) == 0  # one GPU bound per task
     with pytest.raises(ValueError, match="local rank 3 has no CUDA device: 2 visible"):
         cuda_index(3, 2)
+
+
+def test_shared_devices_groups_the_ranks_of_one_gpu() -> None:
+    """What init_runtime refuses before NCCL's first collective would ("Duplicate GPU
+    detected"): two ranks of a host on one GPU; the same GPU model on two hosts is no clash."""
+    devices = ["n1 GPU a", "n1 GPU b", "n2 GPU a", "n1 GPU a", "n2 GPU c", "n2 GPU c"]
+    assert shared_devices(devices) == [[0, 3], [4, 5]]
+    assert shared_devices(["n1 GPU a", "n1 GPU b", "n2 GPU a"]) == []
