@@ -44,6 +44,7 @@ import yaml
 from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from dmt.config import NO_DEFAULT, schema_default
 from dmt.ema import DenseEMA
 from dmt.sptt.dmt_sharding import ShardedDMT
 from dmt.sptt.sharded_state import plain_name
@@ -428,9 +429,18 @@ def config_differences(
             continue
         if allow_change and key.startswith(_CHANGEABLE_PREFIXES):
             continue
-        if a.get(key, "<absent>") != b.get(key, "<absent>"):
-            out.append(f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
+        was = a[key] if key in a else _added_default(key)
+        now = b.get(key, "<absent>")
+        if was != now:
+            out.append(f"{key}: {was!r} -> {now!r}")
     return out
+
+
+def _added_default(key: str) -> Any:
+    """What a checkpoint saved before ``key`` existed had: its schema default (a setting is added
+    with the default that keeps the earlier behaviour), else ``"<absent>"``."""
+    value = schema_default(key)
+    return "<absent>" if value is NO_DEFAULT else value
 
 
 def check_config(path: Path, current_yaml: str, *, allow_change: bool) -> None:

@@ -7,6 +7,8 @@ live in :func:`validate` and run before any training starts.
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -182,7 +184,7 @@ class SyntheticConfig:
 #: Default Kaggle split: the first 85% of the lines train, then 7.5% validation, 7.5% test.
 DEFAULT_SPLIT_FRACTIONS = (0.85, 0.075, 0.075)
 #: Default Terabyte split: days 0..22 train, day 23 is cut in halves for validation and test
-#: (``val_day`` makes a whole day the validation split instead).
+#: (``val_day`` makes a whole day the validation split instead; ``val_split`` false leaves none).
 DEFAULT_TRAIN_DAYS = tuple(range(23))
 DEFAULT_EVAL_DAY = 23
 CATEGORICAL_MODES = ("vocab", "hash")
@@ -205,7 +207,7 @@ class CriteoConfig:
     train_days: list[int] = field(default_factory=lambda: list(DEFAULT_TRAIN_DAYS))
     """Directory input: the days whose rows form the training split."""
     eval_day: int = DEFAULT_EVAL_DAY
-    """Directory input: the test day; cut in halves (first validation, second test) unless ``val_day`` is set."""
+    """Directory input: the test day; cut in halves (first validation, second test) unless ``val_day`` is set or ``val_split`` is false."""
     val_day: int | None = None
     """Directory input: a whole day of validation rows (``eval_day`` is then all test); None halves ``eval_day``."""
     val_split: bool = True
@@ -454,6 +456,39 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     sptt: SPTTConfig = field(default_factory=SPTTConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
+
+
+#: :func:`schema_default`'s answer for a key without a default in the schema
+NO_DEFAULT: Any = object()
+
+
+def schema_default(key: str, root: type = Config) -> Any:
+    """The schema's default of a dotted leaf key (``data.criteo.val_split``: ``True``).
+
+    What a run made before the key existed had: a setting is added with the default that keeps
+    the earlier behaviour. :data:`NO_DEFAULT` when the schema has no such key, or no default for
+    it (``???``, or below a field that is not one dataclass, e.g. ``model.tower.*``)."""
+    cls: Any = root
+    parts = key.split(".")
+    for i, name in enumerate(parts):
+        if not dataclasses.is_dataclass(cls):
+            return NO_DEFAULT
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if name not in fields:
+            return NO_DEFAULT
+        f = fields[name]
+        if i == len(parts) - 1:
+            if f.default is not dataclasses.MISSING:
+                value = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                return NO_DEFAULT
+            return NO_DEFAULT if value == MISSING or dataclasses.is_dataclass(value) else value
+        hint = typing.get_type_hints(cls)[name]
+        schemas = [a for a in typing.get_args(hint) or (hint,) if dataclasses.is_dataclass(a)]
+        cls = schemas[0] if len(schemas) == 1 else None
+    return NO_DEFAULT
 
 
 def register_configs() -> None:

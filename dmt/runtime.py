@@ -301,7 +301,11 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0) -> Runtime:
                 timeout=timeout,
             )
     if use_cuda and world.world_size > 1:
-        _check_own_gpus(world.rank, world.world_size, dev)
+        try:
+            _check_own_gpus(world.rank, world.world_size, dev)
+        except ValueError:
+            dist.destroy_process_group()  # a multirun's next job starts afresh
+            raise
     rendezvous = (
         "in-process store"
         if world.master_addr is None

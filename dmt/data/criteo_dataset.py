@@ -521,6 +521,14 @@ def build_criteo(
         world_size=world_size,
     )
     check_missing_id(c, manifest)
+    val_rows = int(manifest["splits"]["val"]["rows"])
+    if not c.val_split and val_rows:
+        raise ValueError(
+            f"data.criteo.val_split=false, but data.criteo.preprocessed_dir={str(root)!r} holds "
+            f"{val_rows} validation rows (its manifest.json): preprocess into another directory "
+            "without them (dmt-preprocess --no-val, or --split-fractions TRAIN 0 TEST for one "
+            "file), or set data.criteo.val_split=true"
+        )
     schema = read_schema(root)
 
     def source(directory: Path, train: bool) -> CriteoSource:
@@ -556,13 +564,25 @@ def build_criteo(
 
         # rank 0 alone: concurrent runs would each redo the work, and on hosts sharing a file
         # system take each other's in-progress output for an interrupted run's and remove it
-        out = on_rank_zero(
-            f"transform data.criteo.test_path={test_path!r}",
-            transform,
-            rank=rank,
-            world_size=world_size,
-        )
+        try:
+            out = on_rank_zero(
+                f"transform data.criteo.test_path={test_path!r}",
+                transform,
+                rank=rank,
+                world_size=world_size,
+            )
+        except ValueError as exc:  # the same on every rank
+            raise ValueError(
+                f"mapping data.criteo.test_path={test_path!r} through the vocabularies of "
+                f"data.criteo.preprocessed_dir={str(root)!r} failed: {exc}"
+            ) from exc
         test_dir = split_dir(out, "test")
+        if not test_dir.is_dir():  # rank 0 wrote it where this rank cannot see it
+            raise ValueError(
+                f"rank {rank}: rank 0 mapped data.criteo.test_path={test_path!r} into {out}, "
+                "which this rank does not see: the ranks must share the file system of "
+                "data.criteo.preprocessed_dir"
+            )
     rows = {s: manifest["splits"][s]["rows"] for s in manifest["splits"]}
     return DataBundle(
         train=source(split_dir(root, "train"), True),

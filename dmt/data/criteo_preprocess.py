@@ -202,7 +202,8 @@ def preprocess_criteo(
             raise ValueError(
                 f"val_split is false (no validation rows) but split_fractions "
                 f"{list(cfg.split_fractions)} give validation {cfg.split_fractions[1]} of "
-                f"{str(raw)!r}; set split_fractions[1] to 0"
+                f"{str(raw)!r}; set split_fractions[1] to 0 (dmt-preprocess --split-fractions "
+                "TRAIN 0 TEST)"
             )
         paths = [raw]
         layout = {"kind": "fractions", "split_fractions": [float(f) for f in cfg.split_fractions]}

@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_EVAL_DAY,
         help="directory input: the test day, halved into validation (first half) and test "
-        "unless --val-day is given",
+        "unless --val-day or --no-val is given",
     )
     p.add_argument(
         "--val-day",
@@ -84,8 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-val",
         action="store_true",
-        help="directory input: no validation rows, --eval-day all test (the forward protocol's "
-        "refit: train days 0-22, test day 23); not with --val-day",
+        help="no validation rows. Directory input: --eval-day all test (the forward protocol's "
+        "refit: train days 0-22, test day 23); not with --val-day. One file: needs "
+        "--split-fractions TRAIN 0 TEST",
     )
     p.add_argument("--categorical-mode", choices=("vocab", "hash"), default="vocab")
     p.add_argument(

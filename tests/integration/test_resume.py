@@ -128,6 +128,32 @@ def test_config_differences_free_and_strict_keys() -> None:
     ]
 
 
+def test_keys_added_since_a_checkpoint_compare_with_their_defaults() -> None:
+    """A checkpoint saved before a setting existed (data.criteo.val_split, val_day, missing_id)
+    had the behaviour of its default: a run that keeps the default resumes it, one that
+    changes it does not; a key without a schema default stays ``<absent>``."""
+    saved = {"data": {"criteo": {"train_days": [0, 1], "eval_day": 2}}}
+    current = {
+        "data": {
+            "criteo": {
+                "train_days": [0, 1],
+                "eval_day": 2,
+                "val_split": True,
+                "val_day": None,
+                "missing_id": "shared",
+            }
+        }
+    }
+    assert checkpoint.config_differences(saved, current, allow_change=False) == []
+    current["data"]["criteo"] |= {"val_split": False, "missing_id": "distinct"}
+    current["model"] = {"name": "dcn"}
+    assert checkpoint.config_differences(saved, current, allow_change=True) == [
+        "data.criteo.missing_id: 'shared' -> 'distinct'",
+        "data.criteo.val_split: True -> False",
+        "model.name: '<absent>' -> 'dcn'",
+    ]
+
+
 def test_resume_auto_takes_the_newest_complete_checkpoint_and_skips_a_damaged_one(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -276,3 +276,23 @@ def test_build_criteo_never_uses_a_damaged_directory(tmp_path: Path) -> None:
     crit.auto_preprocess = True  # dmt's own output with the same settings: rebuilt
     assert build_criteo(cfg).train.num_batches() == 170 // 32
     assert sparse.read_bytes() == good
+
+
+def test_build_criteo_refuses_validation_rows_under_val_split_false(tmp_path: Path) -> None:
+    """data.criteo.val_split=false with a directory that has validation rows (used as it is):
+    an error naming both, not a run that silently reports on rows it was told are not there."""
+    out, cfg = _raw_200(tmp_path, seed=5, batch_size=32)
+    build_criteo(cfg)  # 85% / 7.5% / 7.5%: 15 validation rows
+    crit = as_criteo_config(cfg.criteo)
+    crit.val_split, crit.auto_preprocess = False, False
+    message = (
+        f"data.criteo.val_split=false, but data.criteo.preprocessed_dir={str(out)!r} holds 15 "
+        "validation rows (its manifest.json): preprocess into another directory without them "
+        "(dmt-preprocess --no-val, or --split-fractions TRAIN 0 TEST for one file), or set "
+        "data.criteo.val_split=true"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        build_criteo(cfg)
+    crit.split_fractions, crit.auto_preprocess = [0.85, 0.0, 0.15], True
+    crit.preprocessed_dir = str(tmp_path / "no_val")
+    assert build_criteo(cfg).val.num_batches() == 0

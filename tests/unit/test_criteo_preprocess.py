@@ -378,7 +378,8 @@ def test_no_val_split_on_one_file_needs_no_validation_fraction(tmp_path: Path) -
     )
     message = (
         "val_split is false (no validation rows) but split_fractions [0.8, 0.1, 0.1] give "
-        f"validation 0.1 of {str(raw)!r}; set split_fractions[1] to 0"
+        f"validation 0.1 of {str(raw)!r}; set split_fractions[1] to 0 (dmt-preprocess "
+        "--split-fractions TRAIN 0 TEST)"
     )
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         preprocess_criteo(cfg, **SMALL)

@@ -225,7 +225,7 @@ def test_cuda_index() -> None:
 
 def test_shared_devices_groups_the_ranks_of_one_gpu() -> None:
     """What init_runtime refuses before NCCL's first collective would ("Duplicate GPU
-    detected"): two ranks of a host on one GPU; the same GPU model on two hosts is no clash."""
+    detected"): two ranks of a host on one GPU (by UUID); distinct GPUs are no clash."""
     devices = ["n1 GPU a", "n1 GPU b", "n2 GPU a", "n1 GPU a", "n2 GPU c", "n2 GPU c"]
     assert shared_devices(devices) == [[0, 3], [4, 5]]
     assert shared_devices(["n1 GPU a", "n1 GPU b", "n2 GPU a"]) == []
