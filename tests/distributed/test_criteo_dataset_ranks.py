@@ -28,7 +28,7 @@ from tests.distributed.distributed_harness import run_on_ranks
 from tests.unit.test_criteo_dataset import _raw_rows
 
 SHORT_TIMEOUT = timedelta(seconds=2)
-SLOW_S = 5.0  # rank 0's preprocessing takes longer than SHORT_TIMEOUT
+SLOW_S = 3.5  # rank 0's preprocessing takes longer than SHORT_TIMEOUT
 
 
 def _short_timeout_group(rank: int, world_size: int, init_file: str) -> None:
