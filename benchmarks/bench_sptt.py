@@ -88,7 +88,14 @@ from dmt.models import build_dmt_model, embedding_parameters, naive_partition
 from dmt.models.accounting import compression_ratio
 from dmt.optim import apply_sparse_optimizer, build_optimizer
 from dmt.runtime import Runtime
-from dmt.sharding import flat_sharders, memory_budget, planner_topology, shard_model
+from dmt.sharding import (
+    flat_sharders,
+    memory_budget,
+    place_on_devices,
+    planner_topology,
+    rank_devices,
+    shard_model,
+)
 from dmt.sptt.collectives import COMM_PRECISIONS
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.comm_trace import CommTrace
@@ -259,6 +266,7 @@ def _flat(
         )
         sharders = flat_sharders(precision)
         plan = planner.collective_plan(task, sharders, dist.GroupMember.WORLD)
+        plan = place_on_devices(plan, rank_devices(runtime))  # the planner says cuda:<r % L>
         dmp = DistributedModelParallel(task, device=runtime.device, plan=plan, sharders=sharders)
     return dmp, build_optimizer(dmp, OPTIM), None
 
@@ -386,8 +394,10 @@ def _build(
 def _main_on_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
-    local_rank = rank % args.local_world_size
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    local_rank = rank % args.local_world_size  # of the emulated host
+    # the GPU torchrun's LOCAL_RANK chose (main), not the emulated host's index: with
+    # --local-world-size below the GPUs per node, that index would put several ranks on one GPU
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     runtime = Runtime(
         rank, world_size, local_rank, args.local_world_size, device, dist.get_backend()
     )
