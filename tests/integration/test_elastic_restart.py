@@ -70,6 +70,7 @@ def _finish(proc: subprocess.Popen[str]) -> str:
     return out
 
 
+@pytest.mark.slow  # 42 s on 2 cores (two torchrun runs of 96 steps)
 def test_sigkilled_rank_restarts_from_the_last_checkpoint_with_the_same_result(
     tmp_path: Path,
 ) -> None:
