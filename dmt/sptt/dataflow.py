@@ -234,18 +234,22 @@ class SPTTDataflow(nn.Module):
     # ---- weights -----------------------------------------------------------------------------
 
     def shard_parameters(self) -> list[tuple[TableShard, nn.Parameter]]:
-        """This rank's shards and their weights ``(rows, cols)``, in lookup order; UVM-cached
-        shards are flushed first (:meth:`_FusedShards.flush`), so the weights are up to date."""
+        """This rank's shards and their weights ``(rows, cols)``, in lookup order (UVM-cached
+        ones as their tables hold them: :meth:`flush_cache` first to read them up to date)."""
         if self.embedding_bag_collection is None:
             return []
-        if isinstance(self.embedding_bag_collection, _FusedShards):
-            self.embedding_bag_collection.flush()
         bags = self.embedding_bag_collection.embedding_bags
         # ModuleDict items are typed nn.Module; an embedding bag's weight is a Parameter.
         return [
             (s, cast(nn.Parameter, bags[name].weight))
             for s, name in zip(self.shards, self._table_names)
         ]
+
+    def flush_cache(self) -> None:
+        """Write the UVM-cached shards' rows held in HBM back to their tables
+        (:meth:`_FusedShards.flush`); a no-op without cached shards."""
+        if isinstance(self.embedding_bag_collection, _FusedShards):
+            self.embedding_bag_collection.flush()
 
     def load_tables_from(self, source: EmbeddingBagCollection) -> None:
         """Copy this rank's shards out of an EBC holding the whole tables under the same names."""

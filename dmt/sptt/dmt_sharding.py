@@ -476,7 +476,9 @@ class ShardedDMT(nn.Module):
         )
 
     def _local_shards(self) -> dict[int, tuple[int, TableShard, torch.Tensor]]:
-        """``feature -> (index in plan.feature_shards, shard, weight)`` of this rank's shards."""
+        """``feature -> (index in plan.feature_shards, shard, weight)`` of this rank's shards,
+        the UVM cache flushed into them (what checkpoints, ``dmt-eval`` and ``dmt-export`` read)."""
+        self.dataflow.flush_cache()
         local: dict[int, tuple[int, TableShard, torch.Tensor]] = {}
         for shard, param in self.dataflow.shard_parameters():
             assert shard.feature not in local, "one shard of a table per rank"
