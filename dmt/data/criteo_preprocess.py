@@ -58,6 +58,7 @@ size, the first MiB and the last MiB (not a full-file hash, which would cost a f
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import io
 import json
@@ -951,22 +952,78 @@ def _task_bytes(task: _Task) -> int:
 
 
 def _settings_differences(out_dir: Path, job: _Job) -> str:
-    """The categorical settings in which ``out_dir``'s manifest differs from ``job``'s, as
-    `` (categorical.<key>: <there> there, <asked> asked)`` (empty when they agree)."""
+    """Where ``out_dir``'s manifest differs from ``job``: its settings, as
+    ``<key>: <there> there, <asked> asked``, and its sources, as ``source <i> <path>: <field>
+    <there> there, <now> now``; `` (a; b)``, empty when nothing readable differs."""
     try:
-        there = dict(read_manifest(out_dir)["settings"]["categorical"])
+        manifest = read_manifest(out_dir)
+        there_settings = manifest["settings"]
+        there_sources = manifest["sources"]
     except (OSError, ValueError, KeyError, TypeError):
         return ""
-    asked = dict(job.settings["categorical"])
-    if "mode" in there and there.get("mode") == asked.get("mode") == "vocab":
-        there.setdefault("missing_id", "shared")  # recorded only when distinct
-        asked.setdefault("missing_id", "shared")
-    diffs = [
-        f"categorical.{k}: {there.get(k)!r} there, {asked.get(k)!r} asked"
-        for k in sorted(set(there) | set(asked))
-        if there.get(k) != asked.get(k)
-    ]
+    diffs = _dict_differences(
+        _with_default_missing_id(there_settings), _with_default_missing_id(job.settings)
+    )
+    if not isinstance(there_sources, list) or len(there_sources) != len(job.sources):
+        n = len(there_sources) if isinstance(there_sources, list) else "?"
+        diffs.append(f"{n} input files there, {len(job.sources)} asked")
+    else:
+        for i, (old, new) in enumerate(zip(there_sources, job.sources)):
+            diffs.extend(_source_differences(i, old, new))
     return f" ({'; '.join(diffs)})" if diffs else ""
+
+
+def _with_default_missing_id(settings: Any) -> Any:
+    """``settings`` with ``categorical.missing_id: shared`` filled in under vocab mode (it is
+    recorded only when distinct)."""
+    if not isinstance(settings, dict) or not isinstance(settings.get("categorical"), dict):
+        return settings
+    categorical = dict(settings["categorical"])
+    if categorical.get("mode") == "vocab":
+        categorical.setdefault("missing_id", "shared")
+    return {**settings, "categorical": categorical}
+
+
+def _dict_differences(there: Any, asked: Any, prefix: str = "") -> list[str]:
+    if isinstance(there, dict) and isinstance(asked, dict):
+        return [
+            d
+            for k in sorted(set(there) | set(asked))
+            for d in _dict_differences(there.get(k), asked.get(k), f"{prefix}{k}.")
+        ]
+    if there == asked:
+        return []
+    return [f"{prefix.rstrip('.')}: {there!r} there, {asked!r} asked"]
+
+
+def _source_differences(index: int, old: Any, new: _Source) -> list[str]:
+    """What differs between a manifest's record of input file ``index`` and that file now."""
+    if not isinstance(old, dict):
+        return [f"input file {index}: unreadable record there"]
+    now = new.identity()
+    fields = [k for k in now if old.get(k) != now[k]]
+    if not fields:
+        return []
+
+    def modified(ns: Any) -> str:
+        if not isinstance(ns, int):
+            return repr(ns)
+        at = datetime.datetime.fromtimestamp(ns / 1e9, datetime.UTC)
+        return at.strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+    parts = []
+    for k in fields:
+        if k == "mtime_ns":
+            parts.append(f"modified {modified(old.get(k))} there, {modified(now[k])} now")
+        elif k == "fingerprint":
+            parts.append("sampled fingerprint differs")
+        else:
+            parts.append(f"{k} {old.get(k)!r} there, {now[k]!r} now")
+    if fields == ["mtime_ns"]:
+        parts.append(
+            "same size and sampled fingerprint: touched or copied since, perhaps with the same rows"
+        )
+    return [f"input file {index} {new.path!r}: {', '.join(parts)}"]
 
 
 def _existing_hash(out_dir: Path) -> str | None:

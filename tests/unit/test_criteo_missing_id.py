@@ -109,7 +109,7 @@ def test_a_directory_made_with_the_other_setting_is_refused(tmp_path):
     with pytest.raises(
         ValueError,
         match=r"was made with other settings or sources \(categorical.missing_id: 'shared' "
-        r"there, 'distinct' asked\)",
+        r"there, 'distinct' asked[;)]",
     ):
         _preprocess(tmp_path, "distinct")
     # used as it is (no raw_path): the loader refuses it too

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import gzip
 import json
 import math
+import os
 import random
 import re
 import zlib
@@ -458,6 +460,45 @@ def test_rerun_is_a_noop_and_settings_changes_need_overwrite(tmp_path: Path) -> 
     rows = raw.read_text().splitlines()
     check_split(out, "train", rows[:42], ref_vocab(rows[:42], 1))  # same process, new vocabularies
     assert not list(tmp_path.glob(".out.*"))
+
+
+def test_the_refusal_names_what_changed_since_the_output_was_made(tmp_path: Path) -> None:
+    """A stale output's refusal names the setting or the input file's field that differs, not
+    just "other settings or sources" (a data file copied to a cluster's scratch disk keeps its
+    rows but not its modification time)."""
+    raw = write(tmp_path / "train.txt", make_rows(50, seed=7))
+    cfg = config(tmp_path, raw)
+    out = preprocess_criteo(cfg, **SMALL)
+    prefix = f"output directory {str(out)!r} exists and was made with other settings or sources"
+    suffix = "; pass overwrite=True (--overwrite) to replace it or choose another directory"
+    named = f"input file 0 {str(raw.resolve())!r}"
+
+    os.utime(raw, ns=(0, 86_400 * 10**9))  # 1970-01-02, contents unchanged
+    with pytest.raises(ValueError) as err:
+        preprocess_criteo(cfg, **SMALL)
+    made = datetime.datetime.fromtimestamp(
+        read_manifest(out)["sources"][0]["mtime_ns"] / 1e9, datetime.UTC
+    ).strftime("%Y-%m-%d %H:%M:%S.%f")
+    assert str(err.value) == (
+        f"{prefix} ({named}: modified {made} UTC there, 1970-01-02 00:00:00.000000 UTC now, same "
+        f"size and sampled fingerprint: touched or copied since, perhaps with the same rows){suffix}"
+    )
+
+    cfg.split_fractions = [0.8, 0.1, 0.1]
+    cfg.skip_bad_rows = True
+    with raw.open("a") as f:
+        f.write(make_rows(1, seed=8)[0] + "\n")
+    with pytest.raises(ValueError) as err:
+        preprocess_criteo(cfg, **SMALL)
+    size = raw.stat().st_size
+    assert str(err.value).startswith(
+        f"{prefix} (layout.split_fractions: [0.85, 0.075, 0.075] there, [0.8, 0.1, 0.1] asked; "
+        f"skip_bad_rows: False there, True asked; {named}: size "
+        f"{size - len(make_rows(1, seed=8)[0]) - 1} there, {size} now, modified "
+    ), str(err.value)
+    message = str(err.value)
+    assert message.endswith(f" now, sampled fingerprint differs){suffix}")
+    assert "missing_id" not in message  # recorded only when distinct: not a difference
 
 
 def test_transform_tsv_uses_training_vocabularies(tmp_path: Path) -> None:
