@@ -268,7 +268,7 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0) -> Runtime:
     use_cuda = device == "cuda" or (device == "auto" and visible > 0)
     if device == "cuda" and visible == 0:
         raise ValueError("trainer.device=cuda but no CUDA device is available")
-    world = world_from_env(os.environ)
+    world = world_from_env(_launcher_env(os.environ))
     backend = "nccl" if use_cuda else "gloo"
     dev = (
         torch.device("cuda", cuda_index(world.local_rank, visible))
@@ -295,7 +295,7 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0) -> Runtime:
             _export(world, os.environ)
             dist.init_process_group(
                 backend,
-                init_method="env://",
+                store=_own_store(world, timeout),
                 rank=world.rank,
                 world_size=world.world_size,
                 timeout=timeout,
@@ -357,9 +357,20 @@ def _check_own_gpus(rank: int, world_size: int, device: torch.device) -> None:
         )
 
 
+#: the variables _export set in os.environ, with their values
+_exported: dict[str, str] = {}
+
+
 def _export(world: World, environ: MutableMapping[str, str]) -> None:
     for key, value in world.torchrun_env().items():
-        environ.setdefault(key, value)
+        if key not in environ:
+            environ[key] = _exported[key] = value
+
+
+def _launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the variables :func:`_export` set: the next job of a multirun under
+    ``srun`` must see SLURM's world, not come up as a torchrun world of dmt's making."""
+    return {k: v for k, v in environ.items() if _exported.get(k) != v}
 
 
 #: process groups this process has initialized on the torchrun agent's store (see _elastic_store)
@@ -388,6 +399,41 @@ def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store:
     )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"dmt/attempt_{attempt}/group_{next(_agent_store_inits)}", store)
+
+
+#: the rendezvous store of SLURM and hand-set worlds, kept for the life of the process (_own_store)
+_own: tuple[tuple[str, int, int, int], dist.TCPStore] | None = None
+_own_store_inits = itertools.count()
+
+
+def _own_store(world: World, timeout: timedelta) -> dist.Store:
+    """The store a world without torchrun's agent meets in: a ``TCPStore`` served by rank 0 at
+    ``MASTER_ADDR:MASTER_PORT``, created at this process's first group and kept until it exits,
+    with each group's keys under their own prefix.
+
+    torch's ``env://`` rendezvous makes a new store per group and rank 0 tears it down with the
+    group. In a Hydra multirun (``srun dmt-train -m ...``) a rank that finished a job first then
+    met the *previous* job's store, still served by a slower rank 0, read that job's gloo/NCCL
+    addresses and failed ("Connection reset by peer"), while rank 0 waited for it in the new
+    store. One store that outlives the jobs, and the count of groups this process has
+    initialized (the same on every rank) as the prefix, keep the jobs apart.
+    """
+    global _own
+    assert world.master_addr is not None and world.master_port is not None
+    key = (world.master_addr, world.master_port, world.world_size, world.rank)
+    if _own is None or _own[0] != key:
+        _own = None  # a world of other settings: its own store (the old one closes when freed)
+        store = dist.TCPStore(
+            world.master_addr,
+            world.master_port,
+            world.world_size,
+            is_master=world.rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+        _own = (key, store)
+    _own[1].set_timeout(timeout)
+    return dist.PrefixStore(f"dmt/group_{next(_own_store_inits)}", _own[1])
 
 
 def close_runtime() -> None:

@@ -15,6 +15,8 @@
 # 4. Checks that each point trained as one world of 2 (dmt's "rank 0 of 2" and "rank 1 of 2" lines
 #    in the point's log, one rendezvous per point, a different one for each point) and wrote
 #    exactly one metrics.json.
+# 5. Runs `srun -N 2 -n 2 dmt-train -m trainer.seed=0,1,2` (a multirun whose 3 points run in turn
+#    in the same 2 tasks of one job step) and checks the same of every point.
 # Every daemon it started, and every process of its cluster, is stopped on exit, and its temp
 # directory removed (KEEP=1 keeps the directory for inspection). Exits non-zero when a step fails.
 set -euo pipefail
@@ -237,3 +239,34 @@ n="$(printf '%s\n' "${rendezvous[@]}" | sort -u | wc -l)"
 n="$(find "$SWEEP" -name metrics.json | wc -l)"
 [[ "$n" == "$POINTS" ]] || fail "$n metrics.json files under $SWEEP (expected $POINTS)"
 log "OK: $POINTS sweep points, each one world of $NODES ranks on SLURM nodes ${NODE_NAMES[*]}"
+
+# 5. A multirun inside one job step: `srun dmt-train -m ...` runs the sweep's points one after
+#    another in the same tasks, one world of NODES for all of them; each point's group must meet
+#    apart from the previous point's.
+STEP_SWEEP="$TMP/step-multirun"
+log "srun -N $NODES -n $NODES dmt-train -m (points in turn in one step; output in $STEP_SWEEP)"
+start=$SECONDS
+(
+    cd "$TMP"
+    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" GLOO_SOCKET_IFNAME=lo WANDB_MODE=disabled
+    exec timeout 600 srun --nodes=$NODES --ntasks=$NODES --ntasks-per-node=1 --cpus-per-task=1 \
+        --kill-on-bad-exit=1 "$ROOT/.venv/bin/dmt-train" -m hydra.sweep.dir="$STEP_SWEEP" \
+        trainer=smoke trainer.device=cpu logger=disabled trainer.seed=0,1,2 "$@"
+) >"$TMP/log/step-sweep.log" 2>&1 &
+SWEEP_PID=$!
+sweep_rc=0
+wait "$SWEEP_PID" || sweep_rc=$?
+SWEEP_PID=
+[[ $sweep_rc == 0 ]] || { tail -n 60 "$TMP/log/step-sweep.log"; fail "srun dmt-train -m exited with $sweep_rc"; }
+log "step sweep finished in $((SECONDS - start)) s"
+for point in 0 1 2; do
+    dir="$STEP_SWEEP/$point"
+    [[ -f "$dir/train.log" ]] || fail "step point $point: no $dir/train.log"
+    for rank in $(seq 0 $((NODES - 1))); do
+        grep -q "rank $rank of $NODES (.*launcher slurm" "$dir/train.log" ||
+            fail "step point $point: no 'rank $rank of $NODES' (launcher slurm) in $dir/train.log"
+    done
+    n="$(find "$dir" -name metrics.json | wc -l)"
+    [[ "$n" == 1 ]] || fail "step point $point: $n metrics.json files under $dir (expected 1)"
+done
+log "OK: 3 points in turn in one srun step, each one world of $NODES ranks"

@@ -1,29 +1,53 @@
-"""One torchrun worker process initializes and destroys several process groups in turn, as a Hydra
-multirun (``dmt-train -m``) under torchrun does: each job's group must meet in the agent's store
-under its own keys, not read an earlier job's rendezvous (gloo: "Connection refused")."""
+"""One worker process initializes and destroys several process groups in turn, as a Hydra multirun
+(``dmt-train -m``) does in the same processes: each job's group must meet under its own keys, not
+read an earlier job's rendezvous (gloo: "Connection refused"), whether the workers meet in
+torchrun's agent store or in a store of dmt's own (SLURM's ``srun``, or ``RANK``/``WORLD_SIZE``/
+``MASTER_ADDR``/``MASTER_PORT`` set by hand)."""
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
-from tests.conftest import torchrun
+import pytest
+
+from tests.conftest import REPO, torchrun
 
 WORKER = """
-import sys, time
+import logging, sys, time
 import torch, torch.distributed as dist
 from dmt.runtime import close_runtime, init_runtime
 
+slow = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+logging.basicConfig(level=logging.INFO, format="%(message)s")  # init_runtime's "rank r of n" line
 for job in range(3):
     runtime = init_runtime("cpu", timeout_s=60)
-    if runtime.rank == 1:
-        time.sleep(0.5)  # rank 0 meets first: it would find rank 1's old address
+    if runtime.rank == slow:
+        time.sleep(0.5)  # the other rank meets first: it would find the slow rank's old address
     total = torch.tensor([float(runtime.rank + 1)])
     dist.all_reduce(total)
     with open(f"{sys.argv[1]}/rank{runtime.rank}.txt", "a") as out:  # not a shared pipe
         out.write(f"rank {runtime.rank} job {job} sum {total.item():g}\\n")
+    if runtime.rank == slow:
+        time.sleep(0.5)  # and leaves last: the other rank starts the next job first
     close_runtime()
 """
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _check(tmp_path: Path, out: str) -> None:
+    for rank in (0, 1):
+        lines = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
+        assert lines == [f"rank {rank} job {j} sum 3" for j in range(3)], out
 
 
 def test_torchrun_workers_run_three_groups_in_turn(tmp_path: Path) -> None:
@@ -33,6 +57,51 @@ def test_torchrun_workers_run_three_groups_in_turn(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
+    _check(tmp_path, out)
+
+
+@pytest.mark.parametrize("launcher", ["srun", "env"])
+def test_workers_of_one_step_run_three_groups_in_turn(tmp_path: Path, launcher: str) -> None:
+    """Two tasks of one ``srun`` step (or two processes given the torchrun variables by hand)
+    run three jobs in turn; rank 0, which serves the rendezvous, is the slow one: rank 1 starts
+    the next job while rank 0 still holds the previous one's group."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    port = _free_port()
+    procs = []
     for rank in (0, 1):
-        lines = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
-        assert lines == [f"rank {rank} job {j} sum 3" for j in range(3)], out
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "TORCHELASTIC_"))
+            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+        }
+        env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), MASTER_PORT=str(port))
+        if launcher == "srun":
+            env.update(
+                SLURM_JOB_ID="7", SLURM_STEP_ID="0", SLURM_PROCID=str(rank), SLURM_NTASKS="2",
+                SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_TASKS_PER_NODE="2",
+                SLURM_JOB_NODELIST="localhost", MASTER_ADDR="127.0.0.1",
+            )  # fmt: skip
+        else:
+            env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+            env.update(LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+        cmd = [sys.executable, str(script), str(tmp_path), "0"]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    out = "\n".join(outs)
+    assert [p.returncode for p in procs] == [0, 0], out
+    _check(tmp_path, out)
+    name = {"srun": "slurm", "env": "torchrun"}[launcher]  # torchrun's variables, set by hand
+    for rank, rank_out in enumerate(outs):
+        seen = re.findall(rf"rank {rank} of 2 \(local rank {rank} of 2, launcher (\w+),", rank_out)
+        assert seen == [name] * 3, rank_out  # not "torchrun" from dmt's own exported variables
