@@ -179,10 +179,19 @@ def check_outputs(run_dir: Path, *, resume_from: str | None, checkpoint_dir: str
     run_dir = run_dir.absolute()
     found = outputs_of(run_dir, checkpoint_dir)
     if found and not resumes(run_dir, resume_from, checkpoint_dir):
+        restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
+        requeued = (
+            f" (this SLURM job was requeued, SLURM_RESTART_COUNT={restarts}: they are probably "
+            "its own earlier attempt's; set trainer.resume_from=auto and trainer.checkpoint_every "
+            "for jobs that may be preempted)"
+            if restarts.isdigit() and int(restarts) > 0
+            else ""
+        )
         raise ValueError(
-            f"run directory {run_dir} already holds another run's outputs ({', '.join(found)}); "
-            "choose another hydra.run.dir (or leave it unset for a new one), or resume that run "
-            f"with trainer.resume_from=auto or trainer.resume_from=<a checkpoint in {run_dir}>"
+            f"run directory {run_dir} already holds another run's outputs ({', '.join(found)})"
+            f"{requeued}; choose another hydra.run.dir (or leave it unset for a new one), or "
+            "resume that run with trainer.resume_from=auto or trainer.resume_from=<a checkpoint "
+            f"in {run_dir}>"
         )
 
 

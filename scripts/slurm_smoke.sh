@@ -17,6 +17,8 @@
 #    exactly one metrics.json.
 # 5. Runs `srun -N 2 -n 2 dmt-train -m trainer.seed=0,1,2` (a multirun whose 3 points run in turn
 #    in the same 2 tasks of one job step) and checks the same of every point.
+# 6. Preempts a job: SIGUSR2 after its first checkpoint; submitit requeues it, it resumes
+#    (trainer.resume_from=auto) and must end with the metrics of the same run uninterrupted.
 # Every daemon it started, and every process of its cluster, is stopped on exit, and its temp
 # directory removed (KEEP=1 keeps the directory for inspection). Exits non-zero when a step fails.
 set -euo pipefail
@@ -189,6 +191,20 @@ done
 [[ "$idle" == "$want" ]] || { sinfo -N -l || true; fail "nodes $want not idle after 60 s"; }
 sinfo -N
 
+# `dmt-train -m hydra/launcher=slurm` into sweep directory $1 with overrides $2...: one job of
+# NODES tasks per point, one task per node. Run it in the background (`submit_sweep ... &`): the
+# background subshell becomes `timeout`, so SWEEP_PID=$! is the process cleanup() signals.
+submit_sweep() {
+    local dir="$1"
+    shift
+    cd "$TMP"
+    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" GLOO_SOCKET_IFNAME=lo WANDB_MODE=disabled
+    exec timeout 600 "$ROOT/.venv/bin/dmt-train" -m hydra/launcher=slurm hydra.sweep.dir="$dir" \
+        hydra.launcher.nodes=$NODES hydra.launcher.tasks_per_node=1 \
+        hydra.launcher.gpus_per_node=0 hydra.launcher.cpus_per_task=1 \
+        hydra.launcher.mem_gb=null hydra.launcher.timeout_min=15 "$@"
+}
+
 # The sweep: 2 points (trainer.seed=0,1), each a SLURM job of 2 tasks, one on each node. sbatch
 # passes this environment on to the jobs: the same interpreter (submitit runs the pickled job with
 # the submitting python), this checkout first on the path, gloo on loopback. This cluster keeps no
@@ -197,15 +213,8 @@ sinfo -N
 SWEEP="$TMP/multirun"
 log "submitting the sweep (output in $SWEEP)"
 start=$SECONDS
-(
-    cd "$TMP"
-    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" GLOO_SOCKET_IFNAME=lo WANDB_MODE=disabled
-    exec timeout 600 "$ROOT/.venv/bin/dmt-train" -m hydra/launcher=slurm \
-        hydra.sweep.dir="$SWEEP" \
-        hydra.launcher.nodes=$NODES hydra.launcher.tasks_per_node=1 hydra.launcher.gpus_per_node=0 \
-        hydra.launcher.cpus_per_task=1 hydra.launcher.mem_gb=null hydra.launcher.timeout_min=15 \
-        trainer=smoke trainer.device=cpu logger=disabled trainer.seed=0,1 "$@"
-) >"$TMP/log/sweep.log" 2>&1 &
+submit_sweep "$SWEEP" trainer=smoke trainer.device=cpu logger=disabled trainer.seed=0,1 "$@" \
+    >"$TMP/log/sweep.log" 2>&1 &
 SWEEP_PID=$!
 sweep_rc=0
 wait "$SWEEP_PID" || sweep_rc=$?
@@ -270,3 +279,71 @@ for point in 0 1 2; do
     [[ "$n" == 1 ]] || fail "step point $point: $n metrics.json files under $dir (expected 1)"
 done
 log "OK: 3 points in turn in one srun step, each one world of $NODES ranks"
+# 6. Preemption: a job of NODES tasks with periodic checkpoints and trainer.resume_from=auto gets
+#    SIGUSR2 once its first checkpoint is complete (what SLURM sends before it preempts or times
+#    out a job that asked for it: submitit's --signal), submitit requeues it (scontrol requeue),
+#    and the requeued job resumes from its last checkpoint. The same run without preemption must
+#    end with the same metrics.
+STEPS=96
+RESTART=(logger=disabled trainer.progress_bar=false data.synthetic.num_train=16384
+    data.synthetic.num_val=1024 data.synthetic.num_test=1024 data.batch_size=256 trainer.epochs=2
+    "trainer.max_steps=$STEPS" trainer.checkpoint_every=8 trainer.resume_from=auto
+    model.embedding_dim=8 "model.bottom_mlp=[16,8]" "model.top_mlp=[16,1]" trainer.device=cpu)
+PREEMPTED="$TMP/preempted"
+log "preemption: a job of $NODES tasks, SIGUSR2 after its first checkpoint (output in $PREEMPTED)"
+start=$SECONDS
+submit_sweep "$PREEMPTED" "${RESTART[@]}" >"$TMP/log/preempted.log" 2>&1 &
+SWEEP_PID=$!
+marker="$PREEMPTED/0/checkpoints/step_8/meta.json"
+for _ in $(seq 2400); do
+    [[ -f "$marker" ]] && break
+    kill -0 "$SWEEP_PID" 2>/dev/null || break
+    sleep 0.05
+done
+[[ -f "$marker" ]] || { tail -n 40 "$TMP/log/preempted.log"; fail "preemption: no checkpoint $marker"; }
+job="$(squeue -h -o %i | head -n 1)"
+[[ -n "$job" ]] || fail "preemption: the job ended before its checkpoint could be acted on"
+[[ ! -f "$PREEMPTED/0/metrics.json" ]] || fail "preemption: the job finished before the signal"
+scancel --signal=USR2 "$job"
+log "sent SIGUSR2 to job $job"
+# SLURM holds a requeued batch job for a while (reason BeginTime; about 165 s here): start it now
+for _ in $(seq 600); do
+    reason="$(squeue -h -j "$job" -o %r 2>/dev/null || true)"
+    if [[ "$reason" == BeginTime ]]; then
+        scontrol update JobId="$job" StartTime=now && log "released the requeued job $job"
+        break
+    fi
+    kill -0 "$SWEEP_PID" 2>/dev/null || break
+    sleep 0.1
+done
+sweep_rc=0
+wait "$SWEEP_PID" || sweep_rc=$?
+SWEEP_PID=
+[[ $sweep_rc == 0 ]] || { tail -n 60 "$TMP/log/preempted.log"; fail "preempted sweep exited with $sweep_rc"; }
+grep -rqs "this job is preempted" "$PREEMPTED/.submitit" ||
+    fail "preemption: submitit did not see the signal (no 'this job is preempted' under $PREEMPTED/.submitit)"
+resumed="$(grep -ho "resumed from [^ ]* at step [0-9]*" "$PREEMPTED/0/train.log" | head -n 1)"
+[[ -n "$resumed" ]] || fail "preemption: the requeued job did not resume ($PREEMPTED/0/train.log)"
+log "requeued and $resumed in $((SECONDS - start)) s"
+
+CLEAN="$TMP/uninterrupted"
+(
+    cd "$TMP"
+    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" GLOO_SOCKET_IFNAME=lo WANDB_MODE=disabled
+    exec timeout 600 srun --nodes=$NODES --ntasks=$NODES --ntasks-per-node=1 --cpus-per-task=1 \
+        --kill-on-bad-exit=1 "$ROOT/.venv/bin/dmt-train" hydra.run.dir="$CLEAN" "${RESTART[@]}"
+) >"$TMP/log/uninterrupted.log" 2>&1 || {
+    tail -n 40 "$TMP/log/uninterrupted.log"
+    fail "the uninterrupted run failed"
+}
+"$PY" - "$PREEMPTED/0/metrics.json" "$CLEAN/metrics.json" <<'EOF' ||
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+keys = ("val_auc", "test_auc", "test_logloss", "test_ne", "num_steps")
+diff = {k: (a[k], b[k]) for k in keys if abs(a[k] - b[k]) > 1e-6}
+print(f"[slurm_smoke] preempted vs uninterrupted: {', '.join(f'{k} {a[k]:.6g}' for k in keys)}"
+      f"{f'; differ: {diff}' if diff else ' (equal)'}")
+sys.exit(1 if diff else 0)
+EOF
+    fail "preemption: the resumed run's metrics differ from the uninterrupted run's"
+log "OK: a preempted job was requeued, resumed from its checkpoint and ended as the uninterrupted run"

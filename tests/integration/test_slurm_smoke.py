@@ -3,8 +3,9 @@
 ``scripts/slurm_smoke.sh`` installs SLURM from Debian's packages if needed, starts munged,
 slurmctld and two slurmd nodes in a temp directory, runs ``dmt-train -m hydra/launcher=slurm``
 over 2 sweep points of 2 tasks each, then ``srun -N 2 -n 2 dmt-train -m`` over 3 points in turn in
-one job step, checks that every point trained as one world of 2, and stops its daemons. Needs
-root: ``pytest -m cluster``.
+one job step, checks that every point trained as one world of 2, preempts a job (SIGUSR2 after its
+first checkpoint) and checks that the requeued job resumes and ends as the uninterrupted run, and
+stops its daemons. Needs root: ``pytest -m cluster``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def test_slurm_sweep_points_are_worlds_of_two() -> None:
     assert proc.returncode == 0, output[-6000:]
     assert "OK: 2 sweep points, each one world of 2 ranks" in proc.stdout
     assert "OK: 3 points in turn in one srun step, each one world of 2 ranks" in proc.stdout
+    assert "ended as the uninterrupted run" in proc.stdout  # preempted, requeued, resumed
     for point in (0, 1):
         for rank in (0, 1):
             line = rf"^\[point {point}\] .*\brank {rank} of 2 \(local rank 0 of 1, launcher slurm, "

@@ -104,6 +104,29 @@ def test_a_directory_with_outputs_is_refused_unless_the_run_resumes_it(tmp_path)
         check_outputs(run, resume_from=None, checkpoint_dir=str(tmp_path / "ckpt"))
 
 
+def test_a_requeued_slurm_job_is_told_to_resume(tmp_path, monkeypatch):
+    """A SLURM job requeued after preemption runs again in its own run directory: the refusal
+    says so, and how to resume (scripts/slurm_smoke.sh step 6 runs the resuming case)."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_4").mkdir(parents=True)
+    (run / "checkpoints" / "step_4" / "meta.json").write_text('{"files": {}}')
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    with pytest.raises(ValueError) as e:
+        check_outputs(run, resume_from=None, checkpoint_dir="checkpoints")
+    assert "SLURM" not in str(e.value)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    with pytest.raises(ValueError) as e:
+        check_outputs(run, resume_from=None, checkpoint_dir="checkpoints")
+    assert str(e.value) == (
+        f"run directory {run} already holds another run's outputs (checkpoints/) (this SLURM job "
+        "was requeued, SLURM_RESTART_COUNT=2: they are probably its own earlier attempt's; set "
+        "trainer.resume_from=auto and trainer.checkpoint_every for jobs that may be preempted); "
+        "choose another hydra.run.dir (or leave it unset for a new one), or resume that run with "
+        f"trainer.resume_from=auto or trainer.resume_from=<a checkpoint in {run}>"
+    )
+    check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
+
+
 HOLD = (
     "import sys, pathlib; from dmt.run_dir import lock_run_dir; "
     "lock_run_dir(pathlib.Path(sys.argv[1])); print('locked', flush=True); sys.stdin.read()"
