@@ -179,6 +179,16 @@ def check_outputs(run_dir: Path, *, resume_from: str | None, checkpoint_dir: str
     run_dir = run_dir.absolute()
     found = outputs_of(run_dir, checkpoint_dir)
     if found and not resumes(run_dir, resume_from, checkpoint_dir):
+        if resume_from == "auto" and METRICS_FILE not in found:
+            # e.g. a SLURM job preempted while it wrote its first checkpoint, and requeued
+            log.warning(
+                "run directory %s holds no complete checkpoint and no %s, only %s: "
+                "trainer.resume_from=auto starts the run afresh there",
+                run_dir,
+                METRICS_FILE,
+                ", ".join(found),
+            )
+            return
         restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
         requeued = (
             f" (this SLURM job was requeued, SLURM_RESTART_COUNT={restarts}: they are probably "

@@ -255,12 +255,16 @@ def cuda_index(local_rank: int, device_count: int) -> int:
     )
 
 
-def init_runtime(device: str = "auto", *, timeout_s: float = 600.0) -> Runtime:
+def init_runtime(device: str = "auto", *, timeout_s: float = 600.0, job: str = "run") -> Runtime:
     """Initialize the default process group (gloo on CPU, nccl on CUDA) and return the runtime.
 
     The world comes from :func:`world_from_env`; a SLURM world is exported as torchrun variables
     (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
     ``MASTER_PORT``) so that TorchRec, which reads some of them, sees the same world.
+
+    ``job``: the same name on every rank for one job of a multirun, different for the others
+    (:func:`dmt.train.train` gives Hydra's job number and overrides); without torchrun's agent,
+    ranks meet only in the same job (:func:`_own_store`).
     """
     # one count decides both whether and which: before CUDA starts in this process, torch counts
     # the devices CUDA_VISIBLE_DEVICES shows now, which can differ from is_available()'s answer
@@ -295,7 +299,7 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0) -> Runtime:
             _export(world, os.environ)
             dist.init_process_group(
                 backend,
-                store=_own_store(world, timeout),
+                store=_own_store(world, timeout, job),
                 rank=world.rank,
                 world_size=world.world_size,
                 timeout=timeout,
@@ -403,26 +407,34 @@ def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store:
 
 #: the rendezvous store of SLURM and hand-set worlds, kept for the life of the process (_own_store)
 _own: tuple[tuple[str, int, int, int], dist.TCPStore] | None = None
-_own_store_inits = itertools.count()
+#: per job key, the process groups this process has initialized in ``_own`` so far
+_own_store_inits: dict[str, itertools.count[int]] = {}
+#: the key ProcessGroupNCCL's watchdog sets in the unprefixed store when a rank dumps its flight
+#: recorder (kStoreDumpKey in torch's ProcessGroupNCCL.hpp); the other ranks' watchdogs see it and
+#: end their process, so a failed job must not leave it for the next
+_NCCL_DUMP_KEY = "exception_dump"
 
 
-def _own_store(world: World, timeout: timedelta) -> dist.Store:
+def _own_store(world: World, timeout: timedelta, job: str) -> dist.Store:
     """The store a world without torchrun's agent meets in: a ``TCPStore`` served by rank 0 at
     ``MASTER_ADDR:MASTER_PORT``, created at this process's first group and kept until it exits,
-    with each group's keys under their own prefix.
+    with each group's keys under the prefix ``dmt/<job>/group_<n>``.
 
     torch's ``env://`` rendezvous makes a new store per group and rank 0 tears it down with the
     group. In a Hydra multirun (``srun dmt-train -m ...``) a rank that finished a job first then
     met the *previous* job's store, still served by a slower rank 0, read that job's gloo/NCCL
     addresses and failed ("Connection reset by peer"), while rank 0 waited for it in the new
-    store. One store that outlives the jobs, and the count of groups this process has
-    initialized (the same on every rank) as the prefix, keep the jobs apart.
+    store. One store outlives the jobs. ``job`` names the job the same way on every rank (Hydra's
+    job number and overrides), and ``n`` counts this process's groups of that job, so ranks meet
+    only in the same job: a rank that failed a job before its group would otherwise pair its next
+    job with its peers' current one.
     """
     global _own
     assert world.master_addr is not None and world.master_port is not None
     key = (world.master_addr, world.master_port, world.world_size, world.rank)
     if _own is None or _own[0] != key:
         _own = None  # a world of other settings: its own store (the old one closes when freed)
+        _own_store_inits.clear()  # its peers count from 0 too
         store = dist.TCPStore(
             world.master_addr,
             world.master_port,
@@ -430,10 +442,15 @@ def _own_store(world: World, timeout: timedelta) -> dist.Store:
             is_master=world.rank == 0,
             timeout=timeout,
             wait_for_workers=False,
+            multi_tenant=True,  # as env://: a later env:// group on this port shares the server
         )
         _own = (key, store)
-    _own[1].set_timeout(timeout)
-    return dist.PrefixStore(f"dmt/group_{next(_own_store_inits)}", _own[1])
+    store = _own[1]
+    store.set_timeout(timeout)
+    if world.rank == 0:
+        store.delete_key(_NCCL_DUMP_KEY)  # before any peer's group of this job can start
+    n = next(_own_store_inits.setdefault(job, itertools.count()))
+    return dist.PrefixStore(f"dmt/{job}/group_{n}", store)
 
 
 def close_runtime() -> None:

@@ -10,6 +10,7 @@ Examples::
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from pathlib import Path
@@ -59,6 +60,17 @@ def to_config(cfg: DictConfig | Config) -> Config:
     return conf
 
 
+def hydra_job() -> str:
+    """This Hydra job's name among a multirun's, the same on every rank that runs it: its number
+    and a digest of its overrides (ranks running a sweep each choose their points; the digest
+    keeps ranks that chose differently from training together)."""
+    job = HydraConfig.get().job
+    num = OmegaConf.select(cast(DictConfig, job), "num", default=None)
+    overrides = HydraConfig.get().overrides.task
+    digest = hashlib.sha256("\x00".join(overrides).encode()).hexdigest()[:12]
+    return f"job_{num if num is not None else 0}_{digest}"
+
+
 def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str, float]:
     """Train and evaluate; returns the final metrics (also written to ``metrics.json``).
 
@@ -69,7 +81,9 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
     conf = to_config(cfg)
     t = conf.trainer
     out = Path(output_dir) if output_dir is not None else Path(HydraConfig.get().runtime.output_dir)
-    runtime = init_runtime(t.device, timeout_s=t.collective_timeout_s)
+    runtime = init_runtime(
+        t.device, timeout_s=t.collective_timeout_s, job=hydra_job() if output_dir is None else "run"
+    )
     try:
         out = agree_on_run_dir(
             out, rank=runtime.rank, world_size=runtime.world_size, from_hydra=output_dir is None

@@ -324,6 +324,7 @@ grep -rqs "this job is preempted" "$PREEMPTED/.submitit" ||
     fail "preemption: submitit did not see the signal (no 'this job is preempted' under $PREEMPTED/.submitit)"
 resumed="$(grep -ho "resumed from [^ ]* at step [0-9]*" "$PREEMPTED/0/train.log" | head -n 1)"
 [[ -n "$resumed" ]] || fail "preemption: the requeued job did not resume ($PREEMPTED/0/train.log)"
+(( ${resumed##* } < STEPS )) || fail "preemption: the signal came after training ($resumed)"
 log "requeued and $resumed in $((SECONDS - start)) s"
 
 CLEAN="$TMP/uninterrupted"

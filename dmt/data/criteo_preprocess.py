@@ -961,8 +961,18 @@ def _settings_differences(out_dir: Path, job: _Job) -> str:
         there_sources = manifest["sources"]
     except (OSError, ValueError, KeyError, TypeError):
         return ""
-    diffs = _dict_differences(
-        _with_default_missing_id(there_settings), _with_default_missing_id(job.settings)
+    both_vocab = all(
+        isinstance(x, dict)
+        and isinstance(x.get("categorical"), dict)
+        and x["categorical"].get("mode") == "vocab"
+        for x in (there_settings, job.settings)
+    )
+    diffs = (
+        _dict_differences(
+            _with_default_missing_id(there_settings), _with_default_missing_id(job.settings)
+        )
+        if both_vocab
+        else _dict_differences(there_settings, job.settings)
     )
     if not isinstance(there_sources, list) or len(there_sources) != len(job.sources):
         n = len(there_sources) if isinstance(there_sources, list) else "?"
@@ -1005,11 +1015,11 @@ def _source_differences(index: int, old: Any, new: _Source) -> list[str]:
     if not fields:
         return []
 
-    def modified(ns: Any) -> str:
+    def modified(ns: Any) -> str:  # to the nanosecond: copies may keep the time to the second
         if not isinstance(ns, int):
             return repr(ns)
-        at = datetime.datetime.fromtimestamp(ns / 1e9, datetime.UTC)
-        return at.strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+        at = datetime.datetime.fromtimestamp(ns // 10**9, datetime.UTC)
+        return f"{at:%Y-%m-%d %H:%M:%S}.{ns % 10**9:09d} UTC"
 
     parts = []
     for k in fields:

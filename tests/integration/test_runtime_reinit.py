@@ -60,13 +60,10 @@ def test_torchrun_workers_run_three_groups_in_turn(tmp_path: Path) -> None:
     _check(tmp_path, out)
 
 
-@pytest.mark.parametrize("launcher", ["srun", "env"])
-def test_workers_of_one_step_run_three_groups_in_turn(tmp_path: Path, launcher: str) -> None:
-    """Two tasks of one ``srun`` step (or two processes given the torchrun variables by hand)
-    run three jobs in turn; rank 0, which serves the rendezvous, is the slow one: rank 1 starts
-    the next job while rank 0 still holds the previous one's group."""
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+def _start_pair(tmp_path: Path, script: Path, launcher: str, *args: str) -> list[str]:
+    """Runs ``script`` as ranks 0 and 1 of one ``srun`` step (``launcher="srun"``) or of a world
+    given torchrun's variables by hand (``"env"``); returns each rank's output after checking
+    that both exited with 0."""
     port = _free_port()
     procs = []
     for rank in (0, 1):
@@ -86,7 +83,7 @@ def test_workers_of_one_step_run_three_groups_in_turn(tmp_path: Path, launcher: 
         else:
             env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
             env.update(LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
-        cmd = [sys.executable, str(script), str(tmp_path), "0"]
+        cmd = [sys.executable, str(script), str(tmp_path), *args]
         procs.append(
             subprocess.Popen(
                 cmd,
@@ -95,13 +92,65 @@ def test_workers_of_one_step_run_three_groups_in_turn(tmp_path: Path, launcher: 
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-            )
+            )  # fmt: skip
         )
     outs = [p.communicate(timeout=240)[0] for p in procs]
-    out = "\n".join(outs)
-    assert [p.returncode for p in procs] == [0, 0], out
-    _check(tmp_path, out)
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
+    return outs
+
+
+@pytest.mark.parametrize(
+    "launcher", ["srun", pytest.param("env", marks=pytest.mark.slow)]
+)  # the same store either way: the hand-set variables' case runs with -m slow
+def test_workers_of_one_step_run_three_groups_in_turn(tmp_path: Path, launcher: str) -> None:
+    """Two tasks of one ``srun`` step (or two processes given the torchrun variables by hand)
+    run three jobs in turn; rank 0, which serves the rendezvous, is the slow one: rank 1 starts
+    the next job while rank 0 still holds the previous one's group."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    outs = _start_pair(tmp_path, script, launcher, "0")
+    _check(tmp_path, "\n".join(outs))
     name = {"srun": "slurm", "env": "torchrun"}[launcher]  # torchrun's variables, set by hand
     for rank, rank_out in enumerate(outs):
         seen = re.findall(rf"rank {rank} of 2 \(local rank {rank} of 2, launcher (\w+),", rank_out)
         assert seen == [name] * 3, rank_out  # not "torchrun" from dmt's own exported variables
+
+
+SKIPPER = """
+import sys
+import torch, torch.distributed as dist
+from dmt.runtime import close_runtime, init_runtime, world_from_env
+import os
+
+rank = world_from_env(os.environ).rank
+for job in range(3):
+    if rank == 1 and job == 0:
+        continue  # e.g. failed before its group (a missing file, a GPU short on one node)
+    try:
+        runtime = init_runtime("cpu", timeout_s=2, job=f"job_{job}")
+    except Exception as e:  # no peer in the same job
+        line = f"rank {rank} job {job} alone: {type(e).__name__}"
+    else:
+        total = torch.tensor([float(10 ** job)])
+        dist.all_reduce(total)
+        line = f"rank {rank} job {job} sum {total.item():g}"
+        close_runtime()
+    with open(f"{sys.argv[1]}/rank{rank}.txt", "a") as out:
+        out.write(line + "\\n")
+"""
+
+
+@pytest.mark.slow  # 6 s of rendezvous timeouts
+def test_ranks_never_train_together_on_different_jobs(tmp_path: Path) -> None:
+    """Ranks meet only within the same job (``init_runtime(job=...)``: Hydra's job number and
+    overrides). Rank 1 fails job 0 before its group; rank 0 waits for it in job 0 alone and times
+    out. With a bare count of groups, rank 0's job 0 met rank 1's job 1 and they trained as one
+    world on different sweep points, silently. Now no job pairs with another: rank 0's failed
+    initialization leaves torch's own group count one ahead (torch offers no reset), so the later
+    jobs time out on both ranks instead of pairing."""
+    script = tmp_path / "skipper.py"
+    script.write_text(SKIPPER)
+    out = "\n".join(_start_pair(tmp_path, script, "srun"))
+    got = [(tmp_path / f"rank{r}.txt").read_text().splitlines() for r in (0, 1)]
+    assert got[0] == [f"rank 0 job {j} alone: DistStoreError" for j in range(3)], out
+    assert got[1] == [f"rank 1 job {j} alone: DistStoreError" for j in (1, 2)], out

@@ -476,11 +476,11 @@ def test_the_refusal_names_what_changed_since_the_output_was_made(tmp_path: Path
     os.utime(raw, ns=(0, 86_400 * 10**9))  # 1970-01-02, contents unchanged
     with pytest.raises(ValueError) as err:
         preprocess_criteo(cfg, **SMALL)
-    made = datetime.datetime.fromtimestamp(
-        read_manifest(out)["sources"][0]["mtime_ns"] / 1e9, datetime.UTC
-    ).strftime("%Y-%m-%d %H:%M:%S.%f")
+    ns = read_manifest(out)["sources"][0]["mtime_ns"]
+    made = f"{datetime.datetime.fromtimestamp(ns // 10**9, datetime.UTC):%Y-%m-%d %H:%M:%S}"
+    made += f".{ns % 10**9:09d}"
     assert str(err.value) == (
-        f"{prefix} ({named}: modified {made} UTC there, 1970-01-02 00:00:00.000000 UTC now, same "
+        f"{prefix} ({named}: modified {made} UTC there, 1970-01-02 00:00:00.000000000 UTC now, same "
         f"size and sampled fingerprint: touched or copied since, perhaps with the same rows){suffix}"
     )
 

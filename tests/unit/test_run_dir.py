@@ -87,7 +87,8 @@ def test_a_directory_with_outputs_is_refused_unless_the_run_resumes_it(tmp_path)
         check_outputs(
             run, resume_from=str(tmp_path / "other" / "checkpoints"), checkpoint_dir="checkpoints"
         )
-    # auto resumes only a run that has a complete checkpoint (else it would start afresh here)
+    # auto resumes only a run that has a complete checkpoint (else it would start afresh over
+    # this one's metrics.json)
     with pytest.raises(ValueError, match="already holds another run's outputs"):
         check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
     (run / "checkpoints" / "step_4" / "meta.json").write_text('{"files": {}}')
@@ -109,6 +110,9 @@ def test_a_requeued_slurm_job_is_told_to_resume(tmp_path, monkeypatch):
     says so, and how to resume (scripts/slurm_smoke.sh step 6 runs the resuming case)."""
     run = tmp_path / "run"
     (run / "checkpoints" / "step_4").mkdir(parents=True)
+    (run / "checkpoints" / "step_4" / "shard.distcp").write_text("")
+    # stopped while it wrote its first checkpoint: auto starts afresh, nothing complete to lose
+    check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
     (run / "checkpoints" / "step_4" / "meta.json").write_text('{"files": {}}')
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     with pytest.raises(ValueError) as e:
