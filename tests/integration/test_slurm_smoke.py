@@ -1,11 +1,12 @@
-"""A Hydra sweep through hydra-submitit-launcher on a real local SLURM cluster (``cluster``).
+"""dmt's SLURM launch paths on a real local SLURM cluster (``cluster``).
 
 ``scripts/slurm_smoke.sh`` installs SLURM from Debian's packages if needed, starts munged,
-slurmctld and two slurmd nodes in a temp directory, runs ``dmt-train -m hydra/launcher=slurm``
-over 2 sweep points of 2 tasks each, then ``srun -N 2 -n 2 dmt-train -m`` over 3 points in turn in
-one job step, checks that every point trained as one world of 2, preempts a job (SIGUSR2 after its
-first checkpoint) and checks that the requeued job resumes and ends as the uninterrupted run, and
-stops its daemons. Needs root: ``pytest -m cluster``.
+slurmctld and two slurmd nodes in a temp directory, and runs ``scripts/slurm_acceptance.sh`` on
+them (CPU): ``dmt-train -m hydra/launcher=slurm`` over 2 sweep points of 2 tasks each, then
+``srun -N 2 dmt-train -m`` over 3 points in turn in one job step, checking that every point
+trained as one world of 2; then a preempted job (SIGUSR2 after its first checkpoint) that must be
+requeued, resume and end as the uninterrupted run. It stops its daemons. Needs root:
+``pytest -m cluster``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def test_slurm_sweep_points_are_worlds_of_two() -> None:
     assert "OK: 2 sweep points, each one world of 2 ranks" in proc.stdout
     assert "OK: 3 points in turn in one srun step, each one world of 2 ranks" in proc.stdout
     assert "ended as the uninterrupted run" in proc.stdout  # preempted, requeued, resumed
+    assert "OK: all checks passed on SLURM nodes 127.0.0.1 127.0.0.2" in proc.stdout
     for point in (0, 1):
         for rank in (0, 1):
             line = rf"^\[point {point}\] .*\brank {rank} of 2 \(local rank 0 of 1, launcher slurm, "

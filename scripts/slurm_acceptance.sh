@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# dmt's SLURM launch paths, end to end, on a SLURM cluster: your own (GPUs, NCCL across nodes), or
+# the local CPU cluster that scripts/slurm_smoke.sh starts for CI-like checks.
+#
+#   NODES=2 GPUS_PER_NODE=8 SRUN_ARGS="--partition=gpu --account=me" \
+#       bash scripts/slurm_acceptance.sh hydra.launcher.partition=gpu \
+#       +hydra.launcher.additional_parameters.account=me
+#
+# Arguments are Hydra overrides for the `hydra/launcher=slurm` jobs (partition, account, ...);
+# SRUN_ARGS holds the same for the plain `srun` steps. Settings (environment):
+#   NODES (2)            nodes per job
+#   GPUS_PER_NODE (0)    0: CPU (gloo), one task per node; G: G tasks per node, one GPU each (NCCL)
+#   CPUS_PER_TASK (1)    CPUs per task
+#   TIMEOUT_S (600)      limit of each step, queueing included (raise it on a busy cluster)
+#   TOLERANCE            preempted vs uninterrupted metrics (1e-6 on CPU; 2e-3 with GPUs, whose
+#                        FBGEMM backward and NCCL reductions are not bitwise deterministic)
+#   DMT_SLURM_WORK       directory for the runs (a new one under the checkout by default: every
+#                        node must see it); kept at the end, as the evidence
+# Checks, in order (the first failure ends the script with a non-zero status):
+#   1. A 2-point sweep through hydra-submitit-launcher: each point one SLURM job and one world of
+#      NODES x tasks-per-node ranks, with one metrics.json and its own rendezvous.
+#   2. `srun dmt-train -m` over 3 points: the points run in turn in the same tasks of one job
+#      step, each one world.
+#   3. Preemption: SIGUSR2 to a job once its first checkpoint is complete; submitit requeues it,
+#      it resumes (trainer.resume_from=auto) and ends with the metrics of the same run without
+#      preemption.
+# The jobs this script submitted are cancelled if it is interrupted.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TRAIN="$ROOT/.venv/bin/dmt-train"
+NODES="${NODES:-2}"
+GPUS="${GPUS_PER_NODE:-0}"
+CPUS="${CPUS_PER_TASK:-1}"
+TIMEOUT_S="${TIMEOUT_S:-600}"
+if [[ "$GPUS" == 0 ]]; then
+    TASKS=1
+    DEVICE=cpu
+    TOLERANCE="${TOLERANCE:-1e-6}"
+else
+    TASKS="$GPUS"
+    DEVICE=cuda
+    TOLERANCE="${TOLERANCE:-2e-3}"
+fi
+WORLD=$((NODES * TASKS))
+read -r -a SRUN_EXTRA <<<"${SRUN_ARGS:-}"
+
+log() { echo "[dmt-slurm] $*"; }
+fail() {
+    echo "[dmt-slurm] FAIL: $*" >&2
+    exit 1
+}
+
+[[ -x "$TRAIN" ]] || fail "$TRAIN not found: run scripts/setup.sh first"
+command -v srun >/dev/null || fail "srun not found: run this on a SLURM login node"
+WORK="${DMT_SLURM_WORK:-}"
+if [[ -z "$WORK" ]]; then
+    WORK="$(mktemp -d "$ROOT/slurm-acceptance.XXXXXX")"
+fi
+mkdir -p "$WORK/log"
+NAME="dmt-acceptance-$$"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" WANDB_MODE="${WANDB_MODE:-disabled}"
+
+BG=
+cleanup() {
+    local rc=$? dir
+    set +e
+    if [[ -n "$BG" ]] && kill -0 "$BG" 2>/dev/null; then
+        kill "$BG" 2>/dev/null # timeout passes it on
+        wait "$BG" 2>/dev/null
+    fi
+    for dir in "$WORK"/*/.submitit/*/; do
+        [[ -d "$dir" ]] && scancel --quiet "$(basename "$dir")" 2>/dev/null
+    done
+    scancel --quiet --name="$NAME" 2>/dev/null
+    log "runs and logs kept in $WORK"
+    exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log "$NODES nodes x $TASKS tasks ($DEVICE), a world of $WORLD; runs in $WORK"
+
+# `dmt-train -m hydra/launcher=slurm` into sweep directory $1 (overrides $2...), in the background
+# (BG): one SLURM job of NODES x TASKS tasks per point
+submit_sweep() {
+    local dir="$1"
+    shift
+    (
+        cd "$WORK"
+        exec timeout "$TIMEOUT_S" "$TRAIN" -m hydra/launcher=slurm hydra.sweep.dir="$dir" \
+            hydra.launcher.nodes="$NODES" hydra.launcher.tasks_per_node="$TASKS" \
+            hydra.launcher.gpus_per_node="$GPUS" hydra.launcher.cpus_per_task="$CPUS" \
+            hydra.launcher.mem_gb=null hydra.launcher.timeout_min=15 \
+            hydra.launcher.name="$NAME" "${LAUNCHER_EXTRA[@]}" "$@"
+    ) &
+    BG=$!
+}
+
+# `srun dmt-train` on NODES x TASKS tasks (arguments: dmt-train's), in the background (BG)
+srun_train() {
+    local gpus=()
+    [[ "$GPUS" == 0 ]] || gpus=(--gpus-per-task=1)
+    (
+        cd "$WORK"
+        exec timeout "$TIMEOUT_S" srun --job-name="$NAME" --nodes="$NODES" \
+            --ntasks-per-node="$TASKS" --cpus-per-task="$CPUS" "${gpus[@]}" --kill-on-bad-exit=1 \
+            "${SRUN_EXTRA[@]}" "$TRAIN" "$@"
+    ) &
+    BG=$!
+}
+
+# waits for BG; on failure shows the tail of log $1 and fails with message $2
+finish() {
+    local rc=0
+    wait "$BG" || rc=$?
+    BG=
+    [[ $rc == 0 ]] || {
+        grep -v -e "Bypassing sacct error" -e "accounting storage is disabled" "$1" | tail -n 60
+        fail "$2 (exit status $rc; log $1)"
+    }
+}
+
+# run directory $1 (label $2) trained as one world of WORLD ranks under SLURM and wrote one
+# metrics.json; prints its rendezvous
+check_world() {
+    local dir="$1" what="$2" rank n
+    [[ -f "$dir/train.log" ]] || fail "$what: no $dir/train.log"
+    for rank in $(seq 0 $((WORLD - 1))); do
+        grep -q "rank $rank of $WORLD (.*launcher slurm" "$dir/train.log" ||
+            fail "$what: no 'rank $rank of $WORLD' (launcher slurm) in $dir/train.log"
+    done
+    n="$(find "$dir" -name metrics.json | wc -l)"
+    [[ "$n" == 1 ]] || fail "$what: $n metrics.json files under $dir (expected 1)"
+    grep -ho "rendezvous [^,]*" "$dir/train.log" | sort -u
+}
+
+LAUNCHER_EXTRA=("$@")
+SMOKE=(trainer=smoke "trainer.device=$DEVICE" logger=disabled)
+
+# 1. Two sweep points, each its own job, world and rendezvous (the port comes from the job id).
+SWEEP="$WORK/multirun"
+log "1. a 2-point sweep through hydra/launcher=slurm (output in $SWEEP)"
+start=$SECONDS
+submit_sweep "$SWEEP" "${SMOKE[@]}" trainer.seed=0,1 >"$WORK/log/sweep.log" 2>&1
+finish "$WORK/log/sweep.log" "dmt-train -m hydra/launcher=slurm failed"
+rendezvous=()
+for point in 0 1; do
+    rdv="$(check_world "$SWEEP/$point" "point $point")"
+    [[ "$(wc -l <<<"$rdv")" == 1 ]] || fail "point $point: its ranks met at different places: $rdv"
+    rendezvous+=("$rdv")
+    grep -h "rank [0-9]* of $WORLD (" "$SWEEP/$point/train.log" | sed "s/^/[point $point] /"
+done
+[[ "${rendezvous[0]}" != "${rendezvous[1]}" ]] || fail "the points shared ${rendezvous[0]}"
+log "OK: 2 sweep points, each one world of $WORLD ranks ($((SECONDS - start)) s)"
+
+# 2. A multirun inside one job step: the points run one after another in the same tasks, one
+#    world for all of them; each point's group must meet apart from the previous point's.
+STEP_SWEEP="$WORK/step-multirun"
+log "2. srun dmt-train -m over 3 points in one job step (output in $STEP_SWEEP)"
+start=$SECONDS
+srun_train -m hydra.sweep.dir="$STEP_SWEEP" "${SMOKE[@]}" trainer.seed=0,1,2 \
+    >"$WORK/log/step-sweep.log" 2>&1
+finish "$WORK/log/step-sweep.log" "srun dmt-train -m failed"
+for point in 0 1 2; do
+    check_world "$STEP_SWEEP/$point" "step point $point" >/dev/null
+done
+log "OK: 3 points in turn in one srun step, each one world of $WORLD ranks ($((SECONDS - start)) s)"
+
+# 3. Preemption: SIGUSR2 (what SLURM sends signal_delay_s before the time limit, and on preemption
+#    with PreemptParameters=send_user_signal) once the first checkpoint is complete; submitit's
+#    rank 0 requeues the job (scontrol requeue); the requeued job resumes from its checkpoint and
+#    must end as the same run without preemption.
+STEPS=96
+RESTART=(logger=disabled trainer.progress_bar=false data.synthetic.num_train=16384
+    data.synthetic.num_val=1024 data.synthetic.num_test=1024 data.batch_size=256 trainer.epochs=2
+    "trainer.max_steps=$STEPS" trainer.checkpoint_every=8 trainer.resume_from=auto
+    model.embedding_dim=8 "model.bottom_mlp=[16,8]" "model.top_mlp=[16,1]" "trainer.device=$DEVICE")
+PREEMPTED="$WORK/preempted"
+log "3. preemption: SIGUSR2 to a job after its first checkpoint (output in $PREEMPTED)"
+start=$SECONDS
+submit_sweep "$PREEMPTED" "${RESTART[@]}" >"$WORK/log/preempted.log" 2>&1
+marker="$PREEMPTED/0/checkpoints/step_8/meta.json"
+until [[ -f "$marker" ]]; do
+    kill -0 "$BG" 2>/dev/null || break
+    sleep 0.05
+done
+[[ -f "$marker" ]] || finish "$WORK/log/preempted.log" "preemption: the job ended without $marker"
+job="$(basename "$(find "$PREEMPTED/.submitit" -mindepth 1 -maxdepth 1 -type d | head -n 1)")"
+[[ -n "$job" ]] || fail "preemption: no job under $PREEMPTED/.submitit"
+[[ ! -f "$PREEMPTED/0/metrics.json" ]] || fail "preemption: job $job finished before the signal"
+scancel --signal=USR2 "$job"
+log "sent SIGUSR2 to job $job"
+# SLURM holds a requeued batch job for a while (reason BeginTime; about 165 s on the local
+# cluster): start it now where this user may
+for _ in $(seq 600); do
+    if [[ "$(squeue -h -j "$job" -o %r 2>/dev/null || true)" == BeginTime ]]; then
+        scontrol update JobId="$job" StartTime=now 2>/dev/null && log "released the requeued job $job"
+        break
+    fi
+    kill -0 "$BG" 2>/dev/null || break
+    sleep 0.1
+done
+finish "$WORK/log/preempted.log" "preemption: the preempted sweep failed"
+grep -rqs "this job is preempted" "$PREEMPTED/.submitit" ||
+    fail "preemption: submitit did not see the signal (no 'this job is preempted' in $PREEMPTED/.submitit)"
+resumed="$(grep -ho "resumed from [^ ]* at step [0-9]*" "$PREEMPTED/0/train.log" | head -n 1)"
+[[ -n "$resumed" ]] || fail "preemption: the requeued job did not resume ($PREEMPTED/0/train.log)"
+((${resumed##* } < STEPS)) || fail "preemption: the signal came after training ($resumed)"
+log "requeued and $resumed ($((SECONDS - start)) s)"
+
+CLEAN="$WORK/uninterrupted"
+srun_train hydra.run.dir="$CLEAN" "${RESTART[@]}" >"$WORK/log/uninterrupted.log" 2>&1
+finish "$WORK/log/uninterrupted.log" "the uninterrupted run failed"
+"$ROOT/.venv/bin/python" - "$PREEMPTED/0/metrics.json" "$CLEAN/metrics.json" "$TOLERANCE" <<'EOF' ||
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+tol = float(sys.argv[3])
+keys = ("val_auc", "test_auc", "test_logloss", "test_ne", "num_steps")
+diff = {k: (a[k], b[k]) for k in keys if abs(a[k] - b[k]) > tol}
+print(f"[dmt-slurm] preempted vs uninterrupted: {', '.join(f'{k} {a[k]:.6g}' for k in keys)}"
+      f"{f'; differ by more than {tol}: {diff}' if diff else f' (equal within {tol})'}")
+sys.exit(1 if diff else 0)
+EOF
+    fail "preemption: the resumed run's metrics differ from the uninterrupted run's"
+log "OK: a preempted job was requeued, resumed from its checkpoint and ended as the uninterrupted run"
