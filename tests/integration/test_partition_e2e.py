@@ -51,7 +51,9 @@ def labels_of(towers: list[list[int]], num_features: int) -> np.ndarray:
     return labels
 
 
-@pytest.mark.parametrize("data_seed", [0, 2])
+@pytest.mark.parametrize(
+    "data_seed", [0, pytest.param(2, marks=pytest.mark.slow)]
+)  # a second planted structure: 15 s, with -m slow
 def test_tp_from_a_trained_checkpoint_recovers_the_planted_groups(tmp_path, one_thread, data_seed):
     overrides = [*PLANTED, f"data.synthetic.seed={data_seed}"]
     run = tmp_path / "run"
