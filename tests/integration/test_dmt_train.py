@@ -28,7 +28,9 @@ def run(tmp_path, name: str, *overrides: str) -> dict[str, float]:
     return train(compose_config(*QUIET, *overrides), tmp_path / name)
 
 
-@pytest.mark.parametrize("base", ["dlrm", "dcn"])
+@pytest.mark.parametrize(
+    "base", ["dlrm", pytest.param("dcn", marks=pytest.mark.slow)]
+)  # DCN: 20 s, with -m slow (CI time)
 def test_dmt_model_trains_as_well_as_its_base_model(tmp_path, one_thread, base):
     plain = run(tmp_path, base, *SMALL, f"model={base}")
     dmt = run(tmp_path, f"dmt_{base}", *SMALL, f"experiment=dmt_4t_{base}")

@@ -138,6 +138,7 @@ def test_a_sweep_on_data_without_validation_rows_stops_naming_its_metric(tmp_pat
     assert "Traceback" in sweep.stderr and "sweep_value" in sweep.stderr
 
 
+@pytest.mark.slow  # 19 s: CI time (test_train.py's CLI multirun sweep is slow too)
 def test_a_multirun_groups_its_points_and_records_hydra_choices_in_wandb(tmp_path):
     """The offline run file (wandb's own record format) holds the group and the Hydra config."""
     tiny = ["trainer=smoke", "logger.mode=offline", "data.synthetic.num_train=1024",

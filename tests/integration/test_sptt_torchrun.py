@@ -127,6 +127,7 @@ def test_sptt_training_one_host_and_two_emulated_hosts_agree(tmp_path) -> None:
     assert (two / "sharding_plan.txt").read_text() == plan
 
 
+@pytest.mark.slow  # 19 s: CI time; torchrun runs in the suite through test_runtime_reinit.py
 def test_flat_baseline_runs_through_the_same_entry_point(tmp_path) -> None:
     run_dir = tmp_path / "flat"
     _check(
