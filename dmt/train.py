@@ -64,10 +64,9 @@ def hydra_job() -> str:
     """This Hydra job's name among a multirun's, the same on every rank that runs it: its number
     and a digest of its overrides (ranks running a sweep each choose their points; the digest
     keeps ranks that chose differently from training together)."""
-    job = HydraConfig.get().job
-    num = OmegaConf.select(cast(DictConfig, job), "num", default=None)
-    overrides = HydraConfig.get().overrides.task
-    digest = hashlib.sha256("\x00".join(overrides).encode()).hexdigest()[:12]
+    hydra_cfg = HydraConfig.get()
+    num = OmegaConf.select(cast(DictConfig, hydra_cfg.job), "num", default=None)
+    digest = hashlib.sha256("\x00".join(hydra_cfg.overrides.task).encode()).hexdigest()[:12]
     return f"job_{num if num is not None else 0}_{digest}"
 
 

@@ -969,7 +969,7 @@ def _settings_differences(out_dir: Path, job: _Job) -> str:
     )
     diffs = (
         _dict_differences(
-            _with_default_missing_id(there_settings), _with_default_missing_id(job.settings)
+            _with_shared_missing_id(there_settings), _with_shared_missing_id(job.settings)
         )
         if both_vocab
         else _dict_differences(there_settings, job.settings)
@@ -983,15 +983,10 @@ def _settings_differences(out_dir: Path, job: _Job) -> str:
     return f" ({'; '.join(diffs)})" if diffs else ""
 
 
-def _with_default_missing_id(settings: Any) -> Any:
-    """``settings`` with ``categorical.missing_id: shared`` filled in under vocab mode (it is
-    recorded only when distinct)."""
-    if not isinstance(settings, dict) or not isinstance(settings.get("categorical"), dict):
-        return settings
-    categorical = dict(settings["categorical"])
-    if categorical.get("mode") == "vocab":
-        categorical.setdefault("missing_id", "shared")
-    return {**settings, "categorical": categorical}
+def _with_shared_missing_id(settings: dict[str, Any]) -> dict[str, Any]:
+    """Vocab-mode ``settings`` with ``categorical.missing_id: shared`` filled in (it is recorded
+    only when distinct)."""
+    return {**settings, "categorical": {"missing_id": "shared", **settings["categorical"]}}
 
 
 def _dict_differences(there: Any, asked: Any, prefix: str = "") -> list[str]:
