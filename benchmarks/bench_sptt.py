@@ -35,8 +35,9 @@ the same steps (the trace adds TorchRec's small split-size exchange of step a to
 ``--json FILE`` writes a list of records with ``mode``, ``peer_permute``, ``pipeline``,
 ``comm_precision``, ``world_size``, ``local_world_size``, ``batch_per_rank``, ``ms_per_step``
 (median of the run medians), ``ms_per_step_runs``/``_min``/``_max`` (each run's median step),
-``ms_steps`` (rank 0's every timed step, per run), ``cross_host_mb`` and ``total_mb`` (traced,
-per step, summed over ranks) and details.
+``ms_steps`` (rank 0's every timed step, per run), ``speedup_vs_best_flat`` (the fastest
+``flat`` record at the same precision, pipelined or not, over this one: the strongest baseline
+measured), ``cross_host_mb`` and ``total_mb`` (traced, per step, summed over ranks) and details.
 
 Hosts are emulated: ``L`` consecutive ranks form a host. On one machine (gloo, CPU)::
 
@@ -100,7 +101,7 @@ from dmt.sptt.collectives import COMM_PRECISIONS
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.comm_trace import CommTrace
 from dmt.sptt.dmt_sharding import shard_dmt
-from dmt.sptt.peer_permute import PEER_PERMUTES
+from dmt.sptt.peer_permute import DEFAULT_PEER_PERMUTE, PEER_PERMUTES
 from dmt.sptt.process_groups import create_process_groups
 from dmt.sptt.topology import Topology
 from dmt.trainer import TrainTask, build_pipeline
@@ -126,7 +127,7 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
     p.add_argument(
         "--peer-permute",
-        default="output",
+        default=DEFAULT_PEER_PERMUTE,
         help=f"where step c permutes in sptt/dmt: comma-separated, of {PEER_PERMUTES}",
     )
     p.add_argument(
@@ -277,7 +278,7 @@ def _sptt(
     topo: Topology,
     hosts: Topology,
     tower: str,
-    peer_permute: str = "output",
+    peer_permute: str = DEFAULT_PEER_PERMUTE,
     precision: str = "fp32",
 ) -> tuple[nn.Module, Any, CommStats]:
     stats = CommStats(hosts, runtime.rank)
@@ -514,7 +515,8 @@ def _report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
         f"rows={args.rows} hotness={args.hotness} flat={args.flat_sharding}; median of "
         f"{args.runs} runs x {args.iters} steps; MB per step summed over ranks (fwd+bwd), "
         f"measured on {args.trace_steps} steps",
-        f"{'mode pipeline precision':28s} {'ms/step':>9s} {'x flat':>7s} {'world MB':>9s} "
+        f"{'mode pipeline precision':28s} {'ms/step':>9s} {'x flat':>7s} {'x best':>7s} "
+        f"{'world MB':>9s} "
         f"{'tower MB':>9s} {'peer MB':>9s} {'total MB':>9s} {'cross MB':>9s} {'cross x':>8s} "
         f"{'c MB':>8s}",
     ]
@@ -524,11 +526,13 @@ def _report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
         traced = r["traced_bytes_per_step"]
         mb = {g: traced[f"{g}/bytes_sent"] / 1e6 for g in ("world", "tower", "peer")}
         speed = f"{base['ms_per_step'] / r['ms_per_step']:7.2f}" if base else "      -"
+        best = r.get("speedup_vs_best_flat")
+        best_speed = f"{best:7.2f}" if best is not None else "      -"
         cross = r["cross_host_mb"]
         ratio = f"{base['cross_host_mb'] / cross:8.2f}" if base and cross else "       -"
         shuffled = sum(v for k, v in r["bytes_per_step"].items() if k.endswith("/bytes_shuffled"))
         lines.append(
-            f"{_label(r):28s} {r['ms_per_step']:9.2f} {speed} {mb['world']:9.3f} "
+            f"{_label(r):28s} {r['ms_per_step']:9.2f} {speed} {best_speed} {mb['world']:9.3f} "
             f"{mb['tower']:9.3f} {mb['peer']:9.3f} {r['total_mb']:9.3f} {cross:9.3f} {ratio} "
             f"{shuffled / 1e6:8.3f}"
         )
@@ -539,8 +543,10 @@ def _report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
     )
     lines.append(
         "x flat: flat ms / mode ms (speed-up), cross x: flat cross-host bytes / mode's, both "
-        "against flat at the same pipeline and precision. Bytes: CommTrace (every collective). "
-        "c MB: bytes step c's peer permute shuffled in memory (not on a wire)."
+        "against flat at the same pipeline and precision; x best: against the fastest flat at "
+        "the same precision, pipelined or not (the strongest baseline measured). Bytes: "
+        "CommTrace (every collective). c MB: bytes step c's peer permute shuffled in memory "
+        "(not on a wire)."
     )
     ratios = [r["compression_ratio"] for r in records if "compression_ratio" in r]
     if ratios:
@@ -562,9 +568,24 @@ def _report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _add_best_flat(records: list[dict[str, Any]]) -> None:
+    """Give every record ``speedup_vs_best_flat``: the fastest ``flat`` record's ms per step at
+    the same ``comm_precision`` (pipelined or not: the strongest baseline this run measured)
+    over the record's; left out where that precision has no flat record."""
+    best: dict[str, float] = {}
+    for r in records:
+        if r["mode"] == "flat":
+            prec = r["comm_precision"]
+            best[prec] = min(best.get(prec, r["ms_per_step"]), r["ms_per_step"])
+    for r in records:
+        if r["comm_precision"] in best:
+            r["speedup_vs_best_flat"] = best[r["comm_precision"]] / r["ms_per_step"]
+
+
 def _run(args: argparse.Namespace) -> None:
     records = _main_on_rank(args)
     if records is not None:
+        _add_best_flat(records)
         print(_report(args, records), flush=True)
         if args.json:
             with open(args.json, "w") as f:

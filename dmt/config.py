@@ -421,7 +421,7 @@ class SPTTConfig:
         None  # L: ranks per host (None: torchrun's LOCAL_WORLD_SIZE); set to emulate hosts
     )
     sharding_type: str = "table_wise"  # tables inside a tower: table_wise, column_wise or row_wise
-    peer_permute: str = "output"  # step c (§3.1.3): permute the pooled "output", the sparse "input" (b, c swapped), "auto" (fewer bytes) or "skip" (step a delivers peer order)
+    peer_permute: str = "skip"  # step c (§3.1.3): "skip" (step a delivers peer order: no step c, the cheapest), permute the pooled "output" (Figure 7), the sparse "input" (b, c swapped) or "auto" (fewer bytes); all train the same
     comm_precision: str = "fp32"  # dtype of the pooled-embedding collectives on the wire, forward and backward: fp32, bf16 or fp16 (bytes halve); SPTT steps d and f, and TorchRec's QCommsConfig for the flat baseline (read with sptt=off too)
     timeout_s: float | None = (
         None  # removed: trainer.collective_timeout_s sets every group's timeout (setting this is an error)

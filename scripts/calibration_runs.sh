@@ -71,7 +71,8 @@ for cell in $CELLS; do
     tmp="$(mktemp -d /tmp/calib.XXXX)"
     bench=("$PYTHON" "$ROOT/benchmarks/bench_sptt.py" --world-size "$G" --local-world-size "$LOCAL"
         --modes "$MODES" --pipeline on --comm-precision fp32 --batch "$BATCH" --runs "$RUNS"
-        --iters "$ITERS" --warmup "$WARMUP" --json "$tmp/bench.json")
+        --iters "$ITERS" --warmup "$WARMUP" --json "$tmp/bench.json"
+        --peer-permute output)  # Figure 7's step c, as the stored cells were measured
     if [[ "$RATE" == none ]]; then
         cmd=("${bench[@]}")
     else

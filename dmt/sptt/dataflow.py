@@ -30,9 +30,9 @@ f      peer all-to-all: the ``B`` rows of peer ``t'`` go back to it; every    pe
 
 Step c (paper section 3.1.3, :mod:`dmt.sptt.peer_permute`): ``peer_permute="output"`` permutes
 the pooled output as in Figure 7; ``"input"`` swaps b and c and permutes the received ids and
-lengths instead; ``"auto"`` picks, per batch, whichever moves fewer bytes; ``"skip"`` has step a's
-all-to-all deliver the blocks in peer order (TorchRec's ``stagger``), so there is nothing to
-permute. All four give the same outputs and gradients.
+lengths instead; ``"auto"`` picks, per batch, whichever moves fewer bytes; ``"skip"`` (the
+default) has step a's all-to-all deliver the blocks in peer order (TorchRec's ``stagger``), so
+there is nothing to permute. All four give the same outputs and gradients.
 
 The backward runs the same collectives in reverse through autograd
 (:mod:`dmt.sptt.collectives`), unscaled: a table's gradient equals that of the single-process
@@ -74,6 +74,7 @@ from dmt.sptt.collectives import (
 )
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.peer_permute import (
+    DEFAULT_PEER_PERMUTE,
     block_permutation,
     check_peer_permute,
     input_permute_bytes,
@@ -113,8 +114,8 @@ class SPTTDataflow(nn.Module):
         peer_permute: where step c permutes the blocks into peer order, one of ``"output"``
             (the pooled lookup output, Figure 7), ``"input"`` (the received sparse input, before
             the lookup), ``"auto"`` (the one that moves fewer bytes, per batch) or ``"skip"``
-            (step a delivers peer order); see :mod:`dmt.sptt.peer_permute`. Every rank may
-            choose differently: step c is local.
+            (step a delivers peer order; the default); see :mod:`dmt.sptt.peer_permute`.
+            Every rank may choose differently: step c is local.
         comm_precision: dtype of the pooled embeddings (and their gradients) on the wire in
             steps d and f: ``"fp32"`` (as computed), ``"bf16"`` or ``"fp16"`` (rounded once per
             collective, received values cast back; bytes halve). Step a's ids are never cast.
@@ -147,7 +148,7 @@ class SPTTDataflow(nn.Module):
         stats: CommStats | None = None,
         device: torch.device | None = None,
         sparse_optimizer: SparseOptimizer | None = None,
-        peer_permute: str = "output",
+        peer_permute: str = DEFAULT_PEER_PERMUTE,
         comm_precision: str = "fp32",
     ) -> None:
         super().__init__()

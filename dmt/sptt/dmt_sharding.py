@@ -74,7 +74,7 @@ from dmt.runtime import Runtime
 from dmt.sptt.collectives import comm_dtype_of
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.dataflow import SparseOptimizer, SPTTDataflow
-from dmt.sptt.peer_permute import check_peer_permute
+from dmt.sptt.peer_permute import DEFAULT_PEER_PERMUTE, check_peer_permute
 from dmt.sptt.plan import SHARDING_KINDS, SPTTPlan, TableShard, build_plan
 from dmt.sptt.process_groups import DEFAULT_TIMEOUT, SPTTProcessGroups, create_process_groups
 from dmt.sptt.sharded_state import TABLE_KEY, column_blocks, plain_name, sharded_table
@@ -393,7 +393,7 @@ class ShardedDMT(nn.Module):
         device: torch.device | None = None,
         stats: CommStats | None = None,
         init_seed: int = 0,
-        peer_permute: str = "output",
+        peer_permute: str = DEFAULT_PEER_PERMUTE,
         comm_precision: str = "fp32",
         even_batches: bool = False,
     ) -> None:
@@ -661,7 +661,8 @@ class DMTSharder:
         init_seed: seed for tables built on ``meta``.
         peer_permute: where step c permutes: ``"output"`` (pooled output, the paper's Figure 7),
             ``"input"`` (sparse input, before the lookup), ``"auto"`` (fewer bytes, per batch)
-            or ``"skip"`` (step a delivers peer order); see :mod:`dmt.sptt.peer_permute`.
+            or ``"skip"`` (step a delivers peer order; the default); see
+            :mod:`dmt.sptt.peer_permute`.
         comm_precision: dtype of the pooled embeddings and their gradients on the wire in
             steps d and f: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (``sptt.comm_precision``).
         memory: every rank's budget for its shards plus the sparse optimizer's state
@@ -683,7 +684,7 @@ class DMTSharder:
         sharding_type: str | Mapping[str, str] = "table_wise",
         sparse_optimizer: SparseOptimizer | None = None,
         init_seed: int = 0,
-        peer_permute: str = "output",
+        peer_permute: str = DEFAULT_PEER_PERMUTE,
         comm_precision: str = "fp32",
         even_batches: bool = False,
         memory: MemoryBudget | None = None,
@@ -807,7 +808,7 @@ def shard_dmt(
     stats: CommStats | None = None,
     init_seed: int = 0,
     timeout: timedelta = DEFAULT_TIMEOUT,
-    peer_permute: str = "output",
+    peer_permute: str = DEFAULT_PEER_PERMUTE,
     comm_precision: str = "fp32",
     even_batches: bool = False,
     memory: MemoryBudget | None = None,

@@ -5,7 +5,7 @@ samples; steps d-f need the blocks in peer order (:attr:`~dmt.sptt.topology.Topo
 Step c can reorder either object that holds the blocks (``peer_permute``, one of
 :data:`PEER_PERMUTES`):
 
-* ``"output"`` (paper Figure 7): the pooled lookup output, ``(G B, W_r + R_t N)`` floats, after
+* ``"output"`` (paper Figure 7, step c as drawn): the pooled lookup output, ``(G B, W_r + R_t N)`` floats, after
   step b; the backward permutes its gradient back, so a training step moves it twice;
 * ``"input"`` (steps b and c swapped): the received sparse input before step b, the lengths
   ``(k, G B)`` and the ids of the rank's ``k`` shards; ids carry no gradient, so nothing moves in
@@ -35,7 +35,13 @@ from dmt.sptt.topology import Topology
 
 PeerPermute = Literal["output", "input", "auto", "skip"]
 PEER_PERMUTES: tuple[str, ...] = ("output", "input", "auto", "skip")
-"""Settings of ``peer_permute``; ``"output"`` is the paper's Figure 7 and the default."""
+"""Settings of ``peer_permute``; ``"output"`` is the paper's Figure 7."""
+
+DEFAULT_PEER_PERMUTE = "skip"
+"""The default (``sptt.peer_permute``): section 3.1.3's variant that omits step c. It computes
+the same numbers as the other settings (tests/distributed) and never does more work: step a's
+all-to-all reorders what it receives whatever its ``stagger``, so delivering peer order costs
+nothing, while ``"output"`` copies the pooled output, and its gradient, once more per step."""
 
 
 def check_peer_permute(value: object, setting: str = "peer_permute") -> str:

@@ -3,7 +3,7 @@
 Four ranks in two towers (``L = 2`` ranks per host). The same job is launched
 
 - once as ``torchrun --nproc-per-node=4`` with ``sptt.local_world_size=2`` (the topology from the
-  config) and the paper's default step (c) (``sptt.peer_permute=output``);
+  config) and Figure 7's step (c) (``sptt.peer_permute=output``);
 - once as two ``torchrun --nnodes=2 --nproc-per-node=2 --node-rank={0,1}`` launches that meet
   through a c10d rendezvous on loopback (the topology from torchrun's ``LOCAL_WORLD_SIZE``),
   with step (c) skipped through the peer-ordered all-to-all (``sptt.peer_permute=skip``).
