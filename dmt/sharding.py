@@ -8,7 +8,11 @@ CPU in host memory. ``DistributedModelParallel`` wraps the dense part in DDP.
 
 ``sptt.comm_precision`` (``bf16``/``fp16``) quantizes the pooled-embedding all-to-alls and
 reduce-scatters of the sharded tables, forward and backward, with TorchRec's own codecs
-(:func:`flat_sharders`), so the baseline and SPTT compare at equal precision.
+(:func:`flat_sharders`), so the baseline and SPTT compare at equal precision: the same dtype and
+bytes on the wire, and gradients rounded before TorchRec divides them by the world size. One
+difference remains, TorchRec's: its row-wise reduce-scatter sums in the low precision inside the
+backend (NCCL rounds at every hop), where SPTT's sums the rounded partial sums in fp32
+(:mod:`dmt.sptt.collectives`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ averaging over the world. In SPTT the groups of steps d and f are sub-groups of 
 these small wrappers around ``torch.distributed.all_to_all_single`` (steps d and f) and
 ``reduce_scatter_tensor`` (step d, row-wise shards; its backward is ``all_gather_into_tensor``):
 the backward sends every gradient back where its activation came from, unscaled. The scaling to
-the gradient of the global mean loss is :class:`~dmt.sptt.dmt_sharding.ShardedDMT`'s business.
+the gradient of the global mean loss is :class:`~dmt.sptt.dmt_sharding.ShardedDMT`'s business
+(:func:`scale_grad`, applied where the backward has already crossed the wire).
 
 Compressed communication (``sptt.comm_precision``): with ``comm_dtype`` (``torch.bfloat16`` or
 ``torch.float16``) a collective rounds what it sends to ``comm_dtype`` once, moves it, and casts
@@ -414,3 +415,32 @@ def all_to_all_single_async(
     assert isinstance(placeholder, torch.Tensor)
     request._placeholder = placeholder
     return request
+
+
+# ---- gradient scaling -----------------------------------------------------------------------
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; multiplies the gradient by ``scale`` in the backward."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, input: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        ctx.scale = scale  # type: ignore[attr-defined]
+        return input.view_as(input)
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None  # type: ignore[attr-defined]
+
+
+def scale_grad(input: torch.Tensor, scale: float) -> torch.Tensor:
+    """``input`` unchanged; its gradient multiplied by ``scale``."""
+    if scale == 1.0:
+        return input
+    out = _ScaleGrad.apply(input, scale)
+    assert isinstance(out, torch.Tensor)
+    return out

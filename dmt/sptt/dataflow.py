@@ -71,6 +71,7 @@ from dmt.sptt.collectives import (
     all_to_all_single_async,
     comm_dtype_of,
     reduce_scatter,
+    scale_grad,
 )
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.peer_permute import (
@@ -579,13 +580,17 @@ class SPTTDataflow(nn.Module):
         tower_output = tower_input if tower_module is None else tower_module(tower_input)
         return self.peer_exchange(tower_output)
 
-    def tower_input(self, received: KeyedJaggedTensor) -> torch.Tensor:
+    def tower_input(self, received: KeyedJaggedTensor, grad_scale: float = 1.0) -> torch.Tensor:
         """Steps b-e on what step a delivered: the tower's embeddings of its ``T`` peers'
-        samples, ``(T B, F_t, N)``, in the tower's feature order."""
+        samples, ``(T B, F_t, N)``, in the tower's feature order.
+
+        ``grad_scale`` multiplies the gradient of the lookup's output, i.e. after step d's
+        backward: its wire carries the gradient unscaled, as TorchRec's collectives do (they
+        divide after decoding), so a low ``comm_precision`` rounds it at its own magnitude."""
         site = self.peer_permute_site(received)
         if site == "input":
             received = self.peer_permute_input(received)
-        pooled = self.lookup(received)
+        pooled = scale_grad(self.lookup(received), grad_scale)
         if site == "output":
             pooled = self.peer_permute(pooled)
         elif site == "none":

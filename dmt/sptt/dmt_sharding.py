@@ -27,10 +27,14 @@ batch, exactly as the single-process model on the concatenated batch would:
 * the tower output (entering step f) by ``1 / T``: tower-module replica ``q`` then holds
   ``1/T`` times the summed gradient of its ``T`` peers' losses, and DDP's average over the
   ``K L`` replicas gives ``1/(T K L) = 1/G`` times the sum over all ranks, i.e. the gradient of
-  the global mean;
-* the tower input (leaving step e) by ``1 / (K L)``, so that the tables get ``1/G`` in total.
+  the global mean; the tower input (leaving step e) is scaled by ``T``, which undoes it there;
+* the lookup's output (entering step d) by ``1 / G``, so that the tables get ``1/G`` in total.
 
-Towers without trainable parameters (pass-through) get the ``1/G`` at once.
+Towers without trainable parameters (pass-through) get only the ``1/G``. Both scales sit where
+the backward has already crossed the wire: steps f and d send the gradient of the rank's own
+loss unscaled, as TorchRec's pooled-embedding collectives do (they divide after decoding), so a
+16-bit ``comm_precision`` rounds it at its own magnitude. Scaled before the wire, a gradient
+``G`` times smaller would lose ``log2 G`` bits to fp16's underflow.
 
 Optimizers. The tables' optimizer (SGD, Adagrad or row-wise Adagrad on CPU; Adam too on CUDA)
 is fused into the lookup's backward and touches only the rows a batch used, exactly as in the

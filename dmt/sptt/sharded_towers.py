@@ -24,9 +24,10 @@ from torchrec.distributed.types import LazyAwaitable, ShardedModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Multistreamable
 
+from dmt.sptt.collectives import scale_grad
 from dmt.sptt.dataflow import SPTTDataflow
 
-__all__ = ["SPTTContext", "ShardedTowers", "scale_grad"]
+__all__ = ["SPTTContext", "ShardedTowers"]
 
 
 @dataclass
@@ -37,32 +38,6 @@ class SPTTContext(Multistreamable):
 
     def record_stream(self, stream: torch.Stream) -> None:
         """Nothing to record: the context holds no tensor."""
-
-
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; multiplies the gradient by ``scale`` in the backward."""
-
-    @staticmethod
-    def forward(
-        ctx: torch.autograd.function.FunctionCtx, input: torch.Tensor, scale: float
-    ) -> torch.Tensor:
-        ctx.scale = scale  # type: ignore[attr-defined]
-        return input.view_as(input)
-
-    @staticmethod
-    def backward(
-        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
-    ) -> tuple[torch.Tensor, None]:
-        return grad * ctx.scale, None  # type: ignore[attr-defined]
-
-
-def scale_grad(input: torch.Tensor, scale: float) -> torch.Tensor:
-    """``input`` unchanged; its gradient multiplied by ``scale``."""
-    if scale == 1.0:
-        return input
-    out = _ScaleGrad.apply(input, scale)
-    assert isinstance(out, torch.Tensor)
-    return out
 
 
 class ShardedTowers(ShardedModule[KJTList, torch.Tensor, list[torch.Tensor], SPTTContext]):
@@ -79,7 +54,8 @@ class ShardedTowers(ShardedModule[KJTList, torch.Tensor, list[torch.Tensor], SPT
         trainable: whether ``tower_module`` has trainable parameters.
 
     Gradients (see :mod:`dmt.sptt.dmt_sharding`): a trainable tower module's output is scaled by
-    ``1 / T`` and its input by ``1 / (K L)``; a tower without parameters scales by ``1 / G``.
+    ``1 / T`` and its input by ``T``, so that steps d and e carry the unscaled gradient; the
+    lookup's output (before step d's wire in the backward) is scaled by ``1 / G``.
     """
 
     def __init__(
@@ -110,7 +86,8 @@ class ShardedTowers(ShardedModule[KJTList, torch.Tensor, list[torch.Tensor], SPT
         """Steps b-e, then the tower module: ``(T B, V_t, D_t)`` for this rank's ``T`` peers."""
         (received,) = dist_input
         self.dataflow.check_received(received, ctx.batch_size)
-        return self._apply_tower_module(self.dataflow.tower_input(received))
+        world = self.dataflow.plan.topology.world_size
+        return self._apply_tower_module(self.dataflow.tower_input(received, grad_scale=1 / world))
 
     def output_dist(
         self, ctx: SPTTContext, output: torch.Tensor
@@ -120,10 +97,9 @@ class ShardedTowers(ShardedModule[KJTList, torch.Tensor, list[torch.Tensor], SPT
 
     def _apply_tower_module(self, embeddings: torch.Tensor) -> torch.Tensor:
         """``(T B, F_t, N) -> (T B, V_t, D_t)`` with the gradient scales of the class doc."""
-        topo = self.dataflow.plan.topology
         if not self._trainable:
-            out = embeddings if self.tower_module is None else self.tower_module(embeddings)
-            return scale_grad(out, 1.0 / topo.world_size)
+            return embeddings if self.tower_module is None else self.tower_module(embeddings)
         assert self.tower_module is not None
-        out = self.tower_module(scale_grad(embeddings, 1.0 / topo.tower_size))
-        return scale_grad(out, 1.0 / topo.num_towers)
+        towers = self.dataflow.plan.topology.num_towers
+        out = self.tower_module(scale_grad(embeddings, float(towers)))
+        return scale_grad(out, 1.0 / towers)

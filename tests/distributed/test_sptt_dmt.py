@@ -12,6 +12,7 @@ process-group set per topology to keep the suite short on two cores.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -20,6 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.testing import assert_close
+from torch.utils._python_dispatch import TorchDispatchMode
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
@@ -660,3 +662,80 @@ def _uneven_worker(rank: int, world_size: int) -> None:
 
 def test_uneven_local_batches() -> None:
     run_on_ranks(_uneven_worker, 4, timeout_s=120)
+
+
+# ---- gradient scaling after the wire (sptt.comm_precision=fp16) -------------------------------
+
+
+class _AllToAllMax(TorchDispatchMode):
+    """The largest magnitude each ``all_to_all_single`` this rank issues sends, by group."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: dict[tuple[int, ...], float] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func._schema.name == "c10d::alltoall_base_":
+            names = [a.name for a in func._schema.arguments]
+            named = {**dict(zip(names, args)), **kwargs}
+            group = dist.ProcessGroup.unbox(named["process_group"])
+            ranks = tuple(dist.get_process_group_ranks(group))
+            sent = float(named["input"].abs().max()) if named["input"].numel() else 0.0
+            self.sent[ranks] = max(self.sent.get(ranks, 0.0), sent)
+        return func(*args, **kwargs)
+
+
+def _global_max(value: float) -> float:
+    out = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return float(out)
+
+
+def _wire_worker(rank: int, world_size: int) -> None:
+    case = CASES["G4-2hosts"]
+    topo = Topology(world_size, 2)
+    groups = create_process_groups(topo, timeout=timedelta(seconds=30))
+    ref = _build(case, Variant("dlrm", "passthrough"))
+    batch = _batch(case, 0, rank * B, (rank + 1) * B)
+
+    def backward(precision: str, loss_scale: float):
+        sharded = DMTSharder(topo, comm_precision=precision).shard(copy.deepcopy(ref), groups)
+        logits = sharded(batch.dense_features, batch.sparse_features)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
+        wire = _AllToAllMax()
+        with wire:
+            (loss * loss_scale).backward()
+        grads = {(s.feature, s.row_start): p.grad for s, p in sharded.dataflow.shard_parameters()}
+        return wire, grads
+
+    # Pass-through towers: in the backward, step d sends exactly the numbers step f received
+    # (steps e and c only move them), so both wires carry the gradient of each rank's own loss,
+    # unscaled, as TorchRec's collectives do; the 1/G lands on the lookup's output after step d.
+    wire, grads32 = backward("fp32", 1.0)
+    step_d, step_f = (
+        wire.sent[topo.tower_ranks(topo.tower_of(rank))],
+        wire.sent[topo.peers_of(rank)],
+    )
+    assert _global_max(step_d) == _global_max(step_f) > 0
+
+    # fp16 with gradients in fp16's subnormal range (spacing 2**-24): the tables' gradients are
+    # the fp32 ones within one rounding of each unscaled contribution, divided by G. Rounding
+    # them G times smaller, before the 1/G, would err up to G times more.
+    biggest = _global_max(max(float(g.abs().max()) for g in grads32.values())) * world_size
+    scale = 2.0 ** (-22 - math.ceil(math.log2(biggest)))  # unscaled gradients below 2**-22
+    _, grads32 = backward("fp32", scale)
+    _, grads16 = backward("fp16", scale)
+    _, lengths, values, _ = _global_batch(case, 0)
+    per_contribution = (2.0**-25 + 2.0**-29) / world_size  # half a subnormal step, + fwd fp16
+    for (feature, row_start), g16 in grads16.items():
+        g32 = grads32[(feature, row_start)]
+        counts = torch.bincount(values[feature], minlength=5 + 3 * feature).double()
+        bound = counts[row_start : row_start + g32.size(0), None] * per_contribution
+        err = (g16.double() - g32.double()).abs()
+        assert (err <= bound).all(), (feature, (err - bound).max().item())
+        assert (g16 != 0).any() or (g32 == 0).all()
+
+
+def test_gradients_cross_the_wire_unscaled_so_fp16_keeps_them() -> None:
+    run_on_ranks(_wire_worker, 4, timeout_s=120)
