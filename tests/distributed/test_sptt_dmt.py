@@ -686,47 +686,50 @@ class _AllToAllMax(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _global_max(value: float) -> float:
-    out = torch.tensor([value], dtype=torch.float64)
+def _global_max(value: float, device: torch.device) -> float:
+    out = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(out, op=dist.ReduceOp.MAX)
     return float(out)
 
 
-def _wire_worker(rank: int, world_size: int) -> None:
+def _wire_worker(rank: int, world_size: int, backend: str) -> None:
+    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
     case = CASES["G4-2hosts"]
     topo = Topology(world_size, 2)
     groups = create_process_groups(topo, timeout=timedelta(seconds=30))
-    ref = _build(case, Variant("dlrm", "passthrough"))
-    batch = _batch(case, 0, rank * B, (rank + 1) * B)
+    ref = _build(case, Variant("dlrm", "passthrough")).to(device)
+    batch = _batch(case, 0, rank * B, (rank + 1) * B).to(device)
 
     def backward(precision: str, loss_scale: float):
-        sharded = DMTSharder(topo, comm_precision=precision).shard(copy.deepcopy(ref), groups)
+        sharder = DMTSharder(topo, comm_precision=precision)
+        sharded = sharder.shard(copy.deepcopy(ref), groups, device=device)
         logits = sharded(batch.dense_features, batch.sparse_features)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
         wire = _AllToAllMax()
         with wire:
             (loss * loss_scale).backward()
-        grads = {(s.feature, s.row_start): p.grad for s, p in sharded.dataflow.shard_parameters()}
+        grads = {
+            (s.feature, s.row_start): p.grad.cpu() for s, p in sharded.dataflow.shard_parameters()
+        }
         return wire, grads
 
     # Pass-through towers: in the backward, step d sends exactly the numbers step f received
     # (steps e and c only move them), so both wires carry the gradient of each rank's own loss,
     # unscaled, as TorchRec's collectives do; the 1/G lands on the lookup's output after step d.
     wire, grads32 = backward("fp32", 1.0)
-    step_d, step_f = (
-        wire.sent[topo.tower_ranks(topo.tower_of(rank))],
-        wire.sent[topo.peers_of(rank)],
-    )
-    assert _global_max(step_d) == _global_max(step_f) > 0
+    step_d = wire.sent[topo.tower_ranks(topo.tower_of(rank))]
+    step_f = wire.sent[topo.peers_of(rank)]
+    assert _global_max(step_d, device) == _global_max(step_f, device) > 0
 
     # fp16 with gradients in fp16's subnormal range (spacing 2**-24): the tables' gradients are
     # the fp32 ones within one rounding of each unscaled contribution, divided by G. Rounding
     # them G times smaller, before the 1/G, would err up to G times more.
-    biggest = _global_max(max(float(g.abs().max()) for g in grads32.values())) * world_size
+    largest = max(float(g.abs().max()) for g in grads32.values())
+    biggest = _global_max(largest, device) * world_size
     scale = 2.0 ** (-22 - math.ceil(math.log2(biggest)))  # unscaled gradients below 2**-22
     _, grads32 = backward("fp32", scale)
     _, grads16 = backward("fp16", scale)
-    _, lengths, values, _ = _global_batch(case, 0)
+    _, _, values, _ = _global_batch(case, 0)
     per_contribution = (2.0**-25 + 2.0**-29) / world_size  # half a subnormal step, + fwd fp16
     for (feature, row_start), g16 in grads16.items():
         g32 = grads32[(feature, row_start)]
@@ -737,5 +740,8 @@ def _wire_worker(rank: int, world_size: int) -> None:
         assert (g16 != 0).any() or (g32 == 0).all()
 
 
-def test_gradients_cross_the_wire_unscaled_so_fp16_keeps_them() -> None:
-    run_on_ranks(_wire_worker, 4, timeout_s=120)
+@pytest.mark.parametrize("backend", backends(min_gpus=4))
+def test_gradients_cross_the_wire_unscaled_so_fp16_keeps_them(backend: str) -> None:
+    """Steps d and f send each rank's gradient unscaled (the 1/G comes after the wire), so fp16
+    rounds it as TorchRec's flat collectives do; scaling first reproduced a G-times-larger error."""
+    run_on_ranks(_wire_worker, 4, backend, timeout_s=120, backend=backend)
