@@ -256,14 +256,17 @@ class Checkpointer:
         if ema is not None:
             state["ema"] = _ema_state(model, ema)
             meta["ema_updates"] = ema.num_updates
-        writer = dcp.FileSystemWriter(path, sync_files=True)
         if self.async_save:
+            # the state is staged to CPU before the write; no GPU copy-ahead (per_thread_copy_ahead
+            # = 0 picks DCP's serial loader), so the writer thread, whose current device is
+            # cuda:0, never opens a CUDA context there on every rank of a node
+            writer = dcp.FileSystemWriter(path, sync_files=True, per_thread_copy_ahead=0)
             response = dcp.async_save(state, storage_writer=writer, process_group=self._group)
             # a Future, or (with an asynchronous stager) the staging and upload futures
             future = response if isinstance(response, Future) else response.upload_completion
             self._pending = _Pending(path, future, meta, config)
         else:
-            dcp.save(state, storage_writer=writer)
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True))
             self._finish(path, meta, config)
         return path
 

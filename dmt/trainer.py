@@ -337,6 +337,8 @@ class Trainer:
                         value = float(loss)  # the only host sync of a training step
                         bar.set_postfix(loss=f"{value:.4f}")
                         self._log_train(value, train_time + time.perf_counter() - tick)
+                if self.rt.device.type == "cuda":  # the segment's queued kernels count too
+                    torch.cuda.synchronize(self.rt.device)
                 train_time += time.perf_counter() - tick
                 if t.eval_every and self.step % t.eval_every == 0:
                     val, val_step = self.evaluate(self.data.val), self.step
