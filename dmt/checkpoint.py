@@ -11,7 +11,9 @@ Layout of ``<root>/step_<N>/``:
 * ``config.yaml``: the resolved training config;
 * ``meta.json``, written last (after every other file is fsynced, atomically, then the directory
   fsynced): step, data position, world size, working directory, the EMA's update count
-  (``ema_updates``, with an ``ema``) and the size of every file. A
+  (``ema_updates``, with an ``ema``), the fused sparse optimizer's step count
+  (``fused_optimizer_step``: FBGEMM keeps Adam's bias-correction step outside every state
+  dict) and the size of every file. A
   ``step_N`` without it is incomplete; one whose files do not match it is damaged. Both are
   skipped, with a warning naming the file, when the newest checkpoint is looked for.
 
@@ -41,6 +43,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import yaml
+from fbgemm_gpu.split_embedding_configs import EmbOptimType as OptimType
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
 from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -109,6 +115,42 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def fused_table_modules(model: nn.Module) -> list[SplitTableBatchedEmbeddingBagsCodegen]:
+    """FBGEMM's table-batched embedding modules of ``model``: the kernels that apply the fused
+    sparse optimizer. SPTT's fused tables are submodules; TorchRec's sharded collections keep
+    their lookup modules in a plain list (``_lookups``), which is searched too."""
+    found: list[SplitTableBatchedEmbeddingBagsCodegen] = []
+    seen: set[int] = set()
+
+    def visit(root: nn.Module) -> None:
+        for module in root.modules():
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            if isinstance(module, SplitTableBatchedEmbeddingBagsCodegen):
+                found.append(module)
+            for lookup in getattr(module, "_lookups", None) or ():
+                if isinstance(lookup, nn.Module):
+                    visit(lookup)
+
+    visit(model)
+    return found
+
+
+def _fused_optimizer_step(model: nn.Module) -> int | None:
+    """The step count FBGEMM's fused optimizers keep (``iter``: Adam's and LAMB's bias
+    correction; every forward counts, evaluation too), the same in every kernel of a run; it is
+    in no state dict, so a checkpoint carries it in ``meta.json``. ``None``: no kernel here."""
+    steps = [int(m.iter.item()) for m in fused_table_modules(model)]
+    return max(steps) if steps else None
+
+
+def _restore_fused_optimizer_step(model: nn.Module, step: int) -> None:
+    for module in fused_table_modules(model):
+        if module.optimizer != OptimType.NONE:
+            module.set_optimizer_step(step)
 
 
 def _sharded_dmt(model: nn.Module) -> ShardedDMT | None:
@@ -251,6 +293,13 @@ class Checkpointer:
             "world_size": self.world_size,
             "cwd": os.getcwd(),
         }
+        fused_step = _fused_optimizer_step(model)
+        if dist.is_initialized() and self.world_size > 1:  # a rank may hold no fused table
+            steps: list[int | None] = [None] * self.world_size
+            dist.all_gather_object(steps, fused_step)
+            fused_step = max((v for v in steps if v is not None), default=None)
+        if fused_step is not None:
+            meta["fused_optimizer_step"] = fused_step
         if lr_scheduler is not None:
             meta["lr_scheduler"] = lr_scheduler
         if ema is not None:
@@ -555,6 +604,8 @@ def load(
         )
     if same_world:
         _set_rng_state(state["rng"][f"rank_{rank}"])
+    if "fused_optimizer_step" in meta:  # before the first forward after resuming
+        _restore_fused_optimizer_step(model, int(meta["fused_optimizer_step"]))
     if has_ema:
         assert ema is not None
         ema.num_updates = int(meta["ema_updates"])

@@ -70,6 +70,10 @@ def _run(
         for k, v in trainer.model.state_dict().items():
             t = v.local_shards()[0].tensor if hasattr(v, "local_shards") else v
             state[k] = t.detach().clone()
+        # FBGEMM's fused-optimizer step (Adam's bias correction on GPUs), in no state dict
+        kernels = checkpoint.fused_table_modules(trainer.model)
+        assert kernels
+        state["fused optimizer step"] = torch.tensor([int(m.iter) for m in kernels])
         assert unwrap(trainer.model).embedding_dim == 16
     finally:
         close_runtime()
