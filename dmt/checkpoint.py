@@ -544,6 +544,7 @@ def load(
     meta = read_meta(path)
     world = dist.get_world_size() if dist.is_initialized() else 1
     state: dict[str, Any] = {"model": model.state_dict()}
+    fresh_state = False  # some optimizer state starts fresh (another optimizer was chosen)
     saved = tensor_keys(path, prefix="")
     missing = [k for k in _flatten(state["model"], "model.") if k not in saved]
     if missing:
@@ -563,6 +564,7 @@ def load(
                 "starts such state fresh)"
             )
         if absent:
+            fresh_state = True
             log.warning(
                 "checkpoint %s: %d optimizer state entries start fresh (e.g. %s)",
                 path,
@@ -604,7 +606,8 @@ def load(
         )
     if same_world:
         _set_rng_state(state["rng"][f"rank_{rank}"])
-    if "fused_optimizer_step" in meta:  # before the first forward after resuming
+    if "fused_optimizer_step" in meta and optimizer is not None and not fresh_state:
+        # before the first forward after resuming; state started fresh starts at step 0
         _restore_fused_optimizer_step(model, int(meta["fused_optimizer_step"]))
     if has_ema:
         assert ema is not None
