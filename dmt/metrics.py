@@ -84,9 +84,8 @@ class StreamingClickMetrics:
         p = probs.detach().reshape(-1).to(self.state.device, torch.float64).clamp(_EPS, 1 - _EPS)
         y = labels.detach().reshape(-1).to(self.state.device, torch.float64)
         logloss = -(y * p.log() + (1 - y) * torch.log1p(-p))
-        self.state[: self.NUM_SUMS] += torch.stack(
-            [p.new_tensor(float(p.numel())), y.sum(), p.sum(), logloss.sum()]
-        )
+        count = torch.full((), p.numel(), dtype=torch.float64, device=p.device)  # no host copy
+        self.state[: self.NUM_SUMS] += torch.stack([count, y.sum(), p.sum(), logloss.sum()])
         # position in bins: integer part = bin, fraction = place inside it
         u = (p.log() - torch.log1p(-p) + self.logit_range) * (
             self.num_bins / (2 * self.logit_range)
@@ -94,9 +93,10 @@ class StreamingClickMetrics:
         bins = u.floor().clamp_(0, self.num_bins - 1)
         inside = (u - bins).clamp_(0, 1)
         index = bins.long() + (y > 0.5).long() * self.num_bins
+        # index_add_ rather than bincount, which on CUDA reads the largest index back to the host
         histograms = self.state[self.NUM_SUMS :].view(2, 2 * self.num_bins)
-        histograms[0] += torch.bincount(index, minlength=2 * self.num_bins)
-        histograms[1] += torch.bincount(index, weights=inside, minlength=2 * self.num_bins)
+        histograms[0].index_add_(0, index, torch.ones_like(inside))
+        histograms[1].index_add_(0, index, inside)
 
     def sync(self, group: Any = None) -> StreamingClickMetrics:
         """Sums the state over ``group`` (one ``all_reduce``); every rank then holds the total."""

@@ -190,9 +190,11 @@ class Trainer:
             return
         labels: collections.deque[torch.Tensor] = collections.deque()  # in the pipeline's order
 
+        pin = self.rt.device.type == "cuda"
+
         def feed() -> Iterator[Batch]:
-            for batch in batches:
-                labels.append(batch.labels)
+            for batch in batches:  # page-locked labels: their copy below runs asynchronously
+                labels.append(batch.labels.pin_memory() if pin else batch.labels)
                 yield batch
 
         pipeline, fed = self.eval_pipeline, feed()
@@ -203,7 +205,7 @@ class Trainer:
                     logits = pipeline.progress(fed)
                 except StopIteration:
                     return
-                yield logits, labels.popleft().to(self.rt.device)
+                yield logits, labels.popleft().to(self.rt.device, non_blocking=pin)
         finally:
             pipeline.reset()
             pipeline.detach()
