@@ -385,7 +385,7 @@ def _build(
                 tower = "passthrough" if mode == "sptt" else "dlrm"
                 for setting in settings:
                     variant = _sptt(args, runtime, hosts, hosts, tower, setting, precision)
-                    built.append((setting if len(settings) > 1 else None, variant))
+                    built.append((setting, variant))  # recorded even when it is the only one
             for setting, (module, optimizer, stats) in built:
                 step = _stepper(module, optimizer, batches, pipeline, runtime.device)
                 variants.append(Variant(mode, setting, pipeline, precision, step, stats))

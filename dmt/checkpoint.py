@@ -119,8 +119,9 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 def fused_table_modules(model: nn.Module) -> list[SplitTableBatchedEmbeddingBagsCodegen]:
     """FBGEMM's table-batched embedding modules of ``model``: the kernels that apply the fused
-    sparse optimizer. SPTT's fused tables are submodules; TorchRec's sharded collections keep
-    their lookup modules in a plain list (``_lookups``), which is searched too."""
+    sparse optimizer. TorchRec keeps them out of ``modules()``: its sharded collections (flat
+    runs) hold their lookups in a plain list ``_lookups``, and its ``FusedEmbeddingBagCollection``
+    (SPTT's shards) its kernels in a plain list ``_emb_modules``; both lists are searched."""
     found: list[SplitTableBatchedEmbeddingBagsCodegen] = []
     seen: set[int] = set()
 
@@ -131,9 +132,10 @@ def fused_table_modules(model: nn.Module) -> list[SplitTableBatchedEmbeddingBags
             seen.add(id(module))
             if isinstance(module, SplitTableBatchedEmbeddingBagsCodegen):
                 found.append(module)
-            for lookup in getattr(module, "_lookups", None) or ():
-                if isinstance(lookup, nn.Module):
-                    visit(lookup)
+            for attribute in ("_lookups", "_emb_modules"):
+                for inner in getattr(module, attribute, None) or ():
+                    if isinstance(inner, nn.Module):
+                        visit(inner)
 
     visit(model)
     return found
@@ -151,6 +153,8 @@ def _restore_fused_optimizer_step(model: nn.Module, step: int) -> None:
     for module in fused_table_modules(model):
         if module.optimizer != OptimType.NONE:
             module.set_optimizer_step(step)
+            # the kernel counts in iter_cpu, refilled from iter at its next forward only while 0
+            module.iter_cpu.fill_(0)
 
 
 def _sharded_dmt(model: nn.Module) -> ShardedDMT | None:
@@ -305,17 +309,14 @@ class Checkpointer:
         if ema is not None:
             state["ema"] = _ema_state(model, ema)
             meta["ema_updates"] = ema.num_updates
+        writer = dcp.FileSystemWriter(path, sync_files=True)
         if self.async_save:
-            # the state is staged to CPU before the write; no GPU copy-ahead (per_thread_copy_ahead
-            # = 0 picks DCP's serial loader), so the writer thread, whose current device is
-            # cuda:0, never opens a CUDA context there on every rank of a node
-            writer = dcp.FileSystemWriter(path, sync_files=True, per_thread_copy_ahead=0)
             response = dcp.async_save(state, storage_writer=writer, process_group=self._group)
             # a Future, or (with an asynchronous stager) the staging and upload futures
             future = response if isinstance(response, Future) else response.upload_completion
             self._pending = _Pending(path, future, meta, config)
         else:
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True))
+            dcp.save(state, storage_writer=writer)
             self._finish(path, meta, config)
         return path
 

@@ -214,6 +214,8 @@ def load_run(path: Path, statistic: str = "min", repeats: Sequence[Path] = ()) -
     data = json.loads(path.read_text())
     settings = data["settings"]
     g, local = int(settings["world_size"]), int(settings["local_world_size"])
+    # Figure 7's step c: "output", or no setting (files from before bench_sptt recorded it
+    # every time, when "output" was the default and calibration_runs.sh did not pin it)
     records = {r["mode"]: r for r in data["records"] if r.get("peer_permute") in (None, "output")}
     missing = [m for m in MODES if m not in records]
     if missing:

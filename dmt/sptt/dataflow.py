@@ -15,7 +15,8 @@ b      pooled lookup of this rank's shards for the global batch,              --
        ``(G B, W_r + R_t N)``, samples by source rank (TorchRec EBC)
 c      peer permute: sample blocks into peer order, so the block of peer      --
        group ``p`` (``T B`` samples) is contiguous; of the pooled output
-       (default), of the input before b, or skipped (``peer_permute``)
+       (Figure 7), of the input before b, or skipped (``peer_permute``,
+       the default)
 d      table/column-wise columns: all-to-all, block ``p`` to the tower        tower (``K L``)
        rank at position ``p``; row-wise partial sums: reduce-scatter of
        the same blocks. Every rank then holds, for its ``T`` peers'

@@ -21,7 +21,7 @@ What runs where (paper sections 3.1-3.2):
 
 Gradients. Each rank's loss is the mean over its local batch, as under DDP. The SPTT
 collectives' backward is unscaled (:mod:`dmt.sptt.collectives`), so the module scales the
-gradient at two points to give every parameter the gradient of the mean loss over the global
+gradient at three points to give every parameter the gradient of the mean loss over the global
 batch, exactly as the single-process model on the concatenated batch would:
 
 * the tower output (entering step f) by ``1 / T``: tower-module replica ``q`` then holds
@@ -30,9 +30,10 @@ batch, exactly as the single-process model on the concatenated batch would:
   the global mean; the tower input (leaving step e) is scaled by ``T``, which undoes it there;
 * the lookup's output (entering step d) by ``1 / G``, so that the tables get ``1/G`` in total.
 
-Towers without trainable parameters (pass-through) get only the ``1/G``. Both scales sit where
-the backward has already crossed the wire: steps f and d send the gradient of the rank's own
-loss unscaled, as TorchRec's pooled-embedding collectives do (they divide after decoding), so a
+Towers without trainable parameters (pass-through) get only the ``1/G``. The scales sit where
+the backward has already crossed the wire: steps f and d send unscaled gradients of the ranks'
+losses (step f a rank's own, step d the sum of its ``T`` peers' through the tower module), as
+TorchRec's pooled-embedding collectives do (they divide after decoding), so a
 16-bit ``comm_precision`` rounds it at its own magnitude. Scaled before the wire, a gradient
 ``G`` times smaller would lose ``log2 G`` bits to fp16's underflow.
 

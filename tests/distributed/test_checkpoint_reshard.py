@@ -68,6 +68,15 @@ def _run(
     assert steps == [8.0] * world_size
 
 
+def _same_fused_step(want: Path, got: Path, counts: bool = True) -> None:
+    """Both final checkpoints carry FBGEMM's fused-optimizer step (Adam's bias correction on
+    GPUs), equal after the resume; row-wise Adagrad's kernels count it on CPU too (exact
+    Adagrad's do not: 0)."""
+    step = checkpoint.read_meta(want)["fused_optimizer_step"]
+    assert checkpoint.read_meta(got)["fused_optimizer_step"] == step
+    assert step >= 8 if counts else step == 0
+
+
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert sorted(a) == sorted(b)
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
@@ -97,6 +106,7 @@ def test_flat_resume_at_another_world_size_matches_uninterrupted(
     got = checkpoint.load_model_state(resumed / "checkpoints")
     assert checkpoint.read_meta(resumed / "checkpoints" / "step_8")["world_size"] == resume_world
     assert _max_diff(got, want) < 1e-5
+    _same_fused_step(ref / "checkpoints" / "step_8", resumed / "checkpoints" / "step_8")
     # the checkpoint at step 4 differs from the final one: the resumed run did train
     assert _max_diff(checkpoint.load_model_state(ref / "checkpoints" / "step_4"), want) > 1e-3
 
@@ -142,6 +152,11 @@ def test_sptt_resume_on_another_topology_matches_uninterrupted(
     got = checkpoint.load_model_state(resumed / "checkpoints")
     assert _max_diff(got, want) < 1e-5
     assert _max_diff(checkpoint.load_model_state(ref / "checkpoints" / "step_4"), want) > 1e-3
+    _same_fused_step(
+        ref / "checkpoints" / "step_8",
+        resumed / "checkpoints" / "step_8",
+        counts=sharding != "column_wise",
+    )
     if ema:  # the averages are not the raw weights
         raw = checkpoint.load_model_state(resumed / "checkpoints", ema=False)
         assert _max_diff(raw, got) > 1e-4

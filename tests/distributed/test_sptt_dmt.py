@@ -462,8 +462,9 @@ PEER_PERMUTE_CASES = {
 @pytest.mark.parametrize("backend", backends(min_gpus=4))
 @pytest.mark.parametrize("name", list(PEER_PERMUTE_CASES))
 def test_peer_permute_variants_train_like_single_process(name: str, backend: str) -> None:
-    """Permuting the input, choosing by bytes, or skipping step c trains exactly like the
-    single-process model (logits, loss, gradients, weights after two steps), like the default."""
+    """Permuting the input, choosing by bytes, or skipping step c (the default) trains exactly
+    like the single-process model (logits, loss, gradients, weights after two steps), like
+    Figure 7's step c in the other cases."""
     case = PEER_PERMUTE_CASES[name]
     results = _run_case(case, backend)
     for i, variant in enumerate(case.variants):
@@ -724,9 +725,8 @@ def _wire_worker(rank: int, world_size: int, backend: str) -> None:
     # fp16 with gradients in fp16's subnormal range (spacing 2**-24): the tables' gradients are
     # the fp32 ones within one rounding of each unscaled contribution, divided by G. Rounding
     # them G times smaller, before the 1/G, would err up to G times more.
-    largest = max(float(g.abs().max()) for g in grads32.values())
-    biggest = _global_max(largest, device) * world_size
-    scale = 2.0 ** (-22 - math.ceil(math.log2(biggest)))  # unscaled gradients below 2**-22
+    biggest = _global_max(step_f, device)  # the largest unscaled gradient any wire carries
+    scale = 2.0 ** (-22 - math.ceil(math.log2(biggest)))  # now below 2**-22 on every wire
     _, grads32 = backward("fp32", scale)
     _, grads16 = backward("fp16", scale)
     _, _, values, _ = _global_batch(case, 0)

@@ -73,7 +73,10 @@ def _run(
         # FBGEMM's fused-optimizer step (Adam's bias correction on GPUs), in no state dict
         kernels = checkpoint.fused_table_modules(trainer.model)
         assert kernels
-        state["fused optimizer step"] = torch.tensor([int(m.iter) for m in kernels])
+        # iter is what checkpoints carry, iter_cpu what the kernel computes with
+        state["fused optimizer step"] = torch.tensor(
+            [[int(m.iter), int(m.iter_cpu)] for m in kernels]
+        )
         assert unwrap(trainer.model).embedding_dim == 16
     finally:
         close_runtime()
