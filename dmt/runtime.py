@@ -287,22 +287,15 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0, job: str = "
             dist.init_process_group(
                 backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
             )
-        elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            dist.init_process_group(
-                backend,
-                store=_elastic_store(world.world_size, timeout),
-                rank=world.rank,
-                world_size=world.world_size,
-                timeout=timeout,
-            )
         else:
-            _export(world, os.environ)
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                store = _elastic_store(world.world_size, timeout)
+            else:
+                _export(world, os.environ)
+                store = _own_store(world, timeout, job)
+            agree_on_backend(store, world.rank, world.world_size, backend)
             dist.init_process_group(
-                backend,
-                store=_own_store(world, timeout, job),
-                rank=world.rank,
-                world_size=world.world_size,
-                timeout=timeout,
+                backend, store=store, rank=world.rank, world_size=world.world_size, timeout=timeout
             )
     if use_cuda and world.world_size > 1:
         try:
@@ -329,6 +322,36 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0, job: str = "
     return Runtime(
         world.rank, world.world_size, world.local_rank, world.local_world_size, dev, backend
     )
+
+
+def mixed_backends(backends: Sequence[str]) -> str | None:
+    """``None`` when every rank (``backends[rank]``: ``"<backend> on <host>"``) chose the same
+    backend; else a message naming the ranks of each choice."""
+    ranks: dict[str, list[int]] = {}
+    for rank, entry in enumerate(backends):
+        ranks.setdefault(entry.split(" ", 1)[0], []).append(rank)
+    if len(ranks) < 2:
+        return None
+    chosen = "; ".join(
+        f"{name} on ranks {r} ({backends[r[0]].split(' on ', 1)[-1]}{', ...' if len(r) > 1 else ''})"
+        for name, r in sorted(ranks.items())
+    )
+    return (
+        f"the ranks chose different backends ({chosen}): with trainer.device=auto a rank picks "
+        "nccl only where it sees a GPU; make every rank see its GPU (CUDA_VISIBLE_DEVICES, "
+        "SLURM --gpus-per-task) or set trainer.device=cuda or cpu on all of them"
+    )
+
+
+def agree_on_backend(store: dist.Store, rank: int, world_size: int, backend: str) -> None:
+    """Every rank chose the same backend, or every rank raises the same ``ValueError``, before
+    the group starts: a gloo rank among NCCL ranks would wait in the group's rendezvous until
+    the timeout. Compared through the rendezvous store (the group's own key prefix)."""
+    store.set(f"dmt/runtime/backend/{rank}", f"{backend} on {socket.gethostname()}")
+    chosen = [store.get(f"dmt/runtime/backend/{r}").decode() for r in range(world_size)]
+    problem = mixed_backends(chosen)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def shared_devices(devices: Sequence[str]) -> list[list[int]]:

@@ -7,13 +7,18 @@ the batch script of ``sbatch -N2 --ntasks-per-node=2`` (recorded on the cluster 
 
 from __future__ import annotations
 
+import socket
+
 import pytest
+import torch.distributed as dist
 
 from dmt.runtime import (
     TORCHRUN_VARS,
     World,
+    agree_on_backend,
     cuda_index,
     first_host,
+    mixed_backends,
     shared_devices,
     tasks_per_node,
     world_from_env,
@@ -229,3 +234,25 @@ def test_shared_devices_groups_the_ranks_of_one_gpu() -> None:
     devices = ["n1 GPU a", "n1 GPU b", "n2 GPU a", "n1 GPU a", "n2 GPU c", "n2 GPU c"]
     assert shared_devices(devices) == [[0, 3], [4, 5]]
     assert shared_devices(["n1 GPU a", "n1 GPU b", "n2 GPU a"]) == []
+
+
+def test_ranks_that_chose_different_backends_all_fail_with_the_same_message() -> None:
+    """trainer.device=auto on a rank that sees no GPU picks gloo among NCCL ranks; init_runtime
+    compares the choices through the rendezvous store before the group, where the gloo rank
+    would otherwise wait for its peers until the timeout."""
+    store = dist.HashStore()
+    store.set("dmt/runtime/backend/1", "nccl on n1")
+    store.set("dmt/runtime/backend/2", "nccl on n2")
+    with pytest.raises(ValueError) as err:
+        agree_on_backend(store, 0, 3, "gloo")
+    host = socket.gethostname()
+    assert str(err.value) == (
+        f"the ranks chose different backends (gloo on ranks [0] ({host}); nccl on ranks [1, 2] "
+        "(n1, ...)): with trainer.device=auto a rank picks nccl only where it sees a GPU; make "
+        "every rank see its GPU (CUDA_VISIBLE_DEVICES, SLURM --gpus-per-task) or set "
+        "trainer.device=cuda or cpu on all of them"
+    )
+    same = dist.HashStore()
+    same.set("dmt/runtime/backend/1", "gloo on n1")
+    agree_on_backend(same, 0, 2, "gloo")  # agreed: no error
+    assert mixed_backends(["nccl on a", "nccl on b"]) is None
