@@ -25,6 +25,8 @@ step fused_adam "$PY" "${TRAIN[@]}" optim=adam trainer=smoke hydra.run.dir="$WOR
 step uvm_caching "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_sharding_plan.py -k cuda
 # a resumed run draws the GPU's dropout masks of an uninterrupted one (the CUDA generator is saved)
 step resume_dropout_cuda "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_train.py -k "dropout and cuda"
+# a resumed fused-Adam run continues FBGEMM's bias-correction step (meta.json fused_optimizer_step)
+step resume_fused_adam_cuda "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_train.py -k "fused_adam and cuda"
 step checkpoint_and_eval bash -c "'$PY' ${TRAIN[*]} trainer=smoke trainer.checkpoint=true hydra.run.dir='$WORK/ck' && '$ROOT/.venv/bin/dmt-eval' --checkpoint '$WORK/ck/checkpoints' --data test --device cuda --out '$WORK/ck/eval.json'"
 # two ranks on one GPU are refused at start with dmt's message, not NCCL's at the first collective
 step shared_gpu_refused bash -c "CUDA_VISIBLE_DEVICES=0 '$PY' -m torch.distributed.run --standalone --nproc-per-node=2 ${TRAIN[*]} trainer=smoke hydra.run.dir='$WORK/shared' > '$WORK/shared.out' 2>&1; grep 'share one GPU' '$WORK/shared.out'"

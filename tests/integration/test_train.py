@@ -132,6 +132,28 @@ def test_resume_with_dropout_draws_the_masks_of_an_uninterrupted_run_cpu_and_cud
         torch.testing.assert_close(state[k].cpu(), full_state[k].cpu(), **tol, msg=k)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fused sparse Adam needs a GPU")
+def test_resume_with_fused_adam_continues_its_bias_correction_cuda(tmp_path):
+    """FBGEMM's Adam counts its bias-correction step outside every state dict; the checkpoint
+    carries it (``fused_optimizer_step``), so a resumed run takes the uninterrupted run's steps
+    (restarting the count at 1 would make its first sparse updates 0.15-0.3x as large)."""
+    common = ["optim=adam", "optim.schedule.warmup_steps=2", "trainer.epochs=1"]  # 16 steps
+    full_losses, full_state = _run([*common, "trainer.max_steps=12"], tmp_path / "full", "cuda")
+    first, _ = _run(
+        [*common, "trainer.max_steps=6", "trainer.checkpoint=true"], tmp_path / "a", "cuda"
+    )
+    ckpt = tmp_path / "a" / "checkpoints"
+    assert checkpoint.read_meta(ckpt / "step_6")["fused_optimizer_step"] >= 6
+    second, state = _run(
+        [*common, "trainer.max_steps=12", f"trainer.resume_from={ckpt}"], tmp_path / "b", "cuda"
+    )
+    tol = {"rtol": 1e-5, "atol": 1e-6}  # CUDA kernels may sum in another order run to run
+    torch.testing.assert_close(torch.tensor(first + second), torch.tensor(full_losses), **tol)
+    assert state.keys() == full_state.keys()
+    for k in full_state:
+        torch.testing.assert_close(state[k].cpu(), full_state[k].cpu(), **tol, msg=k)
+
+
 def test_resume_from_a_periodic_checkpoint_reproduces_an_uninterrupted_run(tmp_path):
     """``trainer.checkpoint_every`` saves mid-run; resuming one continues at exactly its step and
     data position: mid-epoch (step 20 = epoch 1, batch 4) and at an epoch boundary (step 16 =
