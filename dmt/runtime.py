@@ -29,7 +29,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -347,11 +347,35 @@ def agree_on_backend(store: dist.Store, rank: int, world_size: int, backend: str
     """Every rank chose the same backend, or every rank raises the same ``ValueError``, before
     the group starts: a gloo rank among NCCL ranks would wait in the group's rendezvous until
     the timeout. Compared through the rendezvous store (the group's own key prefix)."""
-    store.set(f"dmt/runtime/backend/{rank}", f"{backend} on {socket.gethostname()}")
-    chosen = [store.get(f"dmt/runtime/backend/{r}").decode() for r in range(world_size)]
-    problem = mixed_backends(chosen)
-    if problem is not None:
-        raise ValueError(problem)
+    _judge_through_store(
+        store,
+        rank,
+        world_size,
+        "dmt/runtime/backend",
+        f"{backend} on {socket.gethostname()}",
+        mixed_backends,
+    )
+
+
+def _judge_through_store(
+    store: dist.Store,
+    rank: int,
+    world_size: int,
+    name: str,
+    value: str,
+    judge: Callable[[list[str]], str | None],
+) -> None:
+    """Every rank posts ``value`` under ``name``; rank 0 reads them all and posts ``judge``'s
+    verdict (an error message, or ``None``), which every rank reads and raises as a
+    ``ValueError``. O(G) requests to the store in all: every rank reading every value would
+    make G squared at the start of every job."""
+    store.set(f"{name}/{rank}", value)
+    if rank == 0:
+        values = [store.get(f"{name}/{r}").decode() for r in range(world_size)]
+        store.set(f"{name}/verdict", judge(values) or "")
+    verdict = store.get(f"{name}/verdict").decode()
+    if verdict:
+        raise ValueError(verdict)
 
 
 def shared_devices(devices: Sequence[str]) -> list[list[int]]:
@@ -370,18 +394,27 @@ def _check_own_gpus(rank: int, world_size: int, device: torch.device) -> None:
     is visible (``cuda_index`` then gives every local rank ``cuda:0``, which is right only when
     the launcher binds one GPU per task). The GPUs are compared by host and UUID through the
     process group's store, not by a collective."""
-    store = dist.distributed_c10d._get_default_store()
-    uuid = torch.cuda.get_device_properties(device).uuid
-    store.set(f"dmt/runtime/gpu/{rank}", f"{socket.gethostname()} GPU {uuid}")
-    devices = [store.get(f"dmt/runtime/gpu/{r}").decode() for r in range(world_size)]
-    shared = shared_devices(devices)
-    if shared:
+
+    def judge(devices: list[str]) -> str | None:
+        shared = shared_devices(devices)
+        if not shared:
+            return None
         ranks = shared[0]
-        raise ValueError(
+        return (
             f"ranks {ranks} share one GPU ({devices[ranks[0]]}): give every rank a GPU of its "
             "own (torchrun --nproc-per-node at most the GPUs CUDA_VISIBLE_DEVICES shows, or "
             "SLURM --gpus-per-task=1)"
         )
+
+    uuid = torch.cuda.get_device_properties(device).uuid
+    _judge_through_store(
+        dist.distributed_c10d._get_default_store(),
+        rank,
+        world_size,
+        "dmt/runtime/gpu",
+        f"{socket.gethostname()} GPU {uuid}",
+        judge,
+    )
 
 
 #: the variables _export set in os.environ, with their values
