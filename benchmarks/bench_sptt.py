@@ -73,7 +73,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+from torchrec.distributed.planner import ParameterConstraints
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dmt.config import (
@@ -90,10 +90,11 @@ from dmt.models.accounting import compression_ratio
 from dmt.optim import apply_sparse_optimizer, build_optimizer
 from dmt.runtime import Runtime
 from dmt.sharding import (
+    flat_planner,
     flat_sharders,
+    job_gpus,
     memory_budget,
     place_on_devices,
-    planner_topology,
     rank_devices,
     shard_model,
 )
@@ -254,12 +255,10 @@ def _flat(
             task, runtime, batch_size=args.batch * runtime.world_size, comm_precision=precision
         )
     else:
-        planner = EmbeddingShardingPlanner(
-            topology=planner_topology(
-                memory_budget(ShardingConfig(), runtime.device.type),
-                world_size=runtime.world_size,
-                local_world_size=runtime.local_world_size,
-            ),
+        planner = flat_planner(
+            memory_budget(ShardingConfig(), runtime.device.type, gpus=job_gpus(runtime)),
+            world_size=runtime.world_size,
+            local_world_size=runtime.local_world_size,
             batch_size=args.batch,
             constraints={
                 f"t_{f}": ParameterConstraints(sharding_types=["table_wise"]) for f in _names(args)

@@ -437,8 +437,8 @@ class ShardingConfig:
     within ``ddr_gb``. On CPU there is no HBM: every table lives in host memory, within ``ddr_gb``.
     """
 
-    hbm_gb: float = 80.0
-    """GPU memory (GiB) per rank for tables plus optimizer state; ignored on CPU."""
+    hbm_gb: float | None = None
+    """GPU memory (GiB) per rank for tables plus optimizer state, on both paths; must not exceed the GPU's memory. None: 80% of the smallest GPU of the job (the rest is for the dense model, activations and communication buffers). Ignored on CPU."""
     ddr_gb: float = 128.0
     """Host memory (GiB) per rank for tables plus optimizer state (UVM-cached tables on CUDA, all tables on CPU)."""
     uvm_cache_load_factor: float = 0.2
@@ -569,6 +569,8 @@ def validate_sharding(s: ShardingConfig) -> None:
     """Check the memory budget: positive sizes, a load factor strictly between 0 and 1."""
     for name in ("hbm_gb", "ddr_gb"):
         value = getattr(s, name)
+        if value is None and name == "hbm_gb":
+            continue
         if not value > 0:
             raise ValueError(
                 f"sharding.{name}={value!r} must be a positive number of GiB per rank "

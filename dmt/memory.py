@@ -27,6 +27,9 @@ FUSED_UVM_CACHING = "fused_uvm_caching"
 """The table in host memory (UVM), ``uvm_cache_load_factor`` of its rows cached in HBM (CUDA)."""
 COMPUTE_KERNELS = (FUSED, FUSED_UVM_CACHING)
 COMPUTE_DEVICES = ("cpu", "cuda")
+AUTO_HBM_SHARE = 0.8
+"""Share of a GPU's memory for tables plus optimizer state when ``sharding.hbm_gb`` is unset: the
+rest is for the dense model, activations and communication buffers."""
 
 #: optimizer-state values per table element (``rows x cols``) and per row, fp32
 _STATE_PER_ELEMENT = {"sgd": 0, "rowwise_adagrad": 0, "adagrad": 1, "adam": 2}
@@ -70,10 +73,10 @@ class MemoryBudget:
             raise ValueError(
                 f"compute_device={self.compute_device!r} is not one of {list(COMPUTE_DEVICES)}"
             )
-        if self.hbm_bytes <= 0 or self.ddr_bytes <= 0:
-            raise ValueError(
-                f"hbm_bytes={self.hbm_bytes} and ddr_bytes={self.ddr_bytes} must be positive"
-            )
+        if self.hbm_bytes < 0 or (self.hbm_bytes == 0 and self.compute_device == "cuda"):
+            raise ValueError(f"hbm_bytes={self.hbm_bytes} must be positive on CUDA")
+        if self.ddr_bytes <= 0:
+            raise ValueError(f"ddr_bytes={self.ddr_bytes} must be positive")
         if not 0.0 < self.uvm_cache_load_factor < 1.0:
             raise ValueError(
                 f"uvm_cache_load_factor={self.uvm_cache_load_factor} must be strictly between 0 "
@@ -82,12 +85,29 @@ class MemoryBudget:
 
     @classmethod
     def from_gib(
-        cls, compute_device: str, *, hbm_gb: float, ddr_gb: float, uvm_cache_load_factor: float
+        cls,
+        compute_device: str,
+        *,
+        hbm_gb: float | None,
+        ddr_gb: float,
+        uvm_cache_load_factor: float,
+        gpu_bytes: int | None = None,
     ) -> MemoryBudget:
-        """The budget of the ``sharding`` config group (sizes in GiB)."""
+        """The budget of the ``sharding`` config group (sizes in GiB). ``hbm_gb=None`` on CUDA:
+        :data:`AUTO_HBM_SHARE` of ``gpu_bytes`` (the smallest GPU of the job); on CPU, no HBM."""
+        if hbm_gb is not None:
+            hbm = int(hbm_gb * GIB)
+        elif compute_device != "cuda":
+            hbm = 0
+        elif gpu_bytes is None:
+            raise ValueError(
+                "sharding.hbm_gb=null on CUDA takes a share of the GPU's memory: pass gpu_bytes"
+            )
+        else:
+            hbm = int(AUTO_HBM_SHARE * gpu_bytes)
         return cls(
             compute_device=compute_device,
-            hbm_bytes=int(hbm_gb * GIB),
+            hbm_bytes=hbm,
             ddr_bytes=int(ddr_gb * GIB),
             uvm_cache_load_factor=uvm_cache_load_factor,
         )
@@ -95,6 +115,21 @@ class MemoryBudget:
     def cached_hbm_bytes(self, nbytes: int) -> int:
         """HBM a UVM-cached table of ``nbytes`` takes (its cache; TorchRec's planner model)."""
         return math.ceil(nbytes * self.uvm_cache_load_factor)
+
+    def check_device(self, device: str, total_bytes: int) -> None:
+        """Refuse an HBM budget larger than the GPU ``device`` has (``total_bytes`` in all): a
+        plan that counts on memory that is not there fails only when the tables are allocated,
+        or later. No check on CPU, where ``hbm_bytes`` is not used."""
+        if self.compute_device != "cuda" or self.hbm_bytes <= total_bytes:
+            return
+        raise ValueError(
+            f"sharding.hbm_gb = {_gib(self.hbm_bytes)} is more than {device} has "
+            f"({_gib(total_bytes)} in all): sharding.hbm_gb is the share of the GPU's memory for "
+            "the embedding tables and their optimizer state, which must leave room for the "
+            "dense model, the activations and the communication buffers; leave it unset "
+            f"(sharding.hbm_gb=null: {AUTO_HBM_SHARE:.0%} of the GPU's memory) or set it "
+            f"lower (sharding.hbm_gb={AUTO_HBM_SHARE * total_bytes / GIB:.0f})"
+        )
 
     def describe(self) -> str:
         if self.compute_device == "cpu":

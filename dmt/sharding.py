@@ -37,6 +37,8 @@ from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCol
 from torchrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.proposers import Proposer
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import KernelConfig, PlannerError, TopologyFactory
 from torchrec.distributed.planner.types import TrainerConfig as PlannerTrainerConfig
 from torchrec.distributed.types import (
@@ -69,14 +71,42 @@ SHARDED_TYPES = [
 ]
 
 
-def memory_budget(cfg: ShardingConfig, compute_device: str) -> MemoryBudget:
-    """The per-rank budget of the ``sharding`` config group on ``compute_device``."""
-    return MemoryBudget.from_gib(
+def memory_budget(
+    cfg: ShardingConfig, compute_device: str, *, gpus: Sequence[tuple[str, int]] = ()
+) -> MemoryBudget:
+    """The per-rank budget of the ``sharding`` config group on ``compute_device``.
+
+    ``gpus``: ``(name, total bytes)`` of every rank's GPU (:func:`job_gpus`). ``sharding.hbm_gb``
+    unset takes :data:`dmt.memory.AUTO_HBM_SHARE` of the smallest, so every rank plans with the
+    same budget; set, it must fit in the smallest (``ValueError`` naming that GPU otherwise).
+    """
+    smallest = min(gpus, key=lambda g: g[1], default=None)
+    memory = MemoryBudget.from_gib(
         compute_device,
         hbm_gb=cfg.hbm_gb,
         ddr_gb=cfg.ddr_gb,
         uvm_cache_load_factor=cfg.uvm_cache_load_factor,
+        gpu_bytes=None if smallest is None else smallest[1],
     )
+    if smallest is not None:
+        memory.check_device(*smallest)
+    return memory
+
+
+def job_gpus(runtime: Runtime) -> list[tuple[str, int]]:
+    """``(name, total memory in bytes)`` of every rank's GPU, by rank, e.g. ``("rank 3's cuda:1",
+    85045903360)`` (one object all-gather on CUDA; none for a world of one); ``[]`` on CPU."""
+    if runtime.device.type != "cuda":
+        return []
+    own = (
+        f"rank {runtime.rank}'s {runtime.device}",
+        torch.cuda.get_device_properties(runtime.device).total_memory,
+    )
+    if runtime.world_size == 1:
+        return [own]
+    found: list[tuple[str, int] | None] = [None] * runtime.world_size
+    dist.all_gather_object(found, own)
+    return [g for g in found if g is not None]
 
 
 def compute_kernels(memory: MemoryBudget | None) -> list[str] | None:
@@ -169,6 +199,36 @@ def flat_sharders(comm_precision: str = "fp32") -> list[ModuleSharder[nn.Module]
     ]
 
 
+def flat_planner(
+    memory: MemoryBudget,
+    *,
+    world_size: int,
+    local_world_size: int,
+    batch_size: int,
+    constraints: dict[str, ParameterConstraints],
+    proposer: Proposer | list[Proposer] | None = None,
+) -> EmbeddingShardingPlanner:
+    """TorchRec's planner for ``world_size`` ranks with ``memory`` per rank for the tables and
+    their optimizer state, as the SPTT plan counts it (:func:`dmt.memory.choose_kernels`).
+    ``batch_size`` is per rank.
+
+    The planner reserves nothing of the budget (``FixedPercentageStorageReservation(0)``):
+    TorchRec's default reservation keeps 15% of HBM plus its estimate of the dense part, so the
+    same ``sharding.hbm_gb`` would give the flat baseline's tables less room than SPTT's and
+    UVM-cache tables that SPTT keeps in HBM. ``sharding.hbm_gb`` is the tables' share on both
+    paths; the rest of the GPU (dense model, activations, communication buffers) is what it
+    leaves. The planner still counts each shard's input and output buffers (a few KiB per table
+    at usual batches), which the SPTT plan does not.
+    """
+    return EmbeddingShardingPlanner(
+        topology=planner_topology(memory, world_size=world_size, local_world_size=local_world_size),
+        batch_size=batch_size,
+        constraints=constraints,
+        proposer=proposer,
+        storage_reservation=FixedPercentageStorageReservation(percentage=0.0),
+    )
+
+
 def plan_tables(
     module: nn.Module,
     memory: MemoryBudget,
@@ -185,8 +245,10 @@ def plan_tables(
 
     Raises ``ValueError`` naming the budget when the planner finds no plan within it.
     """
-    planner = EmbeddingShardingPlanner(
-        topology=planner_topology(memory, world_size=world_size, local_world_size=local_world_size),
+    planner = flat_planner(
+        memory,
+        world_size=world_size,
+        local_world_size=local_world_size,
         batch_size=max(batch_size // world_size, 1),
         constraints=table_constraints(module, memory),
     )
@@ -254,7 +316,7 @@ def shard_model(
     Raises ``ValueError`` on every rank when the planner finds no plan within the budget.
     """
     if memory is None:
-        memory = memory_budget(ShardingConfig(), runtime.device.type)
+        memory = memory_budget(ShardingConfig(), runtime.device.type, gpus=job_gpus(runtime))
     sharders = flat_sharders(comm_precision)  # validates before any collective
     # rank 0 plans; its plan, or its error, reaches every rank (TorchRec's collective_plan
     # would leave the other ranks waiting for a plan that never comes)

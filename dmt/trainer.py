@@ -45,7 +45,7 @@ from dmt.optim import (
     restore_lr_scheduler,
 )
 from dmt.runtime import Runtime
-from dmt.sharding import memory_budget, shard_model, write_sharding_plan
+from dmt.sharding import job_gpus, memory_budget, shard_model, write_sharding_plan
 from dmt.sptt.dmt_sharding import ShardedDMT, shard_dmt, topology_from
 from dmt.tracking import wandb_name, wandb_values
 
@@ -93,7 +93,7 @@ class Trainer:
             table_device="meta",
             dense_device=runtime.device,
         )
-        memory = memory_budget(cfg.sharding, runtime.device.type)
+        memory = memory_budget(cfg.sharding, runtime.device.type, gpus=job_gpus(runtime))
         if cfg.sptt.enabled:
             topology = topology_from(
                 runtime,

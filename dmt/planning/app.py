@@ -39,7 +39,6 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
-from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.proposers import UniformProposer
 from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.types import ShardingPlan
@@ -73,7 +72,7 @@ from dmt.planning.memory import (
     sptt_rank_memory,
 )
 from dmt.planning.timing import ComputeLoad, ModeWorkload, StepTime, compute_load, predict_modes
-from dmt.sharding import flat_sharders, plan_tables, planner_topology, table_constraints
+from dmt.sharding import flat_planner, flat_sharders, plan_tables, table_constraints
 from dmt.sptt.collectives import COMM_PRECISIONS
 from dmt.sptt.dmt_sharding import DMTSharder
 from dmt.sptt.topology import Topology
@@ -378,8 +377,10 @@ def _uniform_plan(
     constraints = table_constraints(model, budget)
     for c in constraints.values():
         c.sharding_types = list(FAST_SHARDING_TYPES)
-    planner = EmbeddingShardingPlanner(
-        topology=planner_topology(budget, world_size=world_size, local_world_size=local_world_size),
+    planner = flat_planner(
+        budget,
+        world_size=world_size,
+        local_world_size=local_world_size,
         batch_size=max(batch // world_size, 1),
         constraints=constraints,
         proposer=[UniformProposer()],

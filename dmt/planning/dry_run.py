@@ -78,7 +78,6 @@ from torch.futures import Future
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.types import ShardingPlan, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -89,10 +88,10 @@ from dmt.models import DMTModel, build_model, embedding_parameters
 from dmt.optim import apply_sparse_optimizer, build_optimizer, check_sparse_optimizer
 from dmt.runtime import Runtime
 from dmt.sharding import (
+    flat_planner,
     flat_sharders,
     memory_budget,
     plan_tables,
-    planner_topology,
     table_constraints,
 )
 from dmt.sptt.dmt_sharding import ShardedDMT, shard_dmt
@@ -357,8 +356,10 @@ def _flat_plan(
         )
         for name, c in table_constraints(task, memory).items()
     }
-    planner = EmbeddingShardingPlanner(
-        topology=planner_topology(memory, world_size=world_size, local_world_size=local_world_size),
+    planner = flat_planner(
+        memory,
+        world_size=world_size,
+        local_world_size=local_world_size,
         batch_size=max(conf.data.batch_size // world_size, 1),
         constraints=constraints,
     )

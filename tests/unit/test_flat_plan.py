@@ -11,15 +11,20 @@ import logging
 import pytest
 import torch
 
-from dmt.memory import MemoryBudget
-from dmt.models import build_model
+from dmt.config import ShardingConfig
+from dmt.memory import FUSED, FUSED_UVM_CACHING, MemoryBudget, table_bytes
+from dmt.models import build_model, embedding_parameters
+from dmt.optim import apply_sparse_optimizer
 from dmt.sharding import (
     SHARDED_TYPES,
+    memory_budget,
     place_on_devices,
     plan_tables,
     planner_topology,
     table_constraints,
 )
+from dmt.sptt.plan import build_plan
+from dmt.sptt.topology import Topology
 from dmt.trainer import TrainTask
 from tests.conftest import typed_config
 
@@ -138,3 +143,75 @@ def test_plan_places_each_rank_on_its_own_device(task, devices):
     assert {(r, d) for _, r, d, _, _ in before} == {(r, f"cuda:{r}") for r in range(4)}
     after = _placements(place_on_devices(plan, [torch.device(d) for d in devices]))
     assert after == [(n, r, devices[r], o, s) for n, r, _, o, s in before]
+
+
+@pytest.fixture(scope="module")
+def four_tables_with_adagrad() -> TrainTask:
+    """Four tables with the default fused row-wise Adagrad, as training hands them to the
+    planner (its state counts against the budget)."""
+    task = _task(4)
+    apply_sparse_optimizer(embedding_parameters(task), typed_config("logger=disabled").optim)
+    return task
+
+
+@pytest.mark.parametrize("room", [2.05, 1.95], ids=["two-tables-fit", "two-tables-miss"])
+def test_flat_and_sptt_plans_share_the_budget(four_tables_with_adagrad, room):
+    """The same sharding.hbm_gb holds the same tables on both paths: two ranks of two 6.8 MB
+    tables (with row-wise Adagrad's state) stay in HBM when a rank has room for 2.05 tables and
+    are UVM-cached at 1.95 tables, flat and SPTT alike. TorchRec's default reservation (15% of
+    HBM and its dense estimate) made the flat planner cache two tables at 2.05 and one at 2.2."""
+    per_table = table_bytes("rowwise_adagrad", ROWS, 16)
+    memory = MemoryBudget("cuda", hbm_bytes=int(room * per_table), ddr_bytes=1024**3)
+    flat = _kernels(
+        plan_tables(
+            four_tables_with_adagrad, memory, world_size=2, local_world_size=2, batch_size=512
+        )
+    )
+    sptt = build_plan(
+        Topology(2, 2),
+        [f"cat_{i}" for i in range(4)],
+        [[0, 1, 2, 3]],
+        embedding_dim=16,
+        num_embeddings=[ROWS] * 4,
+        sparse_optimizer="rowwise_adagrad",
+        memory=memory,
+    )
+    sptt_kernels = {s.feature: s.compute_kernel for s in sptt.shards}
+    assert len(flat) == len(sptt_kernels) == 4
+    expected = {FUSED} if room > 2 else {FUSED, FUSED_UVM_CACHING}
+    assert set(flat.values()) == set(sptt_kernels.values()) == expected
+
+
+H100_BYTES = 85_045_903_360  # torch.cuda.get_device_properties(...).total_memory, H100 80GB
+A100_40_BYTES = 42_505_273_344  # the same, A100 40GB
+
+
+def test_hbm_budget_defaults_to_a_share_of_the_smallest_gpu():
+    """Unset, sharding.hbm_gb is 80% of the smallest GPU of the job, the same on every rank; on
+    CPU there is no HBM to budget."""
+    assert ShardingConfig().hbm_gb is None
+    gpus = [("rank 0's cuda:0", H100_BYTES), ("rank 1's cuda:0", A100_40_BYTES)]
+    auto = memory_budget(ShardingConfig(), "cuda", gpus=gpus)
+    assert auto.hbm_bytes == int(0.8 * A100_40_BYTES) and auto.ddr_bytes == 128 * 1024**3
+    assert memory_budget(ShardingConfig(), "cpu").hbm_bytes == 0
+    with pytest.raises(ValueError, match=r"sharding.hbm_gb=null on CUDA takes a share"):
+        memory_budget(ShardingConfig(), "cuda")
+    fixed = memory_budget(ShardingConfig(hbm_gb=30), "cuda", gpus=gpus)
+    assert fixed.hbm_bytes == 30 * 1024**3
+
+
+def test_hbm_budget_must_fit_in_every_gpu():
+    """A budget larger than the smallest GPU can never be kept: refused, naming that rank's GPU,
+    its memory and a setting that fits. CPU budgets are not checked against a GPU."""
+    gpus = [("rank 0's cuda:0", H100_BYTES), ("rank 1's cuda:1", A100_40_BYTES)]
+    memory_budget(ShardingConfig(hbm_gb=39), "cuda", gpus=gpus)
+    with pytest.raises(ValueError) as err:
+        memory_budget(ShardingConfig(hbm_gb=64), "cuda", gpus=gpus)
+    assert str(err.value) == (
+        "sharding.hbm_gb = 64 GiB (68719476736 bytes) is more than rank 1's cuda:1 has (39.6 GiB "
+        "(42505273344 bytes) in all): sharding.hbm_gb is the share of the GPU's memory for the "
+        "embedding tables and their optimizer state, which must leave room for the dense model, "
+        "the activations and the communication buffers; leave it unset (sharding.hbm_gb=null: "
+        "80% of the GPU's memory) or set it lower (sharding.hbm_gb=32)"
+    )
+    memory_budget(ShardingConfig(hbm_gb=1000), "cpu")

@@ -46,7 +46,8 @@ def test_unknown_optimizer_is_refused():
     ("kwargs", "message"),
     [
         ({"compute_device": "mtia"}, "compute_device='mtia' is not one of"),
-        ({"hbm_bytes": 0}, "hbm_bytes=0 and ddr_bytes=100 must be positive"),
+        ({"hbm_bytes": 0}, "hbm_bytes=0 must be positive on CUDA"),
+        ({"ddr_bytes": 0}, "ddr_bytes=0 must be positive"),
         ({"uvm_cache_load_factor": 1.0}, "uvm_cache_load_factor=1.0 must be strictly between"),
     ],
 )
