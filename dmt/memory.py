@@ -13,9 +13,12 @@ Bytes are fp32: a table of ``rows x cols`` takes ``4 rows cols`` bytes, plus its
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 GIB = 1024**3
 VALUE_BYTES = 4  # fp32 weights and optimizer state
@@ -28,6 +31,7 @@ FUSED_UVM_CACHING = "fused_uvm_caching"
 COMPUTE_KERNELS = (FUSED, FUSED_UVM_CACHING)
 COMPUTE_DEVICES = ("cpu", "cuda")
 AUTO_HBM_SHARE = 0.8
+NEAR_FULL = 0.9  # a budget above this share of the GPU is warned about
 """Share of a GPU's memory for tables plus optimizer state when ``sharding.hbm_gb`` is unset: the
 rest is for the dense model, activations and communication buffers."""
 
@@ -112,15 +116,30 @@ class MemoryBudget:
             uvm_cache_load_factor=uvm_cache_load_factor,
         )
 
-    def cached_hbm_bytes(self, nbytes: int) -> int:
-        """HBM a UVM-cached table of ``nbytes`` takes (its cache; TorchRec's planner model)."""
-        return math.ceil(nbytes * self.uvm_cache_load_factor)
+    def cached_hbm_bytes(self, nbytes: int, rows: int) -> int:
+        """HBM a UVM-cached table (shard) of ``nbytes`` with its optimizer state and ``rows``
+        rows takes, as TorchRec's planner counts it: the cache, ``load factor x nbytes``, plus
+        FBGEMM's cache bookkeeping, ``rows x (4 + 16 x load factor)`` bytes (a table index per
+        row, an index and an LRU time per cache slot)."""
+        lf = self.uvm_cache_load_factor
+        return math.ceil(nbytes * lf) + math.ceil(rows * (4 + 16 * lf))
 
     def check_device(self, device: str, total_bytes: int) -> None:
         """Refuse an HBM budget larger than the GPU ``device`` has (``total_bytes`` in all): a
         plan that counts on memory that is not there fails only when the tables are allocated,
         or later. No check on CPU, where ``hbm_bytes`` is not used."""
-        if self.compute_device != "cuda" or self.hbm_bytes <= total_bytes:
+        if self.compute_device != "cuda":
+            return
+        if self.hbm_bytes <= total_bytes:
+            if self.hbm_bytes > NEAR_FULL * total_bytes:
+                log.warning(
+                    "sharding.hbm_gb = %s is more than %.0f%% of %s (%s): the tables may leave "
+                    "too little for the dense model, activations and communication buffers",
+                    _gib(self.hbm_bytes),
+                    100 * NEAR_FULL,
+                    device,
+                    _gib(total_bytes),
+                )
             return
         raise ValueError(
             f"sharding.hbm_gb = {_gib(self.hbm_bytes)} is more than {device} has "
@@ -149,24 +168,27 @@ def _gib(nbytes: int) -> str:
 
 
 def choose_kernels(
-    tables: Sequence[tuple[str, int]], budget: MemoryBudget, *, rank: int
+    tables: Sequence[tuple[str, int, int]], budget: MemoryBudget, *, rank: int
 ) -> tuple[str, ...]:
     """The compute kernel of each of one rank's tables (shards) under ``budget``.
 
     CUDA: every table in HBM (:data:`FUSED`) if they fit in ``hbm_bytes``; otherwise the largest
     tables (ties: first listed) are UVM-cached (:data:`FUSED_UVM_CACHING`) one by one until the
-    rest plus the caches fit, and the cached tables must fit in ``ddr_bytes``. CPU: every table
+    rest plus the caches fit, and the cached tables must fit in ``ddr_bytes``. A table whose
+    cache (:meth:`MemoryBudget.cached_hbm_bytes`) would take as much HBM as the table itself
+    (narrow tables: FBGEMM's bookkeeping is per row) stays in HBM. CPU: every table
     is :data:`FUSED` and all must fit in ``ddr_bytes``.
 
     Args:
-        tables: ``(name, bytes of the table plus its optimizer state)`` of the rank's tables.
+        tables: ``(name, bytes of the table plus its optimizer state, rows)`` of the rank's
+            tables (shards).
         budget: the rank's memory.
         rank: the rank (for the error message).
 
     Raises:
         ValueError: naming the table that does not fit, its bytes, the rank and the budget.
     """
-    sizes = [int(b) for _, b in tables]
+    sizes = [int(b) for _, b, _ in tables]
     largest_first = sorted(range(len(tables)), key=lambda i: (-sizes[i], i))
     total = sum(sizes)
     if budget.compute_device == "cpu":
@@ -187,8 +209,11 @@ def choose_kernels(
     for i in largest_first:
         if hbm <= budget.hbm_bytes:
             break
+        cache = budget.cached_hbm_bytes(sizes[i], tables[i][2])
+        if cache >= sizes[i]:
+            continue  # a narrow table's bookkeeping outweighs what caching saves
         kernels[i] = FUSED_UVM_CACHING
-        hbm += budget.cached_hbm_bytes(sizes[i]) - sizes[i]
+        hbm += cache - sizes[i]
         ddr += sizes[i]
         if ddr > budget.ddr_bytes:
             raise ValueError(
@@ -203,16 +228,17 @@ def choose_kernels(
         i = largest_first[0]
         raise ValueError(
             _no_room(tables, i, rank, total)
-            + f"; even with every table UVM-cached (sharding.uvm_cache_load_factor = "
-            f"{budget.uvm_cache_load_factor}) the caches take {_gib(hbm)}, more than "
-            f"sharding.hbm_gb = {_gib(budget.hbm_bytes)} of HBM per rank: raise sharding.hbm_gb, "
-            "lower sharding.uvm_cache_load_factor, or use more ranks"
+            + f"; even with every table that caching shrinks UVM-cached "
+            f"(sharding.uvm_cache_load_factor = {budget.uvm_cache_load_factor}) the rank's "
+            f"tables and caches take {_gib(hbm)} of HBM, more than sharding.hbm_gb = "
+            f"{_gib(budget.hbm_bytes)} per rank: raise sharding.hbm_gb, lower "
+            "sharding.uvm_cache_load_factor, or use more ranks"
         )
     return tuple(kernels)
 
 
-def _no_room(tables: Sequence[tuple[str, int]], i: int, rank: int, total: int) -> str:
-    name, nbytes = tables[i]
+def _no_room(tables: Sequence[tuple[str, int, int]], i: int, rank: int, total: int) -> str:
+    name, nbytes, _ = tables[i]
     return (
         f"table {name!r} ({_gib(nbytes)} with its optimizer state) does not fit on rank {rank}, "
         f"whose {len(tables)} table(s) take {_gib(total)}"

@@ -182,19 +182,20 @@ class Trainer:
         ``trainer.pipeline``): TorchRec's ``EvalPipelineSparseDist`` starts batch ``i+1``'s input
         all-to-all during batch ``i``'s forward and is detached at the end, so training can
         attach its own pipeline again."""
+        pin = self.rt.device.type == "cuda"  # page-locked batches: their copies run asynchronously
+        if pin:
+            batches = (batch.pin_memory() for batch in batches)
         if self.eval_pipeline is None:
             for batch in batches:
-                batch = batch.to(self.rt.device)
+                batch = batch.to(self.rt.device, non_blocking=pin)
                 _, logits = self.model(batch)
                 yield logits, batch.labels
             return
         labels: collections.deque[torch.Tensor] = collections.deque()  # in the pipeline's order
 
-        pin = self.rt.device.type == "cuda"
-
         def feed() -> Iterator[Batch]:
-            for batch in batches:  # page-locked labels: their copy below runs asynchronously
-                labels.append(batch.labels.pin_memory() if pin else batch.labels)
+            for batch in batches:
+                labels.append(batch.labels)
                 yield batch
 
         pipeline, fed = self.eval_pipeline, feed()

@@ -8,12 +8,15 @@ Example::
         cluster.gpus_per_host=8 sptt.hosts_per_tower=1
 
 For every mode it plans the tables like the real code does (TorchRec's
-``EmbeddingShardingPlanner`` with a ``Topology`` of ``G = hosts x gpus_per_host`` CUDA ranks and
-the GPU's memory for ``flat``; :func:`dmt.sptt.plan.build_plan` through
+``EmbeddingShardingPlanner`` with a ``Topology`` of ``G = hosts x gpus_per_host`` CUDA ranks for
+``flat``; :func:`dmt.sptt.plan.build_plan` through
 :class:`~dmt.sptt.dmt_sharding.DMTSharder` for ``sptt``/``dmt``), counts the bytes the busiest
 rank sends per collective and direction, split intra-host / cross-host, with the busiest
 receiver's bytes for the sparse-input all-to-alls (:mod:`dmt.planning.collectives`), and the memory every rank needs
-(:mod:`dmt.planning.memory`). Models are built with tables on ``meta``.
+(:mod:`dmt.planning.memory`). Both place the tables within the budget training gives them
+(``sharding.hbm_gb``, unset: 80% of ``cluster.gpu_memory_gb``; ``sharding.ddr_gb``), then check that
+every rank's tables, dense part and activations fit in the GPU. Models are built with tables on
+``meta``.
 
 Modes: ``flat`` is the experiment's model without towers (``model.partition.kind=none``),
 ``sptt`` its towers with pass-through tower modules, ``dmt`` its towers with its tower modules
@@ -52,9 +55,9 @@ from dmt.config import (
 )
 from dmt.inspect import schema
 from dmt.memory import GIB, MemoryBudget
-from dmt.models import build_dmt_model, build_model
+from dmt.models import build_dmt_model, build_model, embedding_parameters
 from dmt.models.partition import naive_partition, resolve_partition
-from dmt.optim import sparse_optimizer_name, sparse_optimizer_spec
+from dmt.optim import apply_sparse_optimizer, sparse_optimizer_name, sparse_optimizer_spec
 from dmt.planning.collectives import (
     CollectiveBytes,
     Workload,
@@ -205,12 +208,16 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
     G, L = topo.world_size, topo.local_world_size
     names, cards, num_dense = schema(conf)
     gpu_bytes = int(conf.cluster.gpu_memory_gb * GIB)
-    budget = MemoryBudget(
+    # the tables' budget as training computes it (sharding.hbm_gb, or its share of the GPU);
+    # check_fits below adds the dense part and the activations against the whole GPU
+    budget = MemoryBudget.from_gib(
         "cuda",
-        hbm_bytes=gpu_bytes,
-        ddr_bytes=int(conf.sharding.ddr_gb * GIB),
+        hbm_gb=conf.sharding.hbm_gb,
+        ddr_gb=conf.sharding.ddr_gb,
         uvm_cache_load_factor=conf.sharding.uvm_cache_load_factor,
+        gpu_bytes=gpu_bytes,
     )
+    budget.check_device(f"a GPU of cluster.gpu_memory_gb={conf.cluster.gpu_memory_gb}", gpu_bytes)
     multi_hot = conf.data.synthetic.multi_hot if conf.data.kind == "synthetic" else 1
     ids_per_sample = len(names) * multi_hot
     workload = Workload.uniform(
@@ -288,6 +295,7 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
         table_device="meta",
         dense_device="meta",
     )
+    apply_sparse_optimizer(embedding_parameters(flat_model), conf.optim)  # its state counts
     search = _flat_search(conf.flat_search, len(names), G)
     try:
         sharding = (
@@ -390,7 +398,7 @@ def _uniform_plan(
     except PlannerError as e:
         raise ValueError(
             f"TorchRec's planner found no sharding of the tables within the memory budget "
-            f"({budget.describe()}; cluster.gpu_memory_gb, sharding.ddr_gb): {e}"
+            f"({budget.describe()}; sharding.hbm_gb, sharding.ddr_gb): {e}"
         ) from e
 
 

@@ -8,7 +8,7 @@ What counts against a GPU's memory (``device_bytes``):
 
 * the rank's table shards and their fused optimizer state, except the UVM-cached ones, which live
   in host memory (``uvm_host_bytes``) and take only their cache in HBM
-  (``uvm_cache_bytes = ceil(load factor x bytes)``, :meth:`dmt.memory.MemoryBudget.cached_hbm_bytes`);
+  (``uvm_cache_bytes``: the cache and its bookkeeping, :meth:`dmt.memory.MemoryBudget.cached_hbm_bytes`);
 * the dense state: every dense parameter the rank holds (the dense arch, replicated over the world,
   and its tower module's replica under DMT) with its gradient and the dense optimizer's state,
   ``P (2 + s)`` bytes for ``P`` bytes of parameters and ``s`` state tensors per parameter
@@ -102,7 +102,7 @@ def _table_split(
         extra = optimizer_state_bytes(optimizer, rows, cols)
         if kernel == FUSED_UVM_CACHING and budget is not None:
             host += weights + extra
-            cache += budget.cached_hbm_bytes(weights + extra)
+            cache += budget.cached_hbm_bytes(weights + extra, rows)
         else:
             table += weights
             state += extra

@@ -332,6 +332,15 @@ def _start_all_to_all(
     return work, output
 
 
+def _used_here(received: torch.Tensor) -> torch.Tensor:
+    """``received``, marked on CUDA as used by the stream that waits for it (TorchRec's
+    ``comm_ops`` does the same): it was allocated on the stream that started the all-to-all, and
+    a pipeline may wait on another, whose reads the caching allocator must not overtake."""
+    if received.device.type == "cuda":
+        received.record_stream(torch.cuda.current_stream(received.device))
+    return received
+
+
 class _AllToAllStart(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -358,7 +367,7 @@ class _AllToAllStart(torch.autograd.Function):
         assert request.grad_work is not None and request.grad_input is not None
         request.grad_work.wait()
         grad_input, request.grad_work, request.grad_input = request.grad_input, None, None
-        return grad_input.to(request.dtype), None
+        return _used_here(grad_input).to(request.dtype), None
 
 
 class _AllToAllWait(torch.autograd.Function):
@@ -372,7 +381,7 @@ class _AllToAllWait(torch.autograd.Function):
         assert request.work is not None and request.output is not None
         request.work.wait()
         output, request.work, request.output = request.output, None, None
-        return output.to(request.dtype)
+        return _used_here(output).to(request.dtype)
 
     @staticmethod
     def backward(

@@ -464,11 +464,15 @@ class SPTTDataflow(nn.Module):
             None,
             ids.numel(),
         )
+        # blocks move within each key: its total is the received one (step a's KJT has it), so
+        # TorchRec's to_dict in the lookup needs no device-to-host copy to find it
         return KeyedJaggedTensor(
             keys=received.keys(),
             values=permuted_ids,
             lengths=permuted_lengths.view(-1),
             stride=stride,
+            length_per_key=received.length_per_key(),
+            offset_per_key=received.offset_per_key(),
         )
 
     def peer_permute(self, pooled: torch.Tensor) -> torch.Tensor:

@@ -647,11 +647,14 @@ def _pad_batch(
     )
     if sparse_features.weights_or_none() is not None:
         raise ValueError("weighted features are not supported")
+    # empty bags add no ids: every key keeps its total (no device-to-host copy in input dist)
     return padded_dense, KeyedJaggedTensor(
         keys=sparse_features.keys(),
         values=sparse_features.values(),
         lengths=padded_lengths,
         stride=size,
+        length_per_key=sparse_features.length_per_key(),
+        offset_per_key=sparse_features.offset_per_key(),
     )
 
 

@@ -491,7 +491,8 @@ def _place(
             name = feature_names[s.feature]
             if (s.num_rows, s.num_cols) != (num_embeddings[s.feature], embedding_dim):
                 name += f" rows [{s.row_start}, {s.row_stop}) cols [{s.col_start}, {s.col_stop})"
-            tables.append((name, table_bytes(sparse_optimizer or "sgd", s.num_rows, s.num_cols)))
+            nbytes = table_bytes(sparse_optimizer or "sgd", s.num_rows, s.num_cols)
+            tables.append((name, nbytes, s.num_rows))
         for i, kernel in zip(held, choose_kernels(tables, memory, rank=rank)):
             out[i] = replace(shards[i], compute_kernel=kernel)
     return out

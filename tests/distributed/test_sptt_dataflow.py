@@ -377,6 +377,10 @@ def _peer_permute_worker(rank: int, world_size: int, case: Case) -> dict[str, di
     assert staggered.keys() == permuted.keys()
     assert torch.equal(staggered.lengths(), permuted.lengths())
     assert torch.equal(staggered.values(), permuted.values())
+    # the permuted KJT carries its per-key totals (the lookup's to_dict needs no host sync),
+    # and they are right
+    assert permuted.length_per_key_or_none() == staggered.length_per_key()
+    assert permuted.offset_per_key_or_none() == staggered.offset_per_key()
     return shuffled
 
 

@@ -215,3 +215,17 @@ def test_hbm_budget_must_fit_in_every_gpu():
         "80% of the GPU's memory) or set it lower (sharding.hbm_gb=32)"
     )
     memory_budget(ShardingConfig(hbm_gb=1000), "cpu")
+
+
+def test_a_budget_near_the_whole_gpu_is_warned_about(caplog):
+    gpus = [("rank 0's cuda:0", H100_BYTES)]
+    with caplog.at_level(logging.WARNING, logger="dmt.memory"):
+        memory_budget(ShardingConfig(hbm_gb=71), "cuda", gpus=gpus)  # 89.6%
+    assert caplog.records == []
+    with caplog.at_level(logging.WARNING, logger="dmt.memory"):
+        memory_budget(ShardingConfig(hbm_gb=72), "cuda", gpus=gpus)  # 90.9%
+    assert [r.getMessage() for r in caplog.records] == [
+        "sharding.hbm_gb = 72 GiB (77309411328 bytes) is more than 90% of rank 0's cuda:0 "
+        "(79.2 GiB (85045903360 bytes)): the tables may leave too little for the dense model, "
+        "activations and communication buffers"
+    ]

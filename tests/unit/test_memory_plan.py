@@ -75,7 +75,8 @@ def _cuda(hbm: int, ddr: int, load_factor: float = 0.25) -> MemoryBudget:
     return MemoryBudget("cuda", hbm_bytes=hbm, ddr_bytes=ddr, uvm_cache_load_factor=load_factor)
 
 
-TABLES = [("a", 400), ("b", 1000), ("c", 200), ("d", 1000)]  # 2600 bytes
+TABLES = [("a", 400, 4), ("b", 1000, 10), ("c", 200, 2), ("d", 1000, 10)]  # 2600 bytes
+# a cached table takes a quarter of its bytes plus 8 bytes of bookkeeping per row (4 + 16 / 4)
 
 
 def test_everything_in_hbm_when_it_fits():
@@ -83,20 +84,37 @@ def test_everything_in_hbm_when_it_fits():
 
 
 def test_largest_tables_are_cached_until_the_rest_fits():
-    # 2600 > 2000: cache b (first of the two largest): 1600 + 250 = 1850 <= 2000
+    # 2600 > 2000: cache b (first of the two largest): 1600 + 250 + 80 = 1930 <= 2000
     assert choose_kernels(TABLES, _cuda(2000, 1000), rank=3) == (
         FUSED,
         FUSED_UVM_CACHING,
         FUSED,
         FUSED,
     )
-    # 1100: b and d cached, 600 + 2 * 250 = 1100
-    assert choose_kernels(TABLES, _cuda(1100, 2000), rank=3) == (
+    # 1260: b and d cached, 600 + 2 * (250 + 80) = 1260
+    assert choose_kernels(TABLES, _cuda(1260, 2000), rank=3) == (
         FUSED,
         FUSED_UVM_CACHING,
         FUSED,
         FUSED_UVM_CACHING,
     )
+    # 1259: a cached too, 100 + 32 + 200 + 2 * 330 = 992; without the
+    # bookkeeping b and d alone (1100) would have seemed to fit
+    assert choose_kernels(TABLES, _cuda(1259, 3000), rank=3) == (
+        FUSED_UVM_CACHING,
+        FUSED_UVM_CACHING,
+        FUSED,
+        FUSED_UVM_CACHING,
+    )
+
+
+def test_tables_that_caching_would_not_shrink_stay_in_hbm():
+    # "narrow": 100 rows of 20 bytes (N = 4 with row-wise Adagrad); its cache at load factor 0.5
+    # would take 1000 + 100 * (4 + 8) = 2200 bytes, more than the table; "wide" caches to 560
+    tables = [("narrow", 2000, 100), ("wide", 1000, 5)]
+    assert choose_kernels(tables, _cuda(2600, 10_000, 0.5), rank=0) == (FUSED, FUSED_UVM_CACHING)
+    with pytest.raises(ValueError, match=r"table 'narrow' .* take 2.5 KiB \(2560 bytes\) of HBM"):
+        choose_kernels(tables, _cuda(2559, 10_000, 0.5), rank=0)
 
 
 def test_cached_tables_must_fit_in_host_memory():
@@ -114,10 +132,10 @@ def test_cached_tables_must_fit_in_host_memory():
 def test_caches_alone_can_exceed_hbm():
     with pytest.raises(
         ValueError,
-        match=r"even with every table UVM-cached .* the caches take "
-        r"650 bytes, more than sharding.hbm_gb = 649 bytes of HBM per rank",
+        match=r"even with every table that caching shrinks UVM-cached .* the rank's tables and "
+        r"caches take 858 bytes of HBM, more than sharding.hbm_gb = 857 bytes per rank",
     ):
-        choose_kernels(TABLES, _cuda(649, 10_000), rank=0)
+        choose_kernels(TABLES, _cuda(857, 10_000), rank=0)  # 650 + 8 * 26 rows
 
 
 def test_cpu_keeps_every_table_in_host_memory_or_fails():
@@ -143,7 +161,7 @@ def _rank_usage(plan: SPTTPlan, rank: int) -> tuple[int, int]:
     for s in plan.rank_shards(rank):
         nbytes = plan.shard_bytes(s)
         if s.compute_kernel == FUSED_UVM_CACHING:
-            hbm += plan.memory.cached_hbm_bytes(nbytes)
+            hbm += plan.memory.cached_hbm_bytes(nbytes, s.num_rows)
             ddr += nbytes
         else:
             hbm += nbytes
@@ -184,8 +202,16 @@ def _loads(plan: SPTTPlan) -> list[int]:
 def test_plan_caches_exactly_the_ranks_short_of_hbm(world_size):
     unchecked = _big_plan(world_size, None)
     loads = _loads(unchecked)
-    # about half the ranks are short of HBM; every rank's caches (0.2) fit in 0.25 of the largest
-    hbm = max(sorted(loads)[(world_size - 1) // 2], max(loads) // 4)
+    # about half the ranks are short of HBM, and every rank fits with all its shards cached
+    probe = _cuda(1, 1, load_factor=0.2)
+    all_cached = [
+        sum(
+            probe.cached_hbm_bytes(unchecked.shard_bytes(s), s.num_rows)
+            for s in unchecked.rank_shards(r)
+        )
+        for r in range(world_size)
+    ]
+    hbm = max(sorted(loads)[(world_size - 1) // 2], max(all_cached))
     memory = _cuda(hbm, 10 * max(loads), load_factor=0.2)
     plan = _big_plan(world_size, memory)
     assert [(s.feature, s.rank) for s in plan.shards] == [
@@ -274,7 +300,7 @@ def _three_tables(hbm: int) -> SPTTPlan:
         num_embeddings=[100, 300, 50],
         sharding_types={"a": "row_wise"},
         sparse_optimizer="rowwise_adagrad",
-        memory=_cuda(hbm=hbm, ddr=10**6, load_factor=0.5),
+        memory=_cuda(hbm=hbm, ddr=10**6, load_factor=0.25),
     )
 
 
@@ -286,7 +312,7 @@ def test_describe_lists_every_shard_with_location_and_bytes():
         "SPTT plan: G=2 ranks, L=2 per host, K=1 hosts per tower, T=1 towers, N=4",
         "sparse optimizer: rowwise_adagrad (bytes: fp32 table + state)",
         "memory budget: cuda: HBM 6.84 KiB (7000 bytes), host memory 977 KiB (1000000 bytes) "
-        "per rank, UVM cache load factor 0.5",
+        "per rank, UVM cache load factor 0.25",
         "",
         "table a: tower 0, row_wise, 100 x 4",
         "  rank 0: rows [0, 50) cols [0, 4) kernel fused location hbm bytes 1000",

@@ -54,7 +54,9 @@ def test_uvm_cached_shards_take_their_cache_in_hbm() -> None:
     rank = next(s.rank for s in plan.shards if s.feature == 4)
     m = sptt_rank_memory(plan, rank, local_batch=4, dense_param_bytes=0)
     assert m.uvm_host_bytes == biggest
-    assert m.uvm_cache_bytes == budget.cached_hbm_bytes(biggest)
+    assert m.uvm_cache_bytes == budget.cached_hbm_bytes(biggest, 2000)
+    # half the table and its state, and 4 + 16 / 2 bytes of FBGEMM's bookkeeping per row
+    assert m.uvm_cache_bytes == biggest // 2 + 12 * 2000
 
 
 def test_dense_state_and_activations() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dmt.config import (
     DLRMTowerConfig,
@@ -16,7 +17,13 @@ from dmt.config import (
 )
 from dmt.models import build_dmt_model
 from dmt.runtime import Runtime
-from dmt.sptt.dmt_sharding import DMTSharder, check_dmt_model, shard_dmt, topology_from
+from dmt.sptt.dmt_sharding import (
+    DMTSharder,
+    _pad_batch,
+    check_dmt_model,
+    shard_dmt,
+    topology_from,
+)
 from dmt.sptt.topology import Topology
 
 NAMES = [f"cat_{i}" for i in range(6)]
@@ -149,3 +156,18 @@ def test_dense_parts_must_not_be_on_meta() -> None:
         table_device="meta",
     )
     check_dmt_model(tables_on_meta, Topology(4, 2))  # tables on meta are what the trainer builds
+
+
+def test_padding_adds_empty_samples_and_keeps_every_keys_total() -> None:
+    """An uneven evaluation batch is padded with empty samples; the padded KJT carries each
+    key's total, so step a's input dist needs no device-to-host copy to find it."""
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=["a", "b"], values=torch.arange(5), lengths=torch.tensor([1, 2, 0, 2])
+    )
+    dense, padded = _pad_batch(torch.ones(2, 3), kjt, 4)
+    assert torch.equal(dense, torch.cat([torch.ones(2, 3), torch.zeros(2, 3)]))
+    assert padded.stride() == 4 and padded.keys() == ["a", "b"]
+    assert padded.lengths().tolist() == [1, 2, 0, 0, 0, 2, 0, 0]
+    assert torch.equal(padded.values(), torch.arange(5))
+    assert padded.length_per_key_or_none() == [3, 2]
+    assert padded.offset_per_key_or_none() == [0, 3, 5]
