@@ -31,9 +31,10 @@ FUSED_UVM_CACHING = "fused_uvm_caching"
 COMPUTE_KERNELS = (FUSED, FUSED_UVM_CACHING)
 COMPUTE_DEVICES = ("cpu", "cuda")
 AUTO_HBM_SHARE = 0.8
-NEAR_FULL = 0.9  # a budget above this share of the GPU is warned about
 """Share of a GPU's memory for tables plus optimizer state when ``sharding.hbm_gb`` is unset: the
 rest is for the dense model, activations and communication buffers."""
+NEAR_FULL = 0.9
+"""A budget above this share of the GPU's memory is warned about."""
 
 #: optimizer-state values per table element (``rows x cols``) and per row, fp32
 _STATE_PER_ELEMENT = {"sgd": 0, "rowwise_adagrad": 0, "adagrad": 1, "adam": 2}
@@ -62,7 +63,7 @@ class MemoryBudget:
     Args:
         compute_device: ``"cuda"`` (HBM, UVM caching possible) or ``"cpu"`` (host memory only;
             ``hbm_bytes`` is not used).
-        hbm_bytes: GPU memory per rank.
+        hbm_bytes: GPU memory per rank (0 on CPU, which has none).
         ddr_bytes: host memory per rank.
         uvm_cache_load_factor: fraction of a UVM-cached table's rows kept in HBM, in ``(0, 1)``.
     """
@@ -147,7 +148,7 @@ class MemoryBudget:
             "the embedding tables and their optimizer state, which must leave room for the "
             "dense model, the activations and the communication buffers; leave it unset "
             f"(sharding.hbm_gb=null: {AUTO_HBM_SHARE:.0%} of the GPU's memory) or set it "
-            f"lower (sharding.hbm_gb={AUTO_HBM_SHARE * total_bytes / GIB:.0f})"
+            f"lower (sharding.hbm_gb={math.floor(AUTO_HBM_SHARE * total_bytes / GIB)})"
         )
 
     def describe(self) -> str:

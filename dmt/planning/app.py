@@ -13,7 +13,7 @@ For every mode it plans the tables like the real code does (TorchRec's
 :class:`~dmt.sptt.dmt_sharding.DMTSharder` for ``sptt``/``dmt``), counts the bytes the busiest
 rank sends per collective and direction, split intra-host / cross-host, with the busiest
 receiver's bytes for the sparse-input all-to-alls (:mod:`dmt.planning.collectives`), and the memory every rank needs
-(:mod:`dmt.planning.memory`). Both place the tables within the budget training gives them
+(:mod:`dmt.planning.memory`). Every mode places its tables within the budget training gives them
 (``sharding.hbm_gb``, unset: 80% of ``cluster.gpu_memory_gb``; ``sharding.ddr_gb``), then check that
 every rank's tables, dense part and activations fit in the GPU. Models are built with tables on
 ``meta``.
@@ -200,7 +200,8 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
     Raises:
         ValueError: a cluster whose GPUs or hosts do not divide as the topology needs, a tower
             count that does not match the cluster, a batch that does not split evenly, or a
-            rank that does not fit in the GPU's memory (naming the numbers).
+            rank that does not fit in the GPU's memory (naming the numbers), or a
+            ``sharding.hbm_gb`` larger than ``cluster.gpu_memory_gb``.
     """
     to_config(conf)  # validates the training part
     started = time.perf_counter()
@@ -310,9 +311,7 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
             else _uniform_plan(flat_model, budget, G, L, conf.data.batch_size)
         )
     except ValueError as e:
-        raise ValueError(
-            f"flat: cluster.gpu_memory_gb={conf.cluster.gpu_memory_gb} GiB per GPU: {e}"
-        ) from e
+        raise ValueError(f"flat: {e}") from e
     tables = flat_tables(sharding, flat_model, names)
     dense = _param_bytes(flat_model) - sum(
         _param_bytes(m) for m in flat_model.modules() if _is_ebc(m)

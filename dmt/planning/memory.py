@@ -54,7 +54,7 @@ class RankMemory:
     optimizer_state_bytes: int
     """Their fused optimizer state."""
     uvm_cache_bytes: int
-    """HBM caches of the UVM-cached shards."""
+    """HBM caches of the UVM-cached shards, with FBGEMM's cache bookkeeping."""
     uvm_host_bytes: int
     """Host memory of the UVM-cached shards (weights and state; not device memory)."""
     dense_bytes: int

@@ -212,7 +212,7 @@ def test_hbm_budget_must_fit_in_every_gpu():
         "(42505273344 bytes) in all): sharding.hbm_gb is the share of the GPU's memory for the "
         "embedding tables and their optimizer state, which must leave room for the dense model, "
         "the activations and the communication buffers; leave it unset (sharding.hbm_gb=null: "
-        "80% of the GPU's memory) or set it lower (sharding.hbm_gb=32)"
+        "80% of the GPU's memory) or set it lower (sharding.hbm_gb=31)"
     )
     memory_budget(ShardingConfig(hbm_gb=1000), "cpu")
 

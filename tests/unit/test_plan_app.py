@@ -123,3 +123,29 @@ def test_a_model_that_does_not_fit_in_gpu_memory() -> None:
     assert match, str(e.value)
     rank, needed, *parts = (int(g) for g in match.groups())
     assert needed == sum(parts) > 1048576
+
+
+def test_a_tables_budget_larger_than_the_gpu_is_refused() -> None:
+    """dmt-plan budgets the tables as training does: sharding.hbm_gb, which may not exceed the
+    GPU's memory (cluster.gpu_memory_gb)."""
+    with pytest.raises(ValueError) as e:
+        plan(_conf("cluster.gpu_memory_gb=1", "sharding.hbm_gb=2"))
+    assert str(e.value).startswith(
+        "sharding.hbm_gb = 2 GiB (2147483648 bytes) is more than a GPU of "
+        "cluster.gpu_memory_gb=1.0 has (1 GiB (1073741824 bytes) in all)"
+    )
+
+
+def test_tables_are_planned_within_sharding_hbm_gb() -> None:
+    """Tables of 10,000 rows: a rank's two take 1.36 MB with their state, which misses a 1 MiB
+    table budget: flat and SPTT both UVM-cache some, as training would, though the GPU itself
+    has room (before, dmt-plan gave the tables the whole GPU)."""
+    rows = "data.synthetic.cardinality=10000"
+    roomy = plan(_conf(rows))
+    short = plan(_conf(rows, f"sharding.hbm_gb={1 / 1024}"))
+    for mode in ("flat", "sptt"):
+        full = roomy["modes"][mode]["memory"]
+        assert full["table_bytes"] + full["optimizer_state_bytes"] == 1_360_000
+        assert full["uvm_cache_bytes"] == 0
+        cached = short["modes"][mode]["memory"]
+        assert cached["uvm_cache_bytes"] > 0 and cached["uvm_host_bytes"] > 0, (mode, cached)
