@@ -208,6 +208,15 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _barrier() -> None:
+    """A barrier of the world on this rank's own GPU under NCCL (``device_ids``: without it torch
+    guesses the device from earlier collectives and warns), plain on gloo."""
+    if dist.get_backend() == "nccl":
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as f:
@@ -333,7 +342,7 @@ class Checkpointer:
 
     def _finish(self, path: Path, meta: dict[str, Any], config: str | None) -> None:
         if dist.is_initialized() and self.world_size > 1:
-            dist.barrier()  # every rank's files are written and fsynced
+            _barrier()  # every rank's files are written and fsynced
         if self.rank == 0:
             if config is not None:
                 _write_atomic(path / CONFIG_FILE, config)
@@ -346,7 +355,7 @@ class Checkpointer:
             _write_atomic(path / META_FILE, json.dumps(meta, indent=1) + "\n")
             _fsync(path)
         if dist.is_initialized() and self.world_size > 1:
-            dist.barrier()  # no rank goes on before the checkpoint is complete
+            _barrier()  # no rank goes on before the checkpoint is complete
 
 
 def _make_way(path: Path) -> str | None:

@@ -38,6 +38,7 @@ LOCK_FILE = "run.lock"
 METRICS_FILE = "metrics.json"
 HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
 STAMP_RESOLVER = "dmt.run_stamp"
+RANK_LOG_RESOLVER = "dmt.rank_log_suffix"
 
 
 # -- unique names -------------------------------------------------------------------------------
@@ -68,10 +69,22 @@ def _resolve_run_stamp() -> str:
     return agreed_stamp(store, env.get("TORCHELASTIC_RUN_ID", "none"), stamp)
 
 
+def rank_log_suffix() -> str:
+    """``""`` for rank 0 (and a world of one), ``".rank<r>"`` for rank ``r > 0``, as the launcher
+    numbers this process (:func:`_launch_rank`): the log file of each rank (``train.log``,
+    ``train.rank1.log``, ...), so that no two processes append to one file, which NFS does not
+    keep whole when they run on several hosts."""
+    rank = _launch_rank()
+    return f".rank{rank}" if rank else ""
+
+
 def register_resolvers() -> None:
-    """Register ``${dmt.run_stamp:}`` (cached per config, like Hydra's ``${now:}``)."""
+    """Register ``${dmt.run_stamp:}`` (cached per config, like Hydra's ``${now:}``) and
+    ``${dmt.rank_log_suffix:}`` (:func:`rank_log_suffix`)."""
     if not OmegaConf.has_resolver(STAMP_RESOLVER):
         OmegaConf.register_new_resolver(STAMP_RESOLVER, _resolve_run_stamp, use_cache=True)
+    if not OmegaConf.has_resolver(RANK_LOG_RESOLVER):
+        OmegaConf.register_new_resolver(RANK_LOG_RESOLVER, rank_log_suffix)
 
 
 # -- lock ---------------------------------------------------------------------------------------

@@ -289,7 +289,7 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0, job: str = "
             )
         else:
             if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-                store = _elastic_store(world.world_size, timeout)
+                store = _elastic_store(world.world_size, world.rank, timeout)
             else:
                 _export(world, os.environ)
                 store = _own_store(world, timeout, job)
@@ -437,7 +437,7 @@ def _launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
 _agent_store_inits = itertools.count()
 
 
-def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store:
+def _elastic_store(world_size: int, rank: int, timeout: timedelta) -> dist.Store:
     """The torchrun agent's store, with this group's keys apart from earlier groups'.
 
     The agent's store outlives the process groups that meet in it, and keeps their keys:
@@ -449,6 +449,11 @@ def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store:
     (``TORCHELASTIC_RESTART_COUNT``) and this process's count of groups initialized so far (the
     same on every rank: all ranks run the same jobs in the same order) as a key prefix keep them
     apart.
+
+    Rank 0 also deletes NCCL's dump key, which a failed attempt's watchdog leaves in this store
+    (unprefixed): a restarted attempt's watchdog would see it and end its process some minutes
+    later, using up the restarts. Its peers start their groups only after rank 0's verdict on
+    the backends (:func:`agree_on_backend`), so after the deletion.
     """
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
@@ -457,6 +462,8 @@ def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store:
         is_master=False,
         timeout=timeout,
     )
+    if rank == 0:
+        store.delete_key(_NCCL_DUMP_KEY)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"dmt/attempt_{attempt}/group_{next(_agent_store_inits)}", store)
 
@@ -509,6 +516,15 @@ def _own_store(world: World, timeout: timedelta, job: str) -> dist.Store:
     return dist.PrefixStore(f"dmt/{job}/group_{n}", store)
 
 
-def close_runtime() -> None:
-    if dist.is_initialized():
+def close_runtime(*, failed: bool = False) -> None:
+    """End this process's groups. After a failure under NCCL they are aborted, not destroyed:
+    destroying waits for every NCCL kernel in flight, and after one rank's error those wait for
+    peers that may never come, so the rank would hang until NCCL's watchdog ended the process
+    (a collective timeout later), its error unreported. Aborting returns at once (torch's
+    ``_abort_process_group``, for NCCL) and leaves the process able to start a next group."""
+    if not dist.is_initialized():
+        return
+    if failed and dist.get_backend() == "nccl":
+        dist.distributed_c10d._abort_process_group()
+    else:
         dist.destroy_process_group()

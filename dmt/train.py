@@ -124,9 +124,12 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
             finally:
                 if logger is not None:
                     logger.finish()
-    finally:
+    except BaseException:
+        close_runtime(failed=True)  # first: freeing GPU memory waits for the kernels in flight
         _release_model_memory(runtime.device)
-        close_runtime()
+        raise
+    _release_model_memory(runtime.device)
+    close_runtime()
     if runtime.is_main:
         print(
             " ".join(

@@ -91,6 +91,11 @@ def _kill_one_rank_and_compare(tmp_path: Path, extra: list[str], tol: float) -> 
     assert 8 <= int(resumed.group(1)) < STEPS  # mid-run, from a periodic checkpoint
 
     _finish(_torchrun(clean_run, extra))
+    # every rank logs to its own file (one writer per file: NFS across hosts)
+    logs = {p.name: p.read_text() for p in clean_run.glob("train*.log")}
+    assert sorted(logs) == ["train.log", "train.rank1.log"], sorted(logs)
+    assert "rank 0 of 2 " in logs["train.log"] and "rank 1 of 2 " not in logs["train.log"]
+    assert "rank 1 of 2 " in logs["train.rank1.log"]
     a, b = (json.loads((r / "metrics.json").read_text()) for r in (killed_run, clean_run))
     for key in COMPARED:
         assert a[key] == pytest.approx(b[key], rel=0, abs=tol), key

@@ -21,6 +21,7 @@ from dmt.run_dir import (
     check_outputs,
     claim_run_dir,
     lock_run_dir,
+    rank_log_suffix,
     run_stamp,
 )
 from dmt.runtime import TORCHRUN_VARS
@@ -203,3 +204,7 @@ def test_the_callback_knows_its_rank_from_the_launcher(monkeypatch, env, rank):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert _launch_rank() == rank
+    # each rank logs to its own file: train.log for rank 0, train.rank<r>.log for the others
+    handler = OmegaConf.to_container(_hydra_config().job_logging.handlers.file)
+    assert handler["filename"].endswith("/${hydra.job.name}${dmt.rank_log_suffix:}.log")
+    assert rank_log_suffix() == ("" if rank == 0 else f".rank{rank}")

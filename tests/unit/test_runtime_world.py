@@ -8,13 +8,16 @@ the batch script of ``sbatch -N2 --ntasks-per-node=2`` (recorded on the cluster 
 from __future__ import annotations
 
 import socket
+from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
 
 from dmt.runtime import (
+    _NCCL_DUMP_KEY,
     TORCHRUN_VARS,
     World,
+    _elastic_store,
     agree_on_backend,
     cuda_index,
     first_host,
@@ -256,3 +259,17 @@ def test_ranks_that_chose_different_backends_all_fail_with_the_same_message() ->
     same.set("dmt/runtime/backend/1", "gloo on n1")
     agree_on_backend(same, 0, 2, "gloo")  # agreed: no error
     assert mixed_backends(["nccl on a", "nccl on b"]) is None
+
+
+def test_a_restarted_attempt_starts_without_the_failed_attempts_nccl_dump_key(monkeypatch):
+    """torchrun's agent store outlives an attempt: NCCL's watchdog of a failed attempt leaves
+    its dump key there (unprefixed), which would end the restarted attempt's processes. Rank 0
+    deletes it when it meets the store; the other ranks leave the store alone."""
+    agent = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(agent.port))
+    agent.set(_NCCL_DUMP_KEY, "1")
+    _elastic_store(2, 1, timedelta(seconds=10))
+    assert agent.check([_NCCL_DUMP_KEY])
+    _elastic_store(2, 0, timedelta(seconds=10))
+    assert not agent.check([_NCCL_DUMP_KEY])
