@@ -297,6 +297,8 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0, job: str = "
             dist.init_process_group(
                 backend, store=store, rank=world.rank, world_size=world.world_size, timeout=timeout
             )
+        global _world_number
+        _world_number += 1
     if use_cuda and world.world_size > 1:
         try:
             _check_own_gpus(world.rank, world.world_size, dev)
@@ -514,6 +516,16 @@ def _own_store(world: World, timeout: timedelta, job: str) -> dist.Store:
         store.delete_key(_NCCL_DUMP_KEY)  # before any peer's group of this job can start
     n = next(_own_store_inits.setdefault(job, itertools.count()))
     return dist.PrefixStore(f"dmt/{job}/group_{n}", store)
+
+
+#: how many default groups init_runtime has started in this process (a multirun: one per job)
+_world_number = 0
+
+
+def world_number() -> int:
+    """The number of the world this process is in, counted from 1 in the order
+    :func:`init_runtime` started them (the same on every rank: all ranks run the same jobs)."""
+    return _world_number
 
 
 def close_runtime(*, failed: bool = False) -> None:

@@ -53,7 +53,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dmt.config import ShardingConfig
 from dmt.memory import MemoryBudget
-from dmt.runtime import Runtime
+from dmt.runtime import Runtime, world_number
 from dmt.sptt.collectives import comm_dtype_of
 from dmt.sptt.dmt_sharding import ShardedDMT
 
@@ -339,8 +339,51 @@ def shard_model(
     if isinstance(found[0], str):
         raise ValueError(found[0])
     assert isinstance(found[0], ShardingPlan)
+    _NODE_GROUPS.check(_table_row_wise(found[0]), runtime.backend, world_number())
     plan = place_on_devices(found[0], rank_devices(runtime))
     return DistributedModelParallel(module, device=runtime.device, plan=plan, sharders=sharders)
+
+
+def _table_row_wise(plan: ShardingPlan) -> list[str]:
+    return sorted(
+        name
+        for module_plan in plan.plan.values()
+        for name, ps in module_plan.items()
+        if ps.sharding_type == ShardingType.TABLE_ROW_WISE.value
+    )
+
+
+class TorchRecNodeGroups:
+    """Which world TorchRec's intra- and cross-host groups of table-row-wise sharding belong to.
+
+    TorchRec creates them on the first table-row-wise sharding of a process and caches them for
+    the whole process (``torchrec.distributed.comm``); nothing public resets them. Each job of a
+    multirun gets a fresh world and destroys its groups at the end, and on NCCL a destroyed
+    group is shut down: a later job sharding a table table-row-wise would run its collectives on
+    them. :meth:`check` refuses that job before any collective, naming its tables (gloo keeps
+    working groups after destruction, and TorchRec offers no table-row-wise sharding there)."""
+
+    def __init__(self) -> None:
+        self.world: int | None = None
+
+    def check(self, tables: Sequence[str], backend: str, world: int) -> None:
+        """Record or check that ``tables`` (sharded table-row-wise) can use the cached groups
+        in world number ``world`` (:func:`dmt.runtime.world_number`)."""
+        if not tables or backend != "nccl":
+            return
+        if self.world is None:
+            self.world = world
+        elif self.world != world:
+            raise ValueError(
+                f"TorchRec's planner sharded table(s) {', '.join(tables)} table-row-wise, whose "
+                "intra- and cross-host process groups TorchRec keeps for the whole process; this "
+                f"process made them for an earlier job (world {self.world}, now shut down), so "
+                f"this job (world {world}) cannot use them. Run each point of the sweep as its "
+                "own job (hydra/launcher=slurm, or one torchrun per point)"
+            )
+
+
+_NODE_GROUPS = TorchRecNodeGroups()
 
 
 def sharding_plan_text(model: nn.Module, memory: MemoryBudget | None = None) -> str:

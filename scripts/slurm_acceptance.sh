@@ -26,8 +26,9 @@
 #   3. Preemption: SIGUSR2 to a job once its first checkpoint is complete; submitit requeues it,
 #      it resumes (trainer.resume_from=auto) and ends with the metrics of the same run without
 #      preemption.
-# With GPUs on several nodes check 2 runs last: it meets TorchRec's process-wide cache of
-# table-row-wise groups, a known gap (README, "Multi-process and multi-host").
+# With GPUs on several nodes check 2 runs last: if TorchRec's planner shards a table
+# table-row-wise there, dmt refuses the later points (TorchRec caches those groups for the whole
+# process: a known gap, README "Multi-process and multi-host").
 # The jobs this script submitted are cancelled if it is interrupted.
 set -euo pipefail
 

@@ -20,7 +20,7 @@ from tests.conftest import REPO, torchrun
 WORKER = """
 import logging, sys, time
 import torch, torch.distributed as dist
-from dmt.runtime import close_runtime, init_runtime
+from dmt.runtime import close_runtime, init_runtime, world_number
 
 slow = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 logging.basicConfig(level=logging.INFO, format="%(message)s")  # init_runtime's "rank r of n" line
@@ -31,7 +31,7 @@ for job in range(3):
     total = torch.tensor([float(runtime.rank + 1)])
     dist.all_reduce(total)
     with open(f"{sys.argv[1]}/rank{runtime.rank}.txt", "a") as out:  # not a shared pipe
-        out.write(f"rank {runtime.rank} job {job} sum {total.item():g}\\n")
+        out.write(f"rank {runtime.rank} job {job} sum {total.item():g} world {world_number()}\\n")
     if runtime.rank == slow:
         time.sleep(0.5)  # and leaves last: the other rank starts the next job first
     close_runtime()
@@ -47,7 +47,7 @@ def _free_port() -> int:
 def _check(tmp_path: Path, out: str) -> None:
     for rank in (0, 1):
         lines = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
-        assert lines == [f"rank {rank} job {j} sum 3" for j in range(3)], out
+        assert lines == [f"rank {rank} job {j} sum 3 world {j + 1}" for j in range(3)], out
 
 
 def test_torchrun_workers_run_three_groups_in_turn(tmp_path: Path) -> None:

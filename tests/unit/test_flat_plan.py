@@ -17,6 +17,7 @@ from dmt.models import build_model, embedding_parameters
 from dmt.optim import apply_sparse_optimizer
 from dmt.sharding import (
     SHARDED_TYPES,
+    TorchRecNodeGroups,
     memory_budget,
     place_on_devices,
     plan_tables,
@@ -229,3 +230,24 @@ def test_a_budget_near_the_whole_gpu_is_warned_about(caplog):
         "(79.2 GiB (85045903360 bytes)): the tables may leave too little for the dense model, "
         "activations and communication buffers"
     ]
+
+
+def test_a_later_world_may_not_reuse_torchrecs_table_row_wise_groups():
+    """TorchRec caches the groups of table-row-wise sharding for the whole process: a multirun
+    job after the one that created them is refused on NCCL, naming its tables; the job that
+    created them may shard again, and gloo (groups still usable) is never refused."""
+    groups = TorchRecNodeGroups()
+    groups.check([], "nccl", world=1)  # no table-row-wise table: nothing cached
+    groups.check(["t_a"], "gloo", world=1)
+    groups.check(["t_a", "t_b"], "nccl", world=2)  # created in world 2
+    groups.check(["t_a"], "nccl", world=2)
+    groups.check([], "nccl", world=3)
+    groups.check(["t_a"], "gloo", world=3)
+    with pytest.raises(ValueError) as err:
+        groups.check(["t_a", "t_c"], "nccl", world=3)
+    assert str(err.value) == (
+        "TorchRec's planner sharded table(s) t_a, t_c table-row-wise, whose intra- and "
+        "cross-host process groups TorchRec keeps for the whole process; this process made them "
+        "for an earlier job (world 2, now shut down), so this job (world 3) cannot use them. Run "
+        "each point of the sweep as its own job (hydra/launcher=slurm, or one torchrun per point)"
+    )
