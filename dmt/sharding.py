@@ -339,9 +339,12 @@ def shard_model(
     if isinstance(found[0], str):
         raise ValueError(found[0])
     assert isinstance(found[0], ShardingPlan)
-    _NODE_GROUPS.check(_table_row_wise(found[0]), runtime.backend, world_number())
+    node_groups = (_table_row_wise(found[0]), runtime.backend, world_number())
+    _NODE_GROUPS.check(*node_groups)
     plan = place_on_devices(found[0], rank_devices(runtime))
-    return DistributedModelParallel(module, device=runtime.device, plan=plan, sharders=sharders)
+    dmp = DistributedModelParallel(module, device=runtime.device, plan=plan, sharders=sharders)
+    _NODE_GROUPS.record(*node_groups)  # TorchRec has made its groups
+    return dmp
 
 
 def _table_row_wise(plan: ShardingPlan) -> list[str]:
@@ -361,19 +364,19 @@ class TorchRecNodeGroups:
     multirun gets a fresh world and destroys its groups at the end, and on NCCL a destroyed
     group is shut down: a later job sharding a table table-row-wise would run its collectives on
     them. :meth:`check` refuses that job before any collective, naming its tables (gloo keeps
-    working groups after destruction, and TorchRec offers no table-row-wise sharding there)."""
+    working groups after destruction, and TorchRec offers no table-row-wise sharding there).
+    Worlds are those :func:`dmt.runtime.init_runtime` starts; groups a caller makes itself are
+    not counted (a stale case there is missed, never a sound one refused)."""
 
     def __init__(self) -> None:
         self.world: int | None = None
 
     def check(self, tables: Sequence[str], backend: str, world: int) -> None:
-        """Record or check that ``tables`` (sharded table-row-wise) can use the cached groups
-        in world number ``world`` (:func:`dmt.runtime.world_number`)."""
+        """Refuse ``tables`` (sharded table-row-wise) in world number ``world``
+        (:func:`dmt.runtime.world_number`) when TorchRec made its groups in another world."""
         if not tables or backend != "nccl":
             return
-        if self.world is None:
-            self.world = world
-        elif self.world != world:
+        if self.world is not None and self.world != world:
             raise ValueError(
                 f"TorchRec's planner sharded table(s) {', '.join(tables)} table-row-wise, whose "
                 "intra- and cross-host process groups TorchRec keeps for the whole process; this "
@@ -381,6 +384,12 @@ class TorchRecNodeGroups:
                 f"this job (world {world}) cannot use them. Run each point of the sweep as its "
                 "own job (hydra/launcher=slurm, or one torchrun per point)"
             )
+
+    def record(self, tables: Sequence[str], backend: str, world: int) -> None:
+        """Note that TorchRec has sharded ``tables`` table-row-wise in world ``world``, making
+        its groups there (the first time)."""
+        if tables and backend == "nccl" and self.world is None:
+            self.world = world
 
 
 _NODE_GROUPS = TorchRecNodeGroups()

@@ -125,8 +125,16 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
                 if logger is not None:
                     logger.finish()
     except BaseException:
-        close_runtime(failed=True)  # first: freeing GPU memory waits for the kernels in flight
-        _release_model_memory(runtime.device)
+        # first the groups: freeing GPU memory waits for the kernels in flight. A cleanup that
+        # fails is logged; the job's own error is the one raised
+        for cleanup in (
+            lambda: close_runtime(failed=True),
+            lambda: _release_model_memory(runtime.device),
+        ):
+            try:
+                cleanup()
+            except Exception:
+                log.exception("cleanup after the job's error failed")
         raise
     _release_model_memory(runtime.device)
     close_runtime()

@@ -42,19 +42,25 @@ step() {  # step NAME COMMAND...
   if "$@" > "$OUT/$name.log" 2>&1; then echo "PASS $name"; else echo "FAIL $name (log: $OUT/$name.log)"; tail -40 "$OUT/$name.log"; FAILED=$((FAILED + 1)); fi
 }
 skip() { echo "SKIP $1 ($2)"; }  # skip NAME REASON
+# pytest_step NAME PYTEST-ARGS...: a step that also fails when no selected test ran (all skipped)
+pytest_step() {
+  local name="$1"; shift
+  step "$name" bash -c 'out="$("$0" -m pytest -q -p no:cacheprovider -rs "$@" 2>&1)"; rc=$?
+    echo "$out"; [[ $rc == 0 ]] && grep -q " passed" <<< "$out"' "$PY" "$@"
+}
 TRAIN=(-m dmt.train logger=disabled trainer.progress_bar=false trainer.device=cuda)
 step train_one_gpu "$PY" "${TRAIN[@]}" hydra.run.dir="$WORK/one"
 step fused_adam "$PY" "${TRAIN[@]}" optim=adam trainer=smoke hydra.run.dir="$WORK/adam"
 # memory budget: tables that miss sharding.hbm_gb are UVM-cached (flat and SPTT), same training
-step uvm_caching "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_sharding_plan.py -k cuda
+pytest_step uvm_caching tests/integration/test_sharding_plan.py -k cuda
 # a resumed run draws the GPU's dropout masks of an uninterrupted one (the CUDA generator is saved)
-step resume_dropout_cuda "$PY" -m pytest -q -p no:cacheprovider \
+pytest_step resume_dropout_cuda \
   "tests/integration/test_train.py::test_resume_with_dropout_draws_the_masks_of_an_uninterrupted_run_cpu_and_cuda[cuda]"
 # a resumed fused-Adam run continues FBGEMM's bias-correction step (meta.json fused_optimizer_step)
-step resume_fused_adam_cuda "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_train.py -k "fused_adam and cuda"
+pytest_step resume_fused_adam_cuda tests/integration/test_train.py -k "fused_adam and cuda"
 step checkpoint_and_eval bash -c "'$PY' ${TRAIN[*]} trainer=smoke trainer.checkpoint=true hydra.run.dir='$WORK/ck' && '$ROOT/.venv/bin/dmt-eval' --checkpoint '$WORK/ck/checkpoints' --data test --device cuda --out '$WORK/ck/eval.json'"
 # two ranks on one GPU are refused at start with dmt's message, not NCCL's at the first collective
-step shared_gpu_refused bash -c "CUDA_VISIBLE_DEVICES=${VISIBLE[0]} '$PY' -m torch.distributed.run --standalone --nproc-per-node=2 ${TRAIN[*]} trainer=smoke hydra.run.dir='$WORK/shared' > '$WORK/shared.out' 2>&1; grep 'share one GPU' '$WORK/shared.out'"
+step shared_gpu_refused bash -c "CUDA_VISIBLE_DEVICES=${VISIBLE[0]} '$PY' -m torch.distributed.run --standalone --nproc-per-node=2 ${TRAIN[*]} trainer=smoke hydra.run.dir='$WORK/shared' > '$OUT/shared.out' 2>&1; grep 'share one GPU' '$OUT/shared.out'"
 # one GPU: dmt against the torchrec_dlrm loop on the Criteo sample (figures in the log, not PASS)
 SAMPLE="$ROOT/../shared/data/criteo-kaggle-sample/train.tsv"
 if [[ -f "$SAMPLE" ]]; then
@@ -66,7 +72,7 @@ else
   skip torchrec_dlrm_one_gpu "no Criteo sample at $SAMPLE"
 fi
 # pipelined training equals the plain loop on NCCL (world of one here; 2, 4, 8 ranks as GPUs allow)
-step pipeline_exactness_nccl "$PY" -m pytest -q -p no:cacheprovider tests/distributed/test_pipeline.py -m "slow or not slow" -k nccl
+pytest_step pipeline_exactness_nccl tests/distributed/test_pipeline.py -m "slow or not slow" -k nccl
 if [[ "$GPUS" -ge 2 ]]; then
   step torchrun_flat "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 "${TRAIN[@]}" hydra.run.dir="$WORK/flat2"
   step torchrun_sptt "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 "${TRAIN[@]}" \
@@ -81,15 +87,14 @@ if [[ "$GPUS" -ge 2 ]]; then
     experiment=dmt_4t_dlrm model.partition.num_towers=2 sptt=on sptt.local_world_size=1 hydra.run.dir="$WORK/pertask_sptt"
   # a rank SIGKILLed after the first (async) checkpoint: torchrun restarts, the run resumes and
   # ends with the metrics and tables of an uninterrupted run
-  step elastic_restart_checkpoint "$PY" -m pytest -q -p no:cacheprovider \
-    tests/integration/test_elastic_restart.py -k cuda
+  pytest_step elastic_restart_checkpoint tests/integration/test_elastic_restart.py -k cuda
 else
   skip "torchrun_flat torchrun_sptt one_gpu_per_task_flat one_gpu_per_task_sptt elastic_restart_checkpoint" "needs 2 GPUs"
 fi
 if [[ "$GPUS" -ge 2 ]]; then
   # SPTT on NCCL equals the single-process model (logits, loss, gradients, weights; fp32), for
   # every case that fits the GPUs here
-  step sptt_equivalence_nccl "$PY" -m pytest -q -p no:cacheprovider tests/distributed/test_sptt_dmt.py -k nccl
+  pytest_step sptt_equivalence_nccl tests/distributed/test_sptt_dmt.py -k nccl
   # compressed communication: SPTT steps d and f and the flat all-to-alls in bf16 (QCommsConfig)
   step bf16_comms_sptt "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 "${TRAIN[@]}" \
     experiment=dmt_4t_dlrm model.partition.num_towers=2 sptt=on sptt.local_world_size=1 sptt.comm_precision=bf16 hydra.run.dir="$WORK/bf16sptt"
@@ -118,7 +123,7 @@ else
 fi
 if [[ "$GPUS" -ge 4 ]]; then
   # resharding resume on NCCL (flat and SPTT): the same tests as on gloo, with one GPU per rank
-  step reshard_nccl "$PY" -m pytest -q -p no:cacheprovider tests/distributed/test_checkpoint_reshard.py -k nccl
+  pytest_step reshard_nccl tests/distributed/test_checkpoint_reshard.py -k nccl
 else
   skip reshard_nccl "needs 4 GPUs"
 fi

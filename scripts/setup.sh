@@ -1,33 +1,18 @@
 #!/usr/bin/env bash
 # Create .venv/ in the repo root and install dmt with its dependencies. Idempotent: a second run
 # checks a stamp (hash of the requirement files) and returns at once when nothing changed.
-#   DMT_VARIANT=cpu | gpu                which torch/fbgemm stack to install (unset: the stack of an
-#                                        existing .venv, else cpu); switching removes the other one
+#   DMT_VARIANT=cpu | gpu                which torch/fbgemm stack to install (unset: the stack an
+#                                        existing .venv holds, else cpu); switching removes the other
 #   PYTHON=python3.11                    interpreter used to create the venv
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
-if [[ -n "${DMT_VARIANT:-}" ]]; then
-  VARIANT="$DMT_VARIANT"
-elif [[ -f "$VENV/.dmt-setup-gpu" ]]; then
-  VARIANT=gpu  # e.g. scripts/test.sh on a GPU machine keeps its CUDA stack
-else
-  VARIANT=cpu
-fi
-STAMP="$VENV/.dmt-setup-$VARIANT"
-HASH="$(cat "$ROOT/pyproject.toml" "$ROOT/requirements/"*.txt | sha256sum | cut -d' ' -f1)"
-
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" ]] && "$VENV/bin/python" -c "import dmt, torchrec" 2>/dev/null; then
-  exit 0
-fi
-[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
-"${PIP[@]}" --upgrade pip
 # the stack installed now: "gpu" (fbgemm-gpu and a CUDA torch), "cpu" (fbgemm-gpu-cpu), "other",
-# or "" (none). pip keeps torch 2.13.0+cpu for a "torch==2.13.0" requirement and would put
-# fbgemm-gpu beside fbgemm-gpu-cpu, so a switch starts from neither
-INSTALLED="$("$VENV/bin/python" - <<'PYEOF' 2>/dev/null || true
+# or "" (none, or no .venv)
+installed_stack() {
+  [[ -x "$VENV/bin/python" ]] || return 0
+  "$VENV/bin/python" - <<'PYEOF' 2>/dev/null || true
 import importlib.metadata as m
 names = {d.metadata["Name"].lower().replace("_", "-") for d in m.distributions()}
 if "fbgemm-gpu-cpu" in names and "fbgemm-gpu" not in names:
@@ -38,7 +23,29 @@ elif "fbgemm-gpu" in names and "fbgemm-gpu-cpu" not in names:
 elif names & {"torch", "fbgemm-gpu", "fbgemm-gpu-cpu"}:
     print("other")
 PYEOF
-)"
+}
+INSTALLED="$(installed_stack)"
+if [[ -n "${DMT_VARIANT:-}" ]]; then
+  VARIANT="$DMT_VARIANT"
+elif [[ "$INSTALLED" == cpu || "$INSTALLED" == gpu ]]; then
+  VARIANT="$INSTALLED"  # e.g. scripts/test.sh on a GPU machine keeps its CUDA stack
+else
+  VARIANT=cpu
+fi
+if [[ "$VARIANT" != cpu && "$VARIANT" != gpu ]]; then
+  echo "DMT_VARIANT must be cpu or gpu, got '$VARIANT'" >&2; exit 2
+fi
+STAMP="$VENV/.dmt-setup-$VARIANT"
+HASH="$(cat "$ROOT/pyproject.toml" "$ROOT/requirements/"*.txt | sha256sum | cut -d' ' -f1)"
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" ]] && "$VENV/bin/python" -c "import dmt, torchrec" 2>/dev/null; then
+  exit 0
+fi
+[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+"${PIP[@]}" --upgrade pip
+# pip keeps torch 2.13.0+cpu for a "torch==2.13.0" requirement and would put fbgemm-gpu beside
+# fbgemm-gpu-cpu, so a switch starts from neither
 if [[ -n "$INSTALLED" && "$INSTALLED" != "$VARIANT" ]]; then
   echo "switching .venv from the $INSTALLED stack to the $VARIANT one"
   "$VENV/bin/python" -m pip uninstall --disable-pip-version-check -q -y torch fbgemm-gpu fbgemm-gpu-cpu || true
@@ -47,7 +54,6 @@ fi
 case "$VARIANT" in
   cpu) "${PIP[@]}" -r "$ROOT/requirements/cpu.txt" ;;
   gpu) "${PIP[@]}" -r "$ROOT/requirements/gpu.txt" --extra-index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cu128}" ;;
-  *) echo "DMT_VARIANT must be cpu or gpu, got '$VARIANT'" >&2; exit 2 ;;
 esac
 "${PIP[@]}" --no-deps -r "$ROOT/requirements/torchrec.txt"
 "${PIP[@]}" -r "$ROOT/requirements/common.txt"

@@ -111,7 +111,7 @@ srun_train() {
     (
         cd "$WORK"
         exec timeout "$TIMEOUT_S" srun --job-name="$NAME" --nodes="$NODES" \
-            --ntasks-per-node="$TASKS" --cpus-per-task="$CPUS" "${gpus[@]}" --kill-on-bad-exit=1 \
+            --ntasks-per-node="$TASKS" --cpus-per-task="$CPUS" ${gpus[@]+"${gpus[@]}"} --kill-on-bad-exit=1 \
             ${SRUN_EXTRA[@]+"${SRUN_EXTRA[@]}"} "$TRAIN" "$@"
     ) &
     BG=$!

@@ -18,6 +18,9 @@ from dmt.optim import apply_sparse_optimizer
 from dmt.sharding import (
     SHARDED_TYPES,
     TorchRecNodeGroups,
+    _table_row_wise,
+    flat_planner,
+    flat_sharders,
     memory_budget,
     place_on_devices,
     plan_tables,
@@ -237,17 +240,39 @@ def test_a_later_world_may_not_reuse_torchrecs_table_row_wise_groups():
     job after the one that created them is refused on NCCL, naming its tables; the job that
     created them may shard again, and gloo (groups still usable) is never refused."""
     groups = TorchRecNodeGroups()
-    groups.check([], "nccl", world=1)  # no table-row-wise table: nothing cached
-    groups.check(["t_a"], "gloo", world=1)
-    groups.check(["t_a", "t_b"], "nccl", world=2)  # created in world 2
-    groups.check(["t_a"], "nccl", world=2)
-    groups.check([], "nccl", world=3)
-    groups.check(["t_a"], "gloo", world=3)
+
+    def shard(tables: list[str], backend: str, world: int) -> None:  # as shard_model does
+        groups.check(tables, backend, world)
+        groups.record(tables, backend, world)
+
+    shard([], "nccl", world=1)  # no table-row-wise table: nothing cached
+    shard(["t_a"], "gloo", world=1)
+    groups.check(["t_a"], "nccl", world=2)  # checked, but sharding failed: nothing cached
+    shard(["t_a", "t_b"], "nccl", world=3)  # created in world 3
+    shard(["t_a"], "nccl", world=3)
+    shard([], "nccl", world=4)
+    shard(["t_a"], "gloo", world=4)
     with pytest.raises(ValueError) as err:
-        groups.check(["t_a", "t_c"], "nccl", world=3)
+        groups.check(["t_a", "t_c"], "nccl", world=4)
     assert str(err.value) == (
         "TorchRec's planner sharded table(s) t_a, t_c table-row-wise, whose intra- and "
         "cross-host process groups TorchRec keeps for the whole process; this process made them "
-        "for an earlier job (world 2, now shut down), so this job (world 3) cannot use them. Run "
+        "for an earlier job (world 3, now shut down), so this job (world 4) cannot use them. Run "
         "each point of the sweep as its own job (hydra/launcher=slurm, or one torchrun per point)"
     )
+
+
+def test_table_row_wise_tables_are_found_in_a_plan(task):
+    """The tables a flat plan shards table-row-wise (what TorchRec makes its cached groups
+    for), from a real plan on 2 hosts x 2 GPUs with some tables pinned to table-row-wise."""
+    cuda = MemoryBudget("cuda", hbm_bytes=1024**3, ddr_bytes=1024**3)
+    constraints = table_constraints(task, cuda)
+    for name in ("t_cat_1", "t_cat_5"):
+        constraints[name].sharding_types = ["table_row_wise"]
+    for name in set(constraints) - {"t_cat_1", "t_cat_5"}:
+        constraints[name].sharding_types = ["table_wise"]
+    planner = flat_planner(
+        cuda, world_size=4, local_world_size=2, batch_size=128, constraints=constraints
+    )
+    plan = planner.plan(task, flat_sharders())
+    assert _table_row_wise(plan) == ["t_cat_1", "t_cat_5"]
