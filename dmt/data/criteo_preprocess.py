@@ -37,9 +37,10 @@ processes; gzip files are read whole, one per process):
 
 Memory is bounded by the block size times the processes, plus the vocabulary counts
 (12 bytes per distinct training value and feature). Everything is written into a hidden
-``.<name>.partial-<pid>`` sibling directory that is renamed to the output directory at the
-end, so an interrupted run never leaves a complete-looking output; the next run removes
-partial directories of processes that no longer exist. A run whose output already exists with
+``.<name>.partial-<host>-<pid>`` sibling directory that is renamed to the output directory at
+the end, so an interrupted run never leaves a complete-looking output; the next run on that host
+removes partial directories of its processes that no longer exist (another host's are left
+alone: their process may be alive there). A run whose output already exists with
 the same settings and sources (``settings_hash`` in the manifest) and whose arrays all have the
 sizes the manifest implies does nothing; a damaged one (a missing or truncated array) is an error
 that names the file, or is rebuilt with ``overwrite`` (``rebuild_damaged`` for training).
@@ -67,6 +68,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import stat
 import threading
 import time
@@ -494,7 +496,7 @@ def _run(job: _Job) -> Path:
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(out_dir)
-    tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    tmp = out_dir.parent / f".{out_dir.name}.partial-{_owner()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     _write_json(tmp / MARKER, {"format": FORMAT})
@@ -513,7 +515,7 @@ def _run(job: _Job) -> Path:
             refusal = _refusal(out_dir, job.inputs)
             if refusal is not None:
                 raise ValueError(f"output directory {str(out_dir)!r} {refusal}")
-            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+            old = out_dir.parent / f".{out_dir.name}.old-{_owner()}"
             out_dir.rename(old)
             tmp.rename(out_dir)
             _remove_output(old)
@@ -1038,14 +1040,30 @@ def _existing_hash(out_dir: Path) -> str | None:
         return None
 
 
+def _owner() -> str:
+    """``<host>-<pid>`` of this process: its temporary directories' suffix. The host keeps runs
+    on several hosts sharing a file system apart (a pid means nothing on another host)."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _left_by_a_dead_process(suffix: str) -> bool:
+    """Whether the ``<host>-<pid>`` (or, from older versions, ``<pid>``) suffix of a temporary
+    directory names a process of this host that no longer exists. Another host's are never
+    stale here: their process may be alive there."""
+    host, _, pid = suffix.rpartition("-")
+    if not pid.isdigit() or host not in ("", socket.gethostname()):
+        return False
+    return not _pid_alive(int(pid))
+
+
 def _remove_stale_partials(out_dir: Path) -> None:
-    """Remove what interrupted runs left beside ``out_dir`` (only dmt-preprocess's own files)."""
+    """Remove what interrupted runs of this host left beside ``out_dir`` (only dmt-preprocess's
+    own files)."""
     for pattern in (f".{out_dir.name}.partial-*", f".{out_dir.name}.old-*"):
+        prefix = pattern[:-1]
         for p in out_dir.parent.glob(pattern):
-            pid = p.name.rsplit("-", 1)[-1]
             if (
-                pid.isdigit()
-                and not _pid_alive(int(pid))
+                _left_by_a_dead_process(p.name[len(prefix) :])
                 and p.is_dir()
                 and not p.is_symlink()
                 and (_is_dmt_output(p) or not any(p.iterdir()))

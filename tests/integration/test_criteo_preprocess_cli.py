@@ -7,6 +7,7 @@ import math
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -149,7 +150,7 @@ def test_interrupted_run_then_rerun_equals_clean_run(tmp_path: Path) -> None:
 
     out = tmp_path / "out"
     proc = cli(str(raw), str(out), "--num-workers", "2", *small, env={PAUSE_ENV: "0.5"})
-    partial = tmp_path / f".out.partial-{proc.pid}"
+    partial = tmp_path / f".out.partial-{socket.gethostname()}-{proc.pid}"
     deadline = time.monotonic() + 60
     while not (partial / "train" / "dense.npy").exists():
         assert proc.poll() is None, proc.communicate()[0].decode()

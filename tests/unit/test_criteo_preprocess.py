@@ -10,6 +10,7 @@ import math
 import os
 import random
 import re
+import socket
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -763,9 +764,18 @@ def test_stale_partial_without_marker_is_left_alone(tmp_path: Path) -> None:
     (stale / "train").mkdir(parents=True)
     (stale / ".dmt-criteo-preprocessed").write_text("{}")
     (stale / "train" / "dense.npy").write_bytes(b"dmt's")
+    # this host's runs name their directories <host>-<pid>; another host's run may be alive
+    # there whatever its pid here, so its directory stays
+    host = socket.gethostname()
+    stale_here = tmp_path / f".out.old-{host}-{dead}"
+    other_host = tmp_path / f".out.partial-{host}x-{dead}"
+    for d in (stale_here, other_host):
+        d.mkdir()
+        (d / ".dmt-criteo-preprocessed").write_text("{}")
     preprocess_criteo(config(tmp_path, raw), **SMALL)
     assert (foreign / "train" / "dense.npy").read_bytes() == b"not dmt's"
-    assert not stale.exists()
+    assert not stale.exists() and not stale_here.exists()
+    assert other_host.is_dir()
 
 
 def test_all_rows_bad_is_an_error_not_an_empty_output(tmp_path: Path) -> None:
