@@ -346,7 +346,11 @@ class Checkpointer:
         if self.rank == 0:
             if config is not None:
                 _write_atomic(path / CONFIG_FILE, config)
-            files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+            files = sorted(
+                p
+                for p in path.iterdir()
+                if p.is_file() and (not p.name.startswith(".") or p.name == DCP_METADATA)
+            )
             # config.yaml is left out: a user may edit it (dmt-eval reads the model from it)
             sizes = {
                 p.name: p.stat().st_size for p in files if p.name not in (META_FILE, CONFIG_FILE)
@@ -393,6 +397,10 @@ def save(
 # -- finding a complete checkpoint -----------------------------------------------------------
 
 
+#: DCP's index of the saved tensors (a dotfile: ``cp step_N/*`` would leave it behind)
+DCP_METADATA = ".metadata"
+
+
 def damage(path: Path) -> str | None:
     """Why ``step_N`` directory ``path`` is not a usable checkpoint, or ``None`` if it is."""
     meta_path = Path(path) / META_FILE
@@ -410,6 +418,11 @@ def damage(path: Path) -> str | None:
             return f"{f} has {f.stat().st_size} bytes, {META_FILE} says {size}"
     if "files" not in meta:
         return f"{meta_path} lists no files (written by an older dmt; not a DCP checkpoint)"
+    if not (Path(path) / DCP_METADATA).is_file():  # checkpoints from before it was listed
+        return (
+            f"{Path(path) / DCP_METADATA} (DCP's index of the tensors) is missing; a copy that "
+            "skips dotfiles (cp dir/*) leaves it behind"
+        )
     return None
 
 

@@ -11,18 +11,20 @@ of ``dmt.models.build_model(...)``'s ``state_dict()``, whole tables), for servin
 
     model = build_model(cfg.model, ...); model.load_state_dict(torch.load("model.pt"))
 
-The run's ``config.yaml`` is copied beside it (``model.pt.config.yaml``). An existing output is
-never replaced.
+The run's ``config.yaml`` is copied beside it (``model.pt.config.yaml``), before the model. An
+existing output is never replaced, even one that appears while the checkpoint loads, and nothing
+half-written is left (each file is written to a temporary file, fsynced and linked into place).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -47,12 +49,35 @@ def export(checkpoint_path: str | os.PathLike[str], out: str | os.PathLike[str])
         for key, tensor in checkpoint.load_model_state(step_dir).items()
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, out)
-    if (step_dir / checkpoint.CONFIG_FILE).is_file():
-        shutil.copyfile(step_dir / checkpoint.CONFIG_FILE, sidecar)
+    config = step_dir / checkpoint.CONFIG_FILE
+    if config.is_file():  # the sidecar first: a model file never stands without its config
+        _publish(sidecar, lambda f: f.write(config.read_bytes()))
+    _publish(out, lambda f: torch.save(state, f))
     return out
+
+
+def _publish(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` whole or not at all, never over a file: into a temporary file of its own
+    beside it, fsynced, then linked to ``path`` (which fails if ``path`` appeared meanwhile, e.g.
+    from a concurrent export); the temporary file is removed in every case."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise ValueError(f"{path} exists already; dmt-export never replaces a file") from None
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         path = export(args.checkpoint, args.out)
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # OSError: e.g. no space left for the output
         print(f"dmt-export: error: {e}", file=sys.stderr)
         return 1
     print(f"written to {path}")

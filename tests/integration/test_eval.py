@@ -537,3 +537,17 @@ def test_export_writes_the_plain_models_state(synthetic_run: Path, tmp_path: Pat
     assert export_main(["--checkpoint", str(synthetic_run / "checkpoints"), "--out", str(out)]) == 1
     assert f"dmt-export: error: {out} exists already" in capsys.readouterr().err
     assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "model.pt.config.yaml"]
+
+
+def test_export_never_replaces_a_file_that_appears_while_it_works(tmp_path: Path) -> None:
+    """The existence check comes before a load that can take minutes: a file that appears
+    meanwhile (another export) is kept, and no temporary file is left."""
+    from dmt.export import _publish  # noqa: PLC0415
+
+    out = tmp_path / "model.pt"
+    out.write_bytes(b"the other export's")
+    with pytest.raises(ValueError, match=f"^{out} exists already; dmt-export never replaces"):
+        _publish(out, lambda f: f.write(b"ours"))
+    assert out.read_bytes() == b"the other export's"
+    assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -166,6 +167,10 @@ def test_resume_auto_takes_the_newest_complete_checkpoint_and_skips_a_damaged_on
     ckpts = run / "checkpoints"
     assert [p.name for _, p in checkpoint.step_dirs(ckpts)] == ["step_6", "step_4", "step_2"]
     final = checkpoint.load_model_state(ckpts / "step_6")
+    # DCP's index is a dotfile that a copy with `cp step_N/*` leaves behind: listed and checked
+    assert ".metadata" in json.loads((ckpts / "step_4" / checkpoint.META_FILE).read_text())["files"]
+    (ckpts / "step_2" / ".metadata").unlink()
+    assert checkpoint.damage(ckpts / "step_2") == f"{ckpts / 'step_2' / '.metadata'} is missing"
 
     # the newest is damaged (truncated data file): reported by path, the previous one is used
     data_file = next((ckpts / "step_6").glob("*.distcp"))
