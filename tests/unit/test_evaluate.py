@@ -83,6 +83,7 @@ def test_find_checkpoint(tmp_path: Path) -> None:
         (tmp_path / f"step_{step}").mkdir()
         if complete:
             (tmp_path / f"step_{step}" / "meta.json").write_text('{"files": {}}')
+            (tmp_path / f"step_{step}" / ".metadata").write_bytes(b"")  # DCP's index
     assert find_checkpoint(tmp_path) == tmp_path / "step_10"  # numeric order, complete only
     assert find_checkpoint(tmp_path / "step_2") == tmp_path / "step_2"
     with pytest.raises(

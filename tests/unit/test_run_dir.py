@@ -93,6 +93,7 @@ def test_a_directory_with_outputs_is_refused_unless_the_run_resumes_it(tmp_path)
     with pytest.raises(ValueError, match="already holds another run's outputs"):
         check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
     (run / "checkpoints" / "step_4" / "meta.json").write_text('{"files": {}}')
+    (run / "checkpoints" / "step_4" / ".metadata").write_bytes(b"")  # DCP's index
     check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
     check_outputs(run, resume_from=str(run / "checkpoints"), checkpoint_dir="checkpoints")
     check_outputs(
@@ -108,13 +109,14 @@ def test_a_directory_with_outputs_is_refused_unless_the_run_resumes_it(tmp_path)
 
 def test_a_requeued_slurm_job_is_told_to_resume(tmp_path, monkeypatch):
     """A SLURM job requeued after preemption runs again in its own run directory: the refusal
-    says so, and how to resume (scripts/slurm_smoke.sh step 6 runs the resuming case)."""
+    says so, and how to resume (check 3 of scripts/slurm_acceptance.sh runs the resuming case)."""
     run = tmp_path / "run"
     (run / "checkpoints" / "step_4").mkdir(parents=True)
     (run / "checkpoints" / "step_4" / "shard.distcp").write_text("")
     # stopped while it wrote its first checkpoint: auto starts afresh, nothing complete to lose
     check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
     (run / "checkpoints" / "step_4" / "meta.json").write_text('{"files": {}}')
+    (run / "checkpoints" / "step_4" / ".metadata").write_bytes(b"")  # DCP's index
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     with pytest.raises(ValueError) as e:
         check_outputs(run, resume_from=None, checkpoint_dir="checkpoints")
