@@ -688,6 +688,40 @@ def tensor_keys(path: Path, prefix: str = "model.") -> dict[str, TensorStorageMe
     }
 
 
+def row_wise_state_blocks(path: Path) -> dict[str, int]:
+    """Per table name, the column blocks a flat (TorchRec-sharded) checkpoint keeps the table's
+    row-wise optimizer state in (row-wise Adagrad's ``momentum1``).
+
+    TorchRec keeps that state per row and column block: ``rows x k`` values for a table it split
+    column-wise into ``k`` blocks, ``rows`` for one it kept whole. DCP cannot reshard it into
+    another number of blocks, so a resume plans each table into the same ``k``
+    (:func:`dmt.sharding.table_constraints`). Tables without row-wise state (SGD, exact Adagrad,
+    Adam) and SPTT checkpoints (whose keys name their blocks) give no entry.
+
+    Raises:
+        ValueError: the checkpoint's ``.metadata`` cannot be read (the file is named).
+    """
+    try:
+        tensors = tensor_keys(path, prefix="")
+    except Exception as e:  # a damaged .metadata: a pickle or OS error
+        raise ValueError(f"cannot read {path / DCP_METADATA}: {e}") from e
+    tables = {}  # TorchRec's key of a table's fused optimizer state, less the state's name
+    for key, md in tensors.items():
+        fqn = key.removeprefix("model.")
+        if fqn == key or ".embedding_bags." not in fqn or not fqn.endswith(".weight"):
+            continue
+        if len(md.size) == 2 and md.size[0] > 0:
+            table = fqn.removesuffix(".weight").rsplit(".", 1)[-1]
+            tables[f"optim.{fqn}.{table}"] = (table, md.size[0])
+    out: dict[str, int] = {}
+    for key, md in tensors.items():
+        found = tables.get(key.rsplit(".", 1)[0]) if key.startswith("optim.") else None
+        if found is not None and len(md.size) == 1 and md.size[0] % found[1] == 0:
+            table, rows = found
+            out[table] = max(out.get(table, 1), md.size[0] // rows)
+    return out
+
+
 def load_model_state(path: Path, *, ema: bool = True) -> dict[str, torch.Tensor]:
     """The full, unsharded model state of a checkpoint of any world size, flat or SPTT.
 

@@ -17,7 +17,7 @@ backend (NCCL rounds at every hop), where SPTT's sums the rounded partial sums i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -120,24 +120,55 @@ def compute_kernels(memory: MemoryBudget | None) -> list[str] | None:
     return kernels
 
 
+# the sharding types that split a table into column blocks
+COLUMN_SPLIT_TYPES = (ShardingType.COLUMN_WISE.value, ShardingType.TABLE_COLUMN_WISE.value)
+
+
 def table_constraints(
-    module: nn.Module, memory: MemoryBudget | None = None
+    module: nn.Module,
+    memory: MemoryBudget | None = None,
+    *,
+    column_blocks: Mapping[str, int] | None = None,
 ) -> dict[str, ParameterConstraints]:
     """Planner constraints that keep every table of ``module`` sharded (never data-parallel)
     and, given ``memory``, limit the kernels to :func:`compute_kernels` with its cache load
-    factor."""
+    factor.
+
+    ``column_blocks``: per table name, the column blocks a resumed checkpoint keeps its
+    row-wise optimizer state in (:func:`dmt.checkpoint.row_wise_state_blocks`). TorchRec keeps
+    that state (row-wise Adagrad's) per row and column block, so it reshards only into the same
+    blocks: a table saved in ``k > 1`` blocks is split column-wise into the same ``k`` blocks
+    (of ``dim / k`` columns) at any world size, and one saved whole is never split column-wise.
+
+    Raises ``ValueError`` for a table whose dimension ``k`` does not divide.
+    """
     cuda = memory is not None and memory.compute_device == "cuda"
     cache = CacheParams(load_factor=memory.uvm_cache_load_factor) if cuda and memory else None
-    return {
-        table.name: ParameterConstraints(
-            sharding_types=list(SHARDED_TYPES),
-            compute_kernels=compute_kernels(memory),
-            cache_params=cache,
-        )
-        for m in module.modules()
-        if isinstance(m, EmbeddingBagCollection)
-        for table in m.embedding_bag_configs()
-    }
+    blocks = column_blocks or {}
+    out = {}
+    for m in module.modules():
+        if not isinstance(m, EmbeddingBagCollection):
+            continue
+        for table in m.embedding_bag_configs():
+            types, min_partition = list(SHARDED_TYPES), None
+            k = blocks.get(table.name)
+            if k is not None and k > 1:
+                if table.embedding_dim % k:
+                    raise ValueError(
+                        f"table {table.name}: its row-wise optimizer state was saved for {k} "
+                        f"column blocks, which do not divide its dimension {table.embedding_dim}"
+                    )
+                types = [t for t in types if t in COLUMN_SPLIT_TYPES]
+                min_partition = table.embedding_dim // k
+            elif k is not None:
+                types = [t for t in types if t not in COLUMN_SPLIT_TYPES]
+            out[table.name] = ParameterConstraints(
+                sharding_types=types,
+                compute_kernels=compute_kernels(memory),
+                cache_params=cache,
+                min_partition=min_partition,
+            )
+    return out
 
 
 def planner_topology(memory: MemoryBudget, *, world_size: int, local_world_size: int) -> Topology:
@@ -238,11 +269,13 @@ def plan_tables(
     local_world_size: int,
     batch_size: int,
     comm_precision: str = "fp32",
+    column_blocks: Mapping[str, int] | None = None,
 ) -> ShardingPlan:
     """TorchRec's plan of ``module``'s tables (no collective): never data-parallel, kernels of
     :func:`compute_kernels`, within ``memory`` per rank. ``batch_size`` is the global batch;
     ``comm_precision`` gives the planner's cost model the sharders that will run
-    (:func:`flat_sharders`).
+    (:func:`flat_sharders`); ``column_blocks`` keeps a resumed checkpoint's column split
+    (:func:`table_constraints`).
 
     Raises ``ValueError`` naming the budget when the planner finds no plan within it.
     """
@@ -251,7 +284,7 @@ def plan_tables(
         world_size=world_size,
         local_world_size=local_world_size,
         batch_size=max(batch_size // world_size, 1),
-        constraints=table_constraints(module, memory),
+        constraints=table_constraints(module, memory, column_blocks=column_blocks),
     )
     try:
         return planner.plan(module, flat_sharders(comm_precision))
@@ -308,11 +341,14 @@ def shard_model(
     batch_size: int,
     memory: MemoryBudget | None = None,
     comm_precision: str = "fp32",
+    column_blocks: Mapping[str, int] | None = None,
 ) -> DistributedModelParallel:
     """Plan and shard ``module`` (tables on the meta device) over the default process group,
     within ``memory`` per rank (``None``: the ``sharding`` group's defaults). ``comm_precision``
     (``sptt.comm_precision``: ``"fp32"``, ``"bf16"``, ``"fp16"``) is the dtype of the tables'
     pooled-embedding collectives on the wire, forward and backward (:func:`flat_sharders`).
+    ``column_blocks`` (rank 0's is used): the column split of the checkpoint the run resumes
+    from, which the plan keeps (:func:`table_constraints`).
 
     Raises ``ValueError`` on every rank when the planner finds no plan within the budget.
     """
@@ -331,6 +367,7 @@ def shard_model(
                 local_world_size=runtime.local_world_size,
                 batch_size=batch_size,
                 comm_precision=comm_precision,
+                column_blocks=column_blocks,
             )
         except ValueError as e:
             found[0] = str(e)

@@ -94,6 +94,8 @@ class Trainer:
             dense_device=runtime.device,
         )
         memory = memory_budget(cfg.sharding, runtime.device.type, gpus=job_gpus(runtime))
+        # before sharding: a flat resume plans its tables into the checkpoint's column blocks
+        self.resume_from, column_blocks = self._find_resume(flat=not cfg.sptt.enabled)
         if cfg.sptt.enabled:
             topology = topology_from(
                 runtime,
@@ -121,6 +123,7 @@ class Trainer:
                 batch_size=cfg.data.batch_size,
                 memory=memory,
                 comm_precision=cfg.sptt.comm_precision,
+                column_blocks=column_blocks,
             )
             self.optimizer = build_optimizer(self.model, cfg.optim)
         write_sharding_plan(self.model, self.output_dir, rank=runtime.rank, memory=memory)
@@ -275,7 +278,7 @@ class Trainer:
     def fit(self) -> TrainResult:
         t = self.cfg.trainer
         start_epoch = 0
-        resume = self.resume_path()
+        resume = self.resume_from
         if resume is not None:
             checkpoint.check_config(
                 resume, self.config_yaml(), allow_change=t.resume_allow_config_change
@@ -392,13 +395,16 @@ class Trainer:
     def config_yaml(self) -> str:
         return OmegaConf.to_yaml(OmegaConf.structured(self.cfg))
 
-    def resume_path(self) -> Path | None:
+    def _find_resume(self, *, flat: bool) -> tuple[Path | None, dict[str, int] | None]:
         """The checkpoint to resume from: ``trainer.resume_from`` resolved, or with ``auto`` the
-        newest complete checkpoint of this run (``None``: start fresh). Rank 0 decides."""
+        newest complete checkpoint of this run (``None``: start fresh); for a ``flat`` run also
+        its tables' column blocks (:func:`dmt.checkpoint.row_wise_state_blocks`). Rank 0
+        decides; its error is every rank's."""
         setting = self.cfg.trainer.resume_from
         if not setting:
-            return None
-        found: list[Any] = [None, None]  # the checkpoint, or rank 0's error, for every rank
+            return None, None
+        # the checkpoint, its column blocks, or rank 0's error, for every rank
+        found: list[Any] = [None, None, None]
         if self.rt.is_main:
             try:
                 if setting == "auto":
@@ -411,13 +417,23 @@ class Trainer:
                         )
                 else:
                     found[0] = checkpoint.resolve(Path(setting))
+                if found[0] is not None and flat:
+                    found[1] = checkpoint.row_wise_state_blocks(found[0])
+                    split = sorted(t for t, k in found[1].items() if k > 1)
+                    if split:
+                        log.info(
+                            "resuming %s: tables %s keep the column blocks their row-wise "
+                            "optimizer state was saved in",
+                            found[0],
+                            split,
+                        )
             except ValueError as e:
-                found[1] = str(e)
+                found[2] = str(e)
         if self.rt.world_size > 1:
             dist.broadcast_object_list(found, src=0)
-        if found[1] is not None:
-            raise ValueError(found[1])
-        return None if found[0] is None else Path(found[0])
+        if found[2] is not None:
+            raise ValueError(found[2])
+        return (None if found[0] is None else Path(found[0])), found[1]
 
     def save(self, epoch: int, batch_in_epoch: int) -> Path:
         if batch_in_epoch >= self.data.train.num_batches():

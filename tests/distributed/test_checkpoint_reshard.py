@@ -13,9 +13,12 @@ import pytest
 import torch
 
 from dmt import checkpoint
+from dmt.data import build_data
+from dmt.models import build_model
 from dmt.runtime import Runtime
+from dmt.sharding import COLUMN_SPLIT_TYPES, memory_budget, plan_tables
 from dmt.train import compose_config, to_config
-from dmt.trainer import Trainer
+from dmt.trainer import Trainer, TrainTask
 from tests.distributed.distributed_harness import backends, run_on_ranks
 
 BASE = [
@@ -181,6 +184,66 @@ def test_sptt_rowwise_state_of_column_blocks_needs_the_same_split(tmp_path: Path
         e.value
     )
     assert "resume with the same sptt.sharding_type and ranks per tower" in str(e.value)
+
+
+# 26 tables of 100 rows x 256 columns: TorchRec's planner splits two of them column-wise (2
+# blocks of 128) at 4 ranks of 2 per host, and none at 2 ranks
+WIDE = ["model.embedding_dim=256", "model.bottom_mlp=[16,256]", "model.top_mlp=[16,1]"]
+
+
+def _column_split(world_size: int, local_world_size: int) -> list[str]:
+    """The tables the planner alone splits column-wise for ``WIDE`` at this world size."""
+    cfg = to_config(compose_config(*BASE, *WIDE))
+    data = build_data(cfg.data, rank=0, world_size=1, seed=0)
+    model = build_model(
+        cfg.model,
+        feature_names=data.feature_names,
+        cardinalities=data.cardinalities,
+        num_dense=data.num_dense,
+        table_device="meta",
+        dense_device="cpu",
+    )
+    plan = plan_tables(
+        TrainTask(model),
+        memory_budget(cfg.sharding, "cpu"),
+        world_size=world_size,
+        local_world_size=local_world_size,
+        batch_size=cfg.data.batch_size,
+    )
+    return sorted(
+        table
+        for tables in plan.plan.values()
+        for table, option in tables.items()  # type: ignore[attr-defined]
+        if option.sharding_type in COLUMN_SPLIT_TYPES
+    )
+
+
+@pytest.mark.parametrize(("save", "resume"), [((4, 2), (2, 2)), ((2, 2), (4, 2)), ((4, 2), (1, 1))])
+def test_flat_resume_keeps_the_column_blocks_of_row_wise_state(
+    tmp_path: Path, save: tuple[int, int], resume: tuple[int, int]
+) -> None:
+    """Row-wise Adagrad keeps one state per row and column block of a table TorchRec split
+    column-wise: ``rows x 2`` values for the two tables split at 4 ranks, ``rows`` otherwise,
+    which DCP cannot reshard into each other. The resumed run keeps the saved blocks whatever
+    its planner alone would choose, and ends where the uninterrupted run does."""
+    saved_split, resume_split = _column_split(*save), _column_split(*resume)
+    assert len(saved_split + resume_split) == 2 and saved_split != resume_split  # the planted case
+    ref = tmp_path / "ref"
+    _run(save[0], [*WIDE, "trainer.checkpoint_every=4"], ref, local_world_size=save[1])
+    blocks = checkpoint.row_wise_state_blocks(ref / "checkpoints" / "step_4")
+    assert len(blocks) == 26
+    assert sorted(t for t, k in blocks.items() if k > 1) == saved_split
+    assert all(k == 2 for t, k in blocks.items() if t in saved_split)
+    resumed = tmp_path / "resumed"
+    _run(
+        resume[0],
+        [*WIDE, "trainer.checkpoint=true", f"trainer.resume_from={ref / 'checkpoints' / 'step_4'}"],
+        resumed,
+        local_world_size=resume[1],
+    )
+    assert checkpoint.row_wise_state_blocks(resumed / "checkpoints" / "step_8") == blocks
+    want = checkpoint.load_model_state(ref / "checkpoints" / "step_8")
+    assert _max_diff(checkpoint.load_model_state(resumed / "checkpoints"), want) < 1e-5
 
 
 def _resume_missing(rank: int, world_size: int, out: str) -> str:

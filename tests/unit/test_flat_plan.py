@@ -92,6 +92,41 @@ def test_constraints_keep_tables_sharded_and_allow_uvm_caching_on_cuda_only(task
         assert c.compute_kernels == ["fused"] and c.cache_params is None
 
 
+def test_constraints_keep_a_resumed_checkpoints_column_blocks(task):
+    """Tables of 16 columns: 2 blocks of 8 keep the column split, a whole table is never split,
+    tables not in the checkpoint's blocks plan freely."""
+    memory = MemoryBudget("cpu", 1, 1)
+    got = table_constraints(task, memory, column_blocks={"t_cat_0": 2, "t_cat_1": 1})
+    assert got["t_cat_0"].sharding_types == ["column_wise", "table_column_wise"]
+    assert got["t_cat_0"].min_partition == 8
+    assert got["t_cat_1"].sharding_types == ["table_wise", "row_wise", "table_row_wise"]
+    assert got["t_cat_1"].min_partition is None
+    assert got["t_cat_2"].sharding_types == SHARDED_TYPES and got["t_cat_2"].min_partition is None
+    # the planner splits t_cat_0 into exactly those blocks on any world size
+    for world_size in (1, 2, 8):
+        plan = plan_tables(
+            task,
+            memory_budget(ShardingConfig(), "cpu"),
+            world_size=world_size,
+            local_world_size=min(world_size, 2),
+            batch_size=512,
+            column_blocks={"t_cat_0": 2, "t_cat_1": 1},
+        )
+        option = next(iter(plan.plan.values()))["t_cat_0"]  # type: ignore[index]
+        assert option.sharding_type in ("column_wise", "table_column_wise")
+        assert [s.shard_sizes for s in option.sharding_spec.shards] == [[ROWS, 8]] * 2
+        assert next(iter(plan.plan.values()))["t_cat_1"].sharding_type not in (  # type: ignore[index]
+            "column_wise",
+            "table_column_wise",
+        )
+    with pytest.raises(ValueError) as e:
+        table_constraints(task, memory, column_blocks={"t_cat_3": 3})
+    assert str(e.value) == (
+        "table t_cat_3: its row-wise optimizer state was saved for 3 column blocks, which do not "
+        "divide its dimension 16"
+    )
+
+
 def test_cuda_plan_uvm_caches_when_hbm_is_short(task):
     roomy = MemoryBudget("cuda", hbm_bytes=1024**3, ddr_bytes=1024**3)
     kernels = _kernels(plan_tables(task, roomy, world_size=2, local_world_size=2, batch_size=512))
