@@ -8,6 +8,7 @@ live in :func:`validate` and run before any training starts.
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -403,7 +404,7 @@ class TrainerConfig:
 class LoggerConfig:
     """Weights & Biases logging (rank 0 only)."""
 
-    mode: str = "offline"  # online, offline or disabled
+    mode: str = "offline"  # online, offline or disabled (conf/logger/wandb.yaml: WANDB_MODE if set)
     project: str = "dmt"  # wandb project
     entity: str | None = None  # wandb entity (team)
     name: str | None = None  # run name (default: wandb's)
@@ -672,7 +673,10 @@ def validate(cfg: Config) -> None:
             f"trainer.ema_decay={t.ema_decay!r} must be in [0, 1) (the weight of the old average, "
             "e.g. 0.999), or null to evaluate the raw weights"
         )
-    _choice("logger.mode", cfg.logger.mode, WANDB_MODES)
+    setting = "logger.mode"
+    if cfg.logger.mode not in WANDB_MODES and cfg.logger.mode == os.environ.get("WANDB_MODE"):
+        setting = "logger.mode (from the environment variable WANDB_MODE)"
+    _choice(setting, cfg.logger.mode, WANDB_MODES)
     validate_sharding(cfg.sharding)
     sp = cfg.sptt
     if sp.timeout_s is not None:

@@ -18,6 +18,7 @@ writes ``.hydra/`` and the log into the directory; :func:`claim_run_dir` (called
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -154,6 +155,14 @@ def lock_run_dir(run_dir: Path, *, record: bool = True) -> tuple[RunDirLock, boo
     except BlockingIOError:
         os.close(fd)
         raise _in_use(run_dir, lock_path) from None
+    except OSError as e:  # e.g. NFSv3 without lockd (ENOLCK), Lustre mounted noflock (ENOSYS)
+        os.close(fd)
+        raise ValueError(
+            f"cannot lock {lock_path}: {e.strerror} ({errno.errorcode.get(e.errno or 0, e.errno)}): "
+            "its file system does not support flock, which keeps a second run out of a live "
+            "run's directory; mount it with locking (NFS: lockd or NFSv4; Lustre: -o flock), "
+            "or choose a hydra.run.dir (hydra.sweep.dir) on a file system that has it"
+        ) from e
     lock = _HELD[run_dir] = RunDirLock(run_dir, fd)
     if record:
         lock.record()

@@ -4,16 +4,30 @@ Metric names are the same during and after a run: ``train/loss``, ``train/lr/<gr
 ``train/lr_factor``, ``train/samples``, ``train/samples_per_s`` at log steps, ``val/<metric>`` at
 evaluations, ``test/<metric>`` at the end; the run's summary holds every final value of
 ``metrics.json`` under those names (:func:`wandb_name`).
+
+One run directory is one wandb run: its id is kept in ``<run dir>/wandb_run_id``, so a resumed,
+restarted (torchrun) or requeued (SLURM) run continues it (``resume="allow"``). The training step
+is logged as ``train/step``, every metric's x-axis (``define_metric``), not as wandb's own step,
+which must always increase: a run resumed from an earlier checkpoint logs steps again, and wandb
+would drop them. Tracking never stops training: an online run that cannot start (no API key, no
+server) logs offline instead, and a failing wandb service is reported once and logging stops.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import secrets
 from pathlib import Path
 from typing import Any, cast
 
 from dmt.config import LoggerConfig, WandbMode
 
+log = logging.getLogger(__name__)
+
 SPLITS = ("train", "val", "test")
+STEP = "train/step"  # the x-axis of every metric
+RUN_ID_FILE = "wandb_run_id"
 OTHER_NAMES = {"num_train_samples": "train/num_samples", "num_steps": "train/num_steps"}
 
 
@@ -32,7 +46,7 @@ def wandb_name(key: str) -> str:
 def wandb_values(record: dict[str, Any]) -> dict[str, float]:
     """A ``history.jsonl`` record as wandb values: ``samples`` -> ``train/samples``, a list
     (``train/lr``) -> one value per entry (``train/lr/0``, ...), ``None`` and ``step`` left out
-    (the step goes to ``log(step=)``)."""
+    (:meth:`WandbLogger.log` adds it as ``train/step``)."""
     values: dict[str, float] = {}
     for key, value in record.items():
         if key == "step" or value is None:
@@ -48,7 +62,7 @@ def wandb_values(record: dict[str, Any]) -> dict[str, float]:
 
 class WandbLogger:
     """Thin wrapper so the trainer only sees ``log(values, step)``, ``summarize(values)`` and
-    ``finish()``."""
+    ``finish(exit_code)``."""
 
     def __init__(
         self, cfg: LoggerConfig, config: dict[str, Any], output_dir: Path, group: str | None = None
@@ -56,8 +70,8 @@ class WandbLogger:
         import wandb  # noqa: PLC0415 (slow import, only when logging)
 
         self._wandb = wandb
-        self.run = wandb.init(
-            mode=cast(WandbMode, cfg.mode),
+        run_id = _run_id(output_dir)
+        kwargs: dict[str, Any] = dict(
             project=cfg.project,
             entity=cfg.entity,
             name=cfg.name,
@@ -65,18 +79,69 @@ class WandbLogger:
             tags=list(cfg.tags),
             config=config,
             dir=str(output_dir),
+            id=run_id,
+            resume="allow",
             reinit="finish_previous",
         )
+        try:
+            self.run: Any = wandb.init(mode=cast(WandbMode, cfg.mode), **kwargs)
+        except wandb.Error as e:
+            if cfg.mode != "online":
+                raise
+            log.warning(
+                "wandb could not start an online run (%s: %s); logging offline to %s instead "
+                "(upload it later with `wandb sync`)",
+                type(e).__name__,
+                e,
+                output_dir / "wandb",
+            )
+            self.run = wandb.init(mode="offline", **kwargs)
+        self.run.define_metric(STEP)
+        for split in SPLITS:
+            self.run.define_metric(f"{split}/*", step_metric=STEP)
 
     def log(self, values: dict[str, float], step: int) -> None:
-        self.run.log(values, step=step)
+        self._call("log", {**values, STEP: step})
 
     def summarize(self, values: dict[str, float]) -> None:
         """The run's final values (its summary), under the names logged during the run."""
-        self.run.summary.update(values)
+        if self.run is not None:
+            self._guard("summary", lambda: self.run.summary.update(values))
 
-    def finish(self) -> None:
-        self.run.finish()
+    def finish(self, exit_code: int = 0) -> None:
+        """End the run; a nonzero ``exit_code`` marks it failed (wandb's default is success)."""
+        self._call("finish", exit_code=exit_code)
+        self.run = None
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> None:
+        if self.run is not None:
+            self._guard(method, lambda: getattr(self.run, method)(*args, **kwargs))
+
+    def _guard(self, what: str, call: Any) -> None:
+        """Run ``call``; an error of wandb's (its service died, its disk is full) is logged once
+        and ends the logging, never the training."""
+        try:
+            call()
+        except Exception:
+            log.exception("wandb failed (%s); logging to wandb stops, training goes on", what)
+            self.run = None
+
+
+def _run_id(output_dir: Path) -> str:
+    """The wandb run id of ``output_dir``: read from its :data:`RUN_ID_FILE`, or a new one
+    written there (rank 0 holds the run directory's lock)."""
+    path = output_dir / RUN_ID_FILE
+    if path.exists():
+        run_id = path.read_text().strip()
+        if not run_id:
+            raise ValueError(f"{path} is empty: expected the wandb run id this run directory uses")
+        log.info("continuing wandb run %s (%s)", run_id, path)
+        return run_id
+    run_id = secrets.token_hex(6)  # wandb's ids are lowercase letters and digits
+    tmp = path.with_name(f".{RUN_ID_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(run_id + "\n")
+    os.replace(tmp, path)
+    return run_id
 
 
 def open_logger(

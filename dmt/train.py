@@ -119,11 +119,13 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
                 is_main=runtime.is_main,
                 group=hydra_info.get("hydra", {}).get("sweep_dir"),
             )
+            ok = False
             try:
                 metrics = Trainer(conf, runtime, out, logger).fit().metrics
+                ok = True
             finally:
-                if logger is not None:
-                    logger.finish()
+                if logger is not None:  # a run that raised (or was signalled) ends as failed
+                    logger.finish(exit_code=0 if ok else 1)
     except BaseException:
         # first the groups: freeing GPU memory waits for the kernels in flight. A cleanup that
         # fails is logged; the job's own error is the one raised

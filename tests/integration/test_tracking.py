@@ -1,0 +1,202 @@
+"""wandb on a cluster (dmt.tracking, real offline runs): one run per run directory across
+resumes, steps logged again after a resume kept, runs that failed marked so, and tracking that
+never stops training (no credentials, a dead wandb service); WANDB_MODE; file systems without
+flock (dmt.run_dir)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dmt.run_dir
+import dmt.train
+from dmt.config import LoggerConfig
+from dmt.run_dir import lock_run_dir
+from dmt.tracking import RUN_ID_FILE, STEP, WandbLogger, open_logger
+from dmt.train import to_config, train
+from tests.conftest import compose_config
+
+
+@pytest.fixture(autouse=True)
+def no_wandb_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No API key, settings or netrc of the machine's user; nothing reaches the network."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(home / ".config" / "wandb"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "WANDB_RUN_ID", "WANDB_RESUME"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def _open(run_dir: Path, mode: str = "offline") -> WandbLogger:
+    logger = open_logger(LoggerConfig(mode=mode), {"x": 1}, run_dir, is_main=True)
+    assert logger is not None
+    return logger
+
+
+def test_a_run_directory_keeps_one_wandb_run(tmp_path: Path) -> None:
+    """A resumed, restarted or requeued run opens its directory's run again; another directory
+    gets its own."""
+    first = _open(tmp_path / "run")
+    run_id = first.run.id
+    first.finish()
+    assert (tmp_path / "run" / RUN_ID_FILE).read_text() == run_id + "\n"
+    again = _open(tmp_path / "run")
+    assert again.run.id == run_id
+    again.finish()
+    other = _open(tmp_path / "other")
+    assert other.run.id != run_id
+    other.finish()
+
+
+def test_steps_logged_again_after_a_resume_are_kept(tmp_path: Path) -> None:
+    """A run resumed from the checkpoint of step 4 logs steps 5.. again after wandb saw step
+    10. wandb drops a step lower than its last (``log(step=)``): the step is a metric."""
+    logger = _open(tmp_path)
+    logger.log({"train/loss": 1.0}, step=10)
+    logger.log({"train/loss": 0.5}, step=5)
+    summary = dict(logger.run.summary)
+    logger.finish()
+    assert summary["train/loss"] == 0.5 and summary[STEP] == 5
+
+
+def test_an_online_run_without_credentials_logs_offline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="dmt.tracking"):
+        logger = _open(tmp_path, mode="online")
+    try:
+        assert logger.run.settings.mode == "offline"
+        logger.log({"train/loss": 1.0}, step=1)
+    finally:
+        logger.finish()
+    assert any(
+        r.getMessage().startswith("wandb could not start an online run (UsageError: No API key")
+        and r.getMessage().endswith(
+            f"logging offline to {tmp_path / 'wandb'} instead (upload it later with `wandb sync`)"
+        )
+        for r in caplog.records
+    ), caplog.text
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+_KILL_SERVICE = """
+import logging, os, signal, subprocess, sys
+from pathlib import Path
+from dmt.config import LoggerConfig
+from dmt.tracking import open_logger
+
+logging.basicConfig(level=logging.ERROR, format="%(name)s: %(message)s", stream=sys.stdout)
+logger = open_logger(LoggerConfig(mode="offline"), {}, Path(sys.argv[1]), is_main=True)
+ps = subprocess.run(["ps", "-o", "pid=,comm=", "--ppid", str(os.getpid())],
+                    capture_output=True, text=True).stdout.split("\\n")
+service = [int(line.split()[0]) for line in ps if "wandb" in line]
+assert service, ps
+for pid in service:  # wandb-core: killed as the OOM killer would
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+for step in (1, 2):
+    logger.log({"train/loss": 1.0}, step=step)
+logger.summarize({"test/auc": 0.7})
+logger.finish(exit_code=0)
+print("trained on, run", logger.run)
+"""
+
+
+def test_a_dead_wandb_service_stops_logging_not_training(tmp_path: Path) -> None:
+    """In a process of its own, with a service of its own (not this process's, which
+    ``WANDB_SERVICE`` names once a run has started here)."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    done = subprocess.run(
+        [sys.executable, "-c", _KILL_SERVICE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "dmt.tracking: wandb failed (log); logging to wandb stops, training goes on"
+    assert lines[-1] == "trained on, run None"
+    assert sum("wandb failed" in line for line in lines) == 1  # once, then no more calls
+
+
+class _Recording:
+    def __init__(self, logger: WandbLogger) -> None:
+        self.logger, self.exit_codes = logger, []  # type: list[int]
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.logger.log(values, step)
+
+    def summarize(self, values: dict[str, float]) -> None:
+        self.logger.summarize(values)
+
+    def finish(self, exit_code: int = 0) -> None:
+        self.exit_codes.append(exit_code)
+        self.logger.finish(exit_code)
+
+
+def test_a_run_that_fails_finishes_its_wandb_run_as_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loggers: list[_Recording] = []
+
+    def recording(*args: Any, **kwargs: Any) -> _Recording:
+        logger = open_logger(*args, **kwargs)
+        assert logger is not None
+        loggers.append(_Recording(logger))
+        return loggers[-1]
+
+    monkeypatch.setattr(dmt.train, "open_logger", recording)
+    conf = to_config(
+        compose_config("logger.mode=offline", f"trainer.resume_from={tmp_path / 'nowhere'}")
+    )
+    with pytest.raises(ValueError, match="no complete checkpoint"):
+        train(conf, tmp_path / "run")
+    assert [r.exit_codes for r in loggers] == [[1]]
+    small = ["data.synthetic.num_train=512", "data.batch_size=256", "trainer.progress_bar=false"]
+    train(to_config(compose_config("logger.mode=offline", *small)), tmp_path / "ok")
+    assert [r.exit_codes for r in loggers] == [[1], [0]]
+
+
+def test_wandb_mode_comes_from_the_environment_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert to_config(compose_config()).logger.mode == "offline"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert to_config(compose_config()).logger.mode == "disabled"
+    assert to_config(compose_config("logger.mode=online")).logger.mode == "online"
+    monkeypatch.setenv("WANDB_MODE", "dryrun")
+    with pytest.raises(ValueError) as e:
+        to_config(compose_config())
+    assert str(e.value) == (
+        "logger.mode (from the environment variable WANDB_MODE)='dryrun' is not supported; "
+        "expected one of ['online', 'offline', 'disabled']"
+    )
+
+
+def test_a_file_system_without_flock_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NFSv3 without lockd answers ENOLCK (simulated: this machine's file systems lock)."""
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(dmt.run_dir.fcntl, "flock", no_locks)
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(ValueError) as e:
+        lock_run_dir(tmp_path)
+    assert str(e.value) == (
+        f"cannot lock {tmp_path / 'run.lock'}: No locks available (ENOLCK): its file system does "
+        "not support flock, which keeps a second run out of a live run's directory; mount it "
+        "with locking (NFS: lockd or NFSv4; Lustre: -o flock), or choose a hydra.run.dir "
+        "(hydra.sweep.dir) on a file system that has it"
+    )
+    assert len(os.listdir("/proc/self/fd")) == fds  # the lock file's descriptor is closed
