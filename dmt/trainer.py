@@ -313,7 +313,10 @@ class Trainer:
         )
         val_step = -1  # the step of the last validation
         per_epoch = self.data.train.num_batches()
-        losses: list[torch.Tensor] = []  # on the device; read back at log steps and at the end
+        # the losses since the last log step, on the device: read back there, one copy for all
+        # (a device tensor per step for the whole run would hold a GPU block per step)
+        pending: list[torch.Tensor] = []
+        loss_values: list[float] = []
         metrics: dict[str, float] = {}
         train_time = 0.0
         bar = tqdm(
@@ -337,10 +340,12 @@ class Trainer:
                     batches = (batch.pin_memory() for batch in batches)
                 tick = time.perf_counter()
                 for loss in self.run_steps(batches):
-                    losses.append(loss)
+                    pending.append(loss)
                     bar.update(1)
-                    if self.step % t.log_every == 0:
-                        value = float(loss)  # the only host sync of a training step
+                    if self.step % t.log_every == 0:  # the only host sync of training steps
+                        loss_values += torch.stack(pending).float().cpu().tolist()
+                        pending.clear()
+                        value = loss_values[-1]
                         bar.set_postfix(loss=f"{value:.4f}")
                         self._log_train(value, train_time + time.perf_counter() - tick)
                 if self.rt.device.type == "cuda":  # the segment's queued kernels count too
@@ -370,8 +375,12 @@ class Trainer:
         metrics["train_samples_per_s"] = train_samples / train_time if train_time > 0 else 0.0
         metrics["num_train_samples"] = float(train_samples)
         metrics["num_steps"] = float(self.step)
-        loss_values = torch.stack(losses).float().cpu().tolist() if losses else []
-        metrics["train_loss_last"] = float(np.mean(loss_values[-50:])) if losses else float("nan")
+        if pending:
+            loss_values += torch.stack(pending).float().cpu().tolist()
+            pending.clear()
+        metrics["train_loss_last"] = (
+            float(np.mean(loss_values[-50:])) if loss_values else float("nan")
+        )
         oracle = self.oracle_auc(self.data.test)
         if oracle is not None:
             metrics["oracle_test_auc"] = oracle
