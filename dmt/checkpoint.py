@@ -461,8 +461,14 @@ def resolve(path: Path, *, setting: str = "trainer.resume_from") -> Path:
         return path
     found = latest(path)
     if found is None:
+        inner = path / "checkpoints"  # a run directory given for its checkpoint directory
+        hint = (
+            f" (a run directory? its checkpoints are in {inner})"
+            if inner.is_dir() and latest(inner) is not None
+            else ""
+        )
         raise ValueError(
-            f"{setting}={str(path)!r}: no complete checkpoint (step_N/{META_FILE}) there"
+            f"{setting}={str(path)!r}: no complete checkpoint (step_N/{META_FILE}) there{hint}"
         )
     return found
 

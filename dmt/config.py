@@ -8,13 +8,14 @@ live in :func:`validate` and run before any training starts.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from dmt.run_dir import register_resolvers
 
@@ -518,6 +519,24 @@ def register_configs() -> None:
     register_resolvers()  # ${dmt.run_stamp:} of conf/config.yaml's run directories
 
 
+WANDB_MODE_RESOLVER = "dmt.wandb_mode"
+# wandb's other names of its modes (wandb_settings.py)
+_WANDB_MODE_ALIASES = {"": "offline", "dryrun": "offline", "run": "online"}
+
+
+def wandb_mode_from_env() -> str:
+    """``${dmt.wandb_mode:}``, ``conf/logger/wandb.yaml``'s ``mode``: the environment variable
+    ``WANDB_MODE`` (wandb's ``dryrun`` is ``offline``, ``run`` is ``online``), else offline."""
+    value = os.environ.get("WANDB_MODE", "")
+    mode = _WANDB_MODE_ALIASES.get(value.strip(), value.strip())
+    if mode not in WANDB_MODES:
+        raise ValueError(
+            f"the environment variable WANDB_MODE={value!r} (logger.mode's default) is not one "
+            f"of {list(WANDB_MODES)} (or wandb's dryrun, run); unset it or set logger.mode"
+        )
+    return mode
+
+
 def _choice(setting: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{setting}={value!r} is not supported; expected one of {list(allowed)}")
@@ -584,8 +603,29 @@ def validate_sharding(s: ShardingConfig) -> None:
         )
 
 
+def _no_unknown_keys(node: Any, path: str) -> None:
+    """Raise for a key that a ``+`` override added to a typed group: OmegaConf keeps it on the
+    dataclass, and nothing reads it (``+trainer.epoch=2`` would train 1 epoch). Groups typed
+    ``Any`` (``optim.sparse``, ``model.tower``, ...) take any key."""
+    fields = {f.name: f for f in dataclasses.fields(node)}
+    for key in vars(node):
+        if key not in fields:
+            name = f"{path}.{key}" if path else key
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f"; did you mean {path + '.' if path else ''}{close[0]}?" if close else ""
+            raise ValueError(
+                f"{name} is not a setting of {type(node).__name__} (a + override adds keys only "
+                f"to groups that take any key){hint}"
+            )
+    for name in fields:
+        value = getattr(node, name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            _no_unknown_keys(value, f"{path}.{name}" if path else name)
+
+
 def validate(cfg: Config) -> None:
     """Check semantics the schema cannot express. Raises ValueError naming the setting."""
+    _no_unknown_keys(cfg, "")
     m = cfg.model
     if not isinstance(m.name, str) or not m.name:
         raise ValueError(
@@ -673,10 +713,7 @@ def validate(cfg: Config) -> None:
             f"trainer.ema_decay={t.ema_decay!r} must be in [0, 1) (the weight of the old average, "
             "e.g. 0.999), or null to evaluate the raw weights"
         )
-    setting = "logger.mode"
-    if cfg.logger.mode not in WANDB_MODES and cfg.logger.mode == os.environ.get("WANDB_MODE"):
-        setting = "logger.mode (from the environment variable WANDB_MODE)"
-    _choice(setting, cfg.logger.mode, WANDB_MODES)
+    _choice("logger.mode", cfg.logger.mode, WANDB_MODES)
     validate_sharding(cfg.sharding)
     sp = cfg.sptt
     if sp.timeout_s is not None:
@@ -695,3 +732,8 @@ def validate(cfg: Config) -> None:
             _positive("sptt.local_world_size", sp.local_world_size)
         _choice("sptt.sharding_type", sp.sharding_type, ("table_wise", "column_wise", "row_wise"))
         _choice("sptt.peer_permute", sp.peer_permute, ("output", "input", "auto", "skip"))
+
+
+# on import: every reader of a run's .hydra/config.yaml (dmt-eval, dmt-partition) resolves it
+if not OmegaConf.has_resolver(WANDB_MODE_RESOLVER):
+    OmegaConf.register_new_resolver(WANDB_MODE_RESOLVER, wandb_mode_from_env)

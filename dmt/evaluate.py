@@ -542,7 +542,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dmt-eval",
         description="Score a dmt checkpoint: AUC, NE, logloss, calibration, click rate, rows.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument(
         "--checkpoint",
@@ -555,9 +554,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="train, val or test (the run's split), a raw Criteo TSV (.gz too) or a "
         "preprocessed split directory",
     )
-    p.add_argument("--out", default="eval.json", help="JSON report")
+    p.add_argument("--out", default="eval.json", help="JSON report (default: eval.json)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     p.add_argument(
-        "--batch-size", type=int, help="rows per forward pass (default: data.eval_batch_size)"
+        "--batch-size",
+        type=int,
+        help="rows per forward pass (default: the run's data.eval_batch_size)",
     )
     p.add_argument("--max-rows", type=int, help="score only the first N rows")
     p.add_argument(
@@ -569,7 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="raw TSV: drop and count malformed rows (default: the run's setting)",
     )
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where to score (default: cpu)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -578,6 +582,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dmt-eval``; returns the exit status (0 success, 1 bad input, 2 bad usage)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if Path(args.out).exists() and not args.overwrite:  # before minutes of scoring
+        print(
+            f"dmt-eval: error: --out {args.out} exists already (an earlier report); choose "
+            "another --out, or pass --overwrite to replace it",
+            file=sys.stderr,
+        )
+        return 1
     try:
         report = evaluate(
             args.checkpoint,

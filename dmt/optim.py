@@ -167,7 +167,7 @@ def check_sparse_weight_decay(kwargs: dict[str, Any], device_type: str) -> None:
         raise ValueError(
             f"optim.sparse.weight_decay={decay} would do nothing: FBGEMM's CPU embedding kernels "
             "ignore weight decay; set it to 0 (regularise the dense part with "
-            "optim.dense.weight_decay), or train on CUDA with optim.sparse.weight_decay_mode=l2 "
+            "optim.dense.weight_decay), or train on CUDA with +optim.sparse.weight_decay_mode=l2 "
             "or decouple"
         )
     if kwargs.get("weight_decay_mode", WeightDecayMode.NONE) == WeightDecayMode.NONE:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def lock_run_dir(run_dir: Path, *, record: bool = True) -> tuple[RunDirLock, boo
     except OSError as e:  # e.g. NFSv3 without lockd (ENOLCK), Lustre mounted noflock (ENOSYS)
         os.close(fd)
         raise ValueError(
-            f"cannot lock {lock_path}: {e.strerror} ({errno.errorcode.get(e.errno or 0, e.errno)}): "
+            f"cannot lock {lock_path}: {e.strerror or e} ({errno.errorcode.get(e.errno or 0, e.errno)}): "
             "its file system does not support flock, which keeps a second run out of a live "
             "run's directory; mount it with locking (NFS: lockd or NFSv4; Lustre: -o flock), "
             "or choose a hydra.run.dir (hydra.sweep.dir) on a file system that has it"
@@ -320,6 +320,34 @@ def _launch_rank() -> int:
         return 0
 
 
+def check_resume_config(
+    config: DictConfig, run_dir: Path, resume_from: str, checkpoint_dir: str
+) -> None:
+    """Raise ``ValueError`` if the run that resumes ``run_dir`` has a config its checkpoint
+    refuses (:func:`dmt.checkpoint.check_config`, as the trainer checks it again)."""
+    from dmt.checkpoint import check_config, latest, resolve  # noqa: PLC0415 (torch)
+    from dmt.config import Config, validate  # noqa: PLC0415 (dmt.config imports this module)
+
+    if resume_from == "auto":
+        ckpt = Path(checkpoint_dir)
+        path = latest(ckpt if ckpt.is_absolute() else run_dir / ckpt)
+    else:
+        path = resolve(Path(resume_from))
+    if path is None:
+        return
+    task = config.copy()  # the job's config: Hydra's callbacks see it with the hydra node
+    with open_dict(task):
+        task.pop("hydra", None)
+    conf = OmegaConf.to_object(task)
+    assert isinstance(conf, Config)
+    validate(conf)
+    check_config(
+        path,
+        OmegaConf.to_yaml(OmegaConf.structured(conf)),
+        allow_change=conf.trainer.resume_allow_config_change,
+    )
+
+
 class RunDirGuard(Callback):
     """Hydra callback: refuse a run directory before Hydra writes ``.hydra/`` and the log there
     (exit status 1 and the error on stderr).
@@ -343,7 +371,13 @@ class RunDirGuard(Callback):
                 self.lock = lock if taken else None
             else:  # the lock is rank 0's to take (claim_run_dir broadcasts its verdict)
                 check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
+            if resumes(run_dir, resume_from, checkpoint_dir):
+                # before Hydra writes this config over the resumed run's .hydra/ record
+                check_resume_config(config, run_dir, resume_from, checkpoint_dir)
         except ValueError as e:
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
             # Hydra turns a callback's exception into a warning and runs the job anyway
             sys.exit(f"Error: {e}")
 

@@ -140,7 +140,8 @@ def table_constraints(
     blocks: a table saved in ``k > 1`` blocks is split column-wise into the same ``k`` blocks
     (of ``dim / k`` columns) at any world size, and one saved whole is never split column-wise.
 
-    Raises ``ValueError`` for a table whose dimension ``k`` does not divide.
+    Raises ``ValueError`` for a table whose dimension does not split into ``k`` blocks of a
+    multiple of 4 columns, as TorchRec's are.
     """
     cuda = memory is not None and memory.compute_device == "cuda"
     cache = CacheParams(load_factor=memory.uvm_cache_load_factor) if cuda and memory else None
@@ -153,10 +154,11 @@ def table_constraints(
             types, min_partition = list(SHARDED_TYPES), None
             k = blocks.get(table.name)
             if k is not None and k > 1:
-                if table.embedding_dim % k:
+                if table.embedding_dim % k or (table.embedding_dim // k) % 4:
                     raise ValueError(
                         f"table {table.name}: its row-wise optimizer state was saved for {k} "
-                        f"column blocks, which do not divide its dimension {table.embedding_dim}"
+                        f"column blocks, which do not split its dimension {table.embedding_dim} "
+                        "into blocks of a multiple of 4 columns (TorchRec's column-wise blocks)"
                     )
                 types = [t for t in types if t in COLUMN_SPLIT_TYPES]
                 min_partition = table.embedding_dim // k

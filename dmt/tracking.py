@@ -5,12 +5,14 @@ Metric names are the same during and after a run: ``train/loss``, ``train/lr/<gr
 evaluations, ``test/<metric>`` at the end; the run's summary holds every final value of
 ``metrics.json`` under those names (:func:`wandb_name`).
 
-One run directory is one wandb run: its id is kept in ``<run dir>/wandb_run_id``, so a resumed,
-restarted (torchrun) or requeued (SLURM) run continues it (``resume="allow"``). The training step
-is logged as ``train/step``, every metric's x-axis (``define_metric``), not as wandb's own step,
-which must always increase: a run resumed from an earlier checkpoint logs steps again, and wandb
-would drop them. Tracking never stops training: an online run that cannot start (no API key, no
-server) logs offline instead, and a failing wandb service is reported once and logging stops.
+Online, one run directory is one wandb run: its id is kept in ``<run dir>/wandb_run_id``, so a
+resumed, restarted (torchrun) or requeued (SLURM) run continues it (``resume="allow"``); offline,
+each attempt is a run of its own (wandb cannot resume offline runs). The training step is logged
+as ``train/step``, every metric's x-axis (``define_metric``), not as wandb's own step, which must
+always increase: a run resumed from an earlier checkpoint logs steps again, and wandb would drop
+them. Tracking does not stop training: an online run that cannot start (no API key, no server)
+logs offline instead, a run that cannot start at all is skipped, and a failing wandb service is
+reported once and logging stops.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import logging
 import os
 import secrets
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from dmt.config import LoggerConfig, WandbMode
+from dmt.config import LoggerConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ def wandb_values(record: dict[str, Any]) -> dict[str, float]:
 
 class WandbLogger:
     """Thin wrapper so the trainer only sees ``log(values, step)``, ``summarize(values)`` and
-    ``finish(exit_code)``."""
+    ``finish(exit_code)``. Build with :func:`open_logger`."""
 
     def __init__(
         self, cfg: LoggerConfig, config: dict[str, Any], output_dir: Path, group: str | None = None
@@ -70,7 +72,6 @@ class WandbLogger:
         import wandb  # noqa: PLC0415 (slow import, only when logging)
 
         self._wandb = wandb
-        run_id = _run_id(output_dir)
         kwargs: dict[str, Any] = dict(
             project=cfg.project,
             entity=cfg.entity,
@@ -79,22 +80,24 @@ class WandbLogger:
             tags=list(cfg.tags),
             config=config,
             dir=str(output_dir),
-            id=run_id,
-            resume="allow",
             reinit="finish_previous",
         )
-        try:
-            self.run: Any = wandb.init(mode=cast(WandbMode, cfg.mode), **kwargs)
-        except wandb.Error as e:
-            if cfg.mode != "online":
-                raise
-            log.warning(
-                "wandb could not start an online run (%s: %s); logging offline to %s instead "
-                "(upload it later with `wandb sync`)",
-                type(e).__name__,
-                e,
-                output_dir / "wandb",
-            )
+        self.run: Any = None
+        if cfg.mode == "online":
+            try:  # the run directory's run, continued (wandb resumes online runs only)
+                self.run = wandb.init(
+                    mode="online", id=_run_id(output_dir), resume="allow", **kwargs
+                )
+            except Exception as e:
+                _teardown(wandb)
+                log.warning(
+                    "wandb could not start an online run (%s: %s); logging offline to %s instead "
+                    "(upload it later with `wandb sync`)",
+                    type(e).__name__,
+                    e,
+                    output_dir / "wandb",
+                )
+        if self.run is None:  # offline: a run per attempt (wandb cannot resume offline runs)
             self.run = wandb.init(mode="offline", **kwargs)
         self.run.define_metric(STEP)
         for split in SPLITS:
@@ -119,17 +122,26 @@ class WandbLogger:
 
     def _guard(self, what: str, call: Any) -> None:
         """Run ``call``; an error of wandb's (its service died, its disk is full) is logged once
-        and ends the logging, never the training."""
+        and ends the logging, never the training. wandb's process-wide state goes too, so that
+        the next job of a multirun in this process starts a service of its own."""
         try:
             call()
         except Exception:
             log.exception("wandb failed (%s); logging to wandb stops, training goes on", what)
             self.run = None
+            _teardown(self._wandb)
+
+
+def _teardown(wandb: Any) -> None:
+    try:
+        wandb.teardown()
+    except Exception:  # a dead service: nothing left to free
+        log.debug("wandb.teardown failed", exc_info=True)
 
 
 def _run_id(output_dir: Path) -> str:
-    """The wandb run id of ``output_dir``: read from its :data:`RUN_ID_FILE`, or a new one
-    written there (rank 0 holds the run directory's lock)."""
+    """The online wandb run of ``output_dir``: its id, read from :data:`RUN_ID_FILE`, or a new
+    one written there (rank 0 holds the run directory's lock)."""
     path = output_dir / RUN_ID_FILE
     if path.exists():
         run_id = path.read_text().strip()
@@ -153,8 +165,17 @@ def open_logger(
     group: str | None = None,
 ) -> WandbLogger | None:
     """wandb on rank 0 (``None`` elsewhere or with ``logger.mode=disabled``); ``group`` (a
-    Hydra multirun's sweep directory) groups a sweep's points unless ``logger.group`` is set."""
+    Hydra multirun's sweep directory) groups a sweep's points unless ``logger.group`` is set.
+    A run that cannot start even offline (a full disk, no wandb service) is logged, and the
+    training goes on without wandb (``None``)."""
     if cfg.mode == "disabled" or not is_main:
         return None
     output_dir.mkdir(parents=True, exist_ok=True)
-    return WandbLogger(cfg, config, output_dir, group)
+    try:
+        return WandbLogger(cfg, config, output_dir, group)
+    except Exception:
+        log.exception("wandb could not start a run; training goes on without wandb")
+        import wandb  # noqa: PLC0415
+
+        _teardown(wandb)
+        return None

@@ -278,11 +278,8 @@ class Trainer:
     def fit(self) -> TrainResult:
         t = self.cfg.trainer
         start_epoch = 0
-        resume = self.resume_from
+        resume = self.resume_from  # its config checked (_find_resume)
         if resume is not None:
-            checkpoint.check_config(
-                resume, self.config_yaml(), allow_change=t.resume_allow_config_change
-            )
             meta = checkpoint.load(
                 resume,
                 self.model,
@@ -406,9 +403,10 @@ class Trainer:
 
     def _find_resume(self, *, flat: bool) -> tuple[Path | None, dict[str, int] | None]:
         """The checkpoint to resume from: ``trainer.resume_from`` resolved, or with ``auto`` the
-        newest complete checkpoint of this run (``None``: start fresh); for a ``flat`` run also
-        its tables' column blocks (:func:`dmt.checkpoint.row_wise_state_blocks`). Rank 0
-        decides; its error is every rank's."""
+        newest complete checkpoint of this run (``None``: start fresh), its config checked
+        against this run's (:func:`dmt.checkpoint.check_config`); for a ``flat`` run also its
+        tables' column blocks (:func:`dmt.checkpoint.row_wise_state_blocks`). Rank 0 decides;
+        its error is every rank's."""
         setting = self.cfg.trainer.resume_from
         if not setting:
             return None, None
@@ -426,6 +424,12 @@ class Trainer:
                         )
                 else:
                     found[0] = checkpoint.resolve(Path(setting))
+                if found[0] is not None:  # before its column blocks shape this run's plan
+                    checkpoint.check_config(
+                        found[0],
+                        self.config_yaml(),
+                        allow_change=self.cfg.trainer.resume_allow_config_change,
+                    )
                 if found[0] is not None and flat:
                     found[1] = checkpoint.row_wise_state_blocks(found[0])
                     split = sorted(t for t, k in found[1].items() if k > 1)

@@ -196,6 +196,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--embed-dim", type=int, default=2, help="Euclidean embedding dim n")
     parser.add_argument("--pre-groups", type=Path, help="YAML of feature pre-groups")
     parser.add_argument("--out", required=True, type=Path, help="output folder")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier partition's files in --out"
+    )
     return parser
 
 
@@ -205,6 +208,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.max_batches is not None and args.max_batches < 1:
         parser.error(f"--max-batches must be at least 1; got {args.max_batches}")
+    written = [PARTITION_FILE, HEATMAP_FILE] + ([AFFINITY_FILE] if args.checkpoint else [])
+    existing = [str(args.out / name) for name in written if (args.out / name).exists()]
+    if existing and not args.overwrite:
+        parser.error(
+            f"{', '.join(existing)} exist already (an earlier partition); choose another --out, "
+            "or pass --overwrite to replace them"
+        )
     try:
         if args.checkpoint is not None:
             affinity, feature_names = checkpoint_affinity(
@@ -238,7 +248,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         parser.error(str(error))  # exits with status 2 and the message on stderr
     print(format_summary(result, affinity, feature_names))
-    written = [PARTITION_FILE, HEATMAP_FILE] + ([AFFINITY_FILE] if args.checkpoint else [])
     print("wrote " + ", ".join(str(args.out / name) for name in written))
     return 0
 

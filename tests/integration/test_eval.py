@@ -177,6 +177,12 @@ def test_checkpoint_errors(
         evaluate(tmp_path / "empty", "test")
 
     run = _copy_run(synthetic_run, tmp_path / "run")
+    with pytest.raises(ValueError) as e:  # the run directory, not its checkpoints
+        evaluate(run, "test")
+    assert str(e.value) == (
+        f"--checkpoint={str(run)!r}: no complete checkpoint (step_N/meta.json) there (a run "
+        f"directory? its checkpoints are in {run / 'checkpoints'})"
+    )
     (run / "checkpoints" / "step_9").mkdir()  # incomplete: ignored, the latest complete is used
     assert evaluate(run / "checkpoints", "test")["step"] == 3
     # A truncated data file (a crash during the write, a full disk): named, never read.
@@ -551,3 +557,19 @@ def test_export_never_replaces_a_file_that_appears_while_it_works(tmp_path: Path
         _publish(out, lambda f: f.write(b"ours"))
     assert out.read_bytes() == b"the other export's"
     assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]
+
+
+def test_a_report_is_never_replaced_unless_asked(
+    synthetic_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "eval.json"
+    out.write_text("an earlier report\n")
+    argv = ["--checkpoint", str(synthetic_run / "checkpoints"), "--data", "test", "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == 1
+    assert capsys.readouterr().err == (
+        f"dmt-eval: error: --out {out} exists already (an earlier report); choose another --out, "
+        "or pass --overwrite to replace it\n"
+    )
+    assert out.read_text() == "an earlier report\n"
+    assert main([*argv, "--no-progress", "--overwrite"]) == 0
+    assert json.loads(out.read_text())["rows"] > 0

@@ -54,6 +54,20 @@ def test_a_second_run_into_the_same_directory_stops_and_a_resume_goes_on(tmp_pat
     )
     assert _files(run) == before  # metrics, checkpoints, Hydra's files and the log untouched
 
+    # a resume its checkpoint refuses stops before Hydra writes its config over the run's record
+    third = _cli(*TINY, "trainer=smoke", "trainer.resume_from=auto", "model=dcn",
+                 f"hydra.run.dir={run}")  # fmt: skip
+    assert third.returncode == 1
+    error = third.stderr.strip()
+    assert error.startswith(f"Error: cannot resume from {run}/checkpoints/step_2: this run's config "
+                            "differs from the checkpoint's "), error  # fmt: skip
+    assert "model.name" in error
+    # all but the lock's holder record (the refused run held the lock while it checked)
+    assert {k: v for k, v in _files(run).items() if k != "run.lock"} == {
+        k: v for k, v in before.items() if k != "run.lock"
+    }
+    before = _files(run)
+
     with pytest.raises(ValueError, match="already holds another run's outputs"):  # from Python too
         train(compose_config(*TINY, "trainer=smoke"), run)
     assert _files(run) == before

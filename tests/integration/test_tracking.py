@@ -1,6 +1,6 @@
-"""wandb on a cluster (dmt.tracking, real offline runs): one run per run directory across
-resumes, steps logged again after a resume kept, runs that failed marked so, and tracking that
-never stops training (no credentials, a dead wandb service); WANDB_MODE; file systems without
+"""wandb on a cluster (dmt.tracking, real offline runs): the run id an online run resumes, steps
+logged again after a resume kept, runs that failed marked so, and tracking that does not stop
+training (no credentials, no run at all, a dead wandb service); WANDB_MODE; file systems without
 flock (dmt.run_dir)."""
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from omegaconf.errors import InterpolationResolutionError
 
 import dmt.run_dir
 import dmt.train
 from dmt.config import LoggerConfig
 from dmt.run_dir import lock_run_dir
-from dmt.tracking import RUN_ID_FILE, STEP, WandbLogger, open_logger
+from dmt.tracking import RUN_ID_FILE, STEP, WandbLogger, _run_id, open_logger
 from dmt.train import to_config, train
 from tests.conftest import compose_config
 
@@ -42,19 +43,44 @@ def _open(run_dir: Path, mode: str = "offline") -> WandbLogger:
     return logger
 
 
-def test_a_run_directory_keeps_one_wandb_run(tmp_path: Path) -> None:
-    """A resumed, restarted or requeued run opens its directory's run again; another directory
-    gets its own."""
-    first = _open(tmp_path / "run")
-    run_id = first.run.id
-    first.finish()
-    assert (tmp_path / "run" / RUN_ID_FILE).read_text() == run_id + "\n"
-    again = _open(tmp_path / "run")
-    assert again.run.id == run_id
-    again.finish()
-    other = _open(tmp_path / "other")
-    assert other.run.id != run_id
-    other.finish()
+def test_an_online_run_directory_keeps_its_wandb_run_id(tmp_path: Path) -> None:
+    """The id an online run resumes (``resume="allow"``; not checked here: no wandb server)."""
+    run_id = _run_id(tmp_path)
+    assert (tmp_path / RUN_ID_FILE).read_text() == run_id + "\n"
+    (tmp_path / "other").mkdir()
+    assert _run_id(tmp_path) == run_id != _run_id(tmp_path / "other")
+    (tmp_path / RUN_ID_FILE).write_text("\n")
+    with pytest.raises(ValueError) as e:
+        _run_id(tmp_path)
+    assert str(e.value) == (
+        f"{tmp_path / RUN_ID_FILE} is empty: expected the wandb run id this run directory uses"
+    )
+
+
+def test_offline_attempts_are_runs_of_their_own(tmp_path: Path) -> None:
+    """wandb cannot resume offline runs: each attempt syncs as a run of its own."""
+    ids = []
+    for _ in range(2):
+        logger = _open(tmp_path)
+        ids.append(logger.run.id)
+        logger.finish()
+    assert ids[0] != ids[1]
+    assert not (tmp_path / RUN_ID_FILE).exists()
+    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 2
+
+
+def test_a_run_that_cannot_start_is_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "wandb").write_text("not a directory")
+    with caplog.at_level(logging.ERROR, logger="dmt.tracking"):
+        assert open_logger(LoggerConfig(mode="offline"), {}, tmp_path, is_main=True) is None
+    assert [r.getMessage() for r in caplog.records if r.name == "dmt.tracking"] == [
+        "wandb could not start a run; training goes on without wandb"
+    ]
+    logger = _open(tmp_path / "next")  # the next job of a multirun in this process
+    logger.log({"train/loss": 1.0}, step=1)
+    logger.finish()
 
 
 def test_steps_logged_again_after_a_resume_are_kept(tmp_path: Path) -> None:
@@ -108,6 +134,11 @@ for step in (1, 2):
 logger.summarize({"test/auc": 0.7})
 logger.finish(exit_code=0)
 print("trained on, run", logger.run)
+# the next job of a multirun in this process: a service of its own
+nxt = open_logger(LoggerConfig(mode="offline"), {}, Path(sys.argv[1]) / "next", is_main=True)
+nxt.log({"train/loss": 1.0}, step=1)
+nxt.finish()
+print("next run", nxt.run)
 """
 
 
@@ -125,7 +156,7 @@ def test_a_dead_wandb_service_stops_logging_not_training(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0] == "dmt.tracking: wandb failed (log); logging to wandb stops, training goes on"
-    assert lines[-1] == "trained on, run None"
+    assert lines[-2:] == ["trained on, run None", "next run None"]
     assert sum("wandb failed" in line for line in lines) == 1  # once, then no more calls
 
 
@@ -169,16 +200,18 @@ def test_a_run_that_fails_finishes_its_wandb_run_as_failed(
 
 def test_wandb_mode_comes_from_the_environment_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
     assert to_config(compose_config()).logger.mode == "offline"
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert to_config(compose_config()).logger.mode == "disabled"
+    for env, mode in (("disabled", "disabled"), ("dryrun", "offline"), ("run", "online"),
+                      ("", "offline")):  # fmt: skip
+        monkeypatch.setenv("WANDB_MODE", env)
+        assert to_config(compose_config()).logger.mode == mode
     assert to_config(compose_config("logger.mode=online")).logger.mode == "online"
-    monkeypatch.setenv("WANDB_MODE", "dryrun")
-    with pytest.raises(ValueError) as e:
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    with pytest.raises(InterpolationResolutionError) as e:
         to_config(compose_config())
-    assert str(e.value) == (
-        "logger.mode (from the environment variable WANDB_MODE)='dryrun' is not supported; "
-        "expected one of ['online', 'offline', 'disabled']"
-    )
+    assert (
+        "the environment variable WANDB_MODE='bogus' (logger.mode's default) is not one of "
+        "['online', 'offline', 'disabled'] (or wandb's dryrun, run); unset it or set logger.mode"
+    ) in str(e.value)
 
 
 def test_a_file_system_without_flock_is_named(

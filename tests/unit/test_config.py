@@ -168,3 +168,24 @@ def test_comm_precision_is_checked_where_it_is_used():
         torch.bfloat16,
         torch.float16,
     ]
+
+
+def test_a_key_added_to_a_typed_group_is_an_error():
+    """Hydra's own hint for a misspelt key is ``+trainer.epoch=2``; OmegaConf then keeps the key
+    on the dataclass, where nothing reads it."""
+    with pytest.raises(ValueError) as e:
+        typed_config("+trainer.epoch=2")
+    assert str(e.value) == (
+        "trainer.epoch is not a setting of TrainerConfig (a + override adds keys only to groups "
+        "that take any key); did you mean trainer.epochs?"
+    )
+    with pytest.raises(ValueError) as e:
+        typed_config("+model.partition.blah=3")
+    assert str(e.value) == (
+        "model.partition.blah is not a setting of PartitionConfig (a + override adds keys only to "
+        "groups that take any key)"
+    )
+    # groups typed Any take any key: FBGEMM's keyword arguments of the sparse optimizer
+    assert (
+        typed_config("+optim.sparse.weight_decay_mode=l2").optim.sparse["weight_decay_mode"] == "l2"
+    )

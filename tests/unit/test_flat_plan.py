@@ -123,7 +123,8 @@ def test_constraints_keep_a_resumed_checkpoints_column_blocks(task):
         table_constraints(task, memory, column_blocks={"t_cat_3": 3})
     assert str(e.value) == (
         "table t_cat_3: its row-wise optimizer state was saved for 3 column blocks, which do not "
-        "divide its dimension 16"
+        "split its dimension 16 into blocks of a multiple of 4 columns (TorchRec's column-wise "
+        "blocks)"
     )
 
 

@@ -217,3 +217,21 @@ def test_checkpoint_mode_errors(tmp_path, capsys):
         )
     assert "not allowed with argument" in capsys.readouterr().err
     assert not (tmp_path / "partition.yaml").exists()
+
+
+def test_cli_never_replaces_an_earlier_partition_unless_asked(saved_affinity, tmp_path, capsys):
+    path = saved_affinity[0]
+    out = tmp_path / "out"
+    argv = ["--affinity", str(path), "--num-towers", "3", "--out", str(out)]
+    assert main(argv) == 0
+    first = (out / "partition.yaml").read_bytes()
+    with pytest.raises(SystemExit) as e:
+        main([*argv[:-2], "--seed", "7", "--out", str(out)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: {out / 'partition.yaml'}, {out / 'affinity_heatmap.png'} exist already (an "
+        "earlier partition); choose another --out, or pass --overwrite to replace them\n"
+    )
+    assert (out / "partition.yaml").read_bytes() == first
+    assert main([*argv, "--seed", "7", "--overwrite"]) == 0
+    assert yaml.safe_load((out / "partition.yaml").read_text())["seed"] == 7
