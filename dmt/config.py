@@ -605,8 +605,8 @@ def validate_sharding(s: ShardingConfig) -> None:
 
 def _no_unknown_keys(node: Any, path: str) -> None:
     """Raise for a key that a ``+`` override added to a typed group: OmegaConf keeps it on the
-    dataclass, and nothing reads it (``+trainer.epoch=2`` would train 1 epoch). Groups typed
-    ``Any`` (``optim.sparse``, ``model.tower``, ...) take any key."""
+    dataclass, and nothing reads it (``+trainer.epoch=2`` would train 1 epoch). Nodes that are
+    not dataclasses (``optim.sparse``, a ``_target_`` node without a schema) take any key."""
     fields = {f.name: f for f in dataclasses.fields(node)}
     for key in vars(node):
         if key not in fields:
@@ -615,7 +615,7 @@ def _no_unknown_keys(node: Any, path: str) -> None:
             hint = f"; did you mean {path + '.' if path else ''}{close[0]}?" if close else ""
             raise ValueError(
                 f"{name} is not a setting of {type(node).__name__} (a + override adds keys only "
-                f"to groups that take any key){hint}"
+                f"where the config takes any key, e.g. optim.sparse){hint}"
             )
     for name in fields:
         value = getattr(node, name)

@@ -32,6 +32,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +339,11 @@ def check_resume_config(
     task = config.copy()  # the job's config: Hydra's callbacks see it with the hydra node
     with open_dict(task):
         task.pop("hydra", None)
-    conf = OmegaConf.to_object(task)
+    try:
+        conf = OmegaConf.to_object(task)
+    except OmegaConfBaseException:  # e.g. ${hydra:...} in a task key: unset before the job runs
+        return  # the trainer checks the config again, once Hydra has set its job up
+
     assert isinstance(conf, Config)
     validate(conf)
     check_config(

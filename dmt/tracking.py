@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,7 @@ class WandbLogger:
 def _teardown(wandb: Any) -> None:
     try:
         wandb.teardown()
-    except Exception:  # a dead service: nothing left to free
+    except (Exception, SystemExit):  # a dead service (wandb exits with its code): nothing to free
         log.debug("wandb.teardown failed", exc_info=True)
 
 
@@ -175,7 +176,6 @@ def open_logger(
         return WandbLogger(cfg, config, output_dir, group)
     except Exception:
         log.exception("wandb could not start a run; training goes on without wandb")
-        import wandb  # noqa: PLC0415
-
-        _teardown(wandb)
+        if "wandb" in sys.modules:  # not when importing wandb itself failed
+            _teardown(sys.modules["wandb"])
         return None

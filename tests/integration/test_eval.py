@@ -164,7 +164,8 @@ def test_config_of_a_hydra_run_directory(synthetic_run: Path, tmp_path: Path) ->
 def test_checkpoint_errors(
     synthetic_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    assert main(["--checkpoint", str(tmp_path / "nope"), "--data", "test"]) == 1
+    out = ["--out", str(tmp_path / "eval.json")]  # not the working directory's eval.json
+    assert main(["--checkpoint", str(tmp_path / "nope"), "--data", "test", *out]) == 1
     assert (
         f"dmt-eval: error: --checkpoint '{tmp_path / 'nope'}': no such directory"
         in capsys.readouterr().err
@@ -466,7 +467,7 @@ def test_bad_tsv_row_names_file_and_line(criteo_run, tmp_path, capsys) -> None:
     assert main([*args, "--skip-bad-rows"]) == 0
     written = json.loads((tmp_path / "e.json").read_text())
     assert written["rows"] == 19 and written["bad_rows"] == 1
-    assert main([*args[:3], str(tmp_path / "missing.tsv")]) == 1
+    assert main([*args[:3], str(tmp_path / "missing.tsv"), "--out", str(tmp_path / "m.json")]) == 1
     assert "--data '" in capsys.readouterr().err
 
 

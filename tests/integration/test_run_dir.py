@@ -83,6 +83,11 @@ def test_a_second_run_into_the_same_directory_stops_and_a_resume_goes_on(tmp_pat
     )
     assert resumed["num_steps"] == 3 == json.loads((run / "metrics.json").read_text())["num_steps"]
 
+    # a task key that reads Hydra's job (unset before the job runs): the trainer checks it
+    fourth = _cli(*TINY, "trainer=smoke", "trainer.max_steps=3", "trainer.resume_from=auto",
+                  "logger.name=${hydra:job.name}", f"hydra.run.dir={run}")  # fmt: skip
+    assert fourth.returncode == 0, fourth.stderr[-3000:]
+
 
 def test_a_running_run_holds_its_directory_and_a_killed_one_does_not(tmp_path):
     run = tmp_path / "run"

@@ -176,16 +176,16 @@ def test_a_key_added_to_a_typed_group_is_an_error():
     with pytest.raises(ValueError) as e:
         typed_config("+trainer.epoch=2")
     assert str(e.value) == (
-        "trainer.epoch is not a setting of TrainerConfig (a + override adds keys only to groups "
-        "that take any key); did you mean trainer.epochs?"
+        "trainer.epoch is not a setting of TrainerConfig (a + override adds keys only where the "
+        "config takes any key, e.g. optim.sparse); did you mean trainer.epochs?"
     )
     with pytest.raises(ValueError) as e:
         typed_config("+model.partition.blah=3")
     assert str(e.value) == (
-        "model.partition.blah is not a setting of PartitionConfig (a + override adds keys only to "
-        "groups that take any key)"
+        "model.partition.blah is not a setting of PartitionConfig (a + override adds keys only "
+        "where the config takes any key, e.g. optim.sparse)"
     )
-    # groups typed Any take any key: FBGEMM's keyword arguments of the sparse optimizer
+    # nodes that are not dataclasses take any key: FBGEMM's keyword arguments of the optimizer
     assert (
         typed_config("+optim.sparse.weight_decay_mode=l2").optim.sparse["weight_decay_mode"] == "l2"
     )
