@@ -473,6 +473,13 @@ def resolve(path: Path, *, setting: str = "trainer.resume_from") -> Path:
     return found
 
 
+def resume_checkpoint(resume_from: str, root: Path) -> Path | None:
+    """The checkpoint ``trainer.resume_from`` names: with ``auto`` the newest complete one under
+    ``root`` (the run's checkpoint directory; ``None`` if there is none), else that path
+    resolved (:func:`resolve`)."""
+    return latest(root) if resume_from == "auto" else resolve(Path(resume_from))
+
+
 def read_meta(path: Path) -> dict[str, Any]:
     """``meta.json`` of a complete checkpoint directory ``step_N``."""
     return dict(json.loads((Path(path) / META_FILE).read_text()))

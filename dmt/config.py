@@ -603,15 +603,21 @@ def validate_sharding(s: ShardingConfig) -> None:
         )
 
 
+def config_yaml(cfg: Config) -> str:
+    """``cfg`` as the YAML a checkpoint saves and a resume compares with
+    (:func:`dmt.checkpoint.check_config`)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
 def _no_unknown_keys(node: Any, path: str) -> None:
     """Raise for a key that a ``+`` override added to a typed group: OmegaConf keeps it on the
     dataclass, and nothing reads it (``+trainer.epoch=2`` would train 1 epoch). Nodes that are
     not dataclasses (``optim.sparse``, a ``_target_`` node without a schema) take any key."""
-    fields = {f.name: f for f in dataclasses.fields(node)}
+    fields = [f.name for f in dataclasses.fields(node)]
     for key in vars(node):
         if key not in fields:
             name = f"{path}.{key}" if path else key
-            close = difflib.get_close_matches(key, list(fields), n=1)
+            close = difflib.get_close_matches(key, fields, n=1)
             hint = f"; did you mean {path + '.' if path else ''}{close[0]}?" if close else ""
             raise ValueError(
                 f"{name} is not a setting of {type(node).__name__} (a + override adds keys only "

@@ -326,31 +326,22 @@ def check_resume_config(
 ) -> None:
     """Raise ``ValueError`` if the run that resumes ``run_dir`` has a config its checkpoint
     refuses (:func:`dmt.checkpoint.check_config`, as the trainer checks it again)."""
-    from dmt.checkpoint import check_config, latest, resolve  # noqa: PLC0415 (torch)
-    from dmt.config import Config, validate  # noqa: PLC0415 (dmt.config imports this module)
+    from dmt.checkpoint import check_config, resume_checkpoint  # noqa: PLC0415 (torch)
+    from dmt.config import config_yaml  # noqa: PLC0415 (dmt.config imports this module)
+    from dmt.train import to_config  # noqa: PLC0415 (dmt.train imports this module)
 
-    if resume_from == "auto":
-        ckpt = Path(checkpoint_dir)
-        path = latest(ckpt if ckpt.is_absolute() else run_dir / ckpt)
-    else:
-        path = resolve(Path(resume_from))
+    ckpt = Path(checkpoint_dir)
+    path = resume_checkpoint(resume_from, ckpt if ckpt.is_absolute() else run_dir / ckpt)
     if path is None:
         return
     task = config.copy()  # the job's config: Hydra's callbacks see it with the hydra node
     with open_dict(task):
         task.pop("hydra", None)
     try:
-        conf = OmegaConf.to_object(task)
+        conf = to_config(task)
     except OmegaConfBaseException:  # e.g. ${hydra:...} in a task key: unset before the job runs
         return  # the trainer checks the config again, once Hydra has set its job up
-
-    assert isinstance(conf, Config)
-    validate(conf)
-    check_config(
-        path,
-        OmegaConf.to_yaml(OmegaConf.structured(conf)),
-        allow_change=conf.trainer.resume_allow_config_change,
-    )
+    check_config(path, config_yaml(conf), allow_change=conf.trainer.resume_allow_config_change)
 
 
 class RunDirGuard(Callback):

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -30,7 +29,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from tqdm import tqdm
 
 from dmt import checkpoint
-from dmt.config import Config
+from dmt.config import Config, config_yaml
 from dmt.data import BatchSource, DataBundle, build_data
 from dmt.ema import DenseEMA
 from dmt.history import RunHistory
@@ -314,6 +313,11 @@ class Trainer:
         # (a device tensor per step for the whole run would hold a GPU block per step)
         pending: list[torch.Tensor] = []
         loss_values: list[float] = []
+
+        def read_back() -> None:
+            loss_values.extend(torch.stack(pending).float().cpu().tolist())
+            pending.clear()
+
         metrics: dict[str, float] = {}
         train_time = 0.0
         bar = tqdm(
@@ -340,8 +344,7 @@ class Trainer:
                     pending.append(loss)
                     bar.update(1)
                     if self.step % t.log_every == 0:  # the only host sync of training steps
-                        loss_values += torch.stack(pending).float().cpu().tolist()
-                        pending.clear()
+                        read_back()
                         value = loss_values[-1]
                         bar.set_postfix(loss=f"{value:.4f}")
                         self._log_train(value, train_time + time.perf_counter() - tick)
@@ -373,8 +376,7 @@ class Trainer:
         metrics["num_train_samples"] = float(train_samples)
         metrics["num_steps"] = float(self.step)
         if pending:
-            loss_values += torch.stack(pending).float().cpu().tolist()
-            pending.clear()
+            read_back()
         metrics["train_loss_last"] = (
             float(np.mean(loss_values[-50:])) if loss_values else float("nan")
         )
@@ -399,7 +401,7 @@ class Trainer:
         return p if p.is_absolute() else self.output_dir / p
 
     def config_yaml(self) -> str:
-        return OmegaConf.to_yaml(OmegaConf.structured(self.cfg))
+        return config_yaml(self.cfg)
 
     def _find_resume(self, *, flat: bool) -> tuple[Path | None, dict[str, int] | None]:
         """The checkpoint to resume from: ``trainer.resume_from`` resolved, or with ``auto`` the
@@ -414,17 +416,14 @@ class Trainer:
         found: list[Any] = [None, None, None]
         if self.rt.is_main:
             try:
-                if setting == "auto":
-                    found[0] = checkpoint.latest(self.checkpoint_root())
-                    if found[0] is None:
-                        log.info(
-                            "trainer.resume_from=auto: no complete checkpoint in %s; "
-                            "starting fresh",
-                            self.checkpoint_root(),
-                        )
-                else:
-                    found[0] = checkpoint.resolve(Path(setting))
-                if found[0] is not None:  # before its column blocks shape this run's plan
+                found[0] = checkpoint.resume_checkpoint(setting, self.checkpoint_root())
+                if found[0] is None:
+                    log.info(
+                        "trainer.resume_from=auto: no complete checkpoint in %s; starting fresh",
+                        self.checkpoint_root(),
+                    )
+                else:  # before its column blocks shape this run's plan
+                    # before its column blocks shape this run's plan
                     checkpoint.check_config(
                         found[0],
                         self.config_yaml(),
