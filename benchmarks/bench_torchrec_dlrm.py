@@ -12,9 +12,11 @@ on the same batches of the Criteo Kaggle sample
   ``CombinedOptimizer``, an LR scheduler stepped every step (``LRPolicyScheduler`` without
   warm-up or decay keeps the base LR; a constant ``LambdaLR`` here) and
   ``TrainPipelineSparseDist.progress`` until the pipeline is drained;
-- ``dmt pipelined``: ``dmt.trainer.Trainer.run_steps`` with ``trainer.pipeline=true``;
-- ``dmt plain``: the same with ``trainer.pipeline=false``;
-- ``dmt sync``: pipelined with ``trainer.log_every=1``, the loss read back every step.
+- ``dmt default``: ``dmt.trainer.Trainer.run_steps`` with dmt's defaults: ``trainer.pipeline=true``,
+  which in a world of one is the plain loop (``dmt.trainer.use_pipeline``);
+- ``dmt pipelined``: the same through TorchRec's ``TrainPipelineSparseDist``
+  (``trainer.pipeline_world_of_one=true``), as dmt trains 2+ ranks;
+- ``dmt sync``: the default with ``trainer.log_every=1``, the loss read back every step.
 
 The dmt variants read the loss back every ``trainer.log_every`` steps (default 50), as
 ``Trainer.fit`` does. Both sides: DLRM, dim 64, bottom 512-256-64 (ReLU after its last layer, as
@@ -33,7 +35,7 @@ oversubscribed (with 2 threads on 2 busy cores every variant ran about 8x slower
     .venv/bin/python benchmarks/bench_torchrec_dlrm.py --device cuda --override data.batch_size=4096
 
 Prints samples/s per run, the median and range of each variant, the ratios dmt / reference,
-pipelined / plain and no-sync / sync, and the load average at start and end.
+pipelined / plain (the default) and no-sync / sync, and the load average at start and end.
 """
 
 from __future__ import annotations
@@ -86,10 +88,10 @@ OVERRIDES = [
     f"optim.sparse_lr={LR}",
     f"optim.lr={LR}",
 ]
-DMT_VARIANTS = {
-    "dmt pipelined": ["trainer.pipeline=true"],
-    "dmt plain": ["trainer.pipeline=false"],
-    "dmt sync": ["trainer.pipeline=true", "trainer.log_every=1"],
+DMT_VARIANTS: dict[str, list[str]] = {
+    "dmt default": [],
+    "dmt pipelined": ["trainer.pipeline=true", "trainer.pipeline_world_of_one=true"],
+    "dmt sync": ["trainer.log_every=1"],
 }
 VARIANTS = ["reference", *DMT_VARIANTS]
 
@@ -185,13 +187,15 @@ def variant_steps(
 ) -> Iterator[torch.Tensor]:
     """A fresh model of ``variant``, as an iterator over its training steps on ``batches``
     (each yields the step's loss)."""
-    name = variant if variant != "reference" else "dmt pipelined"
+    name = variant if variant != "reference" else "dmt default"
     cfg = dmt_config(name, rt.device.type, extra)
     torch.manual_seed(cfg.trainer.seed)
     if variant == "reference":
         pipeline, lr_step = reference_pipeline(data, cfg, rt.device)
         return reference_steps(pipeline, lr_step, batches)
     trainer = Trainer(cfg, rt, out / variant.replace(" ", "_"))
+    if (trainer.pipeline is not None) != (variant == "dmt pipelined"):
+        raise RuntimeError(f"{variant}: trainer.pipeline came out {trainer.pipeline!r}")
     every = cfg.trainer.log_every
 
     def steps() -> Iterator[torch.Tensor]:
@@ -282,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     rt = init_runtime(args.device)
     extra = tuple(args.override)
     try:
-        cfg = dmt_config("dmt pipelined", args.device, extra)
+        cfg = dmt_config("dmt default", args.device, extra)
         data = build_data(cfg.data, rank=0, world_size=1, seed=cfg.trainer.seed)
         batches = training_batches(data, args.warmup + args.steps)
         rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -306,11 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     for v, r in rates.items():
         print(f"{v:13} median {median[v]:8,.0f} samples/s (range {min(r):,.0f}-{max(r):,.0f})")
     pairs = {
+        "dmt default / reference": ("dmt default", "reference"),
         "dmt pipelined / reference": ("dmt pipelined", "reference"),
-        "dmt plain / reference": ("dmt plain", "reference"),
         "dmt sync / reference": ("dmt sync", "reference"),
-        "pipelined / plain": ("dmt pipelined", "dmt plain"),
-        "no sync / sync": ("dmt pipelined", "dmt sync"),
+        "pipelined / plain": ("dmt pipelined", "dmt default"),
+        "no sync / sync": ("dmt default", "dmt sync"),
     }
     ratios = {name: median[a] / median[b] for name, (a, b) in pairs.items()}
     # the same ratios within each run (the variants of a run share the machine's load)

@@ -389,7 +389,8 @@ class TrainerConfig:
         False  # let a resume change optim.* keys (model, data, partition must match)
     )
     checkpoint_async: bool = False  # write checkpoints in the background (DCP async_save over a dedicated gloo group): large tables on GPU; on small models staging costs more than it saves
-    pipeline: bool = True  # TorchRec's training pipeline (overlaps batch i+1's copy and input all-to-all with batch i); false: the plain loop, for debugging, and faster in a world of one (one H100: 1.3x, nothing to overlap)
+    pipeline: bool = True  # TorchRec's training pipeline (overlaps batch i+1's copy and input all-to-all with batch i) whenever there are 2+ ranks; a world of one (one process) runs the plain loop, faster there (one H100: 1.2-1.3x; nothing to overlap); false: the plain loop everywhere, for debugging
+    pipeline_world_of_one: bool = False  # with trainer.pipeline, pipeline a world of one too (to compare or test the pipeline in one process; slower there)
     seed: int = 0  # seed of weights init and data order
     progress_bar: bool = True  # tqdm progress bar on rank 0
     device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"
@@ -399,6 +400,17 @@ class TrainerConfig:
         None  # evaluate an exponential moving average of the dense weights (MLPs, interaction, tower modules; not the tables), avg = decay * avg + (1 - decay) * w after every step, e.g. 0.999; training goes on from the raw weights (None: off)
     )
     collective_timeout_s: float = 600.0  # timeout of every process group (flat and SPTT); a rank silent this long ends the job
+
+
+def use_pipeline(trainer: TrainerConfig, world_size: int) -> bool:
+    """Whether to train through TorchRec's pipeline: with ``trainer.pipeline``, in a world of 2+
+    ranks, where it overlaps batch ``i+1``'s input all-to-all with batch ``i``. A world of one has
+    no input distribution to overlap, only the batch copy, and the pipeline's own host work per
+    step costs more than that saves: the plain loop gave 1.2-1.3x its samples/s on one H100, and
+    1.25x on this repository's CPU with a step small enough to be host-bound
+    (``benchmarks/bench_torchrec_dlrm.py``). ``trainer.pipeline_world_of_one`` pipelines it
+    anyway."""
+    return trainer.pipeline and (world_size > 1 or trainer.pipeline_world_of_one)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from tqdm import tqdm
 
 from dmt import checkpoint
-from dmt.config import Config, config_yaml
+from dmt.config import Config, config_yaml, use_pipeline
 from dmt.data import BatchSource, DataBundle, build_data
 from dmt.ema import DenseEMA
 from dmt.history import RunHistory
@@ -126,15 +126,18 @@ class Trainer:
             )
             self.optimizer = build_optimizer(self.model, cfg.optim)
         write_sharding_plan(self.model, self.output_dir, rank=runtime.rank, memory=memory)
+        pipelined = use_pipeline(cfg.trainer, runtime.world_size)
+        if cfg.trainer.pipeline and not pipelined and runtime.is_main:
+            log.info(
+                "trainer.pipeline: a world of one has no input distribution to overlap; "
+                "training with the plain loop (trainer.pipeline_world_of_one=true pipelines "
+                "it anyway)"
+            )
         self.pipeline = (
-            build_pipeline(self.model, self.optimizer, runtime.device)
-            if cfg.trainer.pipeline
-            else None
+            build_pipeline(self.model, self.optimizer, runtime.device) if pipelined else None
         )
         self.eval_pipeline = (
-            build_eval_pipeline(self.model, self.optimizer, runtime.device)
-            if cfg.trainer.pipeline
-            else None
+            build_eval_pipeline(self.model, self.optimizer, runtime.device) if pipelined else None
         )
         per_epoch = self.data.train.num_batches()
         self.total_steps = per_epoch * cfg.trainer.epochs

@@ -52,6 +52,7 @@ from dmt.config import (
     PartitionConfig,
     PassThroughTowerConfig,
     register_configs,
+    use_pipeline,
 )
 from dmt.inspect import schema
 from dmt.memory import GIB, MemoryBudget
@@ -343,7 +344,7 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
         {m: ModeWorkload(p.collectives, p.compute) for m, p in modes.items()},
         B,
         conf.cluster,
-        pipelined=conf.trainer.pipeline,
+        pipelined=use_pipeline(conf.trainer, G),
     )
     report = _report(conf, topo, B, modes, times, time.perf_counter() - started)
     report["flat_search"] = search

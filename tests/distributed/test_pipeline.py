@@ -106,7 +106,8 @@ def test_pipelined_training_equals_the_plain_loop(
         losses = run_on_ranks(
             _train,
             world_size,
-            [*extra, f"trainer.pipeline={pipeline}"],
+            # a world of one runs the plain loop unless told to pipeline it too
+            [*extra, f"trainer.pipeline={pipeline}", "trainer.pipeline_world_of_one=true"],
             str(out),
             backend,
             timeout_s=240,

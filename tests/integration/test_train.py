@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import gc
 import json
+import logging
 import math
 import os
 import subprocess
@@ -14,8 +15,10 @@ import weakref
 import pytest
 import torch
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+from torchrec.distributed.train_pipeline import EvalPipelineSparseDist, TrainPipelineSparseDist
 
 from dmt import checkpoint
+from dmt.config import use_pipeline
 from dmt.runtime import close_runtime, init_runtime
 from dmt.train import to_config, train
 from dmt.trainer import Trainer, unwrap
@@ -346,3 +349,54 @@ def test_a_run_holds_the_losses_of_one_log_interval_only(tmp_path):
     assert len(result.losses) == 16 and all(math.isfinite(v) for v in result.losses)
     # at step 4 k the losses are read back and freed, but the loop's last one (all 4 k before)
     assert trainer.alive == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "world_of_one", "world_size", "expected"),
+    [
+        (True, False, 1, False),  # the default in one process: nothing to overlap
+        (True, True, 1, True),
+        (True, False, 2, True),
+        (True, False, 8, True),
+        (False, False, 2, False),
+        (False, True, 1, False),  # pipeline_world_of_one only widens trainer.pipeline
+    ],
+)
+def test_use_pipeline(pipeline, world_of_one, world_size, expected):
+    conf = to_config(
+        compose_config(
+            *TINY, f"trainer.pipeline={pipeline}", f"trainer.pipeline_world_of_one={world_of_one}"
+        )
+    )
+    assert use_pipeline(conf.trainer, world_size) is expected
+
+
+def test_a_world_of_one_trains_with_the_plain_loop_unless_told_to_pipeline_it(tmp_path, caplog):
+    """Default ``trainer.pipeline=true`` in one process: the plain loop, said in the log;
+    ``trainer.pipeline_world_of_one=true``: TorchRec's pipelines, computing the same losses."""
+    losses, kinds = {}, {}
+    for forced in (False, True):
+        conf = to_config(
+            compose_config(
+                *TINY,
+                "trainer.max_steps=6",
+                "trainer.eval_every=0",
+                f"trainer.pipeline_world_of_one={forced}",
+            )
+        )
+        rt = init_runtime("cpu")
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.INFO, logger="dmt.trainer"):
+                trainer = Trainer(conf, rt, tmp_path / str(forced))
+            kinds[forced] = (type(trainer.pipeline), type(trainer.eval_pipeline))
+            said = "a world of one has no input distribution to overlap" in caplog.text
+            assert said is not forced
+            losses[forced] = trainer.fit().losses
+        finally:
+            close_runtime()
+    assert kinds == {
+        False: (type(None), type(None)),
+        True: (TrainPipelineSparseDist, EvalPipelineSparseDist),
+    }
+    assert len(losses[False]) == 6 and losses[False] == losses[True]

@@ -27,7 +27,13 @@ def _trainer(tmp_path, *overrides: str) -> Trainer:
 @pytest.mark.parametrize("pipeline", [True, False], ids=["pipelined", "plain"])
 def test_evaluation_reads_the_hand_computed_ema_and_training_the_raw_weights(tmp_path, pipeline):
     try:
-        trainer = _trainer(tmp_path, f"trainer.pipeline={pipeline}", f"trainer.ema_decay={DECAY}")
+        trainer = _trainer(
+            tmp_path,
+            f"trainer.pipeline={pipeline}",
+            "trainer.pipeline_world_of_one=true",
+            f"trainer.ema_decay={DECAY}",
+        )
+        assert (trainer.pipeline is not None) == pipeline
         params = [p for _, p in dense_parameters(trainer.model)]
         seen = []  # the dense weights after every step
         batches = itertools.islice(trainer.data.train.batches(0), STEPS)
