@@ -1,6 +1,7 @@
 """Pipelined training against the plain loop, side by side, alternating (issue 11).
 
-Runs ``dmt-train`` with ``trainer.pipeline=true`` and ``false`` in turn, ``--runs`` times each,
+Runs ``dmt-train`` with ``trainer.pipeline=true`` (and ``trainer.pipeline_world_of_one=true``,
+so a single process is pipelined too) and ``false`` in turn, ``--runs`` times each,
 single process or under ``torchrun --nproc-per-node``, and prints the median training samples/s
 of each with its range and the ratio. Extra arguments are Hydra overrides for both sides.
 
@@ -45,6 +46,7 @@ def run(pipeline: bool, nproc: int, overrides: list[str], out: Path) -> float:
         *DEFAULTS,
         *overrides,
         f"trainer.pipeline={str(pipeline).lower()}",
+        "trainer.pipeline_world_of_one=true",  # one process too: pipelined against plain
         f"hydra.run.dir={out}",
     ]
     env = dict(

@@ -13,7 +13,7 @@ on the same batches of the Criteo Kaggle sample
   warm-up or decay keeps the base LR; a constant ``LambdaLR`` here) and
   ``TrainPipelineSparseDist.progress`` until the pipeline is drained;
 - ``dmt default``: ``dmt.trainer.Trainer.run_steps`` with dmt's defaults: ``trainer.pipeline=true``,
-  which in a world of one is the plain loop (``dmt.trainer.use_pipeline``);
+  which in a world of one is the plain loop (``dmt.config.use_pipeline``);
 - ``dmt pipelined``: the same through TorchRec's ``TrainPipelineSparseDist``
   (``trainer.pipeline_world_of_one=true``), as dmt trains 2+ ranks;
 - ``dmt sync``: the default with ``trainer.log_every=1``, the loss read back every step.

@@ -30,8 +30,9 @@ import logging
 import os
 import random
 import re
+import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
@@ -52,6 +53,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dmt.config import NO_DEFAULT, schema_default
 from dmt.ema import DenseEMA
+from dmt.host_memory import RankMemory, available_bytes, staged_bytes, staging_shortfall
 from dmt.sptt.dmt_sharding import ShardedDMT
 from dmt.sptt.sharded_state import plain_name
 
@@ -80,6 +82,8 @@ _FREE_KEYS = (
     "trainer.eval_max_batches",
     "trainer.ema_decay",  # what evaluation reads; the trained weights are the same
     "trainer.collective_timeout_s",
+    "trainer.pipeline",  # pipelined and plain loops compute the same (tests/distributed/test_pipeline.py)
+    "trainer.pipeline_world_of_one",
     "sptt.local_world_size",
     "sptt.hosts_per_tower",
     "sptt.sharding_type",
@@ -176,6 +180,21 @@ def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
     return {prefix + k: v for k, v in sharded.optimizer_state_dict(optimizer).items()}
 
 
+def checkpoint_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int, ema: DenseEMA | None = None
+) -> dict[str, Any]:
+    """What this rank hands DCP to save: the model's state dict, the per-parameter optimizer
+    state, the rank's RNG and the ``ema`` (if given), in the live tensors (no copy)."""
+    state = {
+        "model": model.state_dict(),
+        "optim": _optimizer_state(model, optimizer),
+        "rng": {f"rank_{rank}": _rng_state()},
+    }
+    if ema is not None:
+        state["ema"] = _ema_state(model, ema)
+    return state
+
+
 def _ema_state(model: nn.Module, ema: DenseEMA) -> dict[str, torch.Tensor]:
     """The EMA's averages under the model's state-dict keys of the weights they average (as
     the dense optimizer state is keyed), in the EMA's own tensors (DCP loads into them)."""
@@ -240,7 +259,9 @@ class Checkpointer:
     With ``async_save`` the tensors are staged in memory and written by a background thread over
     a dedicated gloo group while training goes on (``torch.distributed.checkpoint.async_save``);
     the marker ``meta.json`` is written once the write has finished (at the next save, at
-    :meth:`wait`, or at :meth:`close`).
+    :meth:`wait`, or at :meth:`close`). A save whose staging copies would not fit in some host's
+    free memory (:mod:`dmt.host_memory`; ``host_memory`` reads this rank's) is written
+    synchronously instead, with a warning.
     """
 
     def __init__(
@@ -251,11 +272,14 @@ class Checkpointer:
         world_size: int,
         async_save: bool = False,
         timeout: timedelta | None = None,
+        host_memory: Callable[[], int] = available_bytes,
     ) -> None:
         self.root = Path(root)
         self.rank = rank
         self.world_size = world_size
         self.async_save = async_save
+        self.host_memory = host_memory
+        self._warned = False
         self._pending: _Pending | None = None
         self._group = (
             dist.new_group(backend="gloo", timeout=timeout)
@@ -293,11 +317,7 @@ class Checkpointer:
         if verdict[0] is not None:
             raise ValueError(verdict[0])
         path.mkdir(parents=True, exist_ok=True)
-        state = {
-            "model": model.state_dict(),
-            "optim": _optimizer_state(model, optimizer),
-            "rng": {f"rank_{self.rank}": _rng_state()},
-        }
+        state = checkpoint_state(model, optimizer, rank=self.rank, ema=ema)
         meta = {
             "format": FORMAT,
             "step": step,
@@ -316,10 +336,9 @@ class Checkpointer:
         if lr_scheduler is not None:
             meta["lr_scheduler"] = lr_scheduler
         if ema is not None:
-            state["ema"] = _ema_state(model, ema)
             meta["ema_updates"] = ema.num_updates
         writer = dcp.FileSystemWriter(path, sync_files=True)
-        if self.async_save:
+        if self.async_save and self._staging_fits(state, path):
             response = dcp.async_save(state, storage_writer=writer, process_group=self._group)
             # a Future, or (with an asynchronous stager) the staging and upload futures
             future = response if isinstance(response, Future) else response.upload_completion
@@ -328,6 +347,29 @@ class Checkpointer:
             dcp.save(state, storage_writer=writer)
             self._finish(path, meta, config)
         return path
+
+    def _staging_fits(self, state: dict[str, Any], path: Path) -> bool:
+        """Whether every host has the free memory for its ranks' staging copies of ``state``;
+        every rank reaches the same answer (one small gather over the checkpoint group)."""
+        ranks: list[Any] = [
+            RankMemory(socket.gethostname(), staged_bytes(state), self.host_memory())
+        ]
+        if dist.is_initialized() and self.world_size > 1:
+            mine, ranks = ranks[0], [None] * self.world_size
+            dist.all_gather_object(ranks, mine, group=self._group)
+        why = staging_shortfall(ranks)
+        if why is None:
+            return True
+        if self.rank == 0:
+            (log.warning if not self._warned else log.info)(
+                "checkpoint %s: %s; writing it synchronously (trainer.checkpoint_async=true "
+                "copies every rank's state into host memory until it is written: free host "
+                "memory, or set trainer.checkpoint_async=false)",
+                path,
+                why,
+            )
+        self._warned = True
+        return False
 
     def wait(self) -> None:
         """Block until the pending asynchronous save is written and marked complete."""

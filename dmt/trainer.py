@@ -183,8 +183,8 @@ class Trainer:
         return acc.sync().compute()
 
     def _eval_steps(self, batches: Iterator[Batch]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """``(logits, labels)`` of every batch on the device. Pipelined (flat models with
-        ``trainer.pipeline``): TorchRec's ``EvalPipelineSparseDist`` starts batch ``i+1``'s input
+        """``(logits, labels)`` of every batch on the device. Pipelined (flat models, when
+        :func:`~dmt.config.use_pipeline`): TorchRec's ``EvalPipelineSparseDist`` starts batch ``i+1``'s input
         all-to-all during batch ``i``'s forward and is detached at the end, so training can
         attach its own pipeline again."""
         pin = self.rt.device.type == "cuda"  # page-locked batches: their copies run asynchronously
@@ -228,7 +228,7 @@ class Trainer:
 
     # -- training -----------------------------------------------------------------------------
     def train_step(self, batch: Batch) -> torch.Tensor:
-        """One step of the plain loop (``trainer.pipeline=false``); returns the loss on the
+        """One step of the plain loop (``trainer.pipeline=false``, or a world of one); returns the loss on the
         device (no host sync)."""
         self.optimizer.zero_grad()  # also pushes the LR into the fused embedding kernels
         loss, _ = self.model(batch.to(self.rt.device, non_blocking=True))
@@ -247,7 +247,7 @@ class Trainer:
 
     def run_steps(self, batches: Iterator[Batch]) -> Iterator[torch.Tensor]:
         """Train on ``batches``, yielding each step's loss (on the device). Pipelined
-        (``trainer.pipeline``): the pipeline copies batch i+1 and starts its input distribution
+        (:func:`~dmt.config.use_pipeline`): the pipeline copies batch i+1 and starts its input distribution
         while batch i trains; it is drained when ``batches`` ends, so evaluation and checkpoints
         happen between whole segments, exactly as in the plain loop."""
         if self.pipeline is None:

@@ -97,7 +97,14 @@ def test_config_differences_free_and_strict_keys() -> None:
     }
     same_job = {
         "model": {"name": "dlrm"},
-        "trainer": {"epochs": 1, "seed": 0, "log_every": 10},
+        # the loop: pipelined and plain compute the same (tests/distributed/test_pipeline.py)
+        "trainer": {
+            "epochs": 1,
+            "seed": 0,
+            "log_every": 10,
+            "pipeline": False,
+            "pipeline_world_of_one": True,
+        },
         "optim": {"lr": 0.1},
         "logger": {"mode": "online"},
         "sptt": {"comm_precision": "bf16"},  # absent from older checkpoints' configs

@@ -1,0 +1,108 @@
+"""Free host memory from ``/proc`` and the memory cgroups, and the staging verdict
+(:mod:`dmt.host_memory`), on planted ``/proc`` and ``/sys/fs/cgroup`` trees and on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dmt.host_memory import RankMemory, available_bytes, staging_shortfall
+
+GIB = 1024**3
+
+
+def _tree(root: Path, cgroup: str, meminfo_gib: float, files: dict[str, str]) -> Path:
+    (root / "proc" / "self").mkdir(parents=True)
+    (root / "proc" / "meminfo").write_text(
+        f"MemTotal:       99999999 kB\nMemAvailable:   {int(meminfo_gib * 1024**2)} kB\n"
+    )
+    (root / "proc" / "self" / "cgroup").write_text(cgroup)
+    for rel, text in files.items():
+        f = root / "sys" / "fs" / "cgroup" / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    return root
+
+
+def test_cgroup_v2_limit_of_an_ancestor_bounds_what_is_free(tmp_path):
+    """SLURM's ConstrainRAMSpace limits the job's cgroup; the process sits in its step's, below.
+    Headroom: limit - usage + inactive page cache (reclaimed before an OOM kill)."""
+    job = "slurm/uid_0/job_7"
+    root = _tree(
+        tmp_path,
+        "0::/slurm/uid_0/job_7/step_0\n",
+        meminfo_gib=100,
+        files={
+            f"{job}/memory.max": f"{8 * GIB}\n",
+            f"{job}/memory.current": f"{6 * GIB}\n",
+            f"{job}/memory.stat": f"anon {5 * GIB}\ninactive_file {GIB}\nactive_file 7\n",
+            f"{job}/step_0/memory.max": "max\n",
+            f"{job}/step_0/memory.current": f"{6 * GIB}\n",
+            "memory.max": "max\n",  # the root's (unlimited)
+        },
+    )
+    assert available_bytes(root) == 3 * GIB
+
+
+def test_cgroup_v1_limit_and_the_unlimited_value_it_reports(tmp_path):
+    leaf = "memory/process_api/abc"
+    root = _tree(
+        tmp_path,
+        "9:name=systemd:/\n4:memory:/process_api/abc\n0::/\n",
+        meminfo_gib=2,
+        files={
+            f"{leaf}/memory.limit_in_bytes": f"{10 * GIB}\n",
+            f"{leaf}/memory.usage_in_bytes": f"{9 * GIB}\n",
+            f"{leaf}/memory.stat": f"cache 5\ntotal_inactive_file {GIB // 2}\n",
+            # v1's "no limit" (2^63 rounded down to a page) at the parent and the root
+            "memory/process_api/memory.limit_in_bytes": "9223372036854771712\n",
+            "memory/process_api/memory.usage_in_bytes": f"{20 * GIB}\n",
+            "memory/memory.limit_in_bytes": "9223372036854771712\n",
+            "memory/memory.usage_in_bytes": f"{20 * GIB}\n",
+        },
+    )
+    assert available_bytes(root) == 3 * GIB // 2  # the cgroup's 1.5 GiB, under MemAvailable's 2
+    (root / "sys/fs/cgroup" / leaf / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert available_bytes(root) == 2 * GIB  # no limit anywhere: the host's MemAvailable
+
+
+def test_without_cgroup_files_the_hosts_memavailable(tmp_path):
+    root = _tree(tmp_path, "0::/user.slice/session-1.scope\n", meminfo_gib=5, files={})
+    assert available_bytes(root) == 5 * GIB
+    (root / "proc" / "self" / "cgroup").unlink()
+    assert available_bytes(root) == 5 * GIB
+
+
+def test_this_machines_free_memory_is_within_its_total():
+    total = next(
+        int(line.split()[1]) * 1024
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal:")
+    )
+    assert 0 < available_bytes() <= total
+
+
+def test_staging_shortfall_sums_the_ranks_of_a_host_against_the_least_free_memory_it_sees():
+    fits = [RankMemory("a", 3 * GIB, 10 * GIB), RankMemory("a", 3 * GIB, 7 * GIB)]
+    assert staging_shortfall(fits) is None
+    ranks = [
+        *fits,
+        RankMemory("b", 2 * GIB, 100 * GIB),  # alone it fits
+        RankMemory("b", 2 * GIB, 3 * GIB),  # host b has 3 GiB free, its ranks stage 4
+    ]
+    assert staging_shortfall(ranks) == (
+        "host b (ranks 2, 3) would stage 4 GiB of checkpoint state in host memory with 3 GiB free"
+    )
+    assert staging_shortfall([RankMemory("c", 2048, 1024)]) == (
+        "host c (rank 0) would stage 2048 bytes of checkpoint state in host memory with "
+        "1024 bytes free"
+    )
+
+
+@pytest.mark.parametrize("text", ["MemTotal: 5 kB\n", ""])
+def test_a_meminfo_without_memavailable_is_an_error_naming_the_file(tmp_path, text):
+    root = _tree(tmp_path, "0::/\n", meminfo_gib=1, files={})
+    (root / "proc" / "meminfo").write_text(text)
+    with pytest.raises(ValueError, match=f"^{root / 'proc' / 'meminfo'} has no MemAvailable line$"):
+        available_bytes(root)
