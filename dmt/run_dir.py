@@ -7,7 +7,8 @@
   directory, and the restarts of an elastic job (same ``TORCHELASTIC_RUN_ID``) keep it.
 - **Lock.** Rank 0 holds an ``fcntl.flock`` on ``<run dir>/run.lock`` while the run lives (the
   kernel drops it when the process dies, however it dies); a second run into a locked directory
-  stops at once, naming the holder.
+  stops at once, naming the holder; a restart of the holder's own job waits for it a while
+  (:data:`STALE_LOCK_WAIT_S`: on NFS a dead host's lock outlives it).
 - **Outputs.** A directory that holds another run's ``metrics.json`` or checkpoints is refused
   unless this run resumes it (``trainer.resume_from=auto`` or a checkpoint inside it).
 
@@ -24,6 +25,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -125,26 +127,98 @@ class RunDirLock:
 _HELD: dict[Path, RunDirLock] = {}
 
 
-def _holder(lock_path: Path) -> str:
+STALE_LOCK_WAIT_S = 300.0
+"""How long a restarted job (a requeued SLURM job, a torchelastic restart) waits for the lock of
+its own earlier attempt. A process's ``flock`` goes when it dies, but on NFS the lock of a
+*host* that died stays with the file server: NFSv4 frees it when the host's lease ends (about
+90 s), NFSv3 only when that host restarts. The restart, possibly on another host, would
+otherwise stop at once and fail its requeue."""
+_LOCK_POLL_S = 2.0
+
+
+def _holder_fields(lock_path: Path) -> dict[str, str]:
     try:
-        fields = dict(f.split("=", 1) for f in lock_path.read_text().split() if "=" in f)
+        return dict(f.split("=", 1) for f in lock_path.read_text().split() if "=" in f)
     except OSError:
-        fields = {}
+        return {}
+
+
+def _holder(lock_path: Path) -> str:
+    fields = _holder_fields(lock_path)
     pid, host, started = (fields.get(k, "?") for k in ("pid", "host", "started"))
     return f"pid {pid} on host {host}, started {started}"
 
 
-def _in_use(run_dir: Path, lock_path: Path) -> ValueError:
+def _restart() -> str | None:
+    """Which restart of its job this process is (``"SLURM_RESTART_COUNT=2"``), or ``None``
+    for a first attempt."""
+    for var in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
+        count = os.environ.get(var, "0")
+        if count.isdigit() and int(count) > 0:
+            return f"{var}={count}"
+    return None
+
+
+def _in_use(run_dir: Path, lock_path: Path, waited: str = "") -> ValueError:
     return ValueError(
-        f"run directory {run_dir} is in use by another run ({_holder(lock_path)}); "
+        f"run directory {run_dir} is in use by another run ({_holder(lock_path)}){waited}; "
         "choose another hydra.run.dir, or wait until that run has ended"
     )
 
 
-def lock_run_dir(run_dir: Path, *, record: bool = True) -> tuple[RunDirLock, bool]:
+def _try_flock(fd: int, lock_path: Path) -> bool:
+    """Take the exclusive lock without blocking: False if another process holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as e:  # e.g. NFSv3 without lockd (ENOLCK), Lustre mounted noflock (ENOSYS)
+        raise ValueError(
+            f"cannot lock {lock_path}: {e.strerror or e} ({errno.errorcode.get(e.errno or 0, e.errno)}): "
+            "its file system does not support flock, which keeps a second run out of a live "
+            "run's directory; mount it with locking (NFS: lockd or NFSv4; Lustre: -o flock), "
+            "or choose a hydra.run.dir (hydra.sweep.dir) on a file system that has it"
+        ) from e
+    return True
+
+
+def _wait_for_earlier_attempt(fd: int, run_dir: Path, lock_path: Path, wait_s: float) -> str | None:
+    """Wait up to ``wait_s`` for the lock when this process restarts the job that holds it;
+    returns ``None`` once it is taken, else what the error adds (``""``: not waited for)."""
+    restart = _restart()
+    if restart is None or wait_s <= 0 or _holder_fields(lock_path).get("job") != _job_id():
+        return ""  # not ours to wait for
+    log.warning(
+        "run directory %s is locked by an earlier attempt of this job (job %s, %s; this is %s), "
+        "probably on a host that died, whose lock the file server keeps until its lease ends; "
+        "waiting up to %.0f s for it",
+        run_dir,
+        _job_id(),
+        _holder(lock_path),
+        restart,
+        wait_s,
+    )
+    deadline = time.monotonic() + wait_s
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(_LOCK_POLL_S, left))
+        if _try_flock(fd, lock_path):
+            log.info("run directory %s: the earlier attempt's lock is released", run_dir)
+            return None
+    return (
+        f", an earlier attempt of this job (job {_job_id()}; this is {restart}), still locked "
+        f"after {wait_s:.0f} s: if its host died, the file server keeps its lock until the "
+        "host's lease ends (NFSv4) or the host restarts (NFSv3); if it is alive, stop it"
+    )
+
+
+def lock_run_dir(
+    run_dir: Path, *, record: bool = True, stale_wait_s: float = STALE_LOCK_WAIT_S
+) -> tuple[RunDirLock, bool]:
     """Lock ``run_dir`` (created if absent) for this process; returns the lock and whether it was
-    taken now (False: this process already holds it). Raises ``ValueError`` naming the holder.
-    ``record=False`` leaves the previous holder's record (call :meth:`RunDirLock.record`)."""
+    taken now (False: this process already holds it). Raises ``ValueError`` naming the holder;
+    a restart of the holder's own job first waits up to ``stale_wait_s`` for it
+    (:data:`STALE_LOCK_WAIT_S`). ``record=False`` leaves the previous holder's record (call
+    :meth:`RunDirLock.record`)."""
     run_dir = run_dir.absolute()
     if run_dir in _HELD:
         return _HELD[run_dir], False
@@ -152,18 +226,13 @@ def lock_run_dir(run_dir: Path, *, record: bool = True) -> tuple[RunDirLock, boo
     lock_path = run_dir / LOCK_FILE
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        if not _try_flock(fd, lock_path):
+            why = _wait_for_earlier_attempt(fd, run_dir, lock_path, stale_wait_s)
+            if why is not None:
+                raise _in_use(run_dir, lock_path, why)
+    except BaseException:
         os.close(fd)
-        raise _in_use(run_dir, lock_path) from None
-    except OSError as e:  # e.g. NFSv3 without lockd (ENOLCK), Lustre mounted noflock (ENOSYS)
-        os.close(fd)
-        raise ValueError(
-            f"cannot lock {lock_path}: {e.strerror or e} ({errno.errorcode.get(e.errno or 0, e.errno)}): "
-            "its file system does not support flock, which keeps a second run out of a live "
-            "run's directory; mount it with locking (NFS: lockd or NFSv4; Lustre: -o flock), "
-            "or choose a hydra.run.dir (hydra.sweep.dir) on a file system that has it"
-        ) from e
+        raise
     lock = _HELD[run_dir] = RunDirLock(run_dir, fd)
     if record:
         lock.record()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import time
 from datetime import datetime
 
 import pytest
@@ -210,3 +212,88 @@ def test_the_callback_knows_its_rank_from_the_launcher(monkeypatch, env, rank):
     handler = OmegaConf.to_container(_hydra_config().job_logging.handlers.file)
     assert handler["filename"].endswith("/${hydra.job.name}${dmt.rank_log_suffix:}.log")
     assert rank_log_suffix() == ("" if rank == 0 else f".rank{rank}")
+
+
+HOLD_FOR = (
+    "import sys, time, pathlib; from dmt.run_dir import lock_run_dir; "
+    "lock_run_dir(pathlib.Path(sys.argv[1])); print('locked', flush=True); "
+    "time.sleep(float(sys.argv[2]))"
+)
+
+
+def _hold(run, job: str, seconds: float) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_FOR, str(run), str(seconds)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(env, PYTHONPATH=str(REPO), SLURM_JOB_ID=job),
+    )
+    assert holder.stdout.readline() == "locked\n"
+    return holder
+
+
+@pytest.mark.parametrize(
+    ("holder_job", "restart", "waits"),
+    [
+        ("77", "1", True),  # a requeue of the holder's own job
+        ("77", "0", False),  # a second run of the same allocation: no restart
+        ("78", "1", False),  # a requeued job, another job's lock
+    ],
+)
+def test_a_restarted_job_waits_for_its_earlier_attempts_lock(
+    tmp_path, monkeypatch, caplog, holder_job, restart, waits
+):
+    """On NFS a host that died keeps its lock until the file server's lease ends: the requeued
+    job (same SLURM_JOB_ID, SLURM_RESTART_COUNT > 0) waits for it instead of failing its requeue;
+    anything else is refused at once."""
+    for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", restart)
+    run = tmp_path / "run"
+    holder = _hold(run, holder_job, seconds=1.5)
+    try:
+        start = time.monotonic()
+        if waits:
+            with caplog.at_level(logging.WARNING, logger="dmt.run_dir"):
+                lock, taken = lock_run_dir(run, stale_wait_s=60)
+            assert taken and 1.0 < time.monotonic() - start < 30
+            lock.release()
+            assert (
+                f"run directory {run} is locked by an earlier attempt of this job (job 77, pid "
+                f"{holder.pid} on host {socket.gethostname()}, started "
+            ) in caplog.text
+        else:
+            with pytest.raises(ValueError, match="; choose another hydra.run.dir, or wait"):
+                lock_run_dir(run, stale_wait_s=60)
+            assert time.monotonic() - start < 1.0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_restart_that_waits_in_vain_says_why(tmp_path, monkeypatch):
+    for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    run = tmp_path / "run"
+    holder = _hold(run, "77", seconds=120)
+    try:
+        with pytest.raises(ValueError) as e:
+            lock_run_dir(run, stale_wait_s=3)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert str(e.value).startswith(
+        f"run directory {run} is in use by another run (pid {holder.pid} on host "
+        f"{socket.gethostname()}, started "
+    )
+    assert str(e.value).endswith(
+        "), an earlier attempt of this job (job 77; this is SLURM_RESTART_COUNT=2), still locked "
+        "after 3 s: if its host died, the file server keeps its lock until the host's lease ends "
+        "(NFSv4) or the host restarts (NFSv3); if it is alive, stop it; choose another "
+        "hydra.run.dir, or wait until that run has ended"
+    )
