@@ -2,7 +2,8 @@
 
 - **Unique names.** ``conf/config.yaml`` names runs ``outputs/${dmt.run_stamp:}`` and sweeps
   ``multirun/${dmt.run_stamp:}``: the date, the time and the process id
-  (``2025-01-31/14-03-59-12345``), so runs started in the same second differ. Under ``torchrun``
+  (``2025-01-31/14-03-59-12345``), so runs started in the same second differ; in a container,
+  whose pids repeat across containers, the host name follows (``...-12345-<host>``). Under ``torchrun``
   the ranks adopt the first rank's stamp through the agent's c10d store, so they agree on one
   directory, and the restarts of an elastic job (same ``TORCHELASTIC_RUN_ID``) keep it.
 - **Lock.** Rank 0 holds an ``fcntl.flock`` on ``<run dir>/run.lock`` while the run lives (the
@@ -23,6 +24,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -46,9 +48,33 @@ RANK_LOG_RESOLVER = "dmt.rank_log_suffix"
 
 
 # -- unique names -------------------------------------------------------------------------------
-def run_stamp(now: datetime, pid: int) -> str:
-    """``YYYY-MM-DD/HH-MM-SS-<pid>``: unique among the processes of a host at any second."""
-    return f"{now:%Y-%m-%d}/{now:%H-%M-%S}-{pid}"
+def run_stamp(now: datetime, pid: int, host: str | None = None) -> str:
+    """``YYYY-MM-DD/HH-MM-SS-<pid>``: unique among the processes of a host at any second;
+    ``...-<pid>-<host>`` with ``host`` (in a container, whose pids repeat across containers)."""
+    stamp = f"{now:%Y-%m-%d}/{now:%H-%M-%S}-{pid}"
+    return f"{stamp}-{host}" if host else stamp
+
+
+def in_pid_namespace(status: str) -> bool:
+    """Whether ``/proc/self/status`` text ``status`` shows a pid namespace below the host's
+    (``NSpid:`` lists one pid per level): a container, where each starts again from pid 1."""
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return len(line.split()) > 2
+    return False
+
+
+def stamp_host(status_path: Path = Path("/proc/self/status")) -> str | None:
+    """The short host name (its first label, ``[A-Za-z0-9_-]`` only) for :func:`run_stamp` in
+    a container, whose host name is its own (a pod's, a container id); ``None`` elsewhere."""
+    try:
+        status = status_path.read_text()
+    except OSError:
+        return None
+    if not in_pid_namespace(status):
+        return None
+    host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname().split(".")[0])
+    return host or None
 
 
 def agreed_stamp(store: Any, run_id: str, stamp: str) -> str:
@@ -57,7 +83,7 @@ def agreed_stamp(store: Any, run_id: str, stamp: str) -> str:
 
 
 def _resolve_run_stamp() -> str:
-    stamp = run_stamp(datetime.now(), os.getpid())
+    stamp = run_stamp(datetime.now(), os.getpid(), stamp_host())
     env = os.environ
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_PORT" not in env:
         return stamp

@@ -22,9 +22,11 @@ from dmt.run_dir import (
     agreed_stamp,
     check_outputs,
     claim_run_dir,
+    in_pid_namespace,
     lock_run_dir,
     rank_log_suffix,
     run_stamp,
+    stamp_host,
 )
 from dmt.runtime import TORCHRUN_VARS
 from dmt.train import CONF_MODULE
@@ -38,6 +40,23 @@ def test_runs_started_in_the_same_second_get_different_directories():
     assert a == "2025-01-31/14-03-59-4242" and b == "2025-01-31/14-03-59-4243"
 
 
+def test_in_a_container_the_stamp_carries_the_host_name(tmp_path):
+    """Pods of two jobs started in the same second both run as pid 7 in their own pid
+    namespace: their host names (the pods') keep them apart."""
+    assert run_stamp(SECOND, 7, "trainer-7f9c") == "2025-01-31/14-03-59-7-trainer-7f9c"
+    host = "NSpid:\t4242\n"
+    container = "Name:\tpython\nNSpid:\t881234\t7\nNSpgid:\t1\n"
+    assert not in_pid_namespace(host) and in_pid_namespace(container)
+    assert not in_pid_namespace("Name:\tpython\n")  # kernels before 4.1 have no NSpid
+    status = tmp_path / "status"
+    status.write_text(host)
+    assert stamp_host(status) is None
+    status.write_text(container)
+    expected = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname().split(".")[0])
+    assert stamp_host(status) == expected and "/" not in expected
+    assert stamp_host(tmp_path / "missing") is None
+
+
 def _hydra_config():
     from hydra import compose, initialize_config_module  # noqa: PLC0415
 
@@ -48,7 +67,9 @@ def _hydra_config():
 
 def test_the_default_run_and_sweep_directories_use_the_stamp():
     hydra = _hydra_config()
+    host = stamp_host()  # in a container (pid namespace), the host name follows the pid
     pattern = r"\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-" + str(os.getpid())
+    pattern += f"-{re.escape(host)}" if host else ""
     assert re.fullmatch("outputs/" + pattern, hydra.run.dir), hydra.run.dir
     assert re.fullmatch("multirun/" + pattern, hydra.sweep.dir), hydra.sweep.dir
     assert (
