@@ -53,7 +53,13 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dmt.config import NO_DEFAULT, schema_default
 from dmt.ema import DenseEMA
-from dmt.host_memory import RankMemory, available_bytes, staged_bytes, staging_shortfall
+from dmt.host_memory import (
+    RankMemory,
+    available_bytes,
+    machine_id,
+    staged_bytes,
+    staging_shortfall,
+)
 from dmt.sptt.dmt_sharding import ShardedDMT
 from dmt.sptt.sharded_state import plain_name
 
@@ -351,8 +357,13 @@ class Checkpointer:
     def _staging_fits(self, state: dict[str, Any], path: Path) -> bool:
         """Whether every host has the free memory for its ranks' staging copies of ``state``;
         every rank reaches the same answer (one small gather over the checkpoint group)."""
+        try:
+            available: int | None = self.host_memory()
+        except Exception as e:  # noqa: BLE001 - advisory: every rank must still reach the gather
+            log.warning("rank %d cannot read its free host memory (%s); not checked", self.rank, e)
+            available = None
         ranks: list[Any] = [
-            RankMemory(socket.gethostname(), staged_bytes(state), self.host_memory())
+            RankMemory(machine_id(), socket.gethostname(), staged_bytes(state), available)
         ]
         if dist.is_initialized() and self.world_size > 1:
             mine, ranks = ranks[0], [None] * self.world_size

@@ -12,13 +12,16 @@ that would not fit synchronously instead (no copy), saying so.
 Free memory is the smaller of the host's (``MemAvailable`` in ``/proc/meminfo``) and the
 headroom of every memory cgroup above the process (cgroup v2 ``memory.max``, v1
 ``memory.limit_in_bytes``, as SLURM's ``ConstrainRAMSpace`` and container runtimes set them): the
-limit, less the usage, plus the usage's inactive page cache, which the kernel reclaims before it
-kills (the "working set" container runtimes report).
+limit, less the usage, plus the usage's file-backed page cache (the inactive and active file
+LRUs, clean pages of which the kernel reclaims before it kills, as ``MemAvailable`` counts them; a
+memory-mapped dataset fills them). Ranks are grouped by machine (:func:`machine_id`, the boot id),
+not host name, which containers of one node may each have their own of.
 """
 
 from __future__ import annotations
 
 import math
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,25 +82,28 @@ def _cgroup_headrooms(root: Path) -> Iterable[int]:
     except OSError:
         return
     for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":  # v2, unified: memory.max, memory.current, inactive_file
-            base, limit, usage, inactive = (
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if controllers == "":  # v2, unified: memory.max, memory.current, memory.stat
+            base, limit, usage, cache = (
                 root / "sys" / "fs" / "cgroup",
                 "memory.max",
                 "memory.current",
-                "inactive_file",
+                ("inactive_file", "active_file"),
             )
         elif "memory" in controllers.split(","):  # v1
-            base, limit, usage, inactive = (
+            base, limit, usage, cache = (
                 root / "sys" / "fs" / "cgroup" / "memory",
                 "memory.limit_in_bytes",
                 "memory.usage_in_bytes",
-                "total_inactive_file",
+                ("total_inactive_file", "total_active_file"),
             )
         else:
             continue
         for level in _levels(base, path):
-            headroom = _headroom(level, limit, usage, inactive)
+            headroom = _headroom(level, limit, usage, cache)
             if headroom is not None:
                 yield headroom
 
@@ -105,59 +111,84 @@ def _cgroup_headrooms(root: Path) -> Iterable[int]:
 def _levels(base: Path, path: str) -> list[Path]:
     """``base/path`` and its ancestors up to ``base``, those that exist (a container may see
     only the part of the hierarchy from its own cgroup down)."""
-    parts = [p for p in path.split("/") if p]
+    parts = [p for p in path.split("/") if p and p != ".."]
     dirs = [base.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
-    return [d for d in dirs if d.is_dir()]
+    found = []
+    for d in dirs:
+        try:
+            if d.is_dir():
+                found.append(d)
+        except OSError:  # e.g. EACCES on a parent
+            continue
+    return found
 
 
-def _headroom(level: Path, limit_file: str, usage_file: str, inactive_key: str) -> int | None:
+def _headroom(
+    level: Path, limit_file: str, usage_file: str, cache_keys: tuple[str, ...]
+) -> int | None:
+    """The cgroup's limit less its usage, plus its file-backed page cache (``cache_keys``: the
+    inactive and active file LRUs; clean pages the kernel reclaims before it kills, as
+    ``MemAvailable`` counts them; a memory-mapped dataset fills them); ``None`` without a limit
+    or when unreadable."""
     try:
         limit_text = (level / limit_file).read_text().strip()
         usage = int((level / usage_file).read_text())
+        limit = int(limit_text) if limit_text != "max" else None
     except (OSError, ValueError):
         return None
-    if limit_text == "max":
+    if limit is None or limit >= _V1_UNLIMITED:
         return None
-    limit = int(limit_text)
-    if limit >= _V1_UNLIMITED:
-        return None
-    inactive = 0
+    cache = 0
     try:
         for line in (level / "memory.stat").read_text().splitlines():
             key, _, value = line.partition(" ")
-            if key == inactive_key:
-                inactive = int(value)
+            if key in cache_keys:
+                cache += int(value)
     except (OSError, ValueError):
-        pass
-    return limit - usage + inactive
+        cache = 0
+    return limit - usage + cache
+
+
+def machine_id(root: Path = Path("/")) -> str:
+    """This machine's boot id (``/proc/sys/kernel/random/boot_id``): the same in every container
+    of a node whatever their host names, and different on two nodes that share a host name;
+    the host name where it cannot be read."""
+    try:
+        return (root / "proc" / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
 
 
 @dataclass(frozen=True)
 class RankMemory:
-    """One rank's side of an asynchronous save: its host, the bytes it would stage and the host
-    memory it sees free."""
+    """One rank's side of an asynchronous save: its machine (:func:`machine_id`) and host name,
+    the bytes it would stage, and the host memory it sees free (``None``: it could not tell)."""
 
+    machine: str
     host: str
     staged: int
-    available: int
+    available: int | None
 
 
 def staging_shortfall(ranks: Sequence[RankMemory]) -> str | None:
-    """Why the ranks' staging copies do not fit (the first host where the sum of its ranks'
-    copies exceeds the smallest free memory they see), or ``None`` if they fit everywhere."""
-    by_host: dict[str, list[tuple[int, RankMemory]]] = {}
+    """Why the ranks' staging copies do not fit (the first machine where the sum of its ranks'
+    copies exceeds the least free memory they see), or ``None`` if they fit everywhere. A
+    machine none of whose ranks could read its free memory is not judged."""
+    by_machine: dict[str, list[tuple[int, RankMemory]]] = {}
     for r, m in enumerate(ranks):
-        by_host.setdefault(m.host, []).append((r, m))
-    for host, members in by_host.items():
+        by_machine.setdefault(m.machine, []).append((r, m))
+    for members in by_machine.values():
         staged = sum(m.staged for _, m in members)
-        available = min(m.available for _, m in members)
-        if staged > available:
-            names = ", ".join(str(r) for r, _ in members)
-            which = f"ranks {names}" if len(members) > 1 else f"rank {names}"
-            return (
-                f"host {host} ({which}) would stage {_gib(staged)} of checkpoint state "
-                f"in host memory with {_gib(available)} free"
-            )
+        seen = [m.available for _, m in members if m.available is not None]
+        if not seen or staged <= min(seen):
+            continue
+        names = ", ".join(str(r) for r, _ in members)
+        which = f"ranks {names}" if len(members) > 1 else f"rank {names}"
+        hosts = " / ".join(dict.fromkeys(m.host for _, m in members))
+        return (
+            f"host {hosts} ({which}) would stage {_gib(staged)} of checkpoint state "
+            f"in host memory with {_gib(min(seen))} free"
+        )
     return None
 
 

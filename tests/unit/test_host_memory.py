@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
-from dmt.host_memory import RankMemory, available_bytes, staging_shortfall
+from dmt.host_memory import RankMemory, available_bytes, machine_id, staging_shortfall
 
 GIB = 1024**3
 
@@ -36,13 +37,14 @@ def test_cgroup_v2_limit_of_an_ancestor_bounds_what_is_free(tmp_path):
         files={
             f"{job}/memory.max": f"{8 * GIB}\n",
             f"{job}/memory.current": f"{6 * GIB}\n",
-            f"{job}/memory.stat": f"anon {5 * GIB}\ninactive_file {GIB}\nactive_file 7\n",
+            # the page cache of a memory-mapped dataset, mostly on the active list
+            f"{job}/memory.stat": f"anon {GIB}\ninactive_file {GIB}\nactive_file {3 * GIB}\n",
             f"{job}/step_0/memory.max": "max\n",
             f"{job}/step_0/memory.current": f"{6 * GIB}\n",
             "memory.max": "max\n",  # the root's (unlimited)
         },
     )
-    assert available_bytes(root) == 3 * GIB
+    assert available_bytes(root) == 6 * GIB  # 8 - 6 + 1 + 3
 
 
 def test_cgroup_v1_limit_and_the_unlimited_value_it_reports(tmp_path):
@@ -54,7 +56,9 @@ def test_cgroup_v1_limit_and_the_unlimited_value_it_reports(tmp_path):
         files={
             f"{leaf}/memory.limit_in_bytes": f"{10 * GIB}\n",
             f"{leaf}/memory.usage_in_bytes": f"{9 * GIB}\n",
-            f"{leaf}/memory.stat": f"cache 5\ntotal_inactive_file {GIB // 2}\n",
+            f"{leaf}/memory.stat": (
+                f"cache 5\ntotal_inactive_file {GIB // 4}\ntotal_active_file {GIB // 4}\n"
+            ),
             # v1's "no limit" (2^63 rounded down to a page) at the parent and the root
             "memory/process_api/memory.limit_in_bytes": "9223372036854771712\n",
             "memory/process_api/memory.usage_in_bytes": f"{20 * GIB}\n",
@@ -83,21 +87,58 @@ def test_this_machines_free_memory_is_within_its_total():
     assert 0 < available_bytes() <= total
 
 
-def test_staging_shortfall_sums_the_ranks_of_a_host_against_the_least_free_memory_it_sees():
-    fits = [RankMemory("a", 3 * GIB, 10 * GIB), RankMemory("a", 3 * GIB, 7 * GIB)]
+def test_staging_shortfall_sums_the_ranks_of_a_machine_against_the_least_free_memory_seen():
+    fits = [RankMemory("m1", "a", 3 * GIB, 10 * GIB), RankMemory("m1", "a", 3 * GIB, 7 * GIB)]
     assert staging_shortfall(fits) is None
     ranks = [
         *fits,
-        RankMemory("b", 2 * GIB, 100 * GIB),  # alone it fits
-        RankMemory("b", 2 * GIB, 3 * GIB),  # host b has 3 GiB free, its ranks stage 4
+        RankMemory("m2", "b", 2 * GIB, 100 * GIB),  # alone it fits
+        RankMemory("m2", "b", 2 * GIB, 3 * GIB),  # machine m2 has 3 GiB free, its ranks stage 4
     ]
     assert staging_shortfall(ranks) == (
         "host b (ranks 2, 3) would stage 4 GiB of checkpoint state in host memory with 3 GiB free"
     )
-    assert staging_shortfall([RankMemory("c", 2048, 1024)]) == (
+    assert staging_shortfall([RankMemory("m3", "c", 2048, 1024)]) == (
         "host c (rank 0) would stage 2048 bytes of checkpoint state in host memory with "
         "1024 bytes free"
     )
+    # two pods of one node, each its own host name: one machine, one memory
+    pods = [
+        RankMemory("m4", "pod-0", 3 * GIB, 5 * GIB),
+        RankMemory("m4", "pod-1", 3 * GIB, 5 * GIB),
+    ]
+    assert staging_shortfall(pods) == (
+        "host pod-0 / pod-1 (ranks 0, 1) would stage 6 GiB of checkpoint state in host memory "
+        "with 5 GiB free"
+    )
+    # two nodes under one host name (host networking): two machines, each fits
+    same_name = [RankMemory("m5", "n", 3 * GIB, 5 * GIB), RankMemory("m6", "n", 3 * GIB, 5 * GIB)]
+    assert staging_shortfall(same_name) is None
+    # a rank that could not read its free memory: judged by the others, or not at all
+    assert staging_shortfall([RankMemory("m7", "d", 3 * GIB, None)]) is None
+    unread = [RankMemory("m7", "d", 3 * GIB, None), RankMemory("m7", "d", 3 * GIB, 4 * GIB)]
+    assert staging_shortfall(unread) is not None
+
+
+def test_a_container_sees_its_own_limit_at_the_base_and_bad_lines_are_skipped(tmp_path):
+    """cgroup v2 with a cgroup namespace: the process's cgroup is "/" and its limit sits at the
+    mount's root; a malformed line and a ".." path read nothing outside the hierarchy."""
+    root = _tree(
+        tmp_path,
+        "garbage\n0::/\n0::/../..\n",
+        meminfo_gib=100,
+        files={
+            "memory.max": f"{16 * GIB}\n",
+            "memory.current": f"{4 * GIB}\n",
+            "memory.stat": "inactive_file 0\nactive_file 0\n",
+        },
+    )
+    assert available_bytes(root) == 12 * GIB
+
+
+def test_the_machine_id_is_the_boot_id(tmp_path):
+    assert machine_id() == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert machine_id(tmp_path) == socket.gethostname()  # unreadable: the host name
 
 
 @pytest.mark.parametrize("text", ["MemTotal: 5 kB\n", ""])
