@@ -3,7 +3,8 @@
 - **Unique names.** ``conf/config.yaml`` names runs ``outputs/${dmt.run_stamp:}`` and sweeps
   ``multirun/${dmt.run_stamp:}``: the date, the time and the process id
   (``2025-01-31/14-03-59-12345``), so runs started in the same second differ; in a container,
-  whose pids repeat across containers, the host name follows (``...-12345-<host>``). Under ``torchrun``
+  whose pids repeat across containers, the host name and 4 random hex digits follow
+  (``...-7-<host>-1f3a``). Under ``torchrun``
   the ranks adopt the first rank's stamp through the agent's c10d store, so they agree on one
   directory, and the restarts of an elastic job (same ``TORCHELASTIC_RUN_ID``) keep it.
 - **Lock.** Rank 0 holds an ``fcntl.flock`` on ``<run dir>/run.lock`` while the run lives (the
@@ -50,31 +51,30 @@ RANK_LOG_RESOLVER = "dmt.rank_log_suffix"
 # -- unique names -------------------------------------------------------------------------------
 def run_stamp(now: datetime, pid: int, host: str | None = None) -> str:
     """``YYYY-MM-DD/HH-MM-SS-<pid>``: unique among the processes of a host at any second;
-    ``...-<pid>-<host>`` with ``host`` (in a container, whose pids repeat across containers)."""
+    ``...-<pid>-<host>`` with ``host`` (in a container, whose pids repeat: :func:`stamp_host`)."""
     stamp = f"{now:%Y-%m-%d}/{now:%H-%M-%S}-{pid}"
     return f"{stamp}-{host}" if host else stamp
 
 
-def in_pid_namespace(status: str) -> bool:
-    """Whether ``/proc/self/status`` text ``status`` shows a pid namespace below the host's
-    (``NSpid:`` lists one pid per level): a container, where each starts again from pid 1."""
-    for line in status.splitlines():
-        if line.startswith("NSpid:"):
-            return len(line.split()) > 2
-    return False
+INIT_PID_NAMESPACE = "pid:[4026531836]"
+"""``readlink /proc/self/ns/pid`` in the kernel's initial pid namespace (its fixed inode,
+``PROC_PID_INIT_INO``): the host's own processes; a container's differs, whatever ``/proc`` it
+mounted."""
 
 
-def stamp_host(status_path: Path = Path("/proc/self/status")) -> str | None:
-    """The short host name (its first label, ``[A-Za-z0-9_-]`` only) for :func:`run_stamp` in
-    a container, whose host name is its own (a pod's, a container id); ``None`` elsewhere."""
+def stamp_host(ns_link: Path = Path("/proc/self/ns/pid")) -> str | None:
+    """What :func:`run_stamp` appends in a container (a pid namespace other than the host's,
+    where pids start again from 1 in every container): the short host name (its first label,
+    ``[A-Za-z0-9_-]`` only: the pod's or container's) and 4 random hex digits, since containers
+    with the host's network share its host name; ``None`` on the host."""
     try:
-        status = status_path.read_text()
+        link = os.readlink(ns_link)
     except OSError:
         return None
-    if not in_pid_namespace(status):
+    if link == INIT_PID_NAMESPACE:
         return None
-    host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname().split(".")[0])
-    return host or None
+    host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname().split(".")[0]) or "container"
+    return f"{host}-{os.urandom(2).hex()}"
 
 
 def agreed_stamp(store: Any, run_id: str, stamp: str) -> str:
@@ -140,6 +140,8 @@ class RunDirLock:
             self.fd,
             (
                 f"pid={os.getpid()} host={socket.gethostname()} job={_job_id()} "
+                f"slurm_job={os.environ.get('SLURM_JOB_ID', '-')} "
+                f"elastic_run={os.environ.get('TORCHELASTIC_RUN_ID', '-')} "
                 f"started={datetime.now().isoformat(timespec='seconds')}\n"
             ).encode(),
             0,
@@ -175,13 +177,28 @@ def _holder(lock_path: Path) -> str:
     return f"pid {pid} on host {host}, started {started}"
 
 
-def _restart() -> str | None:
-    """Which restart of its job this process is (``"SLURM_RESTART_COUNT=2"``), or ``None``
-    for a first attempt."""
-    for var in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
-        count = os.environ.get(var, "0")
-        if count.isdigit() and int(count) > 0:
-            return f"{var}={count}"
+def stale_lock_wait(collective_timeout_s: float) -> float:
+    """How long rank 0 may wait for an earlier attempt's lock: :data:`STALE_LOCK_WAIT_S`, at
+    most half of ``trainer.collective_timeout_s``, which the other ranks wait for rank 0 at
+    start."""
+    return min(STALE_LOCK_WAIT_S, collective_timeout_s / 2)
+
+
+def _restarted_holder(fields: dict[str, str]) -> str | None:
+    """If this process restarts the job that holds the lock (the lock file's ``fields``), which
+    job and restart (``"SLURM job 7, SLURM_RESTART_COUNT=1"``); else ``None``. A requeued SLURM
+    job keeps its ``SLURM_JOB_ID`` (``torchrun --standalone`` in it draws a new run id each
+    time); a torchelastic restart keeps its run id, unless that is torchrun's default
+    ``none``, which unrelated jobs share."""
+    env = os.environ
+    for count_var, id_var, field, what in (
+        ("SLURM_RESTART_COUNT", "SLURM_JOB_ID", "slurm_job", "SLURM job"),
+        ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "elastic_run", "torchelastic run"),
+    ):
+        count, job = env.get(count_var, "0"), env.get(id_var, "")
+        restarted = count.isdigit() and int(count) > 0
+        if restarted and job not in ("", "-", "none") and fields.get(field) == job:
+            return f"{what} {job}, {count_var}={count}"
     return None
 
 
@@ -211,15 +228,14 @@ def _try_flock(fd: int, lock_path: Path) -> bool:
 def _wait_for_earlier_attempt(fd: int, run_dir: Path, lock_path: Path, wait_s: float) -> str | None:
     """Wait up to ``wait_s`` for the lock when this process restarts the job that holds it;
     returns ``None`` once it is taken, else what the error adds (``""``: not waited for)."""
-    restart = _restart()
-    if restart is None or wait_s <= 0 or _holder_fields(lock_path).get("job") != _job_id():
+    restart = _restarted_holder(_holder_fields(lock_path))
+    if restart is None or wait_s <= 0:
         return ""  # not ours to wait for
     log.warning(
-        "run directory %s is locked by an earlier attempt of this job (job %s, %s; this is %s), "
+        "run directory %s is locked by an earlier attempt of this job (%s; this is %s), "
         "probably on a host that died, whose lock the file server keeps until its lease ends; "
-        "waiting up to %.0f s for it",
+        "waiting up to %.1f s for it",
         run_dir,
-        _job_id(),
         _holder(lock_path),
         restart,
         wait_s,
@@ -231,9 +247,9 @@ def _wait_for_earlier_attempt(fd: int, run_dir: Path, lock_path: Path, wait_s: f
             log.info("run directory %s: the earlier attempt's lock is released", run_dir)
             return None
     return (
-        f", an earlier attempt of this job (job {_job_id()}; this is {restart}), still locked "
-        f"after {wait_s:.0f} s: if its host died, the file server keeps its lock until the "
-        "host's lease ends (NFSv4) or the host restarts (NFSv3); if it is alive, stop it"
+        f", an earlier attempt of this job ({restart}), still locked after {wait_s:.1f} s: if "
+        "its host died, the file server keeps its lock until the host's lease ends (NFSv4) or "
+        "the host comes back or an administrator clears it (NFSv3); if it is alive, stop it"
     )
 
 
@@ -324,12 +340,16 @@ def check_outputs(run_dir: Path, *, resume_from: str | None, checkpoint_dir: str
 
 
 def claim(
-    run_dir: Path, *, resume_from: str | None, checkpoint_dir: str
+    run_dir: Path,
+    *,
+    resume_from: str | None,
+    checkpoint_dir: str,
+    stale_wait_s: float = STALE_LOCK_WAIT_S,
 ) -> tuple[RunDirLock, bool]:
     """Lock ``run_dir`` and check its outputs (a locked directory is reported as in use, not for
     its outputs); returns the lock and whether it was taken now."""
     if (run_dir / LOCK_FILE).exists() or run_dir.absolute() in _HELD:
-        lock, taken = lock_run_dir(run_dir, record=False)
+        lock, taken = lock_run_dir(run_dir, record=False, stale_wait_s=stale_wait_s)
         try:
             check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
         except ValueError:
@@ -340,7 +360,7 @@ def claim(
             lock.record()
         return lock, taken
     check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
-    return lock_run_dir(run_dir)
+    return lock_run_dir(run_dir, stale_wait_s=stale_wait_s)
 
 
 # -- one directory per job ----------------------------------------------------------------------
@@ -381,13 +401,19 @@ def claim_run_dir(
     checkpoint_dir: str,
     rank: int = 0,
     world_size: int = 1,
+    stale_wait_s: float = STALE_LOCK_WAIT_S,
 ) -> Iterator[Path]:
     """Hold ``run_dir`` for the body: rank 0 locks it and checks its outputs; every rank raises
     the same ``ValueError`` if it is refused (call with the default process group up)."""
     error, taken, lock = None, False, None
     if rank == 0:
         try:
-            lock, taken = claim(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
+            lock, taken = claim(
+                run_dir,
+                resume_from=resume_from,
+                checkpoint_dir=checkpoint_dir,
+                stale_wait_s=stale_wait_s,
+            )
         except ValueError as e:
             error = str(e)
     if world_size > 1:
@@ -456,9 +482,15 @@ class RunDirGuard(Callback):
         run_dir = Path(str(config.hydra.run.dir)).absolute()
         resume_from = OmegaConf.select(config, "trainer.resume_from", default=None)
         checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
+        timeout_s = OmegaConf.select(config, "trainer.collective_timeout_s", default=600.0)
         try:
             if _launch_rank() == 0:
-                lock, taken = claim(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
+                lock, taken = claim(
+                    run_dir,
+                    resume_from=resume_from,
+                    checkpoint_dir=checkpoint_dir,
+                    stale_wait_s=stale_lock_wait(float(timeout_s)),
+                )
                 self.lock = lock if taken else None
             else:  # the lock is rank 0's to take (claim_run_dir broadcasts its verdict)
                 check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)

@@ -24,7 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dmt.config import Config, register_configs, validate
-from dmt.run_dir import agree_on_run_dir, claim_run_dir
+from dmt.run_dir import agree_on_run_dir, claim_run_dir, stale_lock_wait
 from dmt.runtime import close_runtime, init_runtime
 from dmt.tracking import open_logger
 from dmt.trainer import Trainer
@@ -107,6 +107,7 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
                 checkpoint_dir=t.checkpoint_dir,
                 rank=runtime.rank,
                 world_size=runtime.world_size,
+                stale_wait_s=stale_lock_wait(t.collective_timeout_s),
             ),
             watch_ranks(runtime, timeout_s=t.collective_timeout_s),
         ):

@@ -17,15 +17,17 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from dmt.run_dir import (
+    INIT_PID_NAMESPACE,
     LOCK_FILE,
+    STALE_LOCK_WAIT_S,
     _launch_rank,
     agreed_stamp,
     check_outputs,
     claim_run_dir,
-    in_pid_namespace,
     lock_run_dir,
     rank_log_suffix,
     run_stamp,
+    stale_lock_wait,
     stamp_host,
 )
 from dmt.runtime import TORCHRUN_VARS
@@ -40,21 +42,24 @@ def test_runs_started_in_the_same_second_get_different_directories():
     assert a == "2025-01-31/14-03-59-4242" and b == "2025-01-31/14-03-59-4243"
 
 
-def test_in_a_container_the_stamp_carries_the_host_name(tmp_path):
+def test_in_a_container_the_stamp_carries_the_host_name_and_a_random_tag(tmp_path):
     """Pods of two jobs started in the same second both run as pid 7 in their own pid
-    namespace: their host names (the pods') keep them apart."""
-    assert run_stamp(SECOND, 7, "trainer-7f9c") == "2025-01-31/14-03-59-7-trainer-7f9c"
-    host = "NSpid:\t4242\n"
-    container = "Name:\tpython\nNSpid:\t881234\t7\nNSpgid:\t1\n"
-    assert not in_pid_namespace(host) and in_pid_namespace(container)
-    assert not in_pid_namespace("Name:\tpython\n")  # kernels before 4.1 have no NSpid
-    status = tmp_path / "status"
-    status.write_text(host)
-    assert stamp_host(status) is None
-    status.write_text(container)
-    expected = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname().split(".")[0])
-    assert stamp_host(status) == expected and "/" not in expected
+    namespace: their host names, and a random tag for containers that share the host's name
+    (host networking), keep them apart. A container mounts its own /proc, so its NSpid shows
+    one pid; its pid namespace link differs from the host's."""
+    assert run_stamp(SECOND, 7, "trainer-7f9c-1a2b") == "2025-01-31/14-03-59-7-trainer-7f9c-1a2b"
+    link = tmp_path / "pid"
+    link.symlink_to(INIT_PID_NAMESPACE)  # the host's processes
+    assert stamp_host(link) is None
+    link.unlink()
+    link.symlink_to("pid:[4026532179]")  # a container's (seen in `unshare --pid --mount-proc`)
+    host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname().split(".")[0]) or "container"
+    tags = {stamp_host(link) for _ in range(8)}
+    for tag in tags:
+        assert tag is not None and re.fullmatch(re.escape(host) + r"-[0-9a-f]{4}", tag), tag
+    assert len(tags) > 1  # drawn afresh per process (8 draws of 65,536 values)
     assert stamp_host(tmp_path / "missing") is None
+    assert os.readlink("/proc/self/ns/pid").startswith("pid:[")  # what stamp_host reads here
 
 
 def _hydra_config():
@@ -67,9 +72,9 @@ def _hydra_config():
 
 def test_the_default_run_and_sweep_directories_use_the_stamp():
     hydra = _hydra_config()
-    host = stamp_host()  # in a container (pid namespace), the host name follows the pid
+    # in a container (its own pid namespace) the host name and a random tag follow the pid
     pattern = r"\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-" + str(os.getpid())
-    pattern += f"-{re.escape(host)}" if host else ""
+    pattern += r"(-[A-Za-z0-9_-]+-[0-9a-f]{4})?" if stamp_host() else ""
     assert re.fullmatch("outputs/" + pattern, hydra.run.dir), hydra.run.dir
     assert re.fullmatch("multirun/" + pattern, hydra.sweep.dir), hydra.sweep.dir
     assert (
@@ -240,41 +245,71 @@ HOLD_FOR = (
     "lock_run_dir(pathlib.Path(sys.argv[1])); print('locked', flush=True); "
     "time.sleep(float(sys.argv[2]))"
 )
+_JOB_VARS = (
+    "SLURM_JOB_ID",
+    "SLURM_RESTART_COUNT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+)
 
 
-def _hold(run, job: str, seconds: float) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+@pytest.fixture(autouse=True)
+def _first_attempt(monkeypatch):
+    """Every test here starts as a first attempt, even when the suite runs in a requeued job."""
+    for var in _JOB_VARS:
+        monkeypatch.delenv(var, raising=False)
+
+
+def _hold(run, env: dict[str, str], seconds: float) -> subprocess.Popen:
+    base = {k: v for k, v in os.environ.items() if k not in _JOB_VARS}
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_FOR, str(run), str(seconds)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
-        env=dict(env, PYTHONPATH=str(REPO), SLURM_JOB_ID=job),
+        env=dict(base, PYTHONPATH=str(REPO), **env),
     )
     assert holder.stdout.readline() == "locked\n"
     return holder
 
 
 @pytest.mark.parametrize(
-    ("holder_job", "restart", "waits"),
+    ("holder_env", "our_env", "waits"),
     [
-        ("77", "1", True),  # a requeue of the holder's own job
-        ("77", "0", False),  # a second run of the same allocation: no restart
-        ("78", "1", False),  # a requeued job, another job's lock
+        # a requeued sbatch job: same SLURM_JOB_ID, whatever run id torchrun --standalone drew
+        (
+            {"SLURM_JOB_ID": "77", "TORCHELASTIC_RUN_ID": "uuid-a"},
+            {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1", "TORCHELASTIC_RUN_ID": "uuid-b"},
+            "SLURM job 77, SLURM_RESTART_COUNT=1",
+        ),
+        # a torchelastic restart keeps its run id
+        (
+            {"TORCHELASTIC_RUN_ID": "job-5"},
+            {"TORCHELASTIC_RUN_ID": "job-5", "TORCHELASTIC_RESTART_COUNT": "2"},
+            "torchelastic run job-5, TORCHELASTIC_RESTART_COUNT=2",
+        ),
+        # a second run of the same allocation: not a restart
+        ({"SLURM_JOB_ID": "77"}, {"SLURM_JOB_ID": "77"}, None),
+        # a requeued job, another job's lock
+        ({"SLURM_JOB_ID": "78"}, {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1"}, None),
+        # torchrun's default run id "none" is every such job's: not a sign of the same job
+        (
+            {"TORCHELASTIC_RUN_ID": "none"},
+            {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "1"},
+            None,
+        ),
     ],
+    ids=["slurm-requeue", "elastic-restart", "not-a-restart", "other-job", "elastic-none"],
 )
 def test_a_restarted_job_waits_for_its_earlier_attempts_lock(
-    tmp_path, monkeypatch, caplog, holder_job, restart, waits
+    tmp_path, monkeypatch, caplog, holder_env, our_env, waits
 ):
-    """On NFS a host that died keeps its lock until the file server's lease ends: the requeued
-    job (same SLURM_JOB_ID, SLURM_RESTART_COUNT > 0) waits for it instead of failing its requeue;
-    anything else is refused at once."""
-    for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("SLURM_JOB_ID", "77")
-    monkeypatch.setenv("SLURM_RESTART_COUNT", restart)
+    """On NFS a host that died keeps its lock until the file server's lease ends: a restart of
+    the holder's own job waits for it instead of failing; anything else is refused at once."""
+    for var, value in our_env.items():
+        monkeypatch.setenv(var, value)
     run = tmp_path / "run"
-    holder = _hold(run, holder_job, seconds=1.5)
+    holder = _hold(run, holder_env, seconds=1.5)
     try:
         start = time.monotonic()
         if waits:
@@ -283,9 +318,10 @@ def test_a_restarted_job_waits_for_its_earlier_attempts_lock(
             assert taken and 1.0 < time.monotonic() - start < 30
             lock.release()
             assert (
-                f"run directory {run} is locked by an earlier attempt of this job (job 77, pid "
+                f"run directory {run} is locked by an earlier attempt of this job (pid "
                 f"{holder.pid} on host {socket.gethostname()}, started "
             ) in caplog.text
+            assert f"; this is {waits}), probably on a host that died" in caplog.text
         else:
             with pytest.raises(ValueError, match="; choose another hydra.run.dir, or wait"):
                 lock_run_dir(run, stale_wait_s=60)
@@ -296,12 +332,10 @@ def test_a_restarted_job_waits_for_its_earlier_attempts_lock(
 
 
 def test_a_restart_that_waits_in_vain_says_why(tmp_path, monkeypatch):
-    for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"):
-        monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     run = tmp_path / "run"
-    holder = _hold(run, "77", seconds=120)
+    holder = _hold(run, {"SLURM_JOB_ID": "77"}, seconds=120)
     try:
         with pytest.raises(ValueError) as e:
             lock_run_dir(run, stale_wait_s=3)
@@ -313,8 +347,14 @@ def test_a_restart_that_waits_in_vain_says_why(tmp_path, monkeypatch):
         f"{socket.gethostname()}, started "
     )
     assert str(e.value).endswith(
-        "), an earlier attempt of this job (job 77; this is SLURM_RESTART_COUNT=2), still locked "
-        "after 3 s: if its host died, the file server keeps its lock until the host's lease ends "
-        "(NFSv4) or the host restarts (NFSv3); if it is alive, stop it; choose another "
-        "hydra.run.dir, or wait until that run has ended"
+        "), an earlier attempt of this job (SLURM job 77, SLURM_RESTART_COUNT=2), still locked "
+        "after 3.0 s: if its host died, the file server keeps its lock until the host's lease "
+        "ends (NFSv4) or the host comes back or an administrator clears it (NFSv3); if it is "
+        "alive, stop it; choose another hydra.run.dir, or wait until that run has ended"
     )
+
+
+def test_the_wait_leaves_the_other_ranks_time():
+    """The other ranks wait for rank 0 up to trainer.collective_timeout_s at start."""
+    assert stale_lock_wait(600.0) == STALE_LOCK_WAIT_S == 300.0
+    assert stale_lock_wait(20.0) == 10.0
