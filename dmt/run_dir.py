@@ -277,7 +277,11 @@ def lock_run_dir(
         raise
     lock = _HELD[run_dir] = RunDirLock(run_dir, fd)
     if record:
-        lock.record()
+        try:
+            lock.record()
+        except BaseException:  # e.g. a full disk: release what was taken
+            lock.release()
+            raise
     return lock, True
 
 
@@ -352,12 +356,12 @@ def claim(
         lock, taken = lock_run_dir(run_dir, record=False, stale_wait_s=stale_wait_s)
         try:
             check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
-        except ValueError:
+            if taken:
+                lock.record()
+        except BaseException:
             if taken:
                 lock.release()
             raise
-        if taken:
-            lock.record()
         return lock, taken
     check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
     return lock_run_dir(run_dir, stale_wait_s=stale_wait_s)
