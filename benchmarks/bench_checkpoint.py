@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from dmt.checkpoint import Checkpointer
+from dmt.results import existing_output, write_json
 from dmt.runtime import close_runtime, init_runtime
 from dmt.train import compose_config, to_config
 from dmt.trainer import Trainer
@@ -183,10 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         "--train-steps", type=int, default=5, help="training steps before saving (default 5)"
     )
     ap.add_argument("--json", type=Path, help="write the per-save records and the summary here")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     ap.add_argument(
         "overrides", nargs="*", help="extra Hydra overrides (default: the dmt-train defaults)"
     )
     args = ap.parse_args(argv)
+    if (error := existing_output(args.json, "--json", args.overwrite)) is not None:
+        ap.error(error)
     if args.runs < 1:
         ap.error("--runs must be at least 1")
 
@@ -233,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             "records": records,
             "summary": rows,
         }
-        args.json.write_text(json.dumps(payload, indent=1) + "\n")
+        write_json(args.json, payload, indent=1)
     return 0
 
 

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import statistics
 import tempfile
@@ -88,6 +87,7 @@ from dmt.config import (
 from dmt.models import build_dmt_model, embedding_parameters, naive_partition
 from dmt.models.accounting import compression_ratio
 from dmt.optim import apply_sparse_optimizer, build_optimizer
+from dmt.results import existing_output, write_json
 from dmt.runtime import Runtime
 from dmt.sharding import (
     flat_planner,
@@ -149,6 +149,7 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--trace-steps", type=int, default=2, help="untimed steps whose bytes are measured"
     )
     p.add_argument("--json", default=None, help="write the results here (rank 0)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     env = os.environ  # scripts/netns_throttle.sh sets DMT_NNODES, DMT_NODE_RANK, DMT_INIT_FILE
     p.add_argument(
         "--nnodes", type=int, default=int(env.get("DMT_NNODES", 1)), help="launchers (hosts)"
@@ -160,6 +161,8 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--init-file", default=env.get("DMT_INIT_FILE"), help="rendezvous file (--nnodes > 1)"
     )
     args = p.parse_args(argv)
+    if (error := existing_output(args.json, "--json", args.overwrite)) is not None:
+        p.error(error)
     unknown = set(args.modes.split(",")) - set(MODES)
     if unknown:
         p.error(f"unknown modes {sorted(unknown)}; choose from {MODES}")
@@ -587,8 +590,7 @@ def _run(args: argparse.Namespace) -> None:
         _add_best_flat(records)
         print(_report(args, records), flush=True)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(records, f, indent=2)
+            write_json(args.json, records)
 
 
 def _spawned(local: int, args: argparse.Namespace, init_file: str) -> None:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -68,6 +67,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from dmt.config import Config
 from dmt.data import DataBundle, build_data
 from dmt.models.factory import table_name
+from dmt.results import existing_output, write_json
 from dmt.runtime import Runtime, close_runtime, init_runtime
 from dmt.train import compose_config, to_config
 from dmt.trainer import Trainer
@@ -267,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block", type=int, default=10, help="steps per variant before the next")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="one CPU or one GPU")
     p.add_argument(
         "--override",
@@ -275,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         help="a further dmt config override for every variant (e.g. data.criteo.raw_path=...)",
     )
     args = p.parse_args(argv)
+    if (error := existing_output(args.json, "--json", args.overwrite)) is not None:
+        p.error(error)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
@@ -345,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             "ratios": ratios,
             "ratios_per_run": per_run,
         }
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result)
     return 0
 
 

@@ -1,0 +1,37 @@
+"""Results files of benchmarks: never over an earlier run's, never half-written.
+
+A benchmark runs for minutes to hours, so an existing results file is refused when the command
+starts (:func:`existing_output`), not when it ends, and the file is written through a temporary
+file and a rename (:func:`write_json`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def existing_output(
+    path: str | os.PathLike[str] | None, option: str, overwrite: bool
+) -> str | None:
+    """The error for a command about to write ``path`` (given as ``option``) if an earlier run's
+    file is there and ``overwrite`` was not asked for; ``None`` if it may be written."""
+    if path is None or overwrite or not Path(path).exists():
+        return None
+    return (
+        f"{option} {path} exists already (an earlier run's results); choose another file, or "
+        "pass --overwrite to replace it"
+    )
+
+
+def write_json(path: str | os.PathLike[str], data: Any, *, indent: int = 2) -> Path:
+    """Write ``data`` as JSON to ``path`` atomically: a reader sees the old file or the new one,
+    never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=indent) + "\n")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,28 @@
+"""Benchmarks' results files (dmt/results.py): an earlier run's file is refused when the command
+starts, unless --overwrite; files are written whole."""
+
+from __future__ import annotations
+
+import json
+
+from dmt.results import existing_output, write_json
+
+
+def test_an_existing_results_file_is_refused_unless_overwrite(tmp_path):
+    path = tmp_path / "out.json"
+    assert existing_output(None, "--json", overwrite=False) is None
+    assert existing_output(path, "--json", overwrite=False) is None
+    path.write_text("{}\n")
+    assert existing_output(path, "--json", overwrite=False) == (
+        f"--json {path} exists already (an earlier run's results); choose another file, or pass "
+        "--overwrite to replace it"
+    )
+    assert existing_output(path, "--json", overwrite=True) is None
+
+
+def test_write_json_replaces_whole_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "sub" / "out.json"
+    write_json(path, [{"mode": "dmt", "ms_per_step": 1.5}])
+    write_json(path, {"b": 2}, indent=1)
+    assert json.loads(path.read_text()) == {"b": 2}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["out.json"]
