@@ -32,7 +32,7 @@ import random
 import re
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
@@ -55,8 +55,8 @@ from dmt.config import NO_DEFAULT, schema_default
 from dmt.ema import DenseEMA
 from dmt.host_memory import (
     RankMemory,
-    available_bytes,
     machine_id,
+    memory_bounds,
     staged_bytes,
     staging_shortfall,
 )
@@ -278,7 +278,7 @@ class Checkpointer:
         world_size: int,
         async_save: bool = False,
         timeout: timedelta | None = None,
-        host_memory: Callable[[], int] = available_bytes,
+        host_memory: Callable[[], Mapping[str, int]] = memory_bounds,
     ) -> None:
         self.root = Path(root)
         self.rank = rank
@@ -358,12 +358,12 @@ class Checkpointer:
         """Whether every host has the free memory for its ranks' staging copies of ``state``;
         every rank reaches the same answer (one small gather over the checkpoint group)."""
         try:
-            available: int | None = self.host_memory()
+            bounds: Mapping[str, int] | None = self.host_memory()
         except Exception as e:  # noqa: BLE001 - advisory: every rank must still reach the gather
             log.warning("rank %d cannot read its free host memory (%s); not checked", self.rank, e)
-            available = None
+            bounds = None
         ranks: list[Any] = [
-            RankMemory(machine_id(), socket.gethostname(), staged_bytes(state), available)
+            RankMemory(machine_id(), socket.gethostname(), staged_bytes(state), bounds)
         ]
         if dist.is_initialized() and self.world_size > 1:
             mine, ranks = ranks[0], [None] * self.world_size

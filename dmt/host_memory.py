@@ -14,9 +14,10 @@ headroom of every memory cgroup above the process (cgroup v2 ``memory.max``, v1
 ``memory.limit_in_bytes``, as SLURM's ``ConstrainRAMSpace`` and container runtimes set them): the
 limit, less the usage, plus the usage's file-backed page cache (the inactive and active file
 LRUs, clean pages of which the kernel reclaims before it kills, as ``MemAvailable`` counts them; a
-memory-mapped dataset fills them). Ranks are grouped by machine (:func:`machine_id`, the boot id),
-not host name, which containers of one node may each have their own of.
-"""
+memory-mapped dataset fills them). Each bound holds the copies of the ranks it bounds
+(:func:`staging_shortfall`): a machine's ``MemAvailable`` those of all its ranks (grouped by
+:func:`machine_id`, the boot id, not host name, which containers of one node may each have their
+own of), a cgroup those of the ranks inside it."""
 
 from __future__ import annotations
 
@@ -56,14 +57,25 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+HOST = "host"
+"""The key of the machine's own bound (``MemAvailable``) in :func:`memory_bounds`."""
+
+
+def memory_bounds(root: Path = Path("/")) -> dict[str, int]:
+    """What bounds the host memory this process can still take: ``{"host": MemAvailable}`` and,
+    for every limited memory cgroup from the process's up to the root, its headroom under a key
+    naming that cgroup (``"cgroup <dev>:<inode>"`` of its directory: the same for every process
+    in it, whatever cgroup namespace it sees it through). ``root``: where ``/proc`` and
+    ``/sys/fs/cgroup`` are read, for tests."""
+    bounds = {HOST: max(_meminfo_available(root / "proc" / "meminfo"), 0)}
+    for key, headroom in _cgroup_headrooms(root):
+        bounds[key] = max(headroom, 0)
+    return bounds
+
+
 def available_bytes(root: Path = Path("/")) -> int:
-    """Host memory this process can still take: the smaller of ``MemAvailable`` and every
-    memory cgroup's headroom from the process's cgroup up to the root (``root``: where ``/proc``
-    and ``/sys/fs/cgroup`` are read, for tests)."""
-    free = _meminfo_available(root / "proc" / "meminfo")
-    for headroom in _cgroup_headrooms(root):
-        free = min(free, headroom)
-    return max(free, 0)
+    """Host memory this process alone can still take: the least of :func:`memory_bounds`."""
+    return min(memory_bounds(root).values())
 
 
 def _meminfo_available(path: Path) -> int:
@@ -75,8 +87,9 @@ def _meminfo_available(path: Path) -> int:
     raise ValueError(f"{path} has no MemAvailable line")
 
 
-def _cgroup_headrooms(root: Path) -> Iterable[int]:
-    """Headroom of each limited memory cgroup of this process, from its own to the root."""
+def _cgroup_headrooms(root: Path) -> Iterable[tuple[str, int]]:
+    """Key and headroom of each limited memory cgroup of this process, from its own to the
+    root."""
     try:
         lines = (root / "proc" / "self" / "cgroup").read_text().splitlines()
     except OSError:
@@ -105,7 +118,11 @@ def _cgroup_headrooms(root: Path) -> Iterable[int]:
         for level in _levels(base, path):
             headroom = _headroom(level, limit, usage, cache)
             if headroom is not None:
-                yield headroom
+                try:
+                    st = level.stat()
+                except OSError:
+                    continue
+                yield f"cgroup {st.st_dev}:{st.st_ino}", headroom
 
 
 def _levels(base: Path, path: str) -> list[Path]:
@@ -162,32 +179,40 @@ def machine_id(root: Path = Path("/")) -> str:
 @dataclass(frozen=True)
 class RankMemory:
     """One rank's side of an asynchronous save: its machine (:func:`machine_id`) and host name,
-    the bytes it would stage, and the host memory it sees free (``None``: it could not tell)."""
+    the bytes it would stage, and what bounds its free memory (:func:`memory_bounds`; ``None``:
+    it could not tell)."""
 
     machine: str
     host: str
     staged: int
-    available: int | None
+    bounds: Mapping[str, int] | None
 
 
 def staging_shortfall(ranks: Sequence[RankMemory]) -> str | None:
-    """Why the ranks' staging copies do not fit (the first machine where the sum of its ranks'
-    copies exceeds the least free memory they see), or ``None`` if they fit everywhere. A
-    machine none of whose ranks could read its free memory is not judged."""
-    by_machine: dict[str, list[tuple[int, RankMemory]]] = {}
+    """Why the ranks' staging copies do not fit, or ``None`` if they fit everywhere. Each bound
+    holds the copies of the ranks it bounds: a machine's ``MemAvailable`` all its ranks' (the
+    containers of a node share it), a memory cgroup those of the ranks inside it (each pod its
+    own). A rank that could not read its bounds is judged by its neighbours' only."""
+    shared: dict[tuple[str, str], list[tuple[int, RankMemory, int]]] = {}
     for r, m in enumerate(ranks):
-        by_machine.setdefault(m.machine, []).append((r, m))
-    for members in by_machine.values():
-        staged = sum(m.staged for _, m in members)
-        seen = [m.available for _, m in members if m.available is not None]
-        if not seen or staged <= min(seen):
+        for key, free in (m.bounds or {}).items():
+            shared.setdefault((m.machine, key), []).append((r, m, free))
+    for (machine, key), members in shared.items():
+        if key == HOST:  # every rank of the machine stages into its memory
+            staged = sum(m.staged for m in ranks if m.machine == machine)
+            names = [r for r, m in enumerate(ranks) if m.machine == machine]
+        else:
+            staged = sum(m.staged for _, m, _ in members)
+            names = [r for r, _, _ in members]
+        free = min(f for _, _, f in members)
+        if staged <= free:
             continue
-        names = ", ".join(str(r) for r, _ in members)
-        which = f"ranks {names}" if len(members) > 1 else f"rank {names}"
-        hosts = " / ".join(dict.fromkeys(m.host for _, m in members))
+        which = f"ranks {', '.join(map(str, names))}" if len(names) > 1 else f"rank {names[0]}"
+        hosts = " / ".join(dict.fromkeys(ranks[r].host for r in names))
+        where = "free" if key == HOST else "free under their memory cgroup's limit"
         return (
             f"host {hosts} ({which}) would stage {_gib(staged)} of checkpoint state "
-            f"in host memory with {_gib(min(seen))} free"
+            f"in host memory with {_gib(free)} {where}"
         )
     return None
 

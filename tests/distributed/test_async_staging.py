@@ -70,7 +70,7 @@ def _stager_bytes(state: dict) -> int:
     return sum(storages.values())
 
 
-def _unreadable() -> int:
+def _unreadable() -> dict[str, int]:
     raise OSError("planted: /proc/meminfo unreadable")
 
 
@@ -93,7 +93,7 @@ def _rank(rank: int, world_size: int, out: str, case: str, backend: str) -> dict
     # rank 1 short of memory: every rank writes the next checkpoint synchronously; rank 1 unable
     # to read it: not checked there, every rank saves asynchronously (none left in the gather)
     if rank == 1 and case != "fits":
-        ck.host_memory = (lambda: 1) if case == "short" else _unreadable
+        ck.host_memory = (lambda: {"host": 1}) if case == "short" else _unreadable
     path = ck.save(trainer.model, trainer.optimizer, step=100, epoch=0, batch_in_epoch=0)
     pending_after_save = ck._pending is not None
     complete_at_return = checkpoint.damage(path) is None

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from dmt.host_memory import RankMemory, available_bytes, machine_id, staging_shortfall
+from dmt.host_memory import (
+    RankMemory,
+    available_bytes,
+    machine_id,
+    memory_bounds,
+    staging_shortfall,
+)
 
 GIB = 1024**3
 
@@ -87,37 +93,82 @@ def test_this_machines_free_memory_is_within_its_total():
     assert 0 < available_bytes() <= total
 
 
-def test_staging_shortfall_sums_the_ranks_of_a_machine_against_the_least_free_memory_seen():
-    fits = [RankMemory("m1", "a", 3 * GIB, 10 * GIB), RankMemory("m1", "a", 3 * GIB, 7 * GIB)]
+def _rank(machine, host, staged_gib, host_free_gib=None, **cgroups_gib):
+    bounds = {} if host_free_gib is None else {"host": host_free_gib * GIB}
+    bounds |= {f"cgroup {k}": v * GIB for k, v in cgroups_gib.items()}
+    return RankMemory(machine, host, staged_gib * GIB, bounds)
+
+
+def test_a_machines_free_memory_holds_all_its_ranks_copies():
+    fits = [_rank("m1", "a", 3, 10), _rank("m1", "a", 3, 7)]
     assert staging_shortfall(fits) is None
-    ranks = [
-        *fits,
-        RankMemory("m2", "b", 2 * GIB, 100 * GIB),  # alone it fits
-        RankMemory("m2", "b", 2 * GIB, 3 * GIB),  # machine m2 has 3 GiB free, its ranks stage 4
-    ]
+    ranks = [*fits, _rank("m2", "b", 2, 100), _rank("m2", "b", 2, 3)]  # m2: 4 GiB into 3
     assert staging_shortfall(ranks) == (
         "host b (ranks 2, 3) would stage 4 GiB of checkpoint state in host memory with 3 GiB free"
     )
-    assert staging_shortfall([RankMemory("m3", "c", 2048, 1024)]) == (
+    tiny = RankMemory("m3", "c", 2048, {"host": 1024})
+    assert staging_shortfall([tiny]) == (
         "host c (rank 0) would stage 2048 bytes of checkpoint state in host memory with "
         "1024 bytes free"
     )
-    # two pods of one node, each its own host name: one machine, one memory
-    pods = [
-        RankMemory("m4", "pod-0", 3 * GIB, 5 * GIB),
-        RankMemory("m4", "pod-1", 3 * GIB, 5 * GIB),
-    ]
+    # two pods of one node, each its own host name: one machine, one MemAvailable
+    pods = [_rank("m4", "pod-0", 3, 5), _rank("m4", "pod-1", 3, 5)]
     assert staging_shortfall(pods) == (
         "host pod-0 / pod-1 (ranks 0, 1) would stage 6 GiB of checkpoint state in host memory "
         "with 5 GiB free"
     )
     # two nodes under one host name (host networking): two machines, each fits
-    same_name = [RankMemory("m5", "n", 3 * GIB, 5 * GIB), RankMemory("m6", "n", 3 * GIB, 5 * GIB)]
-    assert staging_shortfall(same_name) is None
-    # a rank that could not read its free memory: judged by the others, or not at all
+    assert staging_shortfall([_rank("m5", "n", 3, 5), _rank("m6", "n", 3, 5)]) is None
+
+
+def test_a_cgroup_holds_the_copies_of_the_ranks_inside_it_only():
+    """8 pods on a 1 TiB node, each limited to 80 GiB free, each staging 60 GiB: every limit
+    holds its own rank's copy, the node all eight."""
+    pods = [_rank("m", f"pod-{i}", 60, 1000, **{f"pod{i}": 80}) for i in range(8)]
+    assert staging_shortfall(pods) is None
+    # two ranks in one job cgroup (SLURM): its limit holds both copies
+    job = [_rank("m", "n", 60, 1000, job=100), _rank("m", "n", 60, 1000, job=100)]
+    assert staging_shortfall(job) == (
+        "host n (ranks 0, 1) would stage 120 GiB of checkpoint state in host memory with "
+        "100 GiB free under their memory cgroup's limit"
+    )
+    # the node runs short before the pods' limits do
+    crowded = [_rank("m", f"pod-{i}", 60, 400, **{f"pod{i}": 80}) for i in range(8)]
+    assert staging_shortfall(crowded) is not None
+
+
+def test_a_rank_that_cannot_read_its_memory_is_judged_by_its_neighbours_only():
     assert staging_shortfall([RankMemory("m7", "d", 3 * GIB, None)]) is None
-    unread = [RankMemory("m7", "d", 3 * GIB, None), RankMemory("m7", "d", 3 * GIB, 4 * GIB)]
-    assert staging_shortfall(unread) is not None
+    unread = [RankMemory("m7", "d", 3 * GIB, None), _rank("m7", "d", 3, 4)]
+    assert staging_shortfall(unread) == (
+        "host d (ranks 0, 1) would stage 6 GiB of checkpoint state in host memory with 4 GiB free"
+    )
+
+
+def test_the_bounds_name_the_host_and_each_limited_cgroup(tmp_path):
+    job = "slurm/job_7"
+    root = _tree(
+        tmp_path,
+        "0::/slurm/job_7/step_0\n",
+        meminfo_gib=100,
+        files={
+            f"{job}/memory.max": f"{8 * GIB}\n",
+            f"{job}/memory.current": f"{6 * GIB}\n",
+            f"{job}/step_0/memory.max": f"{50 * GIB}\n",
+            f"{job}/step_0/memory.current": f"{5 * GIB}\n",
+        },
+    )
+    inode = {
+        d: f"cgroup {(root / 'sys/fs/cgroup' / d).stat().st_dev}:"
+        f"{(root / 'sys/fs/cgroup' / d).stat().st_ino}"
+        for d in (job, f"{job}/step_0")
+    }
+    assert memory_bounds(root) == {
+        "host": 100 * GIB,
+        inode[f"{job}/step_0"]: 45 * GIB,
+        inode[job]: 2 * GIB,
+    }
+    assert available_bytes(root) == 2 * GIB
 
 
 def test_a_container_sees_its_own_limit_at_the_base_and_bad_lines_are_skipped(tmp_path):
