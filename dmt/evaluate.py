@@ -36,7 +36,6 @@ What ``--data`` can be:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -52,7 +51,7 @@ from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 from tqdm import tqdm
 
-from dmt import checkpoint
+from dmt import checkpoint, results
 from dmt.config import Config, validate
 from dmt.data import BatchSource, InMemorySource, sparse_feature_names
 from dmt.data.synthetic import SyntheticWorld, cardinalities
@@ -529,13 +528,8 @@ def format_report(report: dict[str, Any]) -> str:
 def write_json(path: str | os.PathLike[str], report: dict[str, Any]) -> Path:
     """Write ``report`` atomically (temporary file, then rename); NaN (AUC of a one-class set)
     becomes null."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     clean = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in report.items()}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(clean, indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    return results.write_json(path, clean)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -158,9 +158,9 @@ _HELD: dict[Path, RunDirLock] = {}
 STALE_LOCK_WAIT_S = 300.0
 """How long a restarted job (a requeued SLURM job, a torchelastic restart) waits for the lock of
 its own earlier attempt. A process's ``flock`` goes when it dies, but on NFS the lock of a
-*host* that died stays with the file server: NFSv4 frees it when the host's lease ends (about
-90 s), NFSv3 only when that host restarts. The restart, possibly on another host, would
-otherwise stop at once and fail its requeue."""
+*host* that died stays with the file server: NFSv4 frees it when the host's lease ends (Linux's
+server: 90 s), NFSv3 only when that host comes back or an administrator clears it. The restart,
+possibly on another host, would otherwise stop at once and fail its requeue."""
 _LOCK_POLL_S = 2.0
 
 
