@@ -190,6 +190,8 @@ DEFAULT_SPLIT_FRACTIONS = (0.85, 0.075, 0.075)
 DEFAULT_TRAIN_DAYS = tuple(range(23))
 DEFAULT_EVAL_DAY = 23
 CATEGORICAL_MODES = ("vocab", "hash")
+#: The largest ``data.criteo.hash_sizes`` entry: preprocessed ids are int32.
+MAX_HASH_SIZE = (1 << 31) - 1
 MISSING_IDS = ("shared", "distinct")
 
 
@@ -300,6 +302,11 @@ class CriteoConfig:
                 raise ValueError(
                     f"hash_sizes must be >= 2 (id 0 is the empty bucket); got {list(self.hash_sizes)}"
                 )
+            if any(s > MAX_HASH_SIZE for s in self.hash_sizes):
+                raise ValueError(
+                    f"hash_sizes must be <= {MAX_HASH_SIZE} (ids are stored as int32); "
+                    f"got {list(self.hash_sizes)}"
+                )
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0; got {self.num_workers}")
         if self.shuffle_window_rows is not None and self.shuffle_window_rows < 1:
@@ -399,7 +406,7 @@ class TrainerConfig:
     ema_decay: float | None = (
         None  # evaluate an exponential moving average of the dense weights (MLPs, interaction, tower modules; not the tables), avg = decay * avg + (1 - decay) * w after every step, e.g. 0.999; training goes on from the raw weights (None: off)
     )
-    collective_timeout_s: float = 600.0  # timeout of every process group (flat and SPTT); a rank silent this long ends the job
+    collective_timeout_s: float = 600.0  # timeout of every process group dmt creates (flat and SPTT; TorchRec's own table-row-wise groups keep torch's default); a rank silent this long ends the job
 
 
 def use_pipeline(trainer: TrainerConfig, world_size: int) -> bool:

@@ -278,6 +278,14 @@ def transform_tsv(
     """
     vocab_dir = Path(vocab_dir)
     parent = read_manifest(vocab_dir)
+    if "vocab_from" in parent["settings"] and parent["settings"]["categorical"]["mode"] == "vocab":
+        raise ValueError(
+            f"{str(vocab_dir)!r} has no vocabularies of its own: it was made through those of "
+            f"{parent['settings']['vocab_from']['dir']!r}; give that directory"
+        )
+    damage = output_damage(vocab_dir)
+    if damage is not None:
+        raise ValueError(f"{str(vocab_dir)!r} cannot lend its vocabularies: {damage}")
     source = _describe_source(Path(tsv))
     settings = {
         "layout": {"kind": "transform"},
@@ -511,10 +519,11 @@ def _run(job: _Job) -> Path:
             shutil.rmtree(tmp)
             return out_dir
         if out_dir.exists() or out_dir.is_symlink():
-            # checked again: the directory may have changed while this run worked
-            refusal = _refusal(out_dir, job.inputs)
-            if refusal is not None:
-                raise ValueError(f"output directory {str(out_dir)!r} {refusal}")
+            # checked again by the same rules as at the start: another run may have written it
+            # (with other settings) while this one worked
+            if _check_replaceable(job, settings_hash):
+                shutil.rmtree(tmp)
+                return out_dir
             old = out_dir.parent / f".{out_dir.name}.old-{_owner()}"
             out_dir.rename(old)
             tmp.rename(out_dir)
@@ -1290,7 +1299,7 @@ def _parse_task(args: tuple[_Task, _Context]) -> _TaskResult:
             }
     results = [_SegmentResult() for _ in task.segments]
     cursors = [seg.out_row for seg in task.segments]
-    counted: list[list[np.ndarray]] = [[] for _ in range(NUM_SPARSE)]
+    counters = [KeyCounter() for _ in range(NUM_SPARSE)]  # memory: distinct keys, not rows
     count_any = any(seg.count for seg in task.segments)
     last_line = max(seg.line_hi for seg in task.segments)
     for block, first, num_lines in iter_line_blocks(
@@ -1328,7 +1337,7 @@ def _parse_task(args: tuple[_Task, _Context]) -> _TaskResult:
                 split_arrays[_PRESENT][r : r + n] = np.packbits(rows.present, axis=1)
                 if seg.count:
                     for f in range(NUM_SPARSE):
-                        counted[f].append(rows.keys[rows.present[:, f], f])
+                        counters[f].add(*count_keys(rows.keys[rows.present[:, f], f]))
             cursors[k] += n
             res = results[k]
             res.rows += n
@@ -1340,7 +1349,7 @@ def _parse_task(args: tuple[_Task, _Context]) -> _TaskResult:
     del arrays  # written through shared mappings; _fsync_tree makes them durable at the end
     counts = None
     if count_any:
-        counts = [count_keys(np.concatenate(c) if c else np.empty(0, np.uint32)) for c in counted]
+        counts = [c.result() for c in counters]
     _pause()
     return _TaskResult(segments=results, counts=counts, bytes_read=_task_bytes(task))
 

@@ -56,6 +56,18 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes
     )
 
 
+def started_partial(proc: subprocess.Popen[bytes], out: Path) -> Path:
+    """The partial output directory of the ``dmt-preprocess`` run ``proc`` writing ``out``,
+    once its arrays exist (within 60 s, while it runs)."""
+    partial = out.parent / f".{out.name}.partial-{socket.gethostname()}-{proc.pid}"
+    deadline = time.monotonic() + 60
+    while not (partial / "train" / "dense.npy").exists():
+        assert proc.poll() is None, proc.communicate()[0].decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return partial
+
+
 def children(pid: int) -> list[int]:
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -150,12 +162,7 @@ def test_interrupted_run_then_rerun_equals_clean_run(tmp_path: Path) -> None:
 
     out = tmp_path / "out"
     proc = cli(str(raw), str(out), "--num-workers", "2", *small, env={PAUSE_ENV: "0.5"})
-    partial = tmp_path / f".out.partial-{socket.gethostname()}-{proc.pid}"
-    deadline = time.monotonic() + 60
-    while not (partial / "train" / "dense.npy").exists():
-        assert proc.poll() is None, proc.communicate()[0].decode()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    partial = started_partial(proc, tmp_path / "out")
     time.sleep(1.0)  # some ranges parsed, most not
     workers = children(proc.pid)
     proc.send_signal(signal.SIGKILL)
@@ -169,6 +176,30 @@ def test_interrupted_run_then_rerun_equals_clean_run(tmp_path: Path) -> None:
     assert rerun.returncode == 0, log
     assert not partial.exists()
     assert files(out) == files(clean)
+
+
+def test_a_run_that_finishes_second_does_not_replace_other_settings(tmp_path: Path) -> None:
+    """Two runs on one output directory with different settings, started before either finished:
+    the one that finishes second finds the other's output and refuses to replace it without
+    --overwrite, as it would have at its start (a reproduced bug: it swapped its own in)."""
+    raw = tmp_path / "train.txt"
+    raw.write_text(raw_rows(400, seed=5))
+    out = tmp_path / "out"
+    args = [str(raw), str(out), "--no-progress", "--num-workers", "1"]
+    slow = cli(*args, "--frequency-threshold", "1", env={PAUSE_ENV: "3"})
+    partial = started_partial(slow, out)
+    assert main([*args, "--frequency-threshold", "3"]) == 0
+    assert not slow.poll()  # still paused inside its build
+    made = files(out)
+    log = slow.communicate(timeout=120)[0].decode()
+    assert slow.returncode == 1, log
+    assert f"dmt-preprocess: error: output directory {str(out)!r} exists and was made with " in log
+    assert "pass overwrite=True (--overwrite) to replace it" in log
+    assert files(out) == made and read_manifest(out)["settings"]["categorical"] == {
+        "mode": "vocab",
+        "frequency_threshold": 3,
+    }
+    assert not partial.exists()
 
 
 # -- the shared Criteo samples (skipped where ../shared/data is absent) -------------------------

@@ -261,6 +261,17 @@ def test_hash_mode(tmp_path: Path) -> None:
             assert ids[f] == want
 
 
+def test_hash_sizes_must_fit_the_int32_ids(tmp_path: Path) -> None:
+    """A size above 2**31 - 1 would give negative ids (a reproduced bug); it is refused."""
+    raw = tmp_path / "train.txt"
+    config(tmp_path, raw, categorical_mode="hash", hash_sizes=[2**31 - 1]).validate()
+    with pytest.raises(ValueError) as err:
+        config(tmp_path, raw, categorical_mode="hash", hash_sizes=[2**31]).validate()
+    assert str(err.value) == (
+        "hash_sizes must be <= 2147483647 (ids are stored as int32); got [2147483648]"
+    )
+
+
 def test_terabyte_days(tmp_path: Path) -> None:
     days = tmp_path / "days"
     days.mkdir()
@@ -514,6 +525,19 @@ def test_transform_tsv_uses_training_vocabularies(tmp_path: Path) -> None:
     assert m["cardinalities"] == read_manifest(out)["cardinalities"]
     assert m["splits"]["test"]["rows"] == 40
     assert transform_tsv(out, extra, progress=False) == t  # no-op
+    # a transform output has no vocabularies to lend; a damaged parent says what is damaged
+    with pytest.raises(ValueError) as err:
+        transform_tsv(t, extra, out_dir=tmp_path / "t2", progress=False)
+    assert str(err.value) == (
+        f"{str(t)!r} has no vocabularies of its own: it was made through those of "
+        f"{str(out.resolve())!r}; give that directory"
+    )
+    (out / "vocab" / "cat_3.npy").unlink()
+    with pytest.raises(ValueError) as err:
+        transform_tsv(out, extra, out_dir=tmp_path / "t3", progress=False)
+    assert str(err.value).startswith(f"{str(out)!r} cannot lend its vocabularies: ")
+    assert "cat_3.npy" in str(err.value)
+    assert not (tmp_path / "t2").exists() and not (tmp_path / "t3").exists()
 
 
 # -- bad input --------------------------------------------------------------------------------
