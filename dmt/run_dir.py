@@ -101,10 +101,10 @@ def _resolve_run_stamp() -> str:
 
 def rank_log_suffix() -> str:
     """``""`` for rank 0 (and a world of one), ``".rank<r>"`` for rank ``r > 0``, as the launcher
-    numbers this process (:func:`_launch_rank`): the log file of each rank (``train.log``,
+    numbers this process (:func:`launch_rank`): the log file of each rank (``train.log``,
     ``train.rank1.log``, ...), so that no two processes append to one file, which NFS does not
     keep whole when they run on several hosts."""
-    rank = _launch_rank()
+    rank = launch_rank()
     return f".rank{rank}" if rank else ""
 
 
@@ -435,7 +435,7 @@ def claim_run_dir(
             lock.release()
 
 
-def _launch_rank() -> int:
+def launch_rank() -> int:
     """This process's rank as its launcher gives it (torchrun or a SLURM step), before any
     process group exists; 0 when it cannot be told (the runtime reports that case)."""
     from dmt.runtime import world_from_env  # noqa: PLC0415
@@ -488,7 +488,7 @@ class RunDirGuard(Callback):
         checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
         timeout_s = OmegaConf.select(config, "trainer.collective_timeout_s", default=600.0)
         try:
-            if _launch_rank() == 0:
+            if launch_rank() == 0:
                 lock, taken = claim(
                     run_dir,
                     resume_from=resume_from,

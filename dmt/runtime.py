@@ -9,12 +9,15 @@ The launcher decides the world (:func:`world_from_env`, a pure function of the e
   which runs one ``srun`` step per sweep point) forms one world of all the step's tasks from SLURM's
   own variables: ``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``/``SLURM_NTASKS``, ``SLURM_LOCALID``, the
   step's tasks on this node, and the first host of the step's node list as the rendezvous host, on
-  port ``20000 + SLURM_JOB_ID % 20000`` unless ``MASTER_ADDR``/``MASTER_PORT`` are set.
+  port ``12000 + (SLURM_JOB_ID + 7919 * SLURM_STEP_ID) % 20000`` (:func:`slurm_port`: below Linux's
+  ephemeral ports, and different for steps of one job that run at once) unless
+  ``MASTER_ADDR``/``MASTER_PORT`` are set.
 - Without either, dmt runs as a world of one on an in-process store, so the same TorchRec sharded
   code path (DistributedModelParallel, fused kernels) serves a laptop run. A process that sees a
   multi-task SLURM job but would come up as a world of one (started in the batch script rather than
-  by ``srun``, or ``torchrun`` with one process per task) stops with an error instead of training
-  alone.
+  by ``srun``, or ``torchrun`` with one process per task), or a ``torchrun`` alone in its rendezvous
+  in each of several tasks of a step (``srun -N2 torchrun --standalone``: a world per node) stops
+  with an error instead of training apart.
 
 submitit's ``TorchDistributedEnvironment`` computes the SLURM part from ``os.environ`` of an active
 submitit job only (not a plain ``srun``), and takes ``num_tasks // num_nodes`` as the local world
@@ -43,6 +46,7 @@ TORCHRUN_VARS = (
     "WORLD_SIZE",
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
     "MASTER_ADDR",
     "MASTER_PORT",
 )
@@ -60,8 +64,9 @@ SLURM_VARS = (
     "SLURM_STEP_NODELIST",
     "SLURM_JOB_NODELIST",
 )
-SLURM_PORT_BASE = 20000
+SLURM_PORT_BASE = 12000
 SLURM_PORT_RANGE = 20000
+SLURM_PORT_STEP_STRIDE = 7919  # prime to SLURM_PORT_RANGE: no two steps of a job share a port
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,8 @@ def _slurm_world(env: Mapping[str, str]) -> World:
     if "MASTER_PORT" in env:
         master_port = _int(env, "MASTER_PORT")
     elif "SLURM_JOB_ID" in env:
-        master_port = SLURM_PORT_BASE + _int(env, "SLURM_JOB_ID") % SLURM_PORT_RANGE
+        step = "SLURM_STEP_ID" if "SLURM_STEP_ID" in env else "SLURM_STEPID"
+        master_port = slurm_port(_int(env, "SLURM_JOB_ID"), _int(env, step, 0))
     else:
         raise ValueError(f"SLURM step of {world_size} tasks without SLURM_JOB_ID ({_seen(env)})")
     return World(
@@ -225,7 +231,7 @@ def world_from_env(env: Mapping[str, str]) -> World:
         >>> world_from_env({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1",
         ...                 "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
         ...                 "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_NODELIST": "n[1-2]"})
-        World(rank=1, world_size=2, local_rank=0, local_world_size=1, master_addr='n1', master_port=20007, launcher='slurm')
+        World(rank=1, world_size=2, local_rank=0, local_world_size=1, master_addr='n1', master_port=12007, launcher='slurm')
     """
     if "RANK" in env or "WORLD_SIZE" in env:
         world = _torchrun_world(env)
@@ -240,7 +246,29 @@ def world_from_env(env: Mapping[str, str]) -> World:
             f"({_seen(env)}); start one dmt process per task in a job step (srun, or "
             "hydra/launcher=slurm), or give torchrun a world that covers the job's tasks"
         )
+    in_step = "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
+    if (
+        world.launcher == "torchrun"
+        and in_step
+        and slurm_tasks > 1
+        and env.get("GROUP_WORLD_SIZE", "").strip() == "1"
+    ):
+        raise ValueError(
+            f"this process's torchrun is alone in its rendezvous (GROUP_WORLD_SIZE=1) but is one "
+            f"of {slurm_tasks} tasks of a SLURM job step, so each task's torchrun would train a "
+            f"world of {world.world_size} of its own ({_seen(env)}); give torchrun "
+            f"--nnodes={slurm_tasks} and one --rdzv-endpoint for all tasks, or start it in a "
+            "step of one task (srun --ntasks=1)"
+        )
     return world
+
+
+def slurm_port(job_id: int, step_id: int) -> int:
+    """The rendezvous port of a SLURM job step without ``MASTER_PORT``: ``12000 + (job_id +
+    7919 * step_id) % 20000``, below Linux's default ephemeral ports (32768-60999, where another
+    process's connection may hold it), and different for every step of a job (7919 is prime to
+    20000), so two steps that run at once on one node never meet in one store."""
+    return SLURM_PORT_BASE + (job_id + SLURM_PORT_STEP_STRIDE * step_id) % SLURM_PORT_RANGE
 
 
 def cuda_index(local_rank: int, device_count: int) -> int:

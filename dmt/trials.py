@@ -32,7 +32,7 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from dmt.run_dir import METRICS_FILE
+from dmt.run_dir import METRICS_FILE, launch_rank
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +288,10 @@ class TrialsTable(Callback):
     ``trainer.optimize_metric``, in the sweeper's direction (maximize when it has none)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if launch_rank() != 0:
+            # every rank of a multi-process sweep runs the callback; rank 0 alone writes the
+            # table, after the last trial's metrics.json, which it writes itself
+            return
         sweep_dir = Path(str(config.hydra.sweep.dir))
         metric = str(OmegaConf.select(config, "trainer.optimize_metric", default="val_auc"))
         written = write_trials(sweep_dir, metric, maximize=_maximize(config))

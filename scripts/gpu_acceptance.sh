@@ -12,6 +12,14 @@ PY="$ROOT/.venv/bin/python"
 WORK="$(mktemp -d -t dmt-gpu-acceptance.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
 cd "$ROOT"
+# one copy per machine: in a step of several SLURM tasks every task would run every check
+if [[ "${SLURM_STEP_NUM_TASKS:-1}" -gt 1 ]]; then
+  echo "run one copy of this script (srun --ntasks=1, or in the sbatch script itself), not one per task" >&2
+  exit 125
+fi
+# its one-process steps are worlds of one: in an sbatch script of several tasks, dmt would refuse
+# them as one of the job's tasks (it starts its multi-process steps with torchrun itself)
+unset SLURM_NTASKS SLURM_NPROCS
 # the CUDA stack: a CPU build of torch sees no GPU, and FBGEMM's CPU build (fbgemm-gpu-cpu, the
 # default setup's) has no CUDA kernels
 if ! STACK="$("$PY" - <<'PYEOF'

@@ -20,10 +20,10 @@ from dmt.run_dir import (
     INIT_PID_NAMESPACE,
     LOCK_FILE,
     STALE_LOCK_WAIT_S,
-    _launch_rank,
     agreed_stamp,
     check_outputs,
     claim_run_dir,
+    launch_rank,
     lock_run_dir,
     rank_log_suffix,
     run_stamp,
@@ -233,7 +233,7 @@ def test_the_callback_knows_its_rank_from_the_launcher(monkeypatch, env, rank):
             monkeypatch.delenv(key)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    assert _launch_rank() == rank
+    assert launch_rank() == rank
     # each rank logs to its own file: train.log for rank 0, train.rank<r>.log for the others
     handler = OmegaConf.to_container(_hydra_config().job_logging.handlers.file)
     assert handler["filename"].endswith("/${hydra.job.name}${dmt.rank_log_suffix:}.log")

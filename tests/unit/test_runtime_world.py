@@ -23,6 +23,7 @@ from dmt.runtime import (
     first_host,
     mixed_backends,
     shared_devices,
+    slurm_port,
     tasks_per_node,
     world_from_env,
 )
@@ -96,14 +97,19 @@ def test_slurm_multi_node_step() -> None:
         local_rank=0,
         local_world_size=1,
         master_addr="n1",
-        master_port=20012,
+        master_port=12012,
         launcher="slurm",
     )
 
 
 def test_slurm_port_from_job_id_and_master_overrides() -> None:
     env = {**SLURM_STEP_TASK, "SLURM_JOB_ID": "1234567"}
-    assert world_from_env(env).master_port == 20000 + 1234567 % 20000
+    assert world_from_env(env).master_port == 12000 + 1234567 % 20000 == slurm_port(1234567, 0)
+    # step 1 of the same job (srun ... & srun ... &): its own port
+    assert (
+        world_from_env({**env, "SLURM_STEP_ID": "1"}).master_port
+        == 12000 + (1234567 + 7919) % 20000
+    )
     env = {**SLURM_STEP_TASK, "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29555"}
     world = world_from_env(env)
     assert (world.master_addr, world.master_port, world.launcher) == ("10.0.0.5", 29555, "slurm")
@@ -164,6 +170,35 @@ def test_torchrun_world_of_one_per_slurm_task_is_refused() -> None:
     }
     with pytest.raises(ValueError, match=r"^this process is one of 2 SLURM tasks but would train"):
         world_from_env(env)
+
+
+def test_slurm_ports_stay_below_the_ephemeral_range_and_apart_for_the_steps_of_a_job() -> None:
+    for job in (0, 1, 12, 19999, 20000, 1234567, 2**32 - 1):
+        ports = [slurm_port(job, step) for step in range(64)]
+        assert all(12000 <= p < 32000 for p in ports)  # Linux's ephemeral ports start at 32768
+        assert len(set(ports)) == len(ports)
+
+
+def test_a_standalone_torchrun_in_each_task_of_a_step_is_refused() -> None:
+    # srun -N2 --ntasks-per-node=1 torchrun --standalone --nproc-per-node=8: two worlds of 8
+    standalone = {**SLURM_STEP_TASK, **TORCHRUN, "WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "1"}
+    with pytest.raises(ValueError) as err:
+        world_from_env(standalone)
+    assert str(err.value).startswith(
+        "this process's torchrun is alone in its rendezvous (GROUP_WORLD_SIZE=1) but is one of 2 "
+        "tasks of a SLURM job step, so each task's torchrun would train a world of 8 of its own ("
+    )
+    assert str(err.value).endswith(
+        "give torchrun --nnodes=2 and one --rdzv-endpoint for all tasks, or start it in a step "
+        "of one task (srun --ntasks=1)"
+    )
+    # the same torchrun with --nnodes=2 (one agent per task), in a step of one task, or in the
+    # batch script (no step) forms the world the user asked for
+    assert world_from_env({**standalone, "GROUP_WORLD_SIZE": "2"}).world_size == 8
+    one_task = {**standalone, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1"}
+    assert world_from_env(one_task).world_size == 8
+    batch = {**SLURM_BATCH, **TORCHRUN, "WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "1"}
+    assert world_from_env(batch).world_size == 8
 
 
 def test_torchrun_variables_must_be_complete() -> None:

@@ -148,6 +148,26 @@ def test_callback_follows_the_sweepers_direction(
     assert (sweep / TRIALS_MD).read_text().startswith(f"Best of 7 trials (2 failed): trial {best},")
 
 
+def test_only_rank_0_writes_the_trials_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every rank of ``srun dmt-train -m`` runs the callback; a rank other than 0 may end its
+    last trial before rank 0 has written that trial's metrics.json, so it writes nothing."""
+    sweep = fake_sweep(tmp_path / "sweep")
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}})
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    TrialsTable().on_multirun_end(config)
+    assert not (sweep / TRIALS_MD).exists()
+    monkeypatch.setenv("RANK", "0")
+    TrialsTable().on_multirun_end(config)
+    assert (sweep / TRIALS_MD).read_text().startswith("Best of 7 trials (2 failed): trial 10,")
+
+
 # -- confirming the best trials over more seeds (scripts/confirm_trials.py) -------------------
 
 
