@@ -49,6 +49,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     SplitTableBatchedEmbeddingBagsCodegen,
 )
 from torch import nn
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dmt.config import NO_DEFAULT, schema_default
@@ -390,6 +391,21 @@ class Checkpointer:
         pending.future.result()
         self._finish(pending.path, pending.meta, pending.config)
 
+    def poll(self) -> bool:
+        """Mark the pending asynchronous save complete (``meta.json``) if every rank has written
+        its part, without waiting for a rank that has not; every rank reaches the same answer
+        (one small all-reduce over the checkpoint group), so call it on all ranks at the same
+        steps. Until it is marked, a restart cannot resume from that checkpoint. Returns whether
+        no save is pending any more."""
+        if self._pending is None:
+            return True
+        done = torch.tensor([int(self._pending.future.done())], dtype=torch.int32)
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self._group)
+        if int(done.item()):
+            self.wait()  # raises the write's error, if it failed
+        return self._pending is None
+
     def close(self) -> None:
         self.wait()
 
@@ -503,6 +519,25 @@ def latest(root: Path) -> Path | None:
     return None
 
 
+def check_not_going_back(path: Path, root: Path) -> None:
+    """Raise if the checkpoint ``path`` is in ``root`` (this run's checkpoint directory) and
+    ``root`` holds newer complete checkpoints: training on from ``path`` would reach their steps
+    and could not write its own there (dmt never overwrites a complete checkpoint), and a later
+    ``resume_from=auto`` would pick them up, from the other history."""
+    path, root = Path(path), Path(root)
+    m = _STEP_DIR.match(path.name)
+    if m is None or not root.is_dir() or path.parent.resolve() != root.resolve():
+        return
+    newer = [p.name for n, p in step_dirs(root) if n > int(m.group(1)) and damage(p) is None]
+    if newer:
+        raise ValueError(
+            f"trainer.resume_from={str(path)!r} goes back in this run: its checkpoint directory "
+            f"holds the newer {', '.join(reversed(newer))}, which training on would reach and "
+            f"may not overwrite; resume into a new run directory (another hydra.run.dir) or move "
+            f"them out of {str(root)!r}"
+        )
+
+
 def resolve(path: Path, *, setting: str = "trainer.resume_from") -> Path:
     """``path`` itself if it is a checkpoint (``step_N``), else its newest usable ``step_N``
     child. ``setting`` names where the path came from in the error message."""
@@ -550,17 +585,24 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
+_DEFAULT_SCHEDULE = "dmt.optim.warmup_decay_schedule"
+
+
 def config_differences(
     saved: dict[str, Any], current: dict[str, Any], *, allow_change: bool
 ) -> list[str]:
     """Keys whose values differ between a checkpoint's config and this run's and that a resume
     may not change: everything but how the job runs (``_FREE_KEYS``, ``logger.*``,
     ``sharding.*``); ``optim.*`` only with ``allow_change``, and so the run's length (``trainer.epochs``/``max_steps``) when
-    the saved LR schedule decays until the end of training (it then spans the run). Each as
+    the saved LR schedule decays until the end of training, or is another factory than dmt's
+    (given the run's ``total_steps``, it may span the run). Each as
     ``key: saved -> current``."""
     a, b = _flatten(saved), _flatten(current)
-    schedule_spans_run = a.get("optim.schedule.decay", "none") != "none" and not a.get(
-        "optim.schedule.decay_steps"
+    # dmt's own schedule spans the run when it decays to the end; any other factory is given
+    # the run's total_steps and may use them
+    target = a.get("optim.schedule._target_", _DEFAULT_SCHEDULE)
+    schedule_spans_run = target != _DEFAULT_SCHEDULE or (
+        a.get("optim.schedule.decay", "none") != "none" and not a.get("optim.schedule.decay_steps")
     )
     out = []
     for key in sorted(set(a) | set(b)):
@@ -592,11 +634,15 @@ def check_config(path: Path, current_yaml: str, *, allow_change: bool) -> None:
         raise ValueError(
             f"checkpoint {path} has no {CONFIG_FILE}; cannot check that it fits this run"
         )
-    diffs = config_differences(
-        yaml.safe_load(saved_file.read_text()) or {},
-        yaml.safe_load(current_yaml) or {},
-        allow_change=allow_change,
-    )
+    try:  # a user may edit it (dmt-eval reads the model from it)
+        saved = yaml.safe_load(saved_file.read_text()) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ValueError(f"cannot read checkpoint {path}'s {CONFIG_FILE}: {e}") from e
+    if not isinstance(saved, dict):
+        raise ValueError(
+            f"checkpoint {path}'s {CONFIG_FILE} holds a {type(saved).__name__}, not a config"
+        )
+    diffs = config_differences(saved, yaml.safe_load(current_yaml) or {}, allow_change=allow_change)
     if diffs:
         hint = (
             " (optimizer and schedule keys, optim.*, trainer.epochs and trainer.max_steps, may "
@@ -633,7 +679,7 @@ def load(
     meta = read_meta(path)
     world = dist.get_world_size() if dist.is_initialized() else 1
     state: dict[str, Any] = {"model": model.state_dict()}
-    fresh_state = False  # some optimizer state starts fresh (another optimizer was chosen)
+    fresh_fused = False  # the fused tables' state starts fresh (another sparse optimizer)
     saved = tensor_keys(path, prefix="")
     missing = [k for k in _flatten(state["model"], "model.") if k not in saved]
     if missing:
@@ -644,7 +690,8 @@ def load(
     if optimizer is not None:
         _materialize_optimizer_state(optimizer)
         state["optim"] = _optimizer_state(model, optimizer)
-        absent = [k for k in _flatten(state["optim"], "optim.") if k not in saved]
+        entries = _flatten(state["optim"], "optim.")
+        absent = [k for k in entries if k not in saved]
         _check_column_blocks(path, absent, saved)
         if absent and not partial_optimizer:
             raise ValueError(
@@ -653,7 +700,8 @@ def load(
                 "starts such state fresh)"
             )
         if absent:
-            fresh_state = True
+            # the fused tables' state is sharded like the tables; the dense state is not
+            fresh_fused = any(isinstance(entries[k], ShardedTensor) for k in absent)
             log.warning(
                 "checkpoint %s: %d optimizer state entries start fresh (e.g. %s)",
                 path,
@@ -695,8 +743,9 @@ def load(
         )
     if same_world:
         _set_rng_state(state["rng"][f"rank_{rank}"])
-    if "fused_optimizer_step" in meta and optimizer is not None and not fresh_state:
-        # before the first forward after resuming; state started fresh starts at step 0
+    if "fused_optimizer_step" in meta and optimizer is not None and not fresh_fused:
+        # before the first forward after resuming; fused state started fresh starts at step 0
+        # (a change of the dense optimizer alone keeps the tables' loaded state and its step)
         _restore_fused_optimizer_step(model, int(meta["fused_optimizer_step"]))
     if has_ema:
         assert ema is not None

@@ -348,6 +348,8 @@ class Trainer:
                     bar.update(1)
                     if self.step % t.log_every == 0:  # the only host sync of training steps
                         read_back()
+                        if self.checkpointer is not None:  # an async save written by now is
+                            self.checkpointer.poll()  # marked complete: a restart resumes from it
                         value = loss_values[-1]
                         bar.set_postfix(loss=f"{value:.4f}")
                         self._log_train(value, train_time + time.perf_counter() - tick)
@@ -426,7 +428,7 @@ class Trainer:
                         self.checkpoint_root(),
                     )
                 else:  # before its column blocks shape this run's plan
-                    # before its column blocks shape this run's plan
+                    checkpoint.check_not_going_back(found[0], self.checkpoint_root())
                     checkpoint.check_config(
                         found[0],
                         self.config_yaml(),

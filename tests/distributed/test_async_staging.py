@@ -8,6 +8,7 @@ import logging
 import math
 import socket
 import tempfile
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,19 @@ def _rank(rank: int, world_size: int, out: str, case: str, backend: str) -> dict
     path = ck.save(trainer.model, trainer.optimizer, step=100, epoch=0, batch_in_epoch=0)
     pending_after_save = ck._pending is not None
     complete_at_return = checkpoint.damage(path) is None
+    polls = []
+    if case == "fits":
+        # a rank whose part is not written yet keeps every rank from marking it complete
+        pending = ck._pending
+        assert pending is not None
+        pending.future.result()  # this rank's part is written
+        if rank == 1:
+            real, pending.future = pending.future, Future()
+        polls.append((ck.poll(), checkpoint.damage(path) is None))
+        if rank == 1:
+            pending.future = real
+        # ... and once every rank's is, polling marks it complete, on every rank alike
+        polls.append((ck.poll(), checkpoint.damage(path) is None))
     ck.close()
     return {
         "staged": staged,
@@ -106,6 +120,7 @@ def _rank(rank: int, world_size: int, out: str, case: str, backend: str) -> dict
         "all_tables": sum(4 * 8 * rows for rows in trainer.data.cardinalities),
         "async": pending_after_save,
         "complete_at_return": complete_at_return,
+        "polls": polls,
         "complete": checkpoint.damage(path) is None,
         "messages": [m for m in messages if "writing it synchronously" in m or "cannot read" in m],
     }
@@ -129,6 +144,8 @@ def test_async_save_stages_what_dcp_writes_and_goes_synchronous_where_memory_is_
         <= max(r["tables"] for r in ranks)
         < ranks[0]["all_tables"]
     )
+    if case == "fits":  # (no save pending, complete) after each poll
+        assert [r["polls"] for r in ranks] == [[(False, False), (True, True)]] * 2
     if case != "short":
         assert [r["async"] for r in ranks] == [True, True]
         assert ranks[0]["messages"] == []

@@ -79,6 +79,67 @@ def test_resume_with_another_model_stops_with_the_differing_keys(tmp_path: Path)
     assert m["num_steps"] == 12
 
 
+def test_going_back_to_an_earlier_checkpoint_of_the_run_is_refused_at_start(
+    tmp_path: Path,
+) -> None:
+    """A reproduced bug: resuming a run from its step_4 while its step_8 exists trained steps
+    5-8 and then failed to write step_8 ("dmt never overwrites a complete checkpoint"), the
+    retrained steps lost. It is refused at start; the same resume into a new run directory
+    trains on and equals the first run."""
+    run = tmp_path / "run"
+    args = ("trainer.max_steps=8", "trainer.checkpoint_every=4", *SGD)
+    first = _train(run, *args)
+    step_4 = run / "checkpoints" / "step_4"
+    with pytest.raises(ValueError) as e:
+        _train(run, *args, f"trainer.resume_from={step_4}")
+    assert str(e.value) == (
+        f"trainer.resume_from={str(step_4)!r} goes back in this run: its checkpoint directory "
+        "holds the newer step_8, which training on would reach and may not overwrite; resume "
+        "into a new run directory (another hydra.run.dir) or move them out of "
+        f"{str(run / 'checkpoints')!r}"
+    )
+    again = _train(tmp_path / "branch", *args, f"trainer.resume_from={step_4}")
+    assert again["test_auc"] == pytest.approx(first["test_auc"], abs=1e-6)
+    assert again["num_steps"] == 8
+
+
+def test_a_new_dense_optimizer_keeps_the_tables_fused_optimizer_step(tmp_path: Path) -> None:
+    """A reproduced bug: resuming with another dense optimizer (its state starts fresh) also
+    restarted FBGEMM's step count of the tables, whose state was loaded whole; Adam's bias
+    correction on the tables would then have used a step count of 0."""
+    run = tmp_path / "run"
+    _train(run, "trainer.max_steps=8", "trainer.checkpoint_every=4", *SGD)
+    changed = tmp_path / "changed"
+    _train(
+        changed,
+        "trainer.max_steps=8",
+        "trainer.checkpoint_every=4",
+        "trainer.resume_allow_config_change=true",
+        f"trainer.resume_from={run / 'checkpoints' / 'step_4'}",
+    )
+    meta = [
+        json.loads((r / "checkpoints" / "step_8" / "meta.json").read_text()) for r in (run, changed)
+    ]
+    assert meta[0]["fused_optimizer_step"] > 4
+    assert meta[1]["fused_optimizer_step"] == meta[0]["fused_optimizer_step"]
+
+
+def test_an_unreadable_saved_config_is_a_clear_error(tmp_path: Path) -> None:
+    """config.yaml is the one checkpoint file a user may edit: a broken edit is an error that
+    names the file (every rank raises it: rank 0's ValueError is broadcast), not a parser's
+    traceback on rank 0 alone."""
+    run = tmp_path / "run"
+    _train(run, "trainer.max_steps=2", "trainer.checkpoint=true")
+    step = run / "checkpoints" / "step_2"
+    (step / "config.yaml").write_text("model: [unclosed\n")
+    with pytest.raises(ValueError, match=rf"^cannot read checkpoint {step}'s config.yaml: "):
+        checkpoint.check_config(step, "model: {}\n", allow_change=False)
+    (step / "config.yaml").write_text("- a list\n")
+    with pytest.raises(ValueError) as e:
+        checkpoint.check_config(step, "model: {}\n", allow_change=False)
+    assert str(e.value) == f"checkpoint {step}'s config.yaml holds a list, not a config"
+
+
 def test_resume_auto_without_a_checkpoint_does_not_replace_a_finished_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _train(run, "trainer.max_steps=2")
@@ -132,6 +193,15 @@ def test_config_differences_free_and_strict_keys() -> None:
     ]
     assert checkpoint.config_differences(saved, other, allow_change=True) == [
         "model.name: 'dlrm' -> 'dcn'",
+        "trainer.seed: 0 -> 1",
+    ]
+    # another schedule factory is given the run's total_steps: it may span the run (a
+    # reproduced bug: the length was free for it, and a resume replayed another curve)
+    custom = {"schedule": {"_target_": "my.schedules.one_cycle"}}
+    saved["optim"], other["optim"] = {"lr": 0.1, **custom}, {"lr": 0.1, **custom}
+    assert checkpoint.config_differences(saved, other, allow_change=False) == [
+        "model.name: 'dlrm' -> 'dcn'",
+        "trainer.epochs: 1 -> 3",
         "trainer.seed: 0 -> 1",
     ]
 
