@@ -51,6 +51,17 @@ def optimizer_state_bytes(optimizer: str, rows: int, cols: int) -> int:
     return VALUE_BYTES * values
 
 
+def resident_state_bytes(optimizer: str, rows: int) -> int:
+    """Bytes of a UVM-cached table's optimizer state that stay in HBM all the same: the
+    row-wise state (row-wise Adagrad's one value per row), which FBGEMM places on the device
+    whatever the table's location (``construct_split_state``: "if optimizer state is rowwise,
+    optimizer is on device"); per-element state (Adagrad, Adam) goes to host memory with the
+    table."""
+    if optimizer not in _STATE_PER_ROW:
+        raise ValueError(f"sparse optimizer {optimizer!r} is not one of {list(SPARSE_OPTIMIZERS)}")
+    return VALUE_BYTES * _STATE_PER_ROW[optimizer] * rows
+
+
 def table_bytes(optimizer: str, rows: int, cols: int) -> int:
     """Bytes of a ``rows x cols`` fp32 table (shard) plus its optimizer state."""
     return VALUE_BYTES * rows * cols + optimizer_state_bytes(optimizer, rows, cols)
@@ -117,13 +128,15 @@ class MemoryBudget:
             uvm_cache_load_factor=uvm_cache_load_factor,
         )
 
-    def cached_hbm_bytes(self, nbytes: int, rows: int) -> int:
+    def cached_hbm_bytes(self, nbytes: int, rows: int, resident: int = 0) -> int:
         """HBM a UVM-cached table (shard) of ``nbytes`` with its optimizer state and ``rows``
-        rows takes, as TorchRec's planner counts it: the cache, ``load factor x nbytes``, plus
+        rows takes: as TorchRec's planner counts it, the cache, ``load factor x nbytes``, plus
         FBGEMM's cache bookkeeping, ``rows x (4 + 16 x load factor)`` bytes (a table index per
-        row, an index and an LRU time per cache slot)."""
+        row, an index and an LRU time per cache slot); and the ``resident`` optimizer state
+        that FBGEMM keeps in HBM for every row (:func:`resident_state_bytes`), which TorchRec's
+        planner leaves out."""
         lf = self.uvm_cache_load_factor
-        return math.ceil(nbytes * lf) + math.ceil(rows * (4 + 16 * lf))
+        return math.ceil(nbytes * lf) + math.ceil(rows * (4 + 16 * lf)) + resident
 
     def check_device(self, device: str, total_bytes: int) -> None:
         """Refuse an HBM budget larger than the GPU ``device`` has (``total_bytes`` in all): a
@@ -169,7 +182,11 @@ def _gib(nbytes: int) -> str:
 
 
 def choose_kernels(
-    tables: Sequence[tuple[str, int, int]], budget: MemoryBudget, *, rank: int
+    tables: Sequence[tuple[str, int, int]],
+    budget: MemoryBudget,
+    *,
+    rank: int,
+    resident: Sequence[int] = (),
 ) -> tuple[str, ...]:
     """The compute kernel of each of one rank's tables (shards) under ``budget``.
 
@@ -185,6 +202,8 @@ def choose_kernels(
             tables (shards).
         budget: the rank's memory.
         rank: the rank (for the error message).
+        resident: per table, the bytes of its optimizer state that stay in HBM when it is
+            UVM-cached (:func:`resident_state_bytes`); none when empty.
 
     Raises:
         ValueError: naming the table that does not fit, its bytes, the rank and the budget.
@@ -206,16 +225,17 @@ def choose_kernels(
         return (FUSED,) * len(tables)
 
     kernels = [FUSED] * len(tables)
+    stays = list(resident) or [0] * len(tables)
     hbm, ddr = total, 0
     for i in largest_first:
         if hbm <= budget.hbm_bytes:
             break
-        cache = budget.cached_hbm_bytes(sizes[i], tables[i][2])
+        cache = budget.cached_hbm_bytes(sizes[i], tables[i][2], stays[i])
         if cache >= sizes[i]:
             continue  # a narrow table's bookkeeping outweighs what caching saves
         kernels[i] = FUSED_UVM_CACHING
         hbm += cache - sizes[i]
-        ddr += sizes[i]
+        ddr += sizes[i] - stays[i]
         if ddr > budget.ddr_bytes:
             raise ValueError(
                 _no_room(tables, i, rank, total)

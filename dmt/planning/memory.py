@@ -34,7 +34,13 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dmt.memory import FUSED_UVM_CACHING, GIB, MemoryBudget, optimizer_state_bytes
+from dmt.memory import (
+    FUSED_UVM_CACHING,
+    GIB,
+    MemoryBudget,
+    optimizer_state_bytes,
+    resident_state_bytes,
+)
 from dmt.planning.collectives import TABLE_WISE_LIKE, FlatTable
 from dmt.sptt.plan import SPTTPlan
 from dmt.sptt.topology import Topology
@@ -101,8 +107,9 @@ def _table_split(
         weights = VALUE_BYTES * rows * cols
         extra = optimizer_state_bytes(optimizer, rows, cols)
         if kernel == FUSED_UVM_CACHING and budget is not None:
-            host += weights + extra
-            cache += budget.cached_hbm_bytes(weights + extra, rows)
+            stays = resident_state_bytes(optimizer, rows)  # row-wise state: in HBM all the same
+            host += weights + extra - stays
+            cache += budget.cached_hbm_bytes(weights + extra, rows, stays)
         else:
             table += weights
             state += extra

@@ -727,16 +727,38 @@ def _shard_table(table: EmbeddingBagConfig, shard: TableShard) -> EmbeddingBagCo
     )
 
 
+def kernel_groups(
+    widths: Sequence[int], poolings: Sequence[object], cached: Sequence[bool]
+) -> list[list[int]]:
+    """The shards (indices) of each ``FusedEmbeddingBagCollection`` of a rank, in output order:
+    those in the device's memory in one, then the UVM-cached ones in one per width (first
+    appearance first), each ordered by pooling (first appearance first).
+
+    FBGEMM gives all the cached tables of one kernel one HBM cache whose slots are as wide as the
+    widest of them (``max_D_cache``): a column shard cached beside a whole table would take the
+    table's width in every slot, several times the memory the plan counts
+    (:meth:`dmt.memory.MemoryBudget.cached_hbm_bytes`, per shard). One kernel per width keeps
+    each cache as wide as its shards."""
+    order = list(dict.fromkeys(poolings))
+    cached_widths = list(dict.fromkeys(w for w, c in zip(widths, cached) if c))
+    in_device = [i for i in range(len(widths)) if not cached[i]]
+    groups = [in_device] if in_device else []
+    for width in cached_widths:
+        groups.append([i for i in range(len(widths)) if cached[i] and widths[i] == width])
+    return [sorted(g, key=lambda i: order.index(poolings[i])) for g in groups]
+
+
 class _FusedShards(nn.Module):
     """This rank's shards in TorchRec ``FusedEmbeddingBagCollection`` s: ``fused`` for those in
     the device's memory, ``fused_cached`` (CUDA only) for the UVM-cached ones (FBGEMM
-    ``EmbeddingLocation.MANAGED_CACHING``, ``cache_load_factor`` of their rows in HBM).
+    ``EmbeddingLocation.MANAGED_CACHING``, ``cache_load_factor`` of their rows in HBM), one per
+    shard width (:func:`kernel_groups`).
 
     ``FusedEmbeddingBagCollection`` batches its tables by pooling type and concatenates the
     batches' outputs, so with mixed pooling its columns are not in table order. Handing each
     module its tables grouped by pooling (first appearance first), and concatenating ``fused``
-    before ``fused_cached``, gives a known column order, which one ``index_select`` maps back
-    to shard order.
+    before the ``fused_cached`` ones, gives a known column order, which one ``index_select``
+    maps back to shard order.
 
     Parameters are named ``embedding_bags.<table>.weight`` like a plain EBC's.
     """
@@ -755,31 +777,32 @@ class _FusedShards(nn.Module):
         super().__init__()
         optimizer_class, kwargs = sparse_optimizer
         cached = list(cached) or [False] * len(tables)
-        poolings = list(dict.fromkeys(t.pooling for t in tables))
-        grouped = sorted(
-            range(len(tables)), key=lambda i: (cached[i], poolings.index(tables[i].pooling))
+        groups = kernel_groups(
+            [t.embedding_dim for t in tables], [t.pooling for t in tables], cached
         )
+        grouped = [i for g in groups for i in g]
         self._configs = [tables[i] for i in grouped]
-        in_device = [tables[i] for i in grouped if not cached[i]]
-        in_uvm = [tables[i] for i in grouped if cached[i]]
         self.fused: FusedEmbeddingBagCollection | None = None
-        self.fused_cached: FusedEmbeddingBagCollection | None = None
-        if in_device:
-            self.fused = FusedEmbeddingBagCollection(
-                in_device,
-                optimizer_type=optimizer_class,
-                optimizer_kwargs=dict(kwargs),
-                device=device,
-            )
-        if in_uvm:
+        self.fused_cached = nn.ModuleList()
+        for group in groups:
+            if not cached[group[0]]:
+                self.fused = FusedEmbeddingBagCollection(
+                    [tables[i] for i in group],
+                    optimizer_type=optimizer_class,
+                    optimizer_kwargs=dict(kwargs),
+                    device=device,
+                )
+                continue
             # CUDA only (FBGEMM's managed memory); the plan allows it only for a CUDA budget,
             # so no CPU test reaches this line (see scripts/gpu_acceptance.sh).
-            self.fused_cached = FusedEmbeddingBagCollection(
-                in_uvm,
-                optimizer_type=optimizer_class,
-                optimizer_kwargs={**kwargs, "cache_load_factor": cache_load_factor},
-                device=device,
-                location=EmbeddingLocation.MANAGED_CACHING,
+            self.fused_cached.append(
+                FusedEmbeddingBagCollection(
+                    [tables[i] for i in group],
+                    optimizer_type=optimizer_class,
+                    optimizer_kwargs={**kwargs, "cache_load_factor": cache_load_factor},
+                    device=device,
+                    location=EmbeddingLocation.MANAGED_CACHING,
+                )
             )
         # columns of table i in the fused output, in shard order
         starts, start = {}, 0
@@ -793,8 +816,13 @@ class _FusedShards(nn.Module):
         self.register_buffer("_columns", torch.tensor(columns, device=device), persistent=False)
 
     @property
+    def _cached_modules(self) -> list[FusedEmbeddingBagCollection]:
+        modules: list[FusedEmbeddingBagCollection] = list(self.fused_cached)
+        return modules
+
+    @property
     def _modules_in_order(self) -> list[FusedEmbeddingBagCollection]:
-        return [m for m in (self.fused, self.fused_cached) if m is not None]
+        return ([self.fused] if self.fused is not None else []) + self._cached_modules
 
     @property
     def embedding_bags(self) -> nn.ModuleDict:
@@ -815,11 +843,10 @@ class _FusedShards(nn.Module):
         its weights are read for a checkpoint, ``dmt-eval`` or ``dmt-export``. No-op without
         cached tables. CUDA only, so no CPU test reaches the loop (``scripts/gpu_acceptance.sh``).
         """
-        if self.fused_cached is None:
-            return
         # FusedEmbeddingBagCollection keeps its FBGEMM lookups in a plain list and has no flush
-        for lookup in self.fused_cached._emb_modules:
-            lookup.flush()
+        for module in self._cached_modules:
+            for lookup in module._emb_modules:
+                lookup.flush()
 
     def fused_optimizer(self) -> KeyedOptimizer:
         optimizers = [m.fused_optimizer() for m in self._modules_in_order]

@@ -46,6 +46,7 @@ from dmt.memory import (
     SPARSE_OPTIMIZERS,
     MemoryBudget,
     choose_kernels,
+    resident_state_bytes,
     table_bytes,
 )
 from dmt.sptt.topology import Topology
@@ -485,7 +486,7 @@ def _place(
         by_rank.setdefault(s.rank, []).append(i)
     out = list(shards)
     for rank, held in sorted(by_rank.items()):
-        tables = []
+        tables, resident = [], []
         for i in held:
             s = shards[i]
             name = feature_names[s.feature]
@@ -493,6 +494,8 @@ def _place(
                 name += f" rows [{s.row_start}, {s.row_stop}) cols [{s.col_start}, {s.col_stop})"
             nbytes = table_bytes(sparse_optimizer or "sgd", s.num_rows, s.num_cols)
             tables.append((name, nbytes, s.num_rows))
-        for i, kernel in zip(held, choose_kernels(tables, memory, rank=rank)):
+            resident.append(resident_state_bytes(sparse_optimizer or "sgd", s.num_rows))
+        kernels = choose_kernels(tables, memory, rank=rank, resident=resident)
+        for i, kernel in zip(held, kernels):
             out[i] = replace(shards[i], compute_kernel=kernel)
     return out

@@ -15,8 +15,10 @@ from dmt.memory import (
     MemoryBudget,
     choose_kernels,
     optimizer_state_bytes,
+    resident_state_bytes,
     table_bytes,
 )
+from dmt.sptt.dataflow import kernel_groups
 from dmt.sptt.plan import SPTTPlan, TableShard, build_plan
 from dmt.sptt.topology import Topology
 
@@ -330,3 +332,42 @@ def test_describe_lists_every_shard_with_location_and_bytes():
         "  rank 0: rows [0, 300) cols [0, 4) kernel fused_uvm_caching location uvm_caching "
         "bytes 6000" in small.describe().splitlines()
     )
+
+
+def test_uvm_cached_shards_get_one_kernel_per_width() -> None:
+    """FBGEMM sizes a kernel's HBM cache by its widest cached table: a column shard of 16
+    cached beside a table of 128 would take 128 columns per cache slot. Each cached width gets
+    its own kernel; the tables in HBM share one; each ordered by pooling (first appearance)."""
+    widths = [16, 128, 16, 64, 128]
+    poolings = ["sum", "mean", "mean", "sum", "sum"]
+    cached = [True, True, False, True, True]
+    groups = kernel_groups(widths, poolings, cached)
+    assert groups == [[2], [0], [4, 1], [3]]
+    assert sorted(i for g in groups for i in g) == list(range(5))
+    for g in groups[1:]:
+        assert len({widths[i] for i in g}) == 1 and all(cached[i] for i in g)
+    assert kernel_groups([8, 8], ["sum", "sum"], [False, False]) == [[0, 1]]
+    assert kernel_groups([8, 4], ["mean", "sum"], [True, True]) == [[0], [1]]
+
+
+def test_row_wise_state_of_a_cached_table_is_counted_in_hbm() -> None:
+    """FBGEMM keeps row-wise optimizer state on the GPU whatever the table's location: a
+    cached table under row-wise Adagrad takes its 4 bytes a row of HBM, not host memory."""
+    assert resident_state_bytes("rowwise_adagrad", 1000) == 4000
+    assert [resident_state_bytes(o, 1000) for o in ("sgd", "adagrad", "adam")] == [0, 0, 0]
+    tables = [("big", table_bytes("rowwise_adagrad", 1000, 64), 1000)]  # 260,000 bytes
+    stays = [resident_state_bytes("rowwise_adagrad", 1000)]
+    budget = _cuda(150_000, 256_000, load_factor=0.5)
+    # the cache alone, 130,000 + 12,000, fits 150,000; with the state, 146,000 still does
+    assert choose_kernels(tables, budget, rank=0, resident=stays) == (FUSED_UVM_CACHING,)
+    # 145,999 of HBM: without the state the table would be planned as fitting
+    tight = _cuda(145_999, 260_000, load_factor=0.5)
+    assert choose_kernels(tables, tight, rank=0) == (FUSED_UVM_CACHING,)
+    with pytest.raises(ValueError, match=r"tables and caches take 143 KiB \(146000 bytes\) of HBM"):
+        choose_kernels(tables, tight, rank=0, resident=stays)
+    # host memory holds the weights only: 256,000 bytes
+    assert choose_kernels(tables, _cuda(150_000, 256_000, 0.5), rank=0, resident=stays)
+    with pytest.raises(
+        ValueError, match=r"tables would take 250 KiB \(256000 bytes\) of host memory"
+    ):
+        choose_kernels(tables, _cuda(150_000, 255_999, 0.5), rank=0, resident=stays)
