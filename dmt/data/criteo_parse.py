@@ -406,8 +406,13 @@ class GzipReader(io.RawIOBase):
                 raise EOFError("compressed file ended before the end-of-stream marker")
             if self._unzip.eof:
                 self._in = self._unzip.unused_data or self._raw.read(self._CHUNK)
-                if not self._in:
-                    return 0
+                # zero bytes after a member are padding (as gzip and Python's gzip read them)
+                self._in = self._in.lstrip(b"\0")
+                while not self._in:
+                    more = self._raw.read(self._CHUNK)
+                    if not more:
+                        return 0
+                    self._in = more.lstrip(b"\0")
                 self._unzip = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # next member
             if not self._in:
                 self._in = self._raw.read(self._CHUNK)
@@ -484,8 +489,8 @@ def iter_line_blocks(
             want = block_bytes if left is None else min(block_bytes, left)
             try:
                 n, truncated = _read_into(f, memoryview(buf)[PAD + carry : PAD + carry + want])
-            except _CorruptStream as e:
-                line_no = line + buf.count(b"\n", PAD, PAD + carry) + 1
+            except _CorruptStream as e:  # the line the corrupt data is in
+                line_no = line + buf.count(b"\n", PAD, PAD + carry + e.read) + 1
                 raise CriteoFormatError(
                     path, line_no, f"cannot decompress ({e}); expected valid gzip data"
                 ) from None
@@ -520,7 +525,9 @@ def iter_line_blocks(
 
 
 class _CorruptStream(Exception):
-    pass
+    def __init__(self, message: str, read: int) -> None:
+        super().__init__(message)
+        self.read = read  # bytes decoded into the buffer before the corrupt data
 
 
 def _read_into(f: BinaryIO, view: memoryview) -> tuple[int, bool]:
@@ -539,7 +546,7 @@ def _read_into(f: BinaryIO, view: memoryview) -> tuple[int, bool]:
     except EOFError:
         return total, True
     except zlib.error as e:
-        raise _CorruptStream(str(e)) from None
+        raise _CorruptStream(str(e), total) from None
     finally:
         view.release()
     return total, False

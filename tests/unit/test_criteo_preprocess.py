@@ -677,6 +677,36 @@ def test_corrupt_gzip(tmp_path: Path) -> None:
         preprocess_criteo(config(tmp_path, raw, skip_bad_rows=True), **SMALL)
 
 
+def test_corrupt_gzip_names_the_line_where_decoding_stopped(tmp_path: Path) -> None:
+    """A reproduced bug: the error named the first line of the read (16 MiB of text) in which
+    the stream broke, line 1 here; it names the first line not decoded, after the first member's
+    1,000."""
+    rows = make_rows(1000, seed=17)
+    second = bytearray(gzip.compress(("\n".join(make_rows(300, seed=18)) + "\n").encode()))
+    second[len(second) // 2 : len(second) // 2 + 64] = bytes(64)
+    raw = tmp_path / "two.gz"
+    raw.write_bytes(gzip.compress(("\n".join(rows) + "\n").encode()) + bytes(second))
+    with pytest.raises(CriteoFormatError, match=re.escape(f"{raw}:1001: cannot decompress")):
+        for _ in iter_line_blocks(str(raw)):
+            pass
+
+
+def test_zero_padding_after_a_gzip_member_is_read_as_gzip_reads_it(tmp_path: Path) -> None:
+    """gzip and Python's gzip module skip zero bytes after a member (tape padding); so does
+    the reader (a reproduced bug: "incorrect header check" at line 1)."""
+    rows = make_rows(50, seed=19)
+    raw = tmp_path / "pad.gz"
+    raw.write_bytes(
+        gzip.compress(("\n".join(rows[:20]) + "\n").encode())
+        + bytes(100)
+        + gzip.compress(("\n".join(rows[20:]) + "\n").encode())
+        + bytes(512)
+    )
+    assert gzip.decompress(raw.read_bytes()).decode().splitlines() == rows
+    lines = sum(n for _, _, n in iter_line_blocks(str(raw)))
+    assert lines == 50
+
+
 # -- safe outputs: what --overwrite may replace, empty and damaged outputs --------------------
 
 
