@@ -226,6 +226,22 @@ def _materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             opt.init_state()
 
 
+def _clear_dense_state(optimizer: torch.optim.Optimizer, fresh: list[Any]) -> None:
+    """Empty the state of every dense parameter that holds one of the ``fresh`` tensors (state
+    the checkpoint lacks): :func:`_materialize_optimizer_state`'s dummy step made it (Adam's at
+    step 1), and the optimizer builds it again at its next step, as a new optimizer does."""
+    ids = {id(t) for t in fresh}
+    parts = (
+        [opt for _, opt in optimizer.optimizers]
+        if hasattr(optimizer, "optimizers")
+        else [optimizer]
+    )
+    for opt in parts:
+        for param_state in opt.state.values():
+            if any(id(v) in ids for v in param_state.values()):
+                param_state.clear()
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -680,6 +696,7 @@ def load(
     world = dist.get_world_size() if dist.is_initialized() else 1
     state: dict[str, Any] = {"model": model.state_dict()}
     fresh_fused = False  # the fused tables' state starts fresh (another sparse optimizer)
+    fresh_dense: list[Any] = []  # dense state tensors the checkpoint lacks
     saved = tensor_keys(path, prefix="")
     missing = [k for k in _flatten(state["model"], "model.") if k not in saved]
     if missing:
@@ -702,6 +719,7 @@ def load(
         if absent:
             # the fused tables' state is sharded like the tables; the dense state is not
             fresh_fused = any(isinstance(entries[k], ShardedTensor) for k in absent)
+            fresh_dense = [entries[k] for k in absent if not isinstance(entries[k], ShardedTensor)]
             log.warning(
                 "checkpoint %s: %d optimizer state entries start fresh (e.g. %s)",
                 path,
@@ -743,6 +761,9 @@ def load(
         )
     if same_world:
         _set_rng_state(state["rng"][f"rank_{rank}"])
+    if fresh_dense:
+        assert optimizer is not None
+        _clear_dense_state(optimizer, fresh_dense)
     if "fused_optimizer_step" in meta and optimizer is not None and not fresh_fused:
         # before the first forward after resuming; fused state started fresh starts at step 0
         # (a change of the dense optimizer alone keeps the tables' loaded state and its step)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from dmt import checkpoint
 from dmt.train import train
@@ -122,6 +123,13 @@ def test_a_new_dense_optimizer_keeps_the_tables_fused_optimizer_step(tmp_path: P
     ]
     assert meta[0]["fused_optimizer_step"] > 4
     assert meta[1]["fused_optimizer_step"] == meta[0]["fused_optimizer_step"]
+    # the new dense Adam starts as a new one does: 4 steps after the resume it is at step 4
+    # (it was at 5: the state was made by a dummy step before loading)
+    saved = tmp_path / "changed.pt"
+    dcp_to_torch_save(changed / "checkpoints" / "step_8", saved)
+    optim = torch.load(saved, weights_only=False)["optim"]
+    steps = {k: float(v["step"]) for k, v in optim.items() if "exp_avg" in v}
+    assert len(steps) >= 4 and set(steps.values()) == {4.0}, steps
 
 
 def test_an_unreadable_saved_config_is_a_clear_error(tmp_path: Path) -> None:
