@@ -309,6 +309,14 @@ class Checkpointer:
             if async_save and dist.is_initialized()
             else None
         )
+        # poll()'s own: DCP's background thread runs the pending save's collectives on _group
+        # meanwhile, and collectives that two threads issue on one group may pair up
+        # differently on different ranks
+        self._poll_group = (
+            dist.new_group(backend="gloo", timeout=timeout)
+            if async_save and dist.is_initialized()
+            else None
+        )
 
     def save(
         self,
@@ -412,12 +420,14 @@ class Checkpointer:
         its part, without waiting for a rank that has not; every rank reaches the same answer
         (one small all-reduce over the checkpoint group), so call it on all ranks at the same
         steps. Until it is marked, a restart cannot resume from that checkpoint. Returns whether
-        no save is pending any more."""
+        no save is pending any more. The all-reduce has a gloo group of its own
+        (``_poll_group``): the pending save's own collectives run on ``_group`` in DCP's
+        background thread at the same time."""
         if self._pending is None:
             return True
         done = torch.tensor([int(self._pending.future.done())], dtype=torch.int32)
         if dist.is_initialized() and self.world_size > 1:
-            dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self._group)
+            dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self._poll_group)
         if int(done.item()):
             self.wait()  # raises the write's error, if it failed
         return self._pending is None

@@ -8,6 +8,7 @@ import logging
 import math
 import socket
 import tempfile
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -111,6 +112,14 @@ def _rank(rank: int, world_size: int, out: str, case: str, backend: str) -> dict
             pending.future = real
         # ... and once every rank's is, polling marks it complete, on every rank alike
         polls.append((ck.poll(), checkpoint.damage(path) is None))
+        # polling while DCP's thread still writes (its collectives on the checkpoint group):
+        # every rank gets the same answer at every poll, until the save is complete
+        later = ck.save(trainer.model, trainer.optimizer, step=101, epoch=0, batch_in_epoch=0)
+        for _ in range(10_000):
+            if ck.poll():
+                break
+            time.sleep(0.005)
+        polls.append((ck._pending is None, checkpoint.damage(later) is None))
     ck.close()
     return {
         "staged": staged,
@@ -145,7 +154,7 @@ def test_async_save_stages_what_dcp_writes_and_goes_synchronous_where_memory_is_
         < ranks[0]["all_tables"]
     )
     if case == "fits":  # (no save pending, complete) after each poll
-        assert [r["polls"] for r in ranks] == [[(False, False), (True, True)]] * 2
+        assert [r["polls"] for r in ranks] == [[(False, False), (True, True), (True, True)]] * 2
     if case != "short":
         assert [r["async"] for r in ranks] == [True, True]
         assert ranks[0]["messages"] == []
