@@ -559,8 +559,8 @@ def check_not_going_back(path: Path, root: Path) -> None:
         raise ValueError(
             f"trainer.resume_from={str(path)!r} goes back in this run: its checkpoint directory "
             f"holds the newer {', '.join(reversed(newer))}, which training on would reach and "
-            f"may not overwrite; resume into a new run directory (another hydra.run.dir) or move "
-            f"them out of {str(root)!r}"
+            "may not overwrite; resume into a new run (another hydra.run.dir, and another "
+            f"trainer.checkpoint_dir if yours is absolute) or move them out of {str(root)!r}"
         )
 
 

@@ -190,8 +190,8 @@ DEFAULT_SPLIT_FRACTIONS = (0.85, 0.075, 0.075)
 DEFAULT_TRAIN_DAYS = tuple(range(23))
 DEFAULT_EVAL_DAY = 23
 CATEGORICAL_MODES = ("vocab", "hash")
-#: The largest ``data.criteo.hash_sizes`` entry: preprocessed ids are int32.
-MAX_HASH_SIZE = (1 << 31) - 1
+#: The largest ``data.criteo.hash_sizes`` entry: ids (up to size - 1) are stored as int32.
+MAX_HASH_SIZE = 1 << 31
 MISSING_IDS = ("shared", "distinct")
 
 

@@ -312,6 +312,26 @@ def outputs_of(run_dir: Path, checkpoint_dir: str) -> list[str]:
     return found
 
 
+#: what a finished Optuna sweep leaves beside its jobs (dmt's trials table is rewritten from
+#: all the jobs there, so it is not one)
+SWEEP_RECORDS = ("optimization_results.yaml",)
+#: Hydra's default ``hydra.sweep.subdir``: job numbers, from 0 in every sweep
+JOB_NUM_SUBDIR = "${hydra.job.num}"
+
+
+def sweep_outputs(sweep_dir: Path, checkpoint_dir: str, *, jobs: bool = True) -> list[str]:
+    """The outputs of an earlier sweep in ``sweep_dir``: its own records
+    (:data:`SWEEP_RECORDS`) and, with ``jobs``, its jobs' (:func:`outputs_of`, as
+    ``<job>/metrics.json``)."""
+    if not sweep_dir.is_dir():
+        return []
+    found = [name for name in SWEEP_RECORDS if (sweep_dir / name).exists()]
+    if jobs:
+        for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.is_symlink()):
+            found += [f"{job.name}/{o}" for o in outputs_of(job, checkpoint_dir)]
+    return found
+
+
 def check_outputs(run_dir: Path, *, resume_from: str | None, checkpoint_dir: str) -> None:
     """Raise if ``run_dir`` holds another run's outputs and this run does not resume it."""
     run_dir = run_dir.absolute()
@@ -451,14 +471,20 @@ def check_resume_config(
 ) -> None:
     """Raise ``ValueError`` if the run that resumes ``run_dir`` has a config its checkpoint
     refuses (:func:`dmt.checkpoint.check_config`, as the trainer checks it again)."""
-    from dmt.checkpoint import check_config, resume_checkpoint  # noqa: PLC0415 (torch)
+    from dmt.checkpoint import (  # noqa: PLC0415 (torch)
+        check_config,
+        check_not_going_back,
+        resume_checkpoint,
+    )
     from dmt.config import config_yaml  # noqa: PLC0415 (dmt.config imports this module)
     from dmt.train import to_config  # noqa: PLC0415 (dmt.train imports this module)
 
     ckpt = Path(checkpoint_dir)
-    path = resume_checkpoint(resume_from, ckpt if ckpt.is_absolute() else run_dir / ckpt)
+    root = ckpt if ckpt.is_absolute() else run_dir / ckpt
+    path = resume_checkpoint(resume_from, root)
     if path is None:
         return
+    check_not_going_back(path, root)
     task = config.copy()  # the job's config: Hydra's callbacks see it with the hydra node
     with open_dict(task):
         task.pop("hydra", None)
@@ -483,12 +509,15 @@ class RunDirGuard(Callback):
         self.lock: RunDirLock | None = None
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from dmt.runtime import world_from_env  # noqa: PLC0415 (torch)
+
         run_dir = Path(str(config.hydra.run.dir)).absolute()
         resume_from = OmegaConf.select(config, "trainer.resume_from", default=None)
         checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
         timeout_s = OmegaConf.select(config, "trainer.collective_timeout_s", default=600.0)
         try:
-            if launch_rank() == 0:
+            # the launcher's world, or its error (before two ranks 0 of two worlds both claim)
+            if world_from_env(os.environ).rank == 0:
                 lock, taken = claim(
                     run_dir,
                     resume_from=resume_from,
@@ -507,6 +536,30 @@ class RunDirGuard(Callback):
                 self.lock = None
             # Hydra turns a callback's exception into a warning and runs the job anyway
             sys.exit(f"Error: {e}")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Refuse a sweep directory that holds another sweep's outputs where this sweep's jobs
+        would go, before Hydra writes ``multirun.yaml`` and each job's ``.hydra/`` over that
+        sweep's records (a job is refused only once its own record is rewritten): with the
+        default ``hydra.sweep.subdir`` (the job number, from 0 again) any job directory with
+        outputs, and an earlier Optuna sweep's ``optimization_results.yaml`` whatever the
+        subdir. Jobs in directories of their own (e.g. ``subdir=seed_${trainer.seed}``, to add
+        seeds to a study) go on, each checked as a single run is; so does a sweep that resumes
+        (``trainer.resume_from`` set)."""
+        if OmegaConf.select(config, "trainer.resume_from", default=None):
+            return
+        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+        checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
+        sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
+        numbered = isinstance(sweep, dict) and sweep.get("subdir") == JOB_NUM_SUBDIR
+        found = sweep_outputs(sweep_dir, checkpoint_dir, jobs=numbered)
+        if found:
+            shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+            sys.exit(
+                f"Error: sweep directory {sweep_dir} already holds another sweep's outputs "
+                f"({shown}); choose another hydra.sweep.dir (or leave it unset for a new one), "
+                "or resume that sweep with trainer.resume_from=auto"
+            )
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.lock is not None:

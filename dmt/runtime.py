@@ -252,6 +252,8 @@ def world_from_env(env: Mapping[str, str]) -> World:
         and in_step
         and slurm_tasks > 1
         and env.get("GROUP_WORLD_SIZE", "").strip() == "1"
+        # an elastic world (--nnodes=1:2) restarted on the nodes left after a failure
+        and _int(env, "TORCHELASTIC_RESTART_COUNT", 0) == 0
     ):
         raise ValueError(
             f"this process's torchrun is alone in its rendezvous (GROUP_WORLD_SIZE=1) but is one "

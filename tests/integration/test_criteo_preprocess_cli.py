@@ -189,7 +189,7 @@ def test_a_run_that_finishes_second_does_not_replace_other_settings(tmp_path: Pa
     slow = cli(*args, "--frequency-threshold", "1", env={PAUSE_ENV: "3"})
     partial = started_partial(slow, out)
     assert main([*args, "--frequency-threshold", "3"]) == 0
-    assert not slow.poll()  # still paused inside its build
+    assert slow.poll() is None  # still paused inside its build
     made = files(out)
     log = slow.communicate(timeout=120)[0].decode()
     assert slow.returncode == 1, log

@@ -96,8 +96,8 @@ def test_going_back_to_an_earlier_checkpoint_of_the_run_is_refused_at_start(
     assert str(e.value) == (
         f"trainer.resume_from={str(step_4)!r} goes back in this run: its checkpoint directory "
         "holds the newer step_8, which training on would reach and may not overwrite; resume "
-        "into a new run directory (another hydra.run.dir) or move them out of "
-        f"{str(run / 'checkpoints')!r}"
+        "into a new run (another hydra.run.dir, and another trainer.checkpoint_dir if yours is "
+        f"absolute) or move them out of {str(run / 'checkpoints')!r}"
     )
     again = _train(tmp_path / "branch", *args, f"trainer.resume_from={step_4}")
     assert again["test_auc"] == pytest.approx(first["test_auc"], abs=1e-6)

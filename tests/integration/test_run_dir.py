@@ -132,3 +132,46 @@ def test_a_running_run_holds_its_directory_and_a_killed_one_does_not(tmp_path):
     # the kernel dropped the dead run's lock; it left no outputs, so the directory can be reused
     metrics = train(compose_config(*TINY, "trainer=smoke"), run)
     assert metrics["num_steps"] == 2 and (run / "metrics.json").exists()
+
+
+def test_going_back_in_a_run_is_refused_before_hydra_rewrites_its_record(tmp_path):
+    run = tmp_path / "run"
+    first = _cli(*TINY, "trainer=smoke", "trainer.checkpoint_every=1", f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = _files(run)
+    back = _cli(*TINY, "trainer=smoke", "trainer.checkpoint_every=1",
+                f"trainer.resume_from={run}/checkpoints/step_1", f"hydra.run.dir={run}")  # fmt: skip
+    assert back.returncode == 1
+    assert back.stderr.strip().startswith(
+        f"Error: trainer.resume_from='{run}/checkpoints/step_1' goes back in this run: its "
+        "checkpoint directory holds the newer step_2, "
+    ), back.stderr[-3000:]
+    # the finished run's record (.hydra/overrides.yaml) does not claim a resume that never ran
+    assert {k: v for k, v in _files(run).items() if k != "run.lock"} == {
+        k: v for k, v in before.items() if k != "run.lock"
+    }
+
+
+def test_a_sweep_into_another_sweeps_directory_stops_before_rewriting_its_records(tmp_path):
+    """A reproduced bug: the second sweep rewrote job 0's .hydra/overrides.yaml (so its
+    metrics.json was read as the result of settings that never ran) before job 0 was refused.
+    Jobs in directories of their own (a subdir per seed: seeds added to a study) go on."""
+    sweep = tmp_path / "sweep"
+    first = _cli("-m", *TINY, "trainer=smoke", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = _files(sweep)
+    second = _cli("-m", *TINY, "trainer=smoke", "optim.sparse_lr=0.2,0.3",
+                  f"hydra.sweep.dir={sweep}")  # fmt: skip
+    assert second.returncode == 1
+    assert second.stderr.strip().endswith(
+        f"Error: sweep directory {sweep} already holds another sweep's outputs "
+        "(0/metrics.json, 1/metrics.json); choose another hydra.sweep.dir (or leave it unset "
+        "for a new one), or resume that sweep with trainer.resume_from=auto"
+    ), second.stderr[-3000:]
+    assert _files(sweep) == before
+    study = tmp_path / "study"
+    for seeds in ("0", "1"):
+        run = _cli("-m", *TINY, "trainer=smoke", f"trainer.seed={seeds}",
+                   f"hydra.sweep.dir={study}", "hydra.sweep.subdir=seed_${trainer.seed}")  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+    assert all((study / f"seed_{s}" / "metrics.json").exists() for s in (0, 1))

@@ -33,6 +33,7 @@ from dmt.data.criteo_preprocess import (
     read_manifest,
     transform_tsv,
 )
+from dmt.data.criteo_vocab import hash_ids
 from tests.conftest import typed_config
 
 # Small blocks and ranges so that a few hundred rows cross many block and range boundaries.
@@ -262,13 +263,17 @@ def test_hash_mode(tmp_path: Path) -> None:
 
 
 def test_hash_sizes_must_fit_the_int32_ids(tmp_path: Path) -> None:
-    """A size above 2**31 - 1 would give negative ids (a reproduced bug); it is refused."""
+    """Ids run up to size - 1: a size above 2**31 would give negative int32 ids (a reproduced
+    bug); it is refused."""
     raw = tmp_path / "train.txt"
-    config(tmp_path, raw, categorical_mode="hash", hash_sizes=[2**31 - 1]).validate()
+    config(tmp_path, raw, categorical_mode="hash", hash_sizes=[2**31]).validate()
+    keys = np.arange(0, 2**32 - 1, 65537, dtype=np.uint32)  # 65,536 keys across the range
+    ids = hash_ids(keys, np.ones(len(keys), bool), 0, 2**31).astype(np.int64)
+    assert ids.min() >= 1 and ids.max() <= 2**31 - 1 and ids.max() > 2**30
     with pytest.raises(ValueError) as err:
-        config(tmp_path, raw, categorical_mode="hash", hash_sizes=[2**31]).validate()
+        config(tmp_path, raw, categorical_mode="hash", hash_sizes=[2**31 + 1]).validate()
     assert str(err.value) == (
-        "hash_sizes must be <= 2147483647 (ids are stored as int32); got [2147483648]"
+        "hash_sizes must be <= 2147483648 (ids are stored as int32); got [2147483649]"
     )
 
 

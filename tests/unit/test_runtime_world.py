@@ -199,6 +199,9 @@ def test_a_standalone_torchrun_in_each_task_of_a_step_is_refused() -> None:
     assert world_from_env(one_task).world_size == 8
     batch = {**SLURM_BATCH, **TORCHRUN, "WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "1"}
     assert world_from_env(batch).world_size == 8
+    # an elastic --nnodes=1:2 world restarted on the one node left after the other failed
+    shrunk = {**standalone, "TORCHELASTIC_RESTART_COUNT": "1"}
+    assert world_from_env(shrunk).world_size == 8
 
 
 def test_torchrun_variables_must_be_complete() -> None:
