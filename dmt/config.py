@@ -584,7 +584,7 @@ def validate_towers(m: ModelConfig) -> None:
         if target != PassThroughTowerConfig._target_:
             raise ValueError(
                 f"model.tower ({target}) needs towers, but model.partition.kind='none'; "
-                "pick a partition (partition=naive|tp|per_feature)"
+                "pick a partition (+partition=naive|tp|per_feature)"
             )
         return
     if p.num_towers is not None:
@@ -718,6 +718,11 @@ def validate(cfg: Config) -> None:
         raise ValueError(
             "data.kind=criteo needs a data.criteo section (use data=criteo_kaggle, criteo_1tb or criteo_sample)"
         )
+    else:  # before the runtime and the logger start, not when the data is first read
+        try:
+            d.criteo.validate()
+        except ValueError as e:
+            raise ValueError(f"data.criteo: {e}") from None
 
     _positive("optim.lr", cfg.optim.lr)
     _positive("optim.sparse_lr", cfg.optim.sparse_lr)

@@ -10,6 +10,8 @@ import torch.distributed as dist
 from torchmetrics.functional.classification import binary_auroc
 
 _EPS = 1e-7
+#: the metrics :func:`click_metrics` and :class:`StreamingClickMetrics` report
+CLICK_METRICS = ("auc", "logloss", "ne", "calibration", "num_samples")
 
 
 def binary_entropy(p: float) -> float:

@@ -24,6 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dmt.config import Config, register_configs, validate
+from dmt.metrics import CLICK_METRICS
 from dmt.run_dir import agree_on_run_dir, claim_run_dir, stale_lock_wait
 from dmt.runtime import close_runtime, init_runtime
 from dmt.tracking import open_logger
@@ -170,6 +171,44 @@ def _hydra_info() -> dict[str, Any]:
     return {"hydra": info}
 
 
+#: what every run's metrics.json holds (:meth:`dmt.trainer.Trainer.fit`)
+RUN_METRICS = (
+    *(f"{split}_{m}" for split in ("val", "test") for m in CLICK_METRICS),
+    "train_samples_per_s",
+    "num_train_samples",
+    "num_steps",
+    "train_loss_last",
+)
+#: on synthetic data evaluated whole (``trainer.eval_max_batches <= 0``) too
+ORACLE_METRICS = ("oracle_val_auc", "oracle_test_auc")
+
+
+def check_sweep_metric(conf: Config) -> None:
+    """Raise ``ValueError`` before a sweep's job trains when ``trainer.optimize_metric`` is not
+    a metric its run reports, or a validation metric of data without validation rows (NaN):
+    :func:`sweep_value` would say so only after the job, and every other job, had trained."""
+    name = conf.trainer.optimize_metric
+    known = list(RUN_METRICS)
+    if conf.data.kind == "synthetic" and conf.trainer.eval_max_batches <= 0:
+        known += ORACLE_METRICS
+    if name not in known:
+        raise ValueError(
+            f"trainer.optimize_metric={name!r} is not a metric of this run; choose one of "
+            f"{sorted(known)}"
+        )
+    c = conf.data.criteo
+    if name.startswith("val_") and conf.data.kind == "criteo" and c is not None:
+        # days: validation from val_day or half of eval_day; no raw path: the preprocessed one
+        by_day = c.raw_path is None or Path(c.raw_path).is_dir()
+        if not c.val_split or (not by_day and c.split_fractions[1] == 0):
+            raise ValueError(
+                f"trainer.optimize_metric={name!r}: this data has no validation rows "
+                "(data.criteo.split_fractions[1] = 0 or data.criteo.val_split=false, e.g. "
+                "data=criteo_sample_holdout), so it would be NaN in every job; choose a metric "
+                "this data defines, e.g. trainer.optimize_metric=test_auc"
+            )
+
+
 def sweep_value(metrics: dict[str, float], name: str) -> float:
     """``metrics[name]``, the number a Hydra sweeper optimizes; a missing or NaN value is a
     ``ValueError`` naming the metric (a sweeper would rank points by nothing)."""
@@ -192,9 +231,12 @@ def sweep_value(metrics: dict[str, float], name: str) -> float:
 def main(cfg: DictConfig) -> float | None:
     """Trains; in a multirun returns ``trainer.optimize_metric`` to the sweeper (an error if
     that metric is missing or NaN)."""
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    if multirun:
+        check_sweep_metric(to_config(cfg))
     metrics = train(cfg)
     name = to_config(cfg).trainer.optimize_metric
-    if HydraConfig.get().mode == RunMode.MULTIRUN:
+    if multirun:
         return sweep_value(metrics, name)
     return metrics.get(name)
 

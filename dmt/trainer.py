@@ -369,6 +369,20 @@ class Trainer:
         if self.checkpointer is not None:
             self.checkpointer.close()
 
+        if resume is not None and self.step == start_step:
+            # a resume of a run that had ended: nothing trained here, so the run's metrics
+            # stand (evaluated again they would be the same, but this attempt has no
+            # throughput or loss of its own to report)
+            found: list[Any] = [self._finished_metrics() if self.rt.is_main else None]
+            if self.rt.world_size > 1:
+                dist.broadcast_object_list(found, src=0)
+            if found[0] is not None:
+                if self.rt.is_main:
+                    log.info("the run had ended at step %d: its metrics.json stands", self.step)
+                    assert self.history is not None
+                    self.history.close()
+                return TrainResult(dict(found[0]), [])
+
         if val_step != self.step:  # not evaluated since the last step
             val = self.evaluate(self.data.val)
             self._log_eval(val, "val")
@@ -377,8 +391,9 @@ class Trainer:
         metrics.update({f"val_{k}": v for k, v in val.items()})
         metrics.update({f"test_{k}": v for k, v in test.items()})
         train_samples = (self.step - start_step) * self.cfg.data.batch_size  # global batches
+        # this attempt's throughput; the run's samples, a resumed run's earlier attempts too
         metrics["train_samples_per_s"] = train_samples / train_time if train_time > 0 else 0.0
-        metrics["num_train_samples"] = float(train_samples)
+        metrics["num_train_samples"] = float(self.step * self.cfg.data.batch_size)
         metrics["num_steps"] = float(self.step)
         if pending:
             read_back()
@@ -401,6 +416,17 @@ class Trainer:
         return TrainResult(metrics, loss_values)
 
     # -- helpers ------------------------------------------------------------------------------
+    def _finished_metrics(self) -> dict[str, float] | None:
+        """This run's ``metrics.json`` if it was written at the current step (the run had
+        ended there), else ``None``."""
+        try:
+            metrics = json.loads((self.output_dir / "metrics.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(metrics, dict) or metrics.get("num_steps") != float(self.step):
+            return None
+        return metrics
+
     def checkpoint_root(self) -> Path:
         p = Path(self.cfg.trainer.checkpoint_dir)
         return p if p.is_absolute() else self.output_dir / p

@@ -215,7 +215,7 @@ def build_rec_model(
             table_device=table_device,
             dense_device=dense_device,
         )
-    sizes = list(cfg.num_embeddings_per_feature or cardinalities)
+    sizes = table_sizes(cfg, feature_names, cardinalities)
     ebc = EmbeddingBagCollection(
         tables=embedding_tables(feature_names, sizes, cfg.embedding_dim, cfg.pooling),
         device=torch.device(table_device),
@@ -231,6 +231,27 @@ def build_rec_model(
             bottom_final_activation=cfg.bottom_final_activation,
             dropout=cfg.dropout,
         )
+
+
+def table_sizes(cfg: ModelConfig, feature_names: list[str], cardinalities: list[int]) -> list[int]:
+    """Rows of each feature's table: ``model.num_embeddings_per_feature``, or the data's
+    ``cardinalities`` (ids ``0 .. cardinality - 1``). A table with fewer rows than its
+    feature has ids is refused: TorchRec only warns and the lookups go out of range."""
+    sizes = list(cfg.num_embeddings_per_feature or cardinalities)
+    if len(sizes) != len(feature_names):
+        raise ValueError(
+            f"{len(feature_names)} sparse features but {len(sizes)} table sizes "
+            "(model.num_embeddings_per_feature must have one entry per sparse feature)"
+        )
+    for i, (rows, ids) in enumerate(zip(sizes, cardinalities)):
+        if rows < ids:
+            raise ValueError(
+                f"model.num_embeddings_per_feature[{i}] = {rows} rows for {feature_names[i]}, "
+                f"whose ids run to {ids - 1} ({ids} in the data): every id needs a row; set it "
+                "to at least that, or leave model.num_embeddings_per_feature unset (the data's "
+                "sizes)"
+            )
+    return sizes
 
 
 def build_dmt_model(
@@ -250,12 +271,7 @@ def build_dmt_model(
     Every tower gets its own EBC (the features' tables, as in the base model) and tower module.
     """
     check_partition(partition, feature_names)
-    sizes = list(cfg.num_embeddings_per_feature or cardinalities)
-    if len(sizes) != len(feature_names):
-        raise ValueError(
-            f"{len(feature_names)} sparse features but {len(sizes)} table sizes "
-            "(model.num_embeddings_per_feature must have one entry per sparse feature)"
-        )
+    sizes = table_sizes(cfg, feature_names, cardinalities)
     rows = dict(zip(feature_names, sizes))
     N = cfg.embedding_dim
     towers = []

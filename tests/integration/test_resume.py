@@ -148,6 +148,27 @@ def test_an_unreadable_saved_config_is_a_clear_error(tmp_path: Path) -> None:
     assert str(e.value) == f"checkpoint {step}'s config.yaml holds a list, not a config"
 
 
+def test_resuming_a_finished_run_keeps_its_metrics_and_a_resume_counts_all_samples(
+    tmp_path: Path,
+) -> None:
+    """A reproduced bug: resuming a run that had ended rewrote its metrics.json with this
+    attempt's nothing (0 samples/s, NaN loss) and appended its evaluations to history.jsonl
+    again; and a resumed run counted only its last attempt's samples."""
+    run = tmp_path / "run"
+    args = ("trainer.max_steps=8", "trainer.checkpoint_every=4", *SGD)
+    first = _train(run, *args)
+    assert first["num_train_samples"] == 8 * 256 and first["train_samples_per_s"] > 0
+    metrics, history = ((run / f).read_text() for f in ("metrics.json", "history.jsonl"))
+    again = _train(run, *args, "trainer.resume_from=auto")
+    assert again == json.loads(metrics)
+    assert (run / "metrics.json").read_text() == metrics
+    assert (run / "history.jsonl").read_text() == history
+    # from step 4 in a run of its own: the run's 8 steps of samples, its metrics the first's
+    branch = _train(tmp_path / "branch", *args, f"trainer.resume_from={run}/checkpoints/step_4")
+    assert branch["num_train_samples"] == 8 * 256
+    assert branch["test_auc"] == pytest.approx(first["test_auc"], abs=1e-6)
+
+
 def test_resume_auto_without_a_checkpoint_does_not_replace_a_finished_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _train(run, "trainer.max_steps=2")

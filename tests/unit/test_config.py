@@ -119,6 +119,14 @@ def test_paper_configs_match_the_paper_accounting():
             r"sptt.timeout_s=30.0 was replaced by trainer.collective_timeout_s, the timeout of every "
             r"process group \(flat and SPTT\): set trainer.collective_timeout_s=30.0 instead",
         ),
+        (  # checked with the config, before the runtime and the logger start
+            ["data=criteo_sample", "data.criteo.split_fractions=[0.5,0.6,0.1]"],
+            r"^data.criteo: split_fractions must sum to 1; got \[0.5, 0.6, 0.1\]",
+        ),
+        (  # Hydra's override syntax for a group the defaults list lacks
+            ["+tower=dlrm"],
+            r"pick a partition \(\+partition=naive\|tp\|per_feature\)$",
+        ),
         (  # read by the flat baseline too, so checked with sptt=off
             ["sptt.comm_precision=int8"],
             r"^sptt.comm_precision='int8' is not supported; expected one of "

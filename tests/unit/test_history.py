@@ -13,7 +13,8 @@ from omegaconf import open_dict
 
 from dmt.history import RunHistory, read_history
 from dmt.tracking import wandb_name, wandb_values
-from dmt.train import CONF_MODULE, _hydra_info, sweep_value
+from dmt.train import CONF_MODULE, _hydra_info, check_sweep_metric, sweep_value, to_config
+from tests.conftest import compose_config
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -85,6 +86,33 @@ def test_the_sweep_metric_must_exist_and_be_a_number():
         "with data=criteo_sample_holdout, or without clicks); choose a metric this data defines, "
         "e.g. trainer.optimize_metric=test_auc"
     )
+
+
+def test_a_sweeps_metric_is_checked_before_its_jobs_train(tmp_path):
+    """A reproduced bug: a misspelt trainer.optimize_metric, or val_auc on data without
+    validation rows, failed only after every job of the sweep had trained."""
+    check_sweep_metric(to_config(compose_config("trainer.optimize_metric=test_ne")))
+    check_sweep_metric(to_config(compose_config("trainer.optimize_metric=oracle_val_auc")))
+    with pytest.raises(ValueError) as typo:
+        check_sweep_metric(to_config(compose_config("trainer.optimize_metric=val_acu")))
+    assert str(typo.value).startswith(
+        "trainer.optimize_metric='val_acu' is not a metric of this run; choose one of "
+        "['num_steps', 'num_train_samples', 'oracle_test_auc', 'oracle_val_auc', "
+    )
+    raw = tmp_path / "train.tsv"
+    raw.write_text("")
+    holdout = compose_config("data=criteo_sample_holdout", f"data.criteo.raw_path={raw}")
+    with pytest.raises(ValueError, match=r"^trainer.optimize_metric='val_auc': this data has no "):
+        check_sweep_metric(to_config(holdout))
+    check_sweep_metric(
+        to_config(compose_config("data=criteo_sample", f"data.criteo.raw_path={raw}"))
+    )
+    # days: validation rows come from val_day or half of eval_day, whatever split_fractions says
+    days = compose_config("data=criteo_1tb", f"data.criteo.raw_path={tmp_path}",
+                   "data.criteo.split_fractions=[0.5,0.0,0.5]")  # fmt: skip
+    check_sweep_metric(to_config(days))
+    with pytest.raises(ValueError, match=r"this data has no validation rows"):
+        check_sweep_metric(to_config(compose_config("data=criteo_1tb_forward_refit")))
 
 
 def test_hydra_choices_overrides_and_sweep_group_go_into_the_wandb_config(tmp_path):

@@ -12,6 +12,7 @@ from dmt.models import (
     build_model,
     embedding_tables,
 )
+from dmt.models.factory import table_sizes
 
 NAMES = [f"cat_{i}" for i in range(5)]
 CARDS = [7, 11, 3, 20, 5]
@@ -158,3 +159,22 @@ def test_dlrm_rejects_bottom_mlp_not_ending_in_embedding_dim():
 def test_table_sizes_must_match_features():
     with pytest.raises(ValueError, match="5 sparse features but 2 table sizes"):
         embedding_tables(NAMES, [3, 4], 8)
+
+
+def test_a_table_smaller_than_its_features_ids_is_refused() -> None:
+    """A reproduced bug: model.num_embeddings_per_feature below the data's cardinality trained
+    on out-of-range ids with only TorchRec's warning."""
+    names = ["cat_0", "cat_1"]
+    cfg = ModelConfig(num_embeddings_per_feature=[100, 10])
+    assert table_sizes(ModelConfig(), names, [100, 50]) == [100, 50]
+    assert table_sizes(ModelConfig(num_embeddings_per_feature=[200, 60]), names, [100, 50]) == [
+        200,
+        60,
+    ]
+    with pytest.raises(ValueError) as err:
+        table_sizes(cfg, names, [100, 50])
+    assert str(err.value) == (
+        "model.num_embeddings_per_feature[1] = 10 rows for cat_1, whose ids run to 49 (50 in the "
+        "data): every id needs a row; set it to at least that, or leave "
+        "model.num_embeddings_per_feature unset (the data's sizes)"
+    )
