@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch import nn
@@ -111,7 +111,7 @@ def read_config(path: Path) -> Config:
         raw = OmegaConf.load(path)
         merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
         conf = OmegaConf.to_object(merged)
-    except (OmegaConfBaseException, OSError, ValueError) as e:
+    except (OmegaConfBaseException, OSError, ValueError, yaml.YAMLError) as e:
         key = getattr(e, "full_key", None)
         why = str(e).splitlines()[0] + (f" (at {key})" if key else "")
         raise ValueError(f"{path}: not a dmt training config: {why}") from None
@@ -528,8 +528,7 @@ def format_report(report: dict[str, Any]) -> str:
 def write_json(path: str | os.PathLike[str], report: dict[str, Any]) -> Path:
     """Write ``report`` atomically (temporary file, then rename); NaN (AUC of a one-class set)
     becomes null."""
-    clean = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in report.items()}
-    return results.write_json(path, clean)
+    return results.write_json(path, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

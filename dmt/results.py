@@ -1,4 +1,5 @@
-"""Results files of benchmarks: never over an earlier run's, never half-written.
+"""Results files of benchmarks and reports: never over an earlier run's, never half-written,
+standard JSON.
 
 A benchmark runs for minutes to hours, so an existing results file is refused when the command
 starts (:func:`existing_output`), not when it ends, and the file is written through a temporary
@@ -8,6 +9,7 @@ file and a rename (:func:`write_json`).
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -26,14 +28,26 @@ def existing_output(
     )
 
 
+def strict(data: Any) -> Any:
+    """``data`` with every NaN or infinite float as ``None``: standard JSON has no NaN (Python
+    writes a bare ``NaN`` that strict readers, e.g. ``jq`` or JavaScript, refuse)."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if isinstance(data, dict):
+        return {k: strict(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [strict(v) for v in data]
+    return data
+
+
 def write_json(path: str | os.PathLike[str], data: Any, *, indent: int = 2) -> Path:
-    """Write ``data`` as JSON to ``path`` atomically: a reader sees the old file or the new one,
-    never a part."""
+    """Write ``data`` as standard JSON (:func:`strict`: NaN as ``null``) to ``path``
+    atomically: a reader sees the old file or the new one, never a part."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(data, indent=indent) + "\n")
+        tmp.write_text(json.dumps(strict(data), indent=indent, allow_nan=False) + "\n")
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

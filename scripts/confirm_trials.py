@@ -25,7 +25,6 @@ hparams_search=criteo_forward_dcn``::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import shlex
 import sys
@@ -34,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from dmt.results import write_json
 from dmt.seeds import box_plot, format_report, parse_seeds, study
 from dmt.trials import Trial, override_list, read_trials, top_trials
 
@@ -143,11 +143,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "chosen": ranking[0],
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "seeds.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / "seeds.json", report)
     box_plot(report, out / "seeds.png")
-    tmp = out / f".{CONFIRM_FILE}.tmp"
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(out / CONFIRM_FILE)
+    write_json(out / CONFIRM_FILE, result)
     print(format_report(report))
     print(f"\nranked by median {args.metric} over seeds {list(args.seeds)}:")
     for r in ranking:

@@ -25,12 +25,12 @@ per config, every run a point).
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
+from dmt.results import write_json
 from dmt.seeds import ALTERNATIVES, box_plot, format_report, parse_seeds, study
 
 
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pairs=[tuple(pair) for pair in args.pair],
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "seeds.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out / "seeds.json", report)
     box_plot(report, args.out / "seeds.png")
     print(format_report(report))
     print(f"written to {args.out / 'seeds.json'} and {args.out / 'seeds.png'}")

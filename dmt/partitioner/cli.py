@@ -61,9 +61,16 @@ def checkpoint_affinity(
     docstring), rows in the run's sparse feature order."""
     from dmt.evaluate import load_model, open_checkpoint, open_data, run_schema  # noqa: PLC0415
 
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1; got {batch_size}")
     ckpt = open_checkpoint(checkpoint, config)
     model = load_model(ckpt)
     rows = open_data(ckpt, data, batch_size=batch_size, progress=False)
+    if rows.source.num_batches() == 0:
+        raise ValueError(
+            f"--data {data}: no rows (e.g. the validation split of a run without one); the "
+            "affinity needs at least one batch: choose another --data"
+        )
     feature_names, _, _ = run_schema(ckpt.config)
     return model_affinity(model, rows.source.batches(0), max_batches, feature_names=feature_names)
 

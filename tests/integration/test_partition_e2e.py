@@ -54,7 +54,9 @@ def labels_of(towers: list[list[int]], num_features: int) -> np.ndarray:
 @pytest.mark.parametrize(
     "data_seed", [0, pytest.param(2, marks=pytest.mark.slow)]
 )  # a second planted structure: 15 s, with -m slow
-def test_tp_from_a_trained_checkpoint_recovers_the_planted_groups(tmp_path, one_thread, data_seed):
+def test_tp_from_a_trained_checkpoint_recovers_the_planted_groups(
+    tmp_path, one_thread, data_seed, capsys
+):
     overrides = [*PLANTED, f"data.synthetic.seed={data_seed}"]
     run = tmp_path / "run"
     metrics = train(compose_config(*overrides), run)
@@ -76,6 +78,12 @@ def test_tp_from_a_trained_checkpoint_recovers_the_planted_groups(tmp_path, one_
         )
         == 0
     )
+    # a batch size of 0 is the user's error, named (it was a ZeroDivisionError)
+    args = ["--checkpoint", str(run / "checkpoints"), "--num-towers", "2", "--batch-size", "0"]
+    with pytest.raises(SystemExit) as exit_status:
+        partition_main([*args, "--out", str(tmp_path / "none")])
+    assert exit_status.value.code == 2
+    assert "error: --batch-size must be >= 1; got 0" in capsys.readouterr().err
     document = yaml.safe_load((out / "partition.yaml").read_text())
     names = [f"cat_{i}" for i in range(FEATURES)]
     towers = [[names.index(f) for f in tower] for tower in document["towers"]]

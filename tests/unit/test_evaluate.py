@@ -101,6 +101,9 @@ def test_read_config_errors(tmp_path: Path) -> None:
         match=r"bad.yaml: not a dmt training config: Value 'many' of type 'str' could not be converted to Integer \(at trainer.epochs\)$",
     ):
         read_config(bad)
+    bad.write_text("garbage: [\n")  # a truncated or hand-broken file: YAML's own error
+    with pytest.raises(ValueError, match=r"bad.yaml: not a dmt training config: while parsing"):
+        read_config(bad)
     dot = "  interaction: {_target_: dmt.models.interaction.DotInteraction}\n"
     bad.write_text(f"model:\n  name: dlrm\n{dot}trainer:\n  epochs: 0\n")
     with pytest.raises(ValueError, match=r"bad.yaml: invalid training config: trainer.epochs=0"):

@@ -26,3 +26,18 @@ def test_write_json_replaces_whole_and_leaves_no_temporary(tmp_path):
     write_json(path, {"b": 2}, indent=1)
     assert json.loads(path.read_text()) == {"b": 2}
     assert sorted(p.name for p in path.parent.iterdir()) == ["out.json"]
+
+
+def test_write_json_writes_standard_json(tmp_path):
+    """A reproduced bug: seeds.json of one seed held a bare NaN (its std), which strict JSON
+    readers refuse; every report goes through write_json, NaN and infinities as null."""
+    path = tmp_path / "seeds.json"
+    nan, inf = float("nan"), float("inf")
+    write_json(path, {"std": nan, "runs": [{"auc": 0.7, "ne": inf}, (1.0, -inf)], "n": 1})
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {
+        "std": None,
+        "runs": [{"auc": 0.7, "ne": None}, [1.0, None]],
+        "n": 1,
+    }
