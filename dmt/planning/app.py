@@ -349,12 +349,17 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
     report = _report(conf, topo, B, modes, times, time.perf_counter() - started)
     report["flat_search"] = search
     if conf.dry_run:
+        # the flat plan reported above (the GPU cluster's), its sharding types built for real
+        flat_types = {
+            name: ps.sharding_type for plans in sharding.plan.values() for name, ps in plans.items()
+        }
         report["dry_run"] = {
             mode: dry_run(
                 replace(conf, model=p.model),
                 world_size=G,
                 local_world_size=L,
                 mode=mode,
+                flat_sharding_types=flat_types if mode == "flat" else None,
             ).to_dict()
             for mode, p in modes.items()
         }
@@ -512,10 +517,21 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     if "dry_run" in report:
         for mode, d in report["dry_run"].items():
+            step = (
+                f"one step not trained ({d['phase_2_skipped']})"
+                if d.get("phase_2_skipped")
+                else f"one step trained: logits {tuple(d['logits_shape'])}"
+            )
+            other = (
+                f"; {len(d['substituted'])} tables built with a sharding type the CPU has "
+                f"instead of the plan's ({', '.join(f'{n}: {k}' for n, k in d['substituted'].items())})"
+                if d.get("substituted")
+                else ""
+            )
             lines.append(
                 f"dry run {mode}: rank {d['rank']} of {d['world_size']} built "
-                f"({d['planned_tables']}/{d['num_tables']} tables planned), one step trained: "
-                f"logits {tuple(d['logits_shape'])}, {d['seconds']:.1f} s"
+                f"({d['planned_tables']}/{d['num_tables']} tables planned){other}, {step}, "
+                f"{d['seconds']:.1f} s"
             )
     return "\n".join(lines)
 

@@ -42,10 +42,13 @@ plan (TorchRec's planner and the SPTT plan balance by table size; the sharding t
 same), so phase 2's rank may hold other shards than phase 1's. The flat model is sharded as
 :func:`dmt.sharding.shard_model` does it (:func:`~dmt.sharding.plan_tables`, then
 ``DistributedModelParallel`` with :func:`~dmt.sharding.flat_sharders`), without its broadcast of
-the plan. ``torch.distributed.reduce_scatter_tensor`` and
-``all_gather_into_tensor`` do not reach a Python process group in torch 2.13, so phase 2 refuses
-row-wise shards (flat ``row_wise``/``table_row_wise``, ``sptt.sharding_type=row_wise``): phase 1
-still builds them. ``DistributedModelParallel`` broadcasts a pickled setting from rank 0
+the plan. The CPU sharders build fewer sharding types than CUDA's (no ``row_wise``,
+``table_row_wise`` or ``grid_shard``): given the plan being checked (``flat_sharding_types``), the
+flat model is built with its types where the CPU has them and the planner's choice where not,
+named in :attr:`DryRunReport.substituted`. ``torch.distributed.reduce_scatter_tensor`` and
+``all_gather_into_tensor`` do not reach a Python process group in torch 2.13, so phase 2 does not
+run row-wise SPTT shards (``sptt.sharding_type=row_wise``; :attr:`DryRunReport.phase_2_skipped`
+says so): phase 1 still builds them. ``DistributedModelParallel`` broadcasts a pickled setting from rank 0
 (TorchRec's ``init_collective_validation``), which no other rank can read without
 communication, so the flat model dry-runs as rank 0.
 
@@ -62,10 +65,11 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +81,7 @@ from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[
 from torch.futures import Future
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torchrec.datasets.utils import Batch
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -100,6 +105,7 @@ from dmt.sptt.topology import Topology
 
 MODES = ("flat", "sptt", "dmt")
 MIRROR_BACKEND = "dmt_mirror"
+log = logging.getLogger(__name__)
 _ROW_WISE = {ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value}
 
 
@@ -263,6 +269,10 @@ class DryRunReport:
         default_factory=list
     )  # step f, T x (B, V_t, D_t)
     dense_grads: int = 0  # dense parameters with a gradient of their own shape after backward
+    phase_2_skipped: str | None = None  # why phase 2 did not run (row-wise shards), or None
+    # flat: tables built with another sharding type than the plan checked gives them (one the
+    # CPU cannot build, e.g. table_row_wise), as "planned -> built"
+    substituted: dict[str, str] = field(default_factory=dict)
     on_meta: list[str] = field(default_factory=list)  # what ran on meta
     on_cpu: list[str] = field(default_factory=list)  # what ran on real CPU tensors
     seconds: float = 0.0  # wall time of both phases
@@ -334,11 +344,13 @@ def _flat_plan(
     world_size: int,
     local_world_size: int,
     pinned: ShardingPlan | None = None,
+    sharding_types: Mapping[str, str] | None = None,
 ) -> ShardingPlan:
     """TorchRec's plan as ``shard_model`` makes it, or (``pinned``) with every table's sharding
-    type and kernel fixed to those of ``pinned``."""
+    type and kernel fixed to those of ``pinned``, or (``sharding_types``, by table name) with
+    the sharding types fixed (the kernels are the CPU's)."""
     memory = memory_budget(conf.sharding, "cpu")
-    if pinned is None:
+    if pinned is None and sharding_types is None:
         return plan_tables(
             task,
             memory,
@@ -347,15 +359,25 @@ def _flat_plan(
             batch_size=conf.data.batch_size,
             comm_precision=conf.sptt.comm_precision,
         )
-    chosen = {name: ps for plans in pinned.plan.values() for name, ps in plans.items()}
-    constraints = {
-        name: dataclasses.replace(
-            c,
-            sharding_types=[chosen[name].sharding_type],
-            compute_kernels=[chosen[name].compute_kernel],
-        )
-        for name, c in table_constraints(task, memory).items()
-    }
+    if pinned is not None:
+        chosen = {name: ps for plans in pinned.plan.values() for name, ps in plans.items()}
+        constraints = {
+            name: dataclasses.replace(
+                c,
+                sharding_types=[chosen[name].sharding_type],
+                compute_kernels=[chosen[name].compute_kernel],
+            )
+            for name, c in table_constraints(task, memory).items()
+        }
+    else:  # the CPU builds fewer sharding types than CUDA: the others are the planner's choice
+        assert sharding_types is not None
+        buildable = set(EmbeddingBagCollectionSharder().sharding_types("cpu"))
+        constraints = {
+            name: dataclasses.replace(c, sharding_types=[sharding_types[name]])
+            if sharding_types.get(name) in buildable
+            else c
+            for name, c in table_constraints(task, memory).items()
+        }
     planner = flat_planner(
         memory,
         world_size=world_size,
@@ -427,6 +449,7 @@ def dry_run(
     rank: int = 0,
     batch_size: int = 2,
     max_rows: int = 1000,
+    flat_sharding_types: Mapping[str, str] | None = None,
 ) -> DryRunReport:
     """Build rank ``rank``'s sharded modules of a ``world_size``-rank job and train one step.
 
@@ -440,6 +463,9 @@ def dry_run(
         rank: the rank to build (flat: 0 only, see the module doc).
         batch_size: local batch ``B`` of the step in phase 2.
         max_rows: rows of every table at most in phase 2 (at least ``world_size``).
+        flat_sharding_types: flat mode: each table's sharding type (by table name) in the plan
+            being checked, e.g. ``dmt-plan``'s for the GPU cluster; phase 1 builds those (on
+            the CPU's kernels: UVM caching needs CUDA). ``None``: TorchRec's CPU plan.
 
     Raises:
         ValueError: a mode the config does not fit, a topology that does not divide
@@ -465,7 +491,7 @@ def dry_run(
                 f"the flat model dry-runs as rank 0 only (TorchRec broadcasts its settings from "
                 f"rank 0), got rank={rank}"
             )
-        report = _dry_run_flat(conf, world, cut, batch_size)
+        report = _dry_run_flat(conf, world, cut, batch_size, flat_sharding_types)
     else:
         report = _dry_run_sptt(conf, world, cut, batch_size, mode)
     report.seconds = time.perf_counter() - start
@@ -473,7 +499,22 @@ def dry_run(
     return report
 
 
-def _dry_run_flat(conf: Config, world: dict[str, int], cut: int, B: int) -> DryRunReport:
+def _without_phase_2(report: DryRunReport, why: str) -> DryRunReport:
+    """``report`` of phase 1 only: phase 2 cannot run (``why``), which is this tool's limit,
+    not the plan's failure."""
+    log.warning("dry run of %s: %s; phase 1 built its sharded modules", report.mode, why)
+    report.phase_2_skipped = why
+    report.on_cpu = [c for c in report.on_cpu if not c.startswith("phase 2")]
+    return report
+
+
+def _dry_run_flat(
+    conf: Config,
+    world: dict[str, int],
+    cut: int,
+    B: int,
+    sharding_types: Mapping[str, str] | None,
+) -> DryRunReport:
     G, L = world["world_size"], world["local_world_size"]
     # phase 1: the full-size plan and the sharded modules on meta
     with _world("fake", **world):
@@ -481,7 +522,9 @@ def _dry_run_flat(conf: Config, world: dict[str, int], cut: int, B: int) -> DryR
         num_tables = len(_tables(plain))
         apply_sparse_optimizer(embedding_parameters(plain), conf.optim)
         task = _task(plain)
-        full_plan = _flat_plan(conf, task, world_size=G, local_world_size=L)
+        full_plan = _flat_plan(
+            conf, task, world_size=G, local_world_size=L, sharding_types=sharding_types
+        )
         DistributedModelParallel(
             task,
             device=torch.device("meta"),
@@ -491,6 +534,21 @@ def _dry_run_flat(conf: Config, world: dict[str, int], cut: int, B: int) -> DryR
             init_parameters=False,
         )
     planned, types, local = _plan_summary(full_plan, world["rank"])
+    built = {
+        name: ps.sharding_type for plans in full_plan.plan.values() for name, ps in plans.items()
+    }
+    substituted = {
+        name: f"{kind} -> {built[name]}"
+        for name, kind in (sharding_types or {}).items()
+        if name in built and built[name] != kind
+    }
+    if substituted:
+        log.warning(
+            "dry run of flat: %d tables are built with another sharding type than the plan "
+            "gives them, which the CPU cannot build (%s); the rest as planned",
+            len(substituted),
+            ", ".join(f"{n}: {k}" for n, k in list(substituted.items())[:3]),
+        )
     report = DryRunReport(
         mode="flat",
         rank=world["rank"],
@@ -501,6 +559,7 @@ def _dry_run_flat(conf: Config, world: dict[str, int], cut: int, B: int) -> DryR
         sharding_types=types,
         local_shards=local,
         local_table_gb=_gb(local),
+        substituted=substituted,
         on_meta=["phase 1: the full-size tables of this rank's ShardedEmbeddingBagCollection"],
         on_cpu=[
             "phase 1: dense modules",
@@ -509,9 +568,10 @@ def _dry_run_flat(conf: Config, world: dict[str, int], cut: int, B: int) -> DryR
         ],
     )
     if _ROW_WISE & set(types):
-        raise NotImplementedError(
+        return _without_phase_2(
+            report,
             f"phase 2 cannot run row-wise shards ({sorted(_ROW_WISE & set(types))} in the plan): "
-            "reduce_scatter_tensor does not reach a Python process group in torch 2.13"
+            "reduce_scatter_tensor does not reach a Python process group in torch 2.13",
         )
     # phase 2: one step on cut tables, same sharding types
     with _world(MIRROR_BACKEND, **world):
@@ -611,9 +671,10 @@ def _dry_run_sptt(conf: Config, world: dict[str, int], cut: int, B: int, mode: s
             ],
         )
     if conf.sptt.sharding_type == "row_wise":
-        raise NotImplementedError(
+        return _without_phase_2(
+            report,
             "phase 2 cannot run sptt.sharding_type=row_wise: step d's reduce_scatter_tensor "
-            "does not reach a Python process group in torch 2.13"
+            "does not reach a Python process group in torch 2.13",
         )
     with _world(MIRROR_BACKEND, **world):
         plain = _build(conf, max_rows=cut)

@@ -122,6 +122,35 @@ def test_flat_at_scale(G):
     assert report.num_towers is None
 
 
+def test_flat_builds_the_plans_sharding_types_and_names_those_the_cpu_cannot():
+    """A reproduced bug: dmt-plan's dry run checked TorchRec's CPU plan, not the GPU cluster's
+    plan it reported. The plan's sharding types are built where the CPU can build them (column-
+    wise here); a type only CUDA has (table-row-wise) is named as substituted. And a row-wise
+    SPTT plan, whose phase 2 one process cannot run, ended dmt-plan with NotImplementedError and
+    no plan.json: phase 1 is reported, phase 2 as skipped."""
+    conf = typed_config("experiment=paper_dlrm")
+    names = [f"t_cat_{i}" for i in range(26)]
+    types = {n: "table_row_wise" if i == 1 else "column_wise" for i, n in enumerate(names)}
+    report = dry_run(
+        conf, world_size=64, local_world_size=L, mode="flat", flat_sharding_types=types
+    )
+    assert report.planned_tables == 26
+    assert report.sharding_types["column_wise"] >= 25
+    (why,) = report.substituted.values()
+    assert list(report.substituted) == ["t_cat_1"] and why.startswith("table_row_wise -> ")
+    assert report.phase_2_skipped is None and report.logits_shape == (B,)
+    sptt = typed_config(
+        "experiment=dmt_4t_dlrm",
+        "model.partition.num_towers=2",
+        "sptt=on",
+        "sptt.sharding_type=row_wise",
+    )
+    report = dry_run(sptt, world_size=4, local_world_size=2, mode="dmt")
+    assert report.num_towers == 2 and report.phase_2_skipped is not None
+    assert "sptt.sharding_type=row_wise" in report.phase_2_skipped
+    assert report.logits_shape == () and not any(c.startswith("phase 2") for c in report.on_cpu)
+
+
 def test_sptt_passthrough():
     """paper_sptt_dlrm: 26 pass-through towers of one feature, G = 26 L; step f brings every
     tower's (B, 1, N)."""
