@@ -227,9 +227,13 @@ def _materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 def _clear_dense_state(optimizer: torch.optim.Optimizer, fresh: list[Any]) -> None:
-    """Empty the state of every dense parameter that holds one of the ``fresh`` tensors (state
-    the checkpoint lacks): :func:`_materialize_optimizer_state`'s dummy step made it (Adam's at
-    step 1), and the optimizer builds it again at its next step, as a new optimizer does."""
+    """Reset to a new optimizer's the dense state the checkpoint lacks (``fresh``, made by
+    :func:`_materialize_optimizer_state`'s dummy step: Adam's at step 1): those tensors to zero,
+    in place (the keys stay, for the next checkpoint), and the parameter's ``step`` too when all
+    its other state is new (another optimizer; Adam's moments start at 0 with the step), not
+    when only some is (``amsgrad`` added: the loaded moments keep their step). Zero is a new
+    Adam's, AdamW's, RMSprop's and (at its default ``initial_accumulator_value``) Adagrad's
+    state."""
     ids = {id(t) for t in fresh}
     parts = (
         [opt for _, opt in optimizer.optimizers]
@@ -238,8 +242,17 @@ def _clear_dense_state(optimizer: torch.optim.Optimizer, fresh: list[Any]) -> No
     )
     for opt in parts:
         for param_state in opt.state.values():
-            if any(id(v) in ids for v in param_state.values()):
-                param_state.clear()
+            new = {k for k, v in param_state.items() if id(v) in ids}
+            if not new:
+                continue
+            if all(k in new for k in param_state if k != "step"):
+                new.add("step")
+            for key in new:
+                value = param_state[key]
+                if isinstance(value, torch.Tensor):
+                    value.zero_()
+                elif key == "step":
+                    param_state[key] = 0
 
 
 def _fsync(path: Path) -> None:

@@ -206,8 +206,8 @@ def load_model(ckpt: RunCheckpoint, device: torch.device | str = "cpu") -> nn.Mo
         names, cards, num_dense = run_schema(conf)
     except ValueError as e:
         raise ValueError(f"cannot rebuild the model of checkpoint {ckpt.path}: {e}") from None
-    task = TrainTask(
-        build_model(
+    try:
+        model = build_model(
             conf.model,
             feature_names=names,
             cardinalities=cards,
@@ -215,7 +215,9 @@ def load_model(ckpt: RunCheckpoint, device: torch.device | str = "cpu") -> nn.Mo
             table_device="meta",
             dense_device="cpu",
         )
-    )
+    except ValueError as e:  # e.g. the data's ids (re-preprocessed) outgrew the tables
+        raise ValueError(f"cannot rebuild the model of checkpoint {ckpt.path}: {e}") from None
+    task = TrainTask(model)
     state = checkpoint.load_model_state(ckpt.path)
     _check_state(state, task.state_dict(), ckpt)
     task.load_state_dict(state, strict=True, assign=True)

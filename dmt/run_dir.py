@@ -315,8 +315,9 @@ def outputs_of(run_dir: Path, checkpoint_dir: str) -> list[str]:
 #: what a finished Optuna sweep leaves beside its jobs (dmt's trials table is rewritten from
 #: all the jobs there, so it is not one)
 SWEEP_RECORDS = ("optimization_results.yaml",)
-#: Hydra's default ``hydra.sweep.subdir``: job numbers, from 0 in every sweep
-JOB_NUM_SUBDIR = "${hydra.job.num}"
+#: what Hydra's default ``hydra.sweep.subdir`` (``${hydra.job.num}``) is made of: job numbers,
+#: from 0 in every sweep
+JOB_NUM = "hydra.job.num"
 
 
 def sweep_outputs(sweep_dir: Path, checkpoint_dir: str, *, jobs: bool = True) -> list[str]:
@@ -327,8 +328,10 @@ def sweep_outputs(sweep_dir: Path, checkpoint_dir: str, *, jobs: bool = True) ->
         return []
     found = [name for name in SWEEP_RECORDS if (sweep_dir / name).exists()]
     if jobs:
+        shared = Path(checkpoint_dir).is_absolute()  # one for every job: not a job's own
         for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.is_symlink()):
-            found += [f"{job.name}/{o}" for o in outputs_of(job, checkpoint_dir)]
+            outputs = outputs_of(job, checkpoint_dir)
+            found += [f"{job.name}/{o}" for o in outputs if not shared or o == METRICS_FILE]
     return found
 
 
@@ -540,18 +543,20 @@ class RunDirGuard(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Refuse a sweep directory that holds another sweep's outputs where this sweep's jobs
         would go, before Hydra writes ``multirun.yaml`` and each job's ``.hydra/`` over that
-        sweep's records (a job is refused only once its own record is rewritten): with the
-        default ``hydra.sweep.subdir`` (the job number, from 0 again) any job directory with
-        outputs, and an earlier Optuna sweep's ``optimization_results.yaml`` whatever the
-        subdir. Jobs in directories of their own (e.g. ``subdir=seed_${trainer.seed}``, to add
-        seeds to a study) go on, each checked as a single run is; so does a sweep that resumes
-        (``trainer.resume_from`` set)."""
+        sweep's records (a job is refused only once its own record is rewritten): with a
+        ``hydra.sweep.subdir`` of job numbers (the default; they start from 0 again) any job
+        directory with outputs, and an earlier Optuna sweep's ``optimization_results.yaml``
+        whatever the subdir. Jobs in directories named otherwise (e.g.
+        ``subdir=seed_${trainer.seed}``, to add seeds to a study) go on, each refused by
+        :func:`claim_run_dir` if its directory holds outputs, though only after Hydra has
+        written its ``.hydra/`` there; so does a sweep that resumes (``trainer.resume_from``
+        set)."""
         if OmegaConf.select(config, "trainer.resume_from", default=None):
             return
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
         sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
-        numbered = isinstance(sweep, dict) and sweep.get("subdir") == JOB_NUM_SUBDIR
+        numbered = isinstance(sweep, dict) and JOB_NUM in str(sweep.get("subdir", ""))
         found = sweep_outputs(sweep_dir, checkpoint_dir, jobs=numbered)
         if found:
             shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")

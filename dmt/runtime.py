@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import socket
+import uuid
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -252,8 +253,13 @@ def world_from_env(env: Mapping[str, str]) -> World:
         and in_step
         and slurm_tasks > 1
         and env.get("GROUP_WORLD_SIZE", "").strip() == "1"
-        # an elastic world (--nnodes=1:2) restarted on the nodes left after a failure
-        and _int(env, "TORCHELASTIC_RESTART_COUNT", 0) == 0
+        # an elastic world (--nnodes=1:2, one --rdzv-id) restarted on the node left after a
+        # failure; never --standalone's, whose run id is a fresh uuid4 and whose restart after
+        # this very refusal would train apart
+        and not (
+            _int(env, "TORCHELASTIC_RESTART_COUNT", 0) > 0
+            and not _is_uuid(env.get("TORCHELASTIC_RUN_ID", ""))
+        )
     ):
         raise ValueError(
             f"this process's torchrun is alone in its rendezvous (GROUP_WORLD_SIZE=1) but is one "
@@ -263,6 +269,14 @@ def world_from_env(env: Mapping[str, str]) -> World:
             "step of one task (srun --ntasks=1)"
         )
     return world
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 def slurm_port(job_id: int, step_id: int) -> int:

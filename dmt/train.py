@@ -179,7 +179,7 @@ RUN_METRICS = (
     "num_steps",
     "train_loss_last",
 )
-#: on synthetic data evaluated whole (``trainer.eval_max_batches <= 0``) too
+#: on planted synthetic data evaluated whole (``trainer.eval_max_batches <= 0``) too
 ORACLE_METRICS = ("oracle_val_auc", "oracle_test_auc")
 
 
@@ -189,7 +189,8 @@ def check_sweep_metric(conf: Config) -> None:
     :func:`sweep_value` would say so only after the job, and every other job, had trained."""
     name = conf.trainer.optimize_metric
     known = list(RUN_METRICS)
-    if conf.data.kind == "synthetic" and conf.trainer.eval_max_batches <= 0:
+    planted = conf.data.kind == "synthetic" and conf.data.synthetic.mode != "random"
+    if planted and conf.trainer.eval_max_batches <= 0:  # the true click probabilities
         known += ORACLE_METRICS
     if name not in known:
         raise ValueError(

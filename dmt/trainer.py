@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -62,6 +64,17 @@ class TrainTask(nn.Module):
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.model(batch.dense_features, batch.sparse_features)
         return self.loss_fn(logits, batch.labels), logits
+
+
+#: what a resume may change that the final evaluation reads: a resumed run that had ended is
+#: evaluated again when one differs from its checkpoint's
+EVAL_KEYS = (
+    "trainer.eval_max_batches",
+    "trainer.ema_decay",
+    "data.criteo.test_path",
+    "data.criteo.raw_path",
+    "data.criteo.preprocessed_dir",
+)
 
 
 @dataclass
@@ -370,15 +383,17 @@ class Trainer:
             self.checkpointer.close()
 
         if resume is not None and self.step == start_step:
-            # a resume of a run that had ended: nothing trained here, so the run's metrics
-            # stand (evaluated again they would be the same, but this attempt has no
+            # a resume of a run that had ended: nothing trained here, so, unless what the
+            # evaluation reads has changed, the run's metrics stand (this attempt has no
             # throughput or loss of its own to report)
-            found: list[Any] = [self._finished_metrics() if self.rt.is_main else None]
+            found: list[Any] = [self._finished_metrics(resume) if self.rt.is_main else None]
             if self.rt.world_size > 1:
                 dist.broadcast_object_list(found, src=0)
             if found[0] is not None:
                 if self.rt.is_main:
                     log.info("the run had ended at step %d: its metrics.json stands", self.step)
+                    if self.logger is not None:
+                        self.logger.summarize({wandb_name(k): v for k, v in found[0].items()})
                     assert self.history is not None
                     self.history.close()
                 return TrainResult(dict(found[0]), [])
@@ -416,14 +431,19 @@ class Trainer:
         return TrainResult(metrics, loss_values)
 
     # -- helpers ------------------------------------------------------------------------------
-    def _finished_metrics(self) -> dict[str, float] | None:
+    def _finished_metrics(self, resumed: Path) -> dict[str, float] | None:
         """This run's ``metrics.json`` if it was written at the current step (the run had
-        ended there), else ``None``."""
+        ended there) and the checkpoint ``resumed`` was saved with the settings of the
+        evaluation that a resume may change (:data:`EVAL_KEYS`), else ``None``."""
         try:
             metrics = json.loads((self.output_dir / "metrics.json").read_text())
-        except (OSError, ValueError):
+            saved = OmegaConf.create((resumed / checkpoint.CONFIG_FILE).read_text())
+        except (OSError, ValueError, OmegaConfBaseException):
             return None
         if not isinstance(metrics, dict) or metrics.get("num_steps") != float(self.step):
+            return None
+        now = OmegaConf.create(self.config_yaml())
+        if any(OmegaConf.select(saved, k) != OmegaConf.select(now, k) for k in EVAL_KEYS):
             return None
         return metrics
 

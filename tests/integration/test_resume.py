@@ -163,6 +163,10 @@ def test_resuming_a_finished_run_keeps_its_metrics_and_a_resume_counts_all_sampl
     assert again == json.loads(metrics)
     assert (run / "metrics.json").read_text() == metrics
     assert (run / "history.jsonl").read_text() == history
+    # a setting the evaluation reads changed (a free key on resume): evaluated again, by an
+    # attempt that trained nothing
+    again = _train(run, *args, "trainer.resume_from=auto", "trainer.eval_max_batches=2")
+    assert again["train_samples_per_s"] == 0.0 and again["test_auc"] == first["test_auc"]
     # from step 4 in a run of its own: the run's 8 steps of samples, its metrics the first's
     branch = _train(tmp_path / "branch", *args, f"trainer.resume_from={run}/checkpoints/step_4")
     assert branch["num_train_samples"] == 8 * 256

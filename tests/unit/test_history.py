@@ -93,6 +93,12 @@ def test_a_sweeps_metric_is_checked_before_its_jobs_train(tmp_path):
     validation rows, failed only after every job of the sweep had trained."""
     check_sweep_metric(to_config(compose_config("trainer.optimize_metric=test_ne")))
     check_sweep_metric(to_config(compose_config("trainer.optimize_metric=oracle_val_auc")))
+    with pytest.raises(ValueError, match=r"^trainer.optimize_metric='oracle_val_auc' is not a"):
+        check_sweep_metric(  # random clicks: no true probabilities to score
+            to_config(
+                compose_config("data=synthetic_random", "trainer.optimize_metric=oracle_val_auc")
+            )
+        )
     with pytest.raises(ValueError) as typo:
         check_sweep_metric(to_config(compose_config("trainer.optimize_metric=val_acu")))
     assert str(typo.value).startswith(

@@ -199,9 +199,13 @@ def test_a_standalone_torchrun_in_each_task_of_a_step_is_refused() -> None:
     assert world_from_env(one_task).world_size == 8
     batch = {**SLURM_BATCH, **TORCHRUN, "WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "1"}
     assert world_from_env(batch).world_size == 8
-    # an elastic --nnodes=1:2 world restarted on the one node left after the other failed
-    shrunk = {**standalone, "TORCHELASTIC_RESTART_COUNT": "1"}
+    # an elastic --nnodes=1:2 world (--rdzv-id) restarted on the one node left after the other
+    # failed goes on; a --standalone one restarted (after this very refusal) does not
+    shrunk = {**standalone, "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_RUN_ID": "7"}
     assert world_from_env(shrunk).world_size == 8
+    restarted = {**shrunk, "TORCHELASTIC_RUN_ID": "0f3c2b9e-4a1d-4c52-9d7e-2a6b1c8e5f10"}
+    with pytest.raises(ValueError, match=r"^this process's torchrun is alone in its rendezvous"):
+        world_from_env(restarted)
 
 
 def test_torchrun_variables_must_be_complete() -> None:
