@@ -228,12 +228,11 @@ def _materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 def _clear_dense_state(optimizer: torch.optim.Optimizer, fresh: list[Any]) -> None:
     """Reset to a new optimizer's the dense state the checkpoint lacks (``fresh``, made by
-    :func:`_materialize_optimizer_state`'s dummy step: Adam's at step 1): those tensors to zero,
-    in place (the keys stay, for the next checkpoint), and the parameter's ``step`` too when all
-    its other state is new (another optimizer; Adam's moments start at 0 with the step), not
-    when only some is (``amsgrad`` added: the loaded moments keep their step). Zero is a new
-    Adam's, AdamW's, RMSprop's and (at its default ``initial_accumulator_value``) Adagrad's
-    state."""
+    :func:`_materialize_optimizer_state`'s dummy step: Adam's at step 1), in place (the keys
+    stay, for the next checkpoint): zeros, Adagrad's ``sum`` its group's
+    ``initial_accumulator_value``; and the parameter's ``step`` too when all its other state is
+    new (another optimizer: its moments start with the step), not when only some is
+    (``amsgrad`` added: the loaded moments keep their step)."""
     ids = {id(t) for t in fresh}
     parts = (
         [opt for _, opt in optimizer.optimizers]
@@ -241,18 +240,21 @@ def _clear_dense_state(optimizer: torch.optim.Optimizer, fresh: list[Any]) -> No
         else [optimizer]
     )
     for opt in parts:
-        for param_state in opt.state.values():
-            new = {k for k, v in param_state.items() if id(v) in ids}
-            if not new:
-                continue
-            if all(k in new for k in param_state if k != "step"):
-                new.add("step")
-            for key in new:
-                value = param_state[key]
-                if isinstance(value, torch.Tensor):
-                    value.zero_()
-                elif key == "step":
-                    param_state[key] = 0
+        for group in opt.param_groups:
+            for param in group["params"]:
+                state = opt.state.get(param, {})
+                new = {k for k, v in state.items() if id(v) in ids}
+                if not new:
+                    continue
+                if "step" in state and all(k in new for k in state if k != "step"):
+                    new.add("step")
+                for key in new:
+                    value = state[key]
+                    if isinstance(value, torch.Tensor):
+                        fill = group.get("initial_accumulator_value", 0.0) if key == "sum" else 0
+                        value.fill_(fill)
+                    elif key == "step":
+                        state[key] = 0
 
 
 def _fsync(path: Path) -> None:

@@ -70,7 +70,18 @@ class RunHistory:
         )
 
     def log_eval(self, *, step: int, metrics: dict[str, float], split: str) -> dict[str, Any]:
-        """Record an evaluation of ``split`` (``val`` or ``test``) and redraw ``curves.png``."""
+        """Record an evaluation of ``split`` (``val`` or ``test``) and redraw ``curves.png``.
+        It replaces an earlier attempt's evaluation of ``split`` at ``step`` (a resumed run that
+        had ended there is evaluated again): one evaluation per split and step."""
+        prefix = f"{split}/"
+        kept = [
+            r for r in self.records if r["step"] != step or not any(k.startswith(prefix) for k in r)
+        ]
+        if len(kept) != len(self.records):
+            self._file.close()
+            self.records = kept
+            _write_atomically(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            self._file = self.path.open("a", encoding="utf-8")
         record = self._append({f"{split}/{k}": v for k, v in metrics.items()}, step)
         self.plot()
         return record

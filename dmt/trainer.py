@@ -17,8 +17,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -64,17 +62,6 @@ class TrainTask(nn.Module):
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.model(batch.dense_features, batch.sparse_features)
         return self.loss_fn(logits, batch.labels), logits
-
-
-#: what a resume may change that the final evaluation reads: a resumed run that had ended is
-#: evaluated again when one differs from its checkpoint's
-EVAL_KEYS = (
-    "trainer.eval_max_batches",
-    "trainer.ema_decay",
-    "data.criteo.test_path",
-    "data.criteo.raw_path",
-    "data.criteo.preprocessed_dir",
-)
 
 
 @dataclass
@@ -382,22 +369,6 @@ class Trainer:
         if self.checkpointer is not None:
             self.checkpointer.close()
 
-        if resume is not None and self.step == start_step:
-            # a resume of a run that had ended: nothing trained here, so, unless what the
-            # evaluation reads has changed, the run's metrics stand (this attempt has no
-            # throughput or loss of its own to report)
-            found: list[Any] = [self._finished_metrics(resume) if self.rt.is_main else None]
-            if self.rt.world_size > 1:
-                dist.broadcast_object_list(found, src=0)
-            if found[0] is not None:
-                if self.rt.is_main:
-                    log.info("the run had ended at step %d: its metrics.json stands", self.step)
-                    if self.logger is not None:
-                        self.logger.summarize({wandb_name(k): v for k, v in found[0].items()})
-                    assert self.history is not None
-                    self.history.close()
-                return TrainResult(dict(found[0]), [])
-
         if val_step != self.step:  # not evaluated since the last step
             val = self.evaluate(self.data.val)
             self._log_eval(val, "val")
@@ -415,6 +386,12 @@ class Trainer:
         metrics["train_loss_last"] = (
             float(np.mean(loss_values[-50:])) if loss_values else float("nan")
         )
+        if resume is not None and self.step == start_step:
+            # nothing trained here: the run's training figures are its last attempt's
+            earlier: list[Any] = [self._earlier_training() if self.rt.is_main else None]
+            if self.rt.world_size > 1:
+                dist.broadcast_object_list(earlier, src=0)
+            metrics.update(earlier[0])
         oracle = self.oracle_auc(self.data.test)
         if oracle is not None:
             metrics["oracle_test_auc"] = oracle
@@ -431,21 +408,18 @@ class Trainer:
         return TrainResult(metrics, loss_values)
 
     # -- helpers ------------------------------------------------------------------------------
-    def _finished_metrics(self, resumed: Path) -> dict[str, float] | None:
-        """This run's ``metrics.json`` if it was written at the current step (the run had
-        ended there) and the checkpoint ``resumed`` was saved with the settings of the
-        evaluation that a resume may change (:data:`EVAL_KEYS`), else ``None``."""
+    def _earlier_training(self) -> dict[str, float]:
+        """``train_samples_per_s`` and ``train_loss_last`` of this run's ``metrics.json`` if it
+        was written at the current step (an attempt that trained nothing resumed a run that had
+        ended there and has none of its own), else nothing."""
         try:
             metrics = json.loads((self.output_dir / "metrics.json").read_text())
-            saved = OmegaConf.create((resumed / checkpoint.CONFIG_FILE).read_text())
-        except (OSError, ValueError, OmegaConfBaseException):
-            return None
+        except (OSError, ValueError):
+            return {}
         if not isinstance(metrics, dict) or metrics.get("num_steps") != float(self.step):
-            return None
-        now = OmegaConf.create(self.config_yaml())
-        if any(OmegaConf.select(saved, k) != OmegaConf.select(now, k) for k in EVAL_KEYS):
-            return None
-        return metrics
+            return {}
+        keys = ("train_samples_per_s", "train_loss_last")
+        return {k: float(metrics[k]) for k in keys if isinstance(metrics.get(k), int | float)}
 
     def checkpoint_root(self) -> Path:
         p = Path(self.cfg.trainer.checkpoint_dir)

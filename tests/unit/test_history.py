@@ -138,3 +138,24 @@ def test_hydra_choices_overrides_and_sweep_group_go_into_the_wandb_config(tmp_pa
     assert not any(k.startswith("hydra/") for k in info["choices"])
     assert info["overrides"] == ["model=dcn", "optim.lr=0.01"]
     assert info["sweep_dir"] == str(tmp_path / "sweep")
+
+
+def test_an_evaluation_again_at_a_step_replaces_the_earlier_one(tmp_path):
+    """A resumed run that had ended is evaluated again at its last step: the history keeps one
+    evaluation per split and step, the latest, in its place (a reproduced bug: two)."""
+    first = RunHistory(tmp_path, batch_size=4)
+    first.log_train(step=8, loss=0.5, lrs=[0.1], train_time_s=1.0)
+    first.log_eval(step=8, metrics={"auc": 0.70}, split="val")
+    first.log_eval(step=8, metrics={"auc": 0.69}, split="test")
+    first.close()
+    again = RunHistory(tmp_path, batch_size=4, start_step=8)
+    again.log_eval(step=8, metrics={"auc": 0.71}, split="val")
+    again.log_eval(step=8, metrics={"auc": 0.72}, split="test")
+    again.close()
+    records = read_history(tmp_path / "history.jsonl")
+    assert [(r["step"], sorted(r)) for r in records] == [
+        (8, ["samples", "step", "train/loss", "train/lr", "train/samples_per_s"]),
+        (8, ["samples", "step", "val/auc"]),
+        (8, ["samples", "step", "test/auc"]),
+    ]
+    assert [records[1]["val/auc"], records[2]["test/auc"]] == [0.71, 0.72]
