@@ -317,7 +317,7 @@ def outputs_of(run_dir: Path, checkpoint_dir: str) -> list[str]:
 SWEEP_RECORDS = ("optimization_results.yaml",)
 #: what Hydra's default ``hydra.sweep.subdir`` (``${hydra.job.num}``) is made of: job numbers,
 #: from 0 in every sweep
-JOB_NUM = "hydra.job.num"
+JOB_NUM_FORMS = ("hydra.job.num", "hydra:job.num")
 
 
 def sweep_outputs(sweep_dir: Path, checkpoint_dir: str, *, jobs: bool = True) -> list[str]:
@@ -556,7 +556,8 @@ class RunDirGuard(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
         sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
-        numbered = isinstance(sweep, dict) and JOB_NUM in str(sweep.get("subdir", ""))
+        subdir = str(sweep.get("subdir", "")) if isinstance(sweep, dict) else ""
+        numbered = any(form in subdir for form in JOB_NUM_FORMS)
         found = sweep_outputs(sweep_dir, checkpoint_dir, jobs=numbered)
         if found:
             shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
