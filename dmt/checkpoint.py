@@ -232,7 +232,10 @@ def _clear_dense_state(optimizer: torch.optim.Optimizer, fresh: list[Any]) -> No
     stay, for the next checkpoint): zeros, Adagrad's ``sum`` its group's
     ``initial_accumulator_value``; and the parameter's ``step`` too when all its other state is
     new (another optimizer: its moments start with the step), not when only some is
-    (``amsgrad`` added: the loaded moments keep their step)."""
+    (``amsgrad`` added: the loaded moments keep their step). Exactly a new optimizer's for
+    Adam, AdamW, SGD (momentum, no dampening), Adagrad and RMSprop
+    (``tests/unit/test_checkpoint_state.py``); close, not exact, for NAdam, ASGD and SGD with
+    dampening, whose new state is not all zeros."""
     ids = {id(t) for t in fresh}
     parts = (
         [opt for _, opt in optimizer.optimizers]

@@ -74,15 +74,21 @@ class RunHistory:
         It replaces an earlier attempt's evaluation of ``split`` at ``step`` (a resumed run that
         had ended there is evaluated again): one evaluation per split and step."""
         prefix = f"{split}/"
-        kept = [
-            r for r in self.records if r["step"] != step or not any(k.startswith(prefix) for k in r)
+        values = {f"{split}/{k}": v for k, v in metrics.items()}
+        earlier = [
+            i
+            for i, r in enumerate(self.records)
+            if r["step"] == step and any(k.startswith(prefix) for k in r)
         ]
-        if len(kept) != len(self.records):
+        if not earlier:
+            record = self._append(values, step)
+        else:  # in the earlier one's place
+            record = self._record(values, step)
+            self.records[earlier[0]] = record
+            self.records = [r for i, r in enumerate(self.records) if i not in earlier[1:]]
             self._file.close()
-            self.records = kept
-            _write_atomically(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            _write_atomically(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
             self._file = self.path.open("a", encoding="utf-8")
-        record = self._append({f"{split}/{k}": v for k, v in metrics.items()}, step)
         self.plot()
         return record
 
@@ -95,8 +101,11 @@ class RunHistory:
             self._file.close()
             self.plot()
 
+    def _record(self, values: dict[str, Any], step: int) -> dict[str, Any]:
+        return {"step": step, "samples": step * self.batch_size, **_finite(values)}
+
     def _append(self, values: dict[str, Any], step: int) -> dict[str, Any]:
-        record = {"step": step, "samples": step * self.batch_size, **_finite(values)}
+        record = self._record(values, step)
         self.records.append(record)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()

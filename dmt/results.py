@@ -40,14 +40,22 @@ def strict(data: Any) -> Any:
     return data
 
 
-def write_json(path: str | os.PathLike[str], data: Any, *, indent: int = 2) -> Path:
-    """Write ``data`` as standard JSON (:func:`strict`: NaN as ``null``) to ``path``
+def write_json(
+    path: str | os.PathLike[str], data: Any, *, indent: int = 2, standard: bool = True
+) -> Path:
+    """Write ``data`` as standard JSON (:func:`strict`: NaN as ``null``; ``standard=False``:
+    Python's, NaN as ``NaN``, for files whose readers take NaN as a float) to ``path``
     atomically: a reader sees the old file or the new one, never a part."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(strict(data), indent=indent, allow_nan=False) + "\n")
+        text = (
+            json.dumps(strict(data), indent=indent, allow_nan=False)
+            if standard
+            else json.dumps(data, indent=indent)
+        )
+        tmp.write_text(text + "\n")
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

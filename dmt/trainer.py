@@ -28,7 +28,7 @@ from torchrec.distributed.train_pipeline import (
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from tqdm import tqdm
 
-from dmt import checkpoint
+from dmt import checkpoint, results
 from dmt.config import Config, config_yaml, use_pipeline
 from dmt.data import BatchSource, DataBundle, build_data
 from dmt.ema import DenseEMA
@@ -404,7 +404,8 @@ class Trainer:
             assert self.history is not None
             self.history.close()
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            (self.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+            # whole or not at all (a resumed run that had ended rewrites it); NaN stays a float
+            results.write_json(self.output_dir / "metrics.json", metrics, standard=False)
         return TrainResult(metrics, loss_values)
 
     # -- helpers ------------------------------------------------------------------------------

@@ -168,9 +168,11 @@ def test_resuming_a_finished_run_keeps_its_metrics_and_a_resume_counts_all_sampl
     again (a resume may change what the evaluation reads) and keeps the run's training figures
     and one evaluation per split and step."""
     run = tmp_path / "run"
-    args = ("trainer.max_steps=8", "trainer.checkpoint_every=4", *SGD)
+    # 128-row evaluation batches: trainer.eval_max_batches (1 in TINY) cuts the 256 test rows
+    args = ("trainer.max_steps=8", "trainer.checkpoint_every=4", "data.eval_batch_size=128", *SGD)
     first = _train(run, *args)
     assert first["num_train_samples"] == 8 * 256 and first["train_samples_per_s"] > 0
+    assert first["test_num_samples"] == 128
     metrics, history = ((run / f).read_text() for f in ("metrics.json", "history.jsonl"))
     again = _train(run, *args, "trainer.resume_from=auto")
     assert again == json.loads(metrics)
@@ -178,8 +180,14 @@ def test_resuming_a_finished_run_keeps_its_metrics_and_a_resume_counts_all_sampl
     assert (run / "history.jsonl").read_text() == history
     # evaluated again with a setting a resume may change: its figures, the run's training ones
     again = _train(run, *args, "trainer.resume_from=auto", "trainer.eval_max_batches=2")
-    assert again == json.loads(metrics)  # 256 test rows: one batch either way
-    assert (run / "history.jsonl").read_text() == history
+    assert again["test_num_samples"] == 256 and again["test_auc"] != first["test_auc"]
+    training = ("num_steps", "num_train_samples", "train_samples_per_s", "train_loss_last")
+    assert {k: again[k] for k in training} == {k: first[k] for k in training}
+    assert json.loads((run / "metrics.json").read_text()) == again
+    records = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    old = [json.loads(line) for line in history.splitlines()]
+    assert len(records) == len(old) and records[:-2] == old[:-2]  # the evaluations replaced
+    assert records[-1]["test/num_samples"] == 256
     # from step 4 in a run of its own: the run's 8 steps of samples, its metrics the first's
     branch = _train(tmp_path / "branch", *args, f"trainer.resume_from={run}/checkpoints/step_4")
     assert branch["num_train_samples"] == 8 * 256

@@ -159,3 +159,9 @@ def test_an_evaluation_again_at_a_step_replaces_the_earlier_one(tmp_path):
         (8, ["samples", "step", "test/auc"]),
     ]
     assert [records[1]["val/auc"], records[2]["test/auc"]] == [0.71, 0.72]
+    # in its place: validation alone again keeps the order
+    alone = RunHistory(tmp_path, batch_size=4, start_step=8)
+    alone.log_eval(step=8, metrics={"auc": 0.73}, split="val")
+    alone.close()
+    records = read_history(tmp_path / "history.jsonl")
+    assert [r.get("val/auc", r.get("test/auc")) for r in records[1:]] == [0.73, 0.72]

@@ -1,0 +1,41 @@
+"""Dense optimizer state a resume starts fresh (another optimizer than the checkpoint's): after
+the dummy step that materializes it for loading, it is reset to a new optimizer's in place
+(``dmt.checkpoint._clear_dense_state``), so training on equals a new optimizer's training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dmt.checkpoint import _clear_dense_state
+
+OPTIMIZERS = {
+    "Adam": lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.01),
+    "AdamW": lambda ps: torch.optim.AdamW(ps, lr=0.01),
+    "SGD momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
+    "Adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1, initial_accumulator_value=0.1),
+    "RMSprop": lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5, centered=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_a_fresh_dense_state_trains_as_a_new_optimizer(name: str) -> None:
+    make = OPTIMIZERS[name]
+    torch.manual_seed(0)
+    start = torch.randn(4, 3)
+    grads = [torch.randn(4, 3) for _ in range(3)]
+    new, resumed = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    opt_new, opt_resumed = make([new]), make([resumed])
+    # what a resume does: a dummy step on zero gradients makes the state (to load into), the
+    # weights are then loaded, and the state the checkpoint lacks is reset
+    resumed.grad = torch.zeros_like(resumed)
+    opt_resumed.step()
+    with torch.no_grad():
+        resumed.copy_(start)
+    fresh = [v for v in opt_resumed.state[resumed].values() if isinstance(v, torch.Tensor)]
+    _clear_dense_state(opt_resumed, fresh)
+    for g in grads:
+        for p, opt in ((new, opt_new), (resumed, opt_resumed)):
+            p.grad = g.clone()
+            opt.step()
+    torch.testing.assert_close(resumed, new, rtol=0, atol=1e-7)
