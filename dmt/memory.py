@@ -57,9 +57,7 @@ def resident_state_bytes(optimizer: str, rows: int) -> int:
     whatever the table's location (``construct_split_state``: "if optimizer state is rowwise,
     optimizer is on device"); per-element state (Adagrad, Adam) goes to host memory with the
     table."""
-    if optimizer not in _STATE_PER_ROW:
-        raise ValueError(f"sparse optimizer {optimizer!r} is not one of {list(SPARSE_OPTIMIZERS)}")
-    return VALUE_BYTES * _STATE_PER_ROW[optimizer] * rows
+    return optimizer_state_bytes(optimizer, rows, cols=0)  # the per-row part
 
 
 def table_bytes(optimizer: str, rows: int, cols: int) -> int:

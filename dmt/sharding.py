@@ -45,6 +45,7 @@ from torchrec.distributed.types import (
     CacheParams,
     EnumerableShardingSpec,
     ModuleSharder,
+    ParameterSharding,
     ShardingPlan,
     ShardingType,
     ShardMetadata,
@@ -386,11 +387,15 @@ def shard_model(
     return dmp
 
 
+def table_shardings(plan: ShardingPlan) -> dict[str, ParameterSharding]:
+    """Each table's ``ParameterSharding`` in ``plan``, by table name (whatever module holds it)."""
+    return {name: ps for module_plan in plan.plan.values() for name, ps in module_plan.items()}
+
+
 def _table_row_wise(plan: ShardingPlan) -> list[str]:
     return sorted(
         name
-        for module_plan in plan.plan.values()
-        for name, ps in module_plan.items()
+        for name, ps in table_shardings(plan).items()
         if ps.sharding_type == ShardingType.TABLE_ROW_WISE.value
     )
 

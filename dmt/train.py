@@ -233,10 +233,11 @@ def main(cfg: DictConfig) -> float | None:
     """Trains; in a multirun returns ``trainer.optimize_metric`` to the sweeper (an error if
     that metric is missing or NaN)."""
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    conf = to_config(cfg)
     if multirun:
-        check_sweep_metric(to_config(cfg))
+        check_sweep_metric(conf)
     metrics = train(cfg)
-    name = to_config(cfg).trainer.optimize_metric
+    name = conf.trainer.optimize_metric
     if multirun:
         return sweep_value(metrics, name)
     return metrics.get(name)

@@ -76,7 +76,13 @@ from dmt.planning.memory import (
     sptt_rank_memory,
 )
 from dmt.planning.timing import ComputeLoad, ModeWorkload, StepTime, compute_load, predict_modes
-from dmt.sharding import flat_planner, flat_sharders, plan_tables, table_constraints
+from dmt.sharding import (
+    flat_planner,
+    flat_sharders,
+    plan_tables,
+    table_constraints,
+    table_shardings,
+)
 from dmt.sptt.collectives import COMM_PRECISIONS
 from dmt.sptt.dmt_sharding import DMTSharder
 from dmt.sptt.topology import Topology
@@ -350,9 +356,7 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
     report["flat_search"] = search
     if conf.dry_run:
         # the flat plan reported above (the GPU cluster's), its sharding types built for real
-        flat_types = {
-            name: ps.sharding_type for plans in sharding.plan.values() for name, ps in plans.items()
-        }
+        flat_types = {name: ps.sharding_type for name, ps in table_shardings(sharding).items()}
         report["dry_run"] = {
             mode: dry_run(
                 replace(conf, model=p.model),

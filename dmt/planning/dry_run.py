@@ -98,6 +98,7 @@ from dmt.sharding import (
     memory_budget,
     plan_tables,
     table_constraints,
+    table_shardings,
 )
 from dmt.sptt.dmt_sharding import ShardedDMT, shard_dmt
 from dmt.sptt.process_groups import create_process_groups
@@ -360,7 +361,7 @@ def _flat_plan(
             comm_precision=conf.sptt.comm_precision,
         )
     if pinned is not None:
-        chosen = {name: ps for plans in pinned.plan.values() for name, ps in plans.items()}
+        chosen = table_shardings(pinned)
         constraints = {
             name: dataclasses.replace(
                 c,
@@ -534,13 +535,11 @@ def _dry_run_flat(
             init_parameters=False,
         )
     planned, types, local = _plan_summary(full_plan, world["rank"])
-    built = {
-        name: ps.sharding_type for plans in full_plan.plan.values() for name, ps in plans.items()
-    }
+    built = table_shardings(full_plan)
     substituted = {
-        name: f"{kind} -> {built[name]}"
+        name: f"{kind} -> {built[name].sharding_type}"
         for name, kind in (sharding_types or {}).items()
-        if name in built and built[name] != kind
+        if name in built and built[name].sharding_type != kind
     }
     if substituted:
         log.warning(
