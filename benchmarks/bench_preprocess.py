@@ -22,7 +22,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -32,6 +31,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from dmt.results import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / ".." / "shared" / "data" / "criteo-kaggle-sample" / "train.tsv"
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = summary["torchrec"]["wall_s"] / summary["dmt"]["wall_s"]
         report["speedup_dmt_vs_torchrec"] = ratio
         print(f"  dmt is {ratio:.1f}x faster than TorchRec (median wall time)")
-    (args.workdir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.workdir / "results.json", report)
     print(f"results: {args.workdir / 'results.json'}")
     if not args.keep:
         raw.unlink()

@@ -26,7 +26,6 @@ seconds with ``--flat-search uniform``)::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -35,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
+
+from dmt.results import write_json
 
 PAPER = {
     "fig10": "up to 1.9x (DLRM) and 1.8x (DCN) over the strong baseline across V100/A100/H100 at "
@@ -334,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{m}={v['predicted_ms_per_step']:.1f}ms" for m, v in point["modes"].items()
         )
         print(f"[{point['seconds']:6.1f}s] {tags} {point['gpus']} GPUs: {status}", flush=True)
-        (args.out / "results.json").write_text(json.dumps(points, indent=2) + "\n")
+        write_json(args.out / "results.json", points)
 
     for preset in args.presets.split(","):
         for model in args.models.split(","):

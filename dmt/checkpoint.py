@@ -228,14 +228,13 @@ def _materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 def _clear_dense_state(optimizer: torch.optim.Optimizer, fresh: list[Any]) -> None:
     """Reset to a new optimizer's the dense state the checkpoint lacks (``fresh``, made by
-    :func:`_materialize_optimizer_state`'s dummy step: Adam's at step 1), in place (the keys
-    stay, for the next checkpoint): zeros, Adagrad's ``sum`` its group's
-    ``initial_accumulator_value``; and the parameter's ``step`` too when all its other state is
-    new (another optimizer: its moments start with the step), not when only some is
-    (``amsgrad`` added: the loaded moments keep their step). Exactly a new optimizer's for
-    Adam, AdamW, SGD (momentum, no dampening), Adagrad and RMSprop
-    (``tests/unit/test_checkpoint_state.py``); close, not exact, for NAdam, ASGD and SGD with
-    dampening, whose new state is not all zeros."""
+    :func:`_materialize_optimizer_state`'s dummy step: Adam's at step 1). A parameter all of
+    whose state is new (another optimizer) loses it: torch's optimizers make it again at their
+    next step, exactly a new optimizer's whatever its initial values (NAdam's ``mu_product``,
+    ASGD's ``eta``, SGD's first momentum buffer). One whose state is only partly new
+    (``amsgrad`` added: the loaded moments keep their step) has the new entries zeroed in place
+    (Adagrad's ``sum``: its group's ``initial_accumulator_value``).
+    ``tests/unit/test_checkpoint_state.py`` trains both against new optimizers."""
     ids = {id(t) for t in fresh}
     parts = (
         [opt for _, opt in optimizer.optimizers]
@@ -249,15 +248,14 @@ def _clear_dense_state(optimizer: torch.optim.Optimizer, fresh: list[Any]) -> No
                 new = {k for k, v in state.items() if id(v) in ids}
                 if not new:
                     continue
-                if "step" in state and all(k in new for k in state if k != "step"):
-                    new.add("step")
+                if all(k in new for k in state if k != "step"):
+                    del opt.state[param]
+                    continue
                 for key in new:
                     value = state[key]
                     if isinstance(value, torch.Tensor):
                         fill = group.get("initial_accumulator_value", 0.0) if key == "sum" else 0
                         value.fill_(fill)
-                    elif key == "step":
-                        state[key] = 0
 
 
 def _fsync(path: Path) -> None:

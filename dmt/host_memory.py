@@ -87,42 +87,93 @@ def _meminfo_available(path: Path) -> int:
     raise ValueError(f"{path} has no MemAvailable line")
 
 
+#: where the memory hierarchies are mounted unless ``/proc/self/mountinfo`` says otherwise
+_DEFAULT_MOUNTS = {"v2": ("/", "sys/fs/cgroup"), "v1": ("/", "sys/fs/cgroup/memory")}
+#: per hierarchy: the limit, the usage, and the ``memory.stat`` keys of the file-backed LRUs
+_FILES = {
+    "v2": ("memory.max", "memory.current", ("inactive_file", "active_file")),
+    "v1": (
+        "memory.limit_in_bytes",
+        "memory.usage_in_bytes",
+        ("total_inactive_file", "total_active_file"),
+    ),
+}
+
+
+def _cgroup_mounts(root: Path) -> dict[str, list[tuple[str, Path]]]:
+    """Per hierarchy (``"v2"``: the unified one; ``"v1"``: the memory controller's), its mounts
+    as (the cgroup at the mount's root, the mount point), from ``/proc/self/mountinfo``: a
+    hybrid systemd host mounts v2 at ``/sys/fs/cgroup/unified``, some hosts elsewhere. A
+    hierarchy not found there is looked for where it usually is."""
+    mounts: dict[str, list[tuple[str, Path]]] = {"v2": [], "v1": []}
+    try:
+        lines = (root / "proc" / "self" / "mountinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        before, sep, after = line.partition(" - ")
+        fields, tail = before.split(), after.split()
+        if not sep or len(fields) < 5 or len(tail) < 3:
+            continue
+        fstype, options = tail[0], tail[2].split(",")
+        kind = "v2" if fstype == "cgroup2" else "v1" if fstype == "cgroup" else None
+        if kind is None or (kind == "v1" and "memory" not in options):
+            continue
+        cgroup, point = (_unescape(f) for f in fields[3:5])
+        mounts[kind].append((cgroup, root / point.lstrip("/")))
+    for kind, (cgroup, point) in _DEFAULT_MOUNTS.items():
+        if not mounts[kind]:
+            mounts[kind].append((cgroup, root / point))
+    return mounts
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path: the kernel writes space, tab, newline and backslash as octal escapes."""
+    for code in ("\\040", "\\011", "\\012", "\\134"):
+        field = field.replace(code, chr(int(code[1:], 8)))
+    return field
+
+
 def _cgroup_headrooms(root: Path) -> Iterable[tuple[str, int]]:
     """Key and headroom of each limited memory cgroup of this process, from its own to the
-    root."""
+    root of every mount of its hierarchy."""
     try:
         lines = (root / "proc" / "self" / "cgroup").read_text().splitlines()
     except OSError:
         return
+    mounts = _cgroup_mounts(root)
     for line in lines:
         fields = line.split(":", 2)
         if len(fields) != 3:
             continue
         _, controllers, path = fields
         if controllers == "":  # v2, unified: memory.max, memory.current, memory.stat
-            base, limit, usage, cache = (
-                root / "sys" / "fs" / "cgroup",
-                "memory.max",
-                "memory.current",
-                ("inactive_file", "active_file"),
-            )
-        elif "memory" in controllers.split(","):  # v1
-            base, limit, usage, cache = (
-                root / "sys" / "fs" / "cgroup" / "memory",
-                "memory.limit_in_bytes",
-                "memory.usage_in_bytes",
-                ("total_inactive_file", "total_active_file"),
-            )
+            kind = "v2"
+        elif "memory" in controllers.split(","):
+            kind = "v1"
         else:
             continue
-        for level in _levels(base, path):
-            headroom = _headroom(level, limit, usage, cache)
-            if headroom is not None:
-                try:
-                    st = level.stat()
-                except OSError:
-                    continue
-                yield f"cgroup {st.st_dev}:{st.st_ino}", headroom
+        limit, usage, cache = _FILES[kind]
+        for mount_cgroup, point in mounts[kind]:
+            below = _below(path, mount_cgroup)
+            if below is None:  # the mount shows another part of the hierarchy
+                continue
+            for level in _levels(point, below):
+                headroom = _headroom(level, limit, usage, cache)
+                if headroom is not None:
+                    try:
+                        st = level.stat()
+                    except OSError:
+                        continue
+                    yield f"cgroup {st.st_dev}:{st.st_ino}", headroom
+
+
+def _below(path: str, mount_cgroup: str) -> str | None:
+    """``path`` relative to the cgroup a mount shows at its root, or ``None`` if outside it."""
+    inner = mount_cgroup.rstrip("/")
+    if inner == "" or path == inner:
+        return path.removeprefix(inner)
+    return path[len(inner) :] if path.startswith(inner + "/") else None
 
 
 def _levels(base: Path, path: str) -> list[Path]:

@@ -7,7 +7,6 @@ Writes ``inspect.json`` in the Hydra output directory.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from dmt.config import Config, register_configs
 from dmt.data.synthetic import cardinalities
 from dmt.models import DMTModel, build_model
 from dmt.models.accounting import model_stats
+from dmt.results import write_json
 from dmt.train import CONF_PATH, to_config
 
 register_configs()
@@ -71,7 +71,7 @@ def main(cfg: DictConfig) -> None:
     report = inspect_config(to_config(cfg))
     out = Path(HydraConfig.get().runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "inspect.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / "inspect.json", report)
     print(format_report(report))
     print(f"written to {out / 'inspect.json'}")
 

@@ -17,6 +17,8 @@ optimizer or schedule is a config, not code:
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 import warnings
 from dataclasses import dataclass
@@ -24,7 +26,10 @@ from typing import Any
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    SplitTableBatchedEmbeddingBagsCodegen,
+    WeightDecayMode,
+)
 from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -54,6 +59,38 @@ _HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
 #: ``optim.sparse.weight_decay_mode`` names: how FBGEMM's GPU kernels apply ``weight_decay``
 SPARSE_WEIGHT_DECAY_MODES = {"none": WeightDecayMode.NONE, "l2": WeightDecayMode.L2,
                              "decouple": WeightDecayMode.DECOUPLE}  # fmt: skip
+# arguments of FBGEMM's kernel that TorchRec or dmt set per table, or that _target_ sets
+_KERNEL_SET_BY_CALLER = frozenset({
+    "self", "embedding_specs", "feature_table_map", "pooling_mode", "weights_precision", "device",
+    "table_names", "embedding_shard_info", "res_params", "enable_raw_embedding_streaming",
+    "optimizer",
+})  # fmt: skip
+
+
+def sparse_kernel_settings() -> frozenset[str]:
+    """The ``optim.sparse`` fields that reach FBGEMM's fused embedding kernel: the keyword
+    arguments of ``SplitTableBatchedEmbeddingBagsCodegen`` that nobody else sets, and ``lr`` (which
+    TorchRec renames ``learning_rate``)."""
+    kernel = inspect.signature(SplitTableBatchedEmbeddingBagsCodegen.__init__).parameters
+    return frozenset(kernel).difference(_KERNEL_SET_BY_CALLER) | {"lr"}
+
+
+def _check_sparse_kwargs(spec: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming an ``optim.sparse`` field FBGEMM's kernel does not take: it
+    would fail only when the model is sharded, inside FBGEMM, as an unexpected keyword."""
+    known = sparse_kernel_settings()
+    for key in spec:
+        if key in known:
+            continue
+        hint = difflib.get_close_matches(key, sorted(known), n=1)
+        if key == "betas":
+            hint = ["beta1 and beta2"]
+        raise ValueError(
+            f"optim.sparse.{key} is not a setting of FBGEMM's fused embedding kernel "
+            "(SplitTableBatchedEmbeddingBagsCodegen)"
+            + (f"; did you mean {hint[0]}?" if hint else "")
+            + f" It takes {sorted(known)}"
+        )
 
 
 def _component(cfg: OptimConfig, key: str) -> DictConfig:
@@ -98,6 +135,7 @@ def sparse_optimizer_spec(cfg: OptimConfig) -> tuple[type, dict[str, Any]]:
     kwargs = OmegaConf.to_container(node, resolve=True)
     assert isinstance(kwargs, dict)
     spec = {str(k): v for k, v in kwargs.items() if k not in _HYDRA_KEYS}
+    _check_sparse_kwargs(spec)
     mode = spec.get("weight_decay_mode")
     if isinstance(mode, str):  # FBGEMM takes its enum; a config holds its name
         if mode not in SPARSE_WEIGHT_DECAY_MODES:

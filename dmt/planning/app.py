@@ -30,7 +30,6 @@ prints a table.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -76,6 +75,7 @@ from dmt.planning.memory import (
     sptt_rank_memory,
 )
 from dmt.planning.timing import ComputeLoad, ModeWorkload, StepTime, compute_load, predict_modes
+from dmt.results import write_json
 from dmt.sharding import (
     flat_planner,
     flat_sharders,
@@ -548,7 +548,7 @@ def main(cfg: DictConfig) -> None:
         report = plan(conf)
     out = Path(HydraConfig.get().runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / PLAN_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / PLAN_FILE, report)
     print(format_report(report))
     print(f"written to {out / PLAN_FILE}")
 

@@ -15,6 +15,12 @@ OPTIMIZERS = {
     "SGD momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
     "Adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1, initial_accumulator_value=0.1),
     "RMSprop": lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5, centered=True),
+    # their new state is not zeros: mu_product 1, eta the lr, the first buffer the gradient
+    "NAdam": lambda ps: torch.optim.NAdam(ps, lr=0.01),
+    "ASGD": lambda ps: torch.optim.ASGD(ps, lr=0.01, t0=1),
+    "SGD dampening": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.5),
+    "RAdam": lambda ps: torch.optim.RAdam(ps, lr=0.01),
+    "Adamax": lambda ps: torch.optim.Adamax(ps, lr=0.01),
 }
 
 

@@ -197,3 +197,23 @@ def test_a_key_added_to_a_typed_group_is_an_error():
     assert (
         typed_config("+optim.sparse.weight_decay_mode=l2").optim.sparse["weight_decay_mode"] == "l2"
     )
+
+
+def test_a_sparse_optimizer_setting_the_kernel_does_not_take_is_refused_at_validation():
+    """A misspelt ``optim.sparse`` field failed only when the model was sharded, inside FBGEMM
+    ("unexpected keyword argument"); torch's ``betas`` is FBGEMM's ``beta1``/``beta2``."""
+    from dmt.optim import check_optim, sparse_kernel_settings
+
+    with pytest.raises(
+        ValueError, match=r"^optim.sparse.epss is not a setting .*did you mean eps\?"
+    ):
+        check_optim(typed_config("+optim.sparse.epss=1e-3").optim)
+    with pytest.raises(ValueError, match=r"^optim.sparse.betas .*did you mean beta1 and beta2\?"):
+        check_optim(typed_config("optim=adam", "+optim.sparse.betas=[0.9,0.99]").optim)
+    # every shipped optim config's fields are the kernel's; the kernel takes what TorchRec passes
+    for name in ("default", "adagrad", "adam"):
+        check_optim(typed_config(f"optim={name}").optim)
+    assert {"lr", "eps", "beta1", "beta2", "weight_decay", "cache_load_factor"} <= (
+        sparse_kernel_settings()
+    )
+    assert "optimizer" not in sparse_kernel_settings()

@@ -198,3 +198,53 @@ def test_a_meminfo_without_memavailable_is_an_error_naming_the_file(tmp_path, te
     (root / "proc" / "meminfo").write_text(text)
     with pytest.raises(ValueError, match=f"^{root / 'proc' / 'meminfo'} has no MemAvailable line$"):
         available_bytes(root)
+
+
+def _mountinfo(root: Path, *mounts: tuple[str, str, str, str]) -> None:
+    """``/proc/self/mountinfo`` lines for (cgroup at the mount's root, mount point, fstype,
+    super options)."""
+    lines = [
+        f"{30 + i} 23 0:{40 + i} {cgroup} {point} rw,relatime - {fstype} {fstype} {options}"
+        for i, (cgroup, point, fstype, options) in enumerate(mounts)
+    ]
+    (root / "proc" / "self" / "mountinfo").write_text("\n".join(lines) + "\n")
+
+
+def _limit(root: Path, where: str, files: tuple[str, str], limit: int, usage: int) -> None:
+    d = root / where
+    d.mkdir(parents=True, exist_ok=True)
+    (d / files[0]).write_text(f"{limit}\n")
+    (d / files[1]).write_text(f"{usage}\n")
+
+
+def test_the_hierarchies_are_read_where_mountinfo_says_they_are_mounted(tmp_path):
+    """cgroup v2 mounted outside /sys/fs/cgroup (here /cgroup2, its name escaped as the kernel
+    writes it) was not read; a hybrid host's v1 memory controller is read beside it; a mount
+    showing a part of the hierarchy (a container's bind mount, cgroup root /docker/abc) maps
+    the process's cgroup below that part; a mount of another part is skipped."""
+    root = _tree(tmp_path, "4:memory:/docker/abc\n0::/slurm/job_7/step_0\n", 100, files={})
+    _mountinfo(
+        root,
+        ("/", "/sys/fs/cgroup", "tmpfs", "rw,mode=755"),
+        ("/", "/sys/fs/cgroup/cpu", "cgroup", "rw,cpu"),
+        ("/docker/abc", "/sys/fs/cgroup/memory", "cgroup", "rw,memory"),
+        ("/", "/my\\040cgroup2", "cgroup2", "rw"),
+        ("/other", "/elsewhere", "cgroup2", "rw"),
+    )
+    v2 = ("memory.max", "memory.current")
+    _limit(root, "my cgroup2/slurm/job_7", v2, 8 * GIB, 5 * GIB)
+    _limit(root, "elsewhere", v2, GIB, GIB)  # another part of the hierarchy: not ours
+    assert available_bytes(root) == 3 * GIB  # the v2 job's limit (8 - 5)
+    v1 = ("memory.limit_in_bytes", "memory.usage_in_bytes")
+    _limit(root, "sys/fs/cgroup/memory", v1, 4 * GIB, 2 * GIB)  # the container's cgroup
+    _limit(root, "sys/fs/cgroup/cpu", v1, GIB, GIB)  # not the memory controller's: not read
+    bounds = memory_bounds(root)
+    assert sorted(bounds.values()) == [2 * GIB, 3 * GIB, 100 * GIB]
+    # without mountinfo, where they usually are: v2 at /sys/fs/cgroup (nothing there), v1's
+    # /docker/abc is not below /sys/fs/cgroup/memory, whose own limit is its nearest ancestor
+    (root / "proc" / "self" / "mountinfo").unlink()
+    container = (root / "sys/fs/cgroup/memory").stat()
+    assert memory_bounds(root) == {
+        "host": 100 * GIB,
+        f"cgroup {container.st_dev}:{container.st_ino}": 2 * GIB,
+    }
