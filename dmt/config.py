@@ -579,6 +579,20 @@ def validate_towers(m: ModelConfig) -> None:
     against the data's feature names) and that tower modules other than pass-through have towers."""
     p = m.partition
     _choice("model.partition.kind", p.kind, PARTITION_KINDS)
+    # a setting of another kind is an error, not ignored (towers meant, the base model trained)
+    plus = "+" if p.kind == "none" else ""  # the base experiments have no partition default
+    readers = {
+        "num_towers": ("naive, tp, per_feature and explicit", f"{plus}partition=naive|tp"),
+        "path": ("tp", f"{plus}partition=tp"),
+        "towers": ("explicit", "model.partition.kind=explicit"),
+    }
+    for name, (kinds, choose) in readers.items():
+        value = getattr(p, name)
+        if value is not None and p.kind not in kinds.replace(",", "").split():
+            raise ValueError(
+                f"model.partition.{name}={value!r} is set, but model.partition.kind={p.kind!r} "
+                f"does not read it (kinds that do: {kinds}); choose the kind ({choose}) or drop it"
+            )
     if p.kind == "none":
         target = _target(m.tower)
         if target != PassThroughTowerConfig._target_:

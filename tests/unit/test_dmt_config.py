@@ -14,6 +14,7 @@ from dmt.config import (
     DotInteractionConfig,
     ModelConfig,
     PartitionConfig,
+    validate,
 )
 from dmt.inspect import inspect_config
 from dmt.models import DMTModel, build_model, check_partition, resolve_partition
@@ -210,10 +211,23 @@ def test_bad_partition_files_and_counts_raise(tmp_path):
             r"model.tower: DotInteraction.__init__\(\) got an unexpected keyword argument",
         ),
         (
-            ["model.partition.kind=none"],
+            ["model.partition.kind=none", "model.partition.num_towers=null"],
             r"model.tower \(dmt.models.tower_modules.DLRMTowerModule\) needs towers",
         ),
         (["model.partition.kind=explicit"], r"'explicit' needs model.partition.towers"),
+        (
+            ["model.partition.path=tp4/partition.yaml"],
+            r"^model.partition.path='tp4/partition.yaml' is set, but model.partition.kind='naive' "
+            r"does not read it \(kinds that do: tp\); choose the kind \(partition=tp\)",
+        ),
+        (
+            ["model.partition.kind=none"],
+            r"^model.partition.num_towers=4 is set, but model.partition.kind='none'",
+        ),
+        (
+            ["+model.partition.towers=[[cat_0]]"],
+            r"^model.partition.towers=\[\['cat_0'\]\] is set, but model.partition.kind='naive'",
+        ),
     ],
 )
 def test_invalid_dmt_settings_raise(overrides, message):
@@ -281,3 +295,14 @@ def test_dmt_dlrm_model_needs_the_bottom_to_end_at_d():
         r"\(model.bottom_mlp\[-1\]\) but the sparse vectors have size 4",
     ):
         build_model(cfg, feature_names=SMALL, cardinalities=[5] * 6, num_dense=2)
+
+
+@pytest.mark.parametrize(
+    "setting", ["model.partition.num_towers=4", "model.partition.path=tp4/partition.yaml"]
+)
+def test_a_tower_setting_without_a_partition_kind_is_refused(setting):
+    """A reproduced bug: towers asked for without ``partition=...`` trained the base model."""
+    name = setting.split("=")[0]
+    with pytest.raises(ValueError, match=rf"^{name}=.* is set, but model.partition.kind='none'.*"
+                       r"choose the kind \(\+partition="):  # fmt: skip
+        validate(typed_config("experiment=criteo_sample_dlrm", setting))
