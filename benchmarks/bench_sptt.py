@@ -2,9 +2,11 @@
 
 Modes (one training step = forward, backward with the fused sparse optimizer, dense step):
 
-* ``flat``: the DMT model with pass-through towers (semantically the base DLRM) sharded flat by
-  TorchRec (``DistributedModelParallel``; tables table-wise, or the planner's choice with
-  ``--flat-sharding planner``) -- the paper's baseline;
+* ``flat``: the base DLRM (:func:`dmt.models.build_model`, the same tables, MLPs and
+  interaction as the DMT model with pass-through towers) sharded flat by TorchRec
+  (``DistributedModelParallel``; tables table-wise, or the planner's choice with
+  ``--flat-sharding planner``) and, pipelined, trained through ``TrainPipelineSparseDist`` as
+  ``dmt-train`` trains it -- the paper's baseline;
 * ``flat-1tower``: the same model through :func:`dmt.sptt.dmt_sharding.shard_dmt` with one tower
   spanning the world. It moves the bytes of TorchRec's table-wise flat lookup (step a = the KJT
   all-to-all to the table owners, step d = the pooled-embedding all-to-all over all ``G`` ranks,
@@ -24,6 +26,10 @@ delivers peer order). The ``c MB`` column gives the bytes step c shuffled (local
 quantized comms for the flat modes). Every combination is its own model, and all of them run
 interleaved; speed-ups and byte ratios compare with ``flat`` at the same pipeline and precision.
 
+Every mode plans its tables within the same per-rank memory budget (``sharding``'s defaults:
+the same kernels, in the rank's memory or UVM-cached on CUDA). Runs alternate the variants'
+order (run ``k`` starts ``k`` variants later), and a step's time is its slowest rank's.
+
 Reported per (mode, pipeline, comm_precision): the median over ``--runs`` runs of the median step
 time of each run, and, per step and summed over all ranks, the bytes each process group carries
 and how many cross a host boundary (``L`` ranks per host), measured on ``--trace-steps`` further
@@ -35,7 +41,8 @@ the same steps (the trace adds TorchRec's small split-size exchange of step a to
 ``--json FILE`` writes a list of records with ``mode``, ``peer_permute``, ``pipeline``,
 ``comm_precision``, ``world_size``, ``local_world_size``, ``batch_per_rank``, ``ms_per_step``
 (median of the run medians), ``ms_per_step_runs``/``_min``/``_max`` (each run's median step),
-``ms_steps`` (rank 0's every timed step, per run), ``speedup_vs_best_flat`` (the fastest
+``ms_steps`` (every timed step, the slowest rank's, per run), ``load_avg`` (the 1-minute load
+average before and after the timed runs), ``speedup_vs_best_flat`` (the fastest
 ``flat`` record at the same precision, pipelined or not, over this one: the strongest baseline
 measured), ``cross_host_mb`` and ``total_mb`` (traced, per step, summed over ranks) and details.
 
@@ -48,7 +55,10 @@ To put every emulated host in its own network namespace, with 1 Gbit/s between h
 ``scripts/netns_throttle.sh``; it starts one copy per host with ``--nnodes``/``--node-rank``/
 ``--init-file``. Under torchrun (NCCL on GPUs)::
 
-    torchrun --nproc-per-node 8 benchmarks/bench_sptt.py --local-world-size 8 ...
+    torchrun --nproc-per-node 8 benchmarks/bench_sptt.py ...
+
+(``--local-world-size`` defaults to torchrun's ``LOCAL_WORLD_SIZE`` there, 2 otherwise; a value
+other than torchrun's emulates hosts of that size.)
 
 CPU timings with more ranks than cores mostly measure contention; the byte counts are exact.
 """
@@ -72,7 +82,6 @@ import torch.multiprocessing as mp
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import ParameterConstraints
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dmt.config import (
@@ -84,7 +93,8 @@ from dmt.config import (
     PassThroughTowerConfig,
     ShardingConfig,
 )
-from dmt.models import build_dmt_model, embedding_parameters, naive_partition
+from dmt.memory import MemoryBudget
+from dmt.models import build_dmt_model, build_model, embedding_parameters, naive_partition
 from dmt.models.accounting import compression_ratio
 from dmt.optim import apply_sparse_optimizer, build_optimizer
 from dmt.results import existing_output, write_json
@@ -97,6 +107,7 @@ from dmt.sharding import (
     place_on_devices,
     rank_devices,
     shard_model,
+    table_constraints,
 )
 from dmt.sptt.collectives import COMM_PRECISIONS
 from dmt.sptt.comm_stats import CommStats
@@ -116,7 +127,12 @@ PIPELINES = {"on": True, "off": False}
 def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--world-size", type=int, default=4, help="G")
-    p.add_argument("--local-world-size", type=int, default=2, help="L, ranks per (emulated) host")
+    p.add_argument(
+        "--local-world-size",
+        type=int,
+        default=None,
+        help="L, ranks per (emulated) host (default: torchrun's LOCAL_WORLD_SIZE, else 2)",
+    )
     p.add_argument("--hosts-per-tower", type=int, default=1, help="K")
     p.add_argument("--features", type=int, default=26, help="F")
     p.add_argument("--rows", type=int, default=2000, help="rows per table")
@@ -175,8 +191,15 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.comm_precision.split(",")) - set(COMM_PRECISIONS)
     if unknown:
         p.error(f"unknown --comm-precision {sorted(unknown)}; choose from {tuple(COMM_PRECISIONS)}")
-    if args.trace_steps < 1:
-        p.error("--trace-steps must be at least 1")
+    for flag in ("trace_steps", "iters", "runs"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.warmup < 0:
+        p.error("--warmup must be at least 0")
+    if args.local_world_size is None:
+        args.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 2))
+    if args.local_world_size < 1:
+        p.error("--local-world-size must be at least 1")
     if args.world_size % args.nnodes:
         p.error("--world-size must be a multiple of --nnodes")
     if args.nnodes > 1 and not args.init_file:
@@ -247,25 +270,49 @@ OPTIM = OptimConfig(
 )
 
 
+def _base_model(args: argparse.Namespace) -> nn.Module:
+    """The base DLRM of :func:`_model`'s DMT models (their pass-through form's tables, MLPs and
+    interaction), a ``RecModel`` as ``dmt-train`` builds it: the flat baseline."""
+    cfg = ModelConfig(
+        name="dlrm",
+        interaction=DotInteractionConfig(),
+        embedding_dim=args.dim,
+        bottom_mlp=[64, args.dim],
+        top_mlp=[64, 1],
+    )
+    torch.manual_seed(0)
+    return build_model(
+        cfg,
+        feature_names=_names(args),
+        cardinalities=[args.rows] * args.features,
+        num_dense=13,
+    )
+
+
 def _flat(
-    args: argparse.Namespace, runtime: Runtime, precision: str
+    args: argparse.Namespace, runtime: Runtime, precision: str, memory: MemoryBudget
 ) -> tuple[nn.Module, Any, None]:
-    model = _model(args, 1, "passthrough")
+    model = _base_model(args)
     apply_sparse_optimizer(embedding_parameters(model), OPTIM)
     task = TrainTask(model)
     if args.flat_sharding == "planner":
         dmp = shard_model(
-            task, runtime, batch_size=args.batch * runtime.world_size, comm_precision=precision
+            task,
+            runtime,
+            batch_size=args.batch * runtime.world_size,
+            memory=memory,
+            comm_precision=precision,
         )
     else:
+        constraints = table_constraints(task, memory)
+        for constraint in constraints.values():
+            constraint.sharding_types = ["table_wise"]
         planner = flat_planner(
-            memory_budget(ShardingConfig(), runtime.device.type, gpus=job_gpus(runtime)),
+            memory,
             world_size=runtime.world_size,
             local_world_size=runtime.local_world_size,
             batch_size=args.batch,
-            constraints={
-                f"t_{f}": ParameterConstraints(sharding_types=["table_wise"]) for f in _names(args)
-            },
+            constraints=constraints,
         )
         sharders = flat_sharders(precision)
         plan = planner.collective_plan(task, sharders, dist.GroupMember.WORLD)
@@ -282,6 +329,7 @@ def _sptt(
     tower: str,
     peer_permute: str = DEFAULT_PEER_PERMUTE,
     precision: str = "fp32",
+    memory: MemoryBudget | None = None,
 ) -> tuple[nn.Module, Any, CommStats]:
     stats = CommStats(hosts, runtime.rank)
     groups = create_process_groups(topo, timeout=timedelta(minutes=5))
@@ -295,6 +343,7 @@ def _sptt(
         peer_permute=peer_permute,
         comm_precision=precision,
         even_batches=True,  # every rank trains on B samples, as in training
+        memory=memory,
     )
     return task, optimizer, stats
 
@@ -348,7 +397,11 @@ def _stepper(
     return step
 
 
-def _time_steps(step: Callable[[], None], args: argparse.Namespace, cuda: bool) -> list[float]:
+def _time_steps(
+    step: Callable[[], None], args: argparse.Namespace, cuda: bool, device: torch.device
+) -> list[float]:
+    """The seconds of each timed step after ``--warmup`` untimed ones, each its slowest rank's
+    (the ranks start every step together, after a barrier)."""
     times = []
     for _ in range(args.warmup + args.iters):
         dist.barrier()
@@ -357,14 +410,18 @@ def _time_steps(step: Callable[[], None], args: argparse.Namespace, cuda: bool) 
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return times[args.warmup :]
+    slowest = torch.tensor(times[args.warmup :], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.tolist()
 
 
 def _build(
     args: argparse.Namespace, runtime: Runtime, hosts: Topology, batches: list[Batch]
 ) -> list[Variant]:
-    """Every variant, built on every rank in the same order (process groups are collective)."""
+    """Every variant, built on every rank in the same order (process groups are collective),
+    within one per-rank memory budget."""
     world_size = runtime.world_size
+    memory = memory_budget(ShardingConfig(), runtime.device.type, gpus=job_gpus(runtime))
     settings = args.peer_permute.split(",")
     variants = []
     for precision, pipe in itertools.product(
@@ -374,19 +431,28 @@ def _build(
         for mode in args.modes.split(","):
             built: list[tuple[str | None, tuple[nn.Module, Any, CommStats | None]]] = []
             if mode == "flat":
-                built.append((None, _flat(args, runtime, precision)))
+                built.append((None, _flat(args, runtime, precision, memory)))
             elif mode == "flat-1tower":
                 one_tower = Topology(world_size, world_size)
                 built.append(
                     (
                         None,
-                        _sptt(args, runtime, one_tower, hosts, "passthrough", "output", precision),
+                        _sptt(
+                            args,
+                            runtime,
+                            one_tower,
+                            hosts,
+                            "passthrough",
+                            "output",
+                            precision,
+                            memory,
+                        ),
                     )
                 )
             else:
                 tower = "passthrough" if mode == "sptt" else "dlrm"
                 for setting in settings:
-                    variant = _sptt(args, runtime, hosts, hosts, tower, setting, precision)
+                    variant = _sptt(args, runtime, hosts, hosts, tower, setting, precision, memory)
                     built.append((setting, variant))  # recorded even when it is the only one
             for setting, (module, optimizer, stats) in built:
                 step = _stepper(module, optimizer, batches, pipeline, runtime.device)
@@ -408,9 +474,12 @@ def _main_on_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     variants = _build(args, runtime, hosts, _batches(args, rank, device))
 
     run_steps: dict[str, list[list[float]]] = {v.name: [] for v in variants}
-    for _ in range(args.runs):
-        for v in variants:
-            run_steps[v.name].append(_time_steps(v.step, args, cuda))
+    load_before = os.getloadavg()[0]
+    for run in range(args.runs):
+        shift = run % len(variants)  # each run starts with another variant
+        for v in variants[shift:] + variants[:shift]:
+            run_steps[v.name].append(_time_steps(v.step, args, cuda, device))
+    load_avg = [load_before, os.getloadavg()[0]]
     run_medians = {name: [statistics.median(r) for r in runs] for name, runs in run_steps.items()}
 
     records = []
@@ -443,6 +512,7 @@ def _main_on_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
             "ms_per_step_min": min(run_medians[v.name]) * 1e3,
             "ms_per_step_max": max(run_medians[v.name]) * 1e3,
             "ms_steps": [[t * 1e3 for t in r] for r in run_steps[v.name]],
+            "load_avg": load_avg,
             "cross_host_mb": traced["all/bytes_cross_host"] * per_step / 1e6,
             "total_mb": traced["all/bytes_sent"] * per_step / 1e6,
             "traced_bytes_per_step": {k: x * per_step for k, x in traced.items()},
@@ -457,11 +527,14 @@ def _main_on_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
 def _traced_by_group(trace: CommTrace, hosts: Topology, rank: int) -> dict[str, float]:
     """This rank's traced bytes by the role of each collective's group: ``world`` (all ranks),
     ``tower`` (this rank's tower: K L ranks), ``peer`` (its T peers), else ``other``."""
-    roles = {
-        tuple(range(hosts.world_size)): "world",
-        tuple(hosts.tower_ranks(hosts.tower_of(rank))): "tower",
-        tuple(hosts.peers_of(rank)): "peer",
-    }
+    roles: dict[tuple[int, ...], str] = {}
+    # a group equal to another (T = 1: tower = world; G = T: peer = world) takes the first name
+    for ranks, role in (
+        (tuple(range(hosts.world_size)), "world"),
+        (tuple(hosts.tower_ranks(hosts.tower_of(rank))), "tower"),
+        (tuple(hosts.peers_of(rank)), "peer"),
+    ):
+        roles.setdefault(ranks, role)
     out = {
         f"{g}/{field}": 0.0
         for g in ("all", "world", "tower", "peer", "other")
@@ -516,7 +589,8 @@ def _report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
         f"T={hosts.num_towers} F={args.features} N={args.dim} D={args.tower_dim} B={args.batch} "
         f"rows={args.rows} hotness={args.hotness} flat={args.flat_sharding}; median of "
         f"{args.runs} runs x {args.iters} steps; MB per step summed over ranks (fwd+bwd), "
-        f"measured on {args.trace_steps} steps",
+        f"measured on {args.trace_steps} steps; load average "
+        f"{records[0]['load_avg'][0]:.1f} before, {records[0]['load_avg'][1]:.1f} after",
         f"{'mode pipeline precision':28s} {'ms/step':>9s} {'x flat':>7s} {'x best':>7s} "
         f"{'world MB':>9s} "
         f"{'tower MB':>9s} {'peer MB':>9s} {'total MB':>9s} {'cross MB':>9s} {'cross x':>8s} "

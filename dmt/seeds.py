@@ -4,21 +4,28 @@ U test, and draw a box plot. ``scripts/seeds.py`` is its command line; ``scripts
 uses it to run a sweep's best trials again.
 
 Each run is ``dmt.train.train`` in this process with ``trainer.seed=<seed>``, written to
-``<out>/<config>/seed_<seed>/metrics.json``; runs whose ``metrics.json`` exists are read back, not
-rerun (their overrides are not checked: use a fresh ``out`` for other settings).
+``<out>/<config>/seed_<seed>/metrics.json``, with the overrides it trained with in
+``seed_run.json`` beside it. Runs whose ``metrics.json`` exists are read back, not rerun, and only
+if they trained with the same overrides (a study's config given other settings is refused, not
+reported with the old run's figures).
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from scipy.stats import mannwhitneyu
 
+from dmt.results import write_json
+
 ALTERNATIVES = ("two-sided", "greater", "less")
+#: beside each run's metrics.json: the overrides it trained with
+RUN_FILE = "seed_run.json"
 
 
 def summarize(values: Sequence[float]) -> dict[str, Any]:
@@ -87,17 +94,15 @@ def study(
         for seed in seeds:
             run_dir = out / name / f"seed_{seed}"
             path = run_dir / "metrics.json"
+            settings = [*common, *overrides, f"trainer.seed={seed}"]
             if path.exists():
+                _check_same_run(run_dir, name, settings)
                 metrics = json.loads(path.read_text())
             elif train_missing:
-                args = [
-                    *_quiet(list(common) + overrides),
-                    *common,
-                    *overrides,
-                    f"trainer.seed={seed}",
-                ]
+                args = [*_quiet(list(common) + overrides), *settings]
                 print(f"[{name} seed {seed}] dmt-train {' '.join(args)}", flush=True)
                 metrics = train(compose_config(*args), run_dir)
+                write_json(run_dir / RUN_FILE, {"config": name, "overrides": settings})
             else:
                 raise FileNotFoundError(f"{path} is missing (run without --no-train to train it)")
             if metric not in metrics:
@@ -110,6 +115,24 @@ def study(
         for a, b in chosen
     ]
     return {"metric": metric, "seeds": list(seeds), "configs": results, "comparisons": comparisons}
+
+
+def _check_same_run(run_dir: Path, name: str, settings: list[str]) -> None:
+    """Raise ``ValueError`` unless the run in ``run_dir`` trained with ``settings``."""
+    record = run_dir / RUN_FILE
+    if not record.exists():
+        warnings.warn(
+            f"{run_dir} has no {RUN_FILE} (a run of an older dmt): its overrides cannot be "
+            f"checked against config {name!r}'s; its metrics are read as they are",
+            stacklevel=3,
+        )
+        return
+    ran = json.loads(record.read_text()).get("overrides")
+    if ran != settings:
+        raise ValueError(
+            f"{run_dir} trained with {ran}, but config {name!r} is now {settings}: its metrics "
+            "are not this config's; choose another --out (or another config name)"
+        )
 
 
 def _quiet(overrides: list[str]) -> list[str]:

@@ -93,7 +93,12 @@ def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
     # A second call reads the runs back instead of training them again.
     assert seeds.main([*argv, "--no-train"])["configs"] == report["configs"]
     with pytest.raises(FileNotFoundError, match="seed_2"):
-        seeds.main(["--seeds", "3", "--out", str(tmp_path), "--no-train", "--config", "dmt", "x=y"])
+        seeds.main([*argv[2:], "--seeds", "3", "--no-train"])
+    # a config given other settings is refused, not reported with the earlier runs' figures
+    other = [*argv[:-2], "base", "model=dlrm optim.lr=0.5"]
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'base' / 'seed_0'} trained with .*"
+                       r"'model=dlrm', 'trainer.seed=0'\], but config 'base' is now "):  # fmt: skip
+        seeds.main(other)
     # --pair picks the comparisons (here the reverse of the default), and names must exist
     paired = seeds.main([*argv, "--no-train", "--pair", "base", "dmt"])
     assert [(c["a"], c["b"]) for c in paired["comparisons"]] == [("base", "dmt")]
