@@ -63,6 +63,11 @@ def _publish(path: Path, write: Callable[[BinaryIO], object]) -> None:
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     tmp = Path(name)
     try:
+        # mkstemp's file is the owner's only (0600); an export is read by others (serving, a
+        # shared file system): the mode a new file gets under the umask, as open() gives
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

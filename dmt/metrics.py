@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -22,27 +23,53 @@ def binary_entropy(p: float) -> float:
 
 def click_metrics(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     """``auc``, ``logloss``, ``ne`` (logloss / entropy of the empirical click rate, He et al.
-    2014), ``calibration`` (mean predicted / observed click rate) and ``num_samples``."""
-    probs = probs.double().clamp(_EPS, 1 - _EPS)
+    2014), ``calibration`` (mean predicted / observed click rate) and ``num_samples``; NaN where
+    undefined (AUC and NE need both classes, calibration a click) and, with a warning, all four
+    when a prediction is not finite (a diverged model)."""
+    probs = probs.double()
     labels = labels.double()
+    nonfinite = int((~torch.isfinite(probs)).sum())
+    if nonfinite:
+        return _diverged(nonfinite, labels.numel())
+    probs = probs.clamp(_EPS, 1 - _EPS)
     logloss = float(torch.nn.functional.binary_cross_entropy(probs, labels))
-    ctr = float(labels.mean())
-    auc = float(binary_auroc(probs, labels.long())) if 0 < ctr < 1 else float("nan")
+    ctr = float(labels.mean()) if labels.numel() else float("nan")
     return {
-        "auc": auc,
+        "auc": float(binary_auroc(probs, labels.long())) if 0 < ctr < 1 else float("nan"),
         "logloss": logloss,
-        "ne": logloss / binary_entropy(ctr),
-        "calibration": float(probs.mean()) / max(ctr, _EPS),
+        **_rate_metrics(logloss, float(probs.mean()), ctr),
         "num_samples": float(labels.numel()),
     }
+
+
+def _rate_metrics(logloss: float, prob_mean: float, ctr: float) -> dict[str, float]:
+    """NE and calibration, NaN where the click rate leaves them undefined (one class only: the
+    clamped entropy or rate would make them huge finite numbers instead)."""
+    nan = float("nan")
+    return {
+        "ne": logloss / binary_entropy(ctr) if 0 < ctr < 1 else nan,
+        "calibration": prob_mean / ctr if ctr > 0 else nan,
+    }
+
+
+def _diverged(nonfinite: int, num_samples: float) -> dict[str, float]:
+    warnings.warn(
+        f"{nonfinite} of {int(num_samples)} predictions are not finite (NaN or inf): the model "
+        "diverged (check train/loss; a lower learning rate may help); its metrics are NaN",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    nan = float("nan")
+    return {"auc": nan, "logloss": nan, "ne": nan, "calibration": nan, "num_samples": num_samples}
 
 
 class StreamingClickMetrics:
     """The metrics of :func:`click_metrics` from running sums: memory bounded by ``num_bins``.
 
-    State: one float64 tensor of ``4 + 4 * num_bins`` entries (2 MiB by default) on ``device``:
-    the sample count, click count, sum of predicted probabilities and sum of per-sample logloss
-    (exact, as :func:`click_metrics` computes them), then, over ``num_bins`` equal bins of the
+    State: one float64 tensor of ``5 + 4 * num_bins`` entries (2 MiB by default) on ``device``:
+    the sample count, click count, sum of predicted probabilities, sum of per-sample logloss
+    (exact, as :func:`click_metrics` computes them) and count of non-finite predictions (a
+    diverged model: its metrics are NaN, with a warning, as :func:`click_metrics` gives), then, over ``num_bins`` equal bins of the
     logit on ``[-logit_range, logit_range]``, the count of negatives and of positives and the sum
     of their positions inside the bin. AUC counts the pairs of different bins exactly; a pair in
     one bin counts ``1/2 + (position of the positive - position of the negative)``, the first-order
@@ -61,7 +88,7 @@ class StreamingClickMetrics:
         metrics = acc.sync(group).compute()
     """
 
-    NUM_SUMS = 4
+    NUM_SUMS = 5
 
     def __init__(
         self,
@@ -83,11 +110,18 @@ class StreamingClickMetrics:
             raise ValueError(
                 f"probs and labels must have as many entries, got {probs.numel()} and {labels.numel()}"
             )
-        p = probs.detach().reshape(-1).to(self.state.device, torch.float64).clamp(_EPS, 1 - _EPS)
+        p = probs.detach().reshape(-1).to(self.state.device, torch.float64)
+        # counted, and kept out of the bins (a NaN's bin index would be garbage), without a
+        # host sync: compute() reads the count
+        finite = torch.isfinite(p)
+        p = torch.where(finite, p, 0.5).clamp(_EPS, 1 - _EPS)
         y = labels.detach().reshape(-1).to(self.state.device, torch.float64)
         logloss = -(y * p.log() + (1 - y) * torch.log1p(-p))
         count = torch.full((), p.numel(), dtype=torch.float64, device=p.device)  # no host copy
-        self.state[: self.NUM_SUMS] += torch.stack([count, y.sum(), p.sum(), logloss.sum()])
+        nonfinite = (~finite).sum().to(torch.float64)
+        self.state[: self.NUM_SUMS] += torch.stack(
+            [count, y.sum(), p.sum(), logloss.sum(), nonfinite]
+        )
         # position in bins: integer part = bin, fraction = place inside it
         u = (p.log() - torch.log1p(-p) + self.logit_range) * (
             self.num_bins / (2 * self.logit_range)
@@ -108,18 +142,19 @@ class StreamingClickMetrics:
 
     def compute(self) -> dict[str, float]:
         """``auc``, ``logloss``, ``ne``, ``calibration``, ``num_samples`` (NaN where undefined)."""
-        n, clicks, prob_sum, logloss_sum = self.state[: self.NUM_SUMS].tolist()
+        n, clicks, prob_sum, logloss_sum, nonfinite = self.state[: self.NUM_SUMS].tolist()
         if n == 0:
             nan = float("nan")
             return {"auc": nan, "logloss": nan, "ne": nan, "calibration": nan, "num_samples": 0.0}
+        if nonfinite:
+            return _diverged(int(nonfinite), n)
         ctr = clicks / n
         logloss = logloss_sum / n
         histograms = self.state[self.NUM_SUMS :].view(4, self.num_bins)
         return {
             "auc": _binned_auc(*histograms) if 0 < ctr < 1 else float("nan"),
             "logloss": logloss,
-            "ne": logloss / binary_entropy(ctr),
-            "calibration": prob_sum / n / max(ctr, _EPS),
+            **_rate_metrics(logloss, prob_sum / n, ctr),
             "num_samples": n,
         }
 
@@ -130,8 +165,12 @@ def _binned_auc(
     neg_inside: torch.Tensor,
     pos_inside: torch.Tensor,
 ) -> float:
-    """AUC from per-bin counts and in-bin position sums (bins in ascending score order)."""
+    """AUC from per-bin counts and in-bin position sums (bins in ascending score order). A bin's
+    estimate of its own pairs is kept to what they can win (0 to all): the first-order term
+    overshoots when positives and negatives sit at opposite ends of one bin."""
     negatives_below = torch.cumsum(negatives, 0) - negatives
-    same_bin = 0.5 * positives * negatives + pos_inside * negatives - neg_inside * positives
+    pairs = positives * negatives
+    same_bin = 0.5 * pairs + pos_inside * negatives - neg_inside * positives
+    same_bin = torch.minimum(same_bin.clamp(min=0), pairs)
     wins = (positives * negatives_below).sum() + same_bin.sum()
     return float(wins / (positives.sum() * negatives.sum()))

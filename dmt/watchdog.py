@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import NoReturn
 
+import torch
 import torch.distributed as dist
 
 from dmt.runtime import Runtime
@@ -254,6 +255,17 @@ class StuckRankError(RuntimeError):
 _runs = 0
 
 
+def _ranks_without(has_store: bool, runtime: Runtime) -> list[int]:
+    """The ranks without a store, as every rank sees it (one all-gather of a flag over the
+    default group; none asked where it is not initialized)."""
+    if not dist.is_available() or not dist.is_initialized():
+        return [] if has_store else [runtime.rank]
+    flags = torch.zeros(runtime.world_size, dtype=torch.int32, device=runtime.device)
+    flags[runtime.rank] = int(not has_store)
+    dist.all_reduce(flags)
+    return [r for r, without in enumerate(flags.tolist()) if without]
+
+
 @contextmanager
 def watch_ranks(runtime: Runtime, *, timeout_s: float) -> Iterator[Watchdog | None]:
     """Run the body under a :class:`Watchdog` (worlds of more than one rank with a job store)."""
@@ -266,11 +278,21 @@ def watch_ranks(runtime: Runtime, *, timeout_s: float) -> Iterator[Watchdog | No
             reason = "no MASTER_ADDR/MASTER_PORT"
         except (RuntimeError, ValueError) as e:  # DistNetworkError is a RuntimeError
             store, reason = None, f"cannot reach the job's c10d store: {e}"
+        # every rank watches, or none: a rank without the store would beat no heartbeat, and
+        # the others would end the job, naming that healthy rank
+        off = _ranks_without(store is not None, runtime)
         if store is None:
             log.warning(
                 "%s: the stuck-rank watchdog is off (process-group timeouts still apply)", reason
             )
-        else:
+        elif off:
+            store = None
+            log.warning(
+                "rank(s) %s cannot reach the job's c10d store: the stuck-rank watchdog is off on "
+                "every rank (process-group timeouts still apply)",
+                ", ".join(map(str, off)),
+            )
+        if store is not None:
             restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             watchdog = Watchdog(
                 store,

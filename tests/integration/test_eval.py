@@ -574,3 +574,16 @@ def test_a_report_is_never_replaced_unless_asked(
     assert out.read_text() == "an earlier report\n"
     assert main([*argv, "--no-progress", "--overwrite"]) == 0
     assert json.loads(out.read_text())["rows"] > 0
+
+
+def test_an_export_gets_the_mode_a_new_file_gets_under_the_umask(tmp_path: Path) -> None:
+    """A reproduced bug: exports were the owner's only (mkstemp's 0600), unreadable to a serving
+    user or a colleague on a shared file system."""
+    from dmt.export import _publish  # noqa: PLC0415
+
+    previous = os.umask(0o027)
+    try:
+        _publish(tmp_path / "model.pt", lambda f: f.write(b"weights"))
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "model.pt").stat().st_mode & 0o777 == 0o640

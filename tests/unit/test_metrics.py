@@ -87,7 +87,7 @@ def test_streaming_metrics_on_criteo_labels(shared_data) -> None:
 def test_streaming_state_does_not_grow_with_the_samples() -> None:
     acc = StreamingClickMetrics(num_bins=1024)
     size = acc.state.numel()
-    assert size == 4 + 4 * 1024
+    assert size == 5 + 4 * 1024
     rng = np.random.default_rng(0)
     for n in (10, 1_000_000):
         p, y = _scores("logit_normal", n, rng)
@@ -197,3 +197,42 @@ def step_schedule(
 ) -> torch.optim.lr_scheduler.LRScheduler:
     """A schedule factory defined outside dmt (``test_lr_schedule_is_its_configs_target``)."""
     return torch.optim.lr_scheduler.StepLR(optimizer, step_size, gamma=0.5)
+
+
+def _both(probs: list[float], labels: list[float]) -> list[dict[str, float]]:
+    """The exact and the streaming metrics of the same predictions."""
+    p, y = torch.tensor(probs, dtype=torch.float64), torch.tensor(labels, dtype=torch.float64)
+    acc = StreamingClickMetrics()
+    acc.update(p, y)
+    return [click_metrics(p, y), acc.compute()]
+
+
+def test_one_class_leaves_ne_and_calibration_undefined() -> None:
+    """A reproduced bug: one class only gave NE 3e4 and calibration 5e5 (the clamped entropy and
+    click rate), finite numbers that history, wandb and the curves took as results."""
+    for m in _both([0.2, 0.7, 0.4], [0.0, 0.0, 0.0]):  # no click: neither is defined
+        assert math.isnan(m["ne"]) and math.isnan(m["calibration"]) and math.isnan(m["auc"])
+        assert m["logloss"] == pytest.approx((-math.log(0.8) - math.log(0.3) - math.log(0.6)) / 3)
+    for m in _both([0.2, 0.7, 0.4], [1.0, 1.0, 1.0]):  # all clicks: calibration is
+        assert math.isnan(m["ne"]) and m["calibration"] == pytest.approx(1.3 / 3)
+
+
+def test_a_diverged_model_gets_nan_metrics_and_a_warning() -> None:
+    """A reproduced bug: a NaN prediction put a garbage bin index into index_add_ (IndexError;
+    on CUDA a device-side assert), and dmt-eval's logloss raised "all elements of input should
+    be between 0 and 1"."""
+    for kind in ("exact", "streaming"):
+        with pytest.warns(RuntimeWarning, match=r"^1 of 4 predictions are not finite .*diverged"):
+            m = _both([0.2, float("nan"), 0.7, 0.4], [0.0, 1.0, 1.0, 0.0])[kind == "streaming"]
+        assert m["num_samples"] == 4
+        assert all(math.isnan(m[k]) for k in ("auc", "logloss", "ne", "calibration"))
+
+
+def test_the_binned_auc_stays_within_what_one_bins_pairs_can_win() -> None:
+    """A reproduced bug: positives at the top of a bin and negatives at its bottom gave AUC 1.4
+    (the first-order in-bin estimate, 1/2 + the gap in position, exceeds 1 per pair)."""
+    acc = StreamingClickMetrics(num_bins=4, logit_range=1.0)  # bins of width 0.5 in logit
+    logits = torch.tensor([0.01, 0.02, 0.48, 0.49])  # all four in one bin
+    labels = torch.tensor([0.0, 0.0, 1.0, 1.0])
+    acc.update(torch.sigmoid(logits), labels)
+    assert acc.compute()["auc"] == 1.0  # the exact AUC: every positive above every negative
