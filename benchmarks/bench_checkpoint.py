@@ -15,7 +15,12 @@ run (their order rotates from run to run). Measured:
 * ``old torch.save``: the former ``dmt.checkpoint.save``, re-implemented below (no fsync).
 
 Prints the median time with its min-max per method, the bytes on disk per checkpoint (sum of the
-file sizes) and the ratios new/old.
+file sizes), the ratios new/old and the machine's load (``os.getloadavg()``) before and after
+(also in the ``--json`` file).
+
+``--runs`` must be at least 3 (a median of fewer runs is not a result); ``--smoke`` allows 1 or
+2 runs to check that the script runs, says loudly that its figures are not a result and marks
+the ``--json`` file ``"smoke": true``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import os
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,7 +42,7 @@ import torch
 from torch import nn
 
 from dmt.checkpoint import Checkpointer
-from dmt.results import existing_output, write_json
+from dmt.results import add_runs_options, check_runs, existing_output, write_json
 from dmt.runtime import close_runtime, init_runtime
 from dmt.train import compose_config, to_config
 from dmt.trainer import Trainer
@@ -176,7 +182,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=3, help="timed saves per method (default 3)")
+    add_runs_options(ap, "timed saves per method")
     ap.add_argument(
         "--warmup", type=int, default=1, help="untimed saves per method first (default 1)"
     )
@@ -191,14 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if (error := existing_output(args.json, "--json", args.overwrite)) is not None:
         ap.error(error)
-    if args.runs < 1:
-        ap.error("--runs must be at least 1")
+    check_runs(ap, args.runs, args.smoke)
+    if args.warmup < 0:
+        ap.error(f"--warmup {args.warmup}: must be 0 or more")
+    if args.train_steps < 0:
+        ap.error(f"--train-steps {args.train_steps}: must be 0 or more")
 
     overrides = [*OVERRIDES, *args.overrides]
     conf = to_config(compose_config(*overrides))
     tmp = Path(tempfile.mkdtemp(prefix="dmt_bench_ckpt_"))
     runtime = init_runtime("cpu")
     records: list[dict[str, Any]] = []
+    load_start = os.getloadavg()
     try:
         trainer = Trainer(conf, runtime, tmp / "run")
         for i, batch in enumerate(trainer.data.train.batches(0)):
@@ -222,18 +232,26 @@ def main(argv: list[str] | None = None) -> int:
         close_runtime()
         shutil.rmtree(tmp, ignore_errors=True)
 
+    load_end = os.getloadavg()
     rows = summarize(records)
     print(
         f"\ncheckpoint save, overrides {' '.join(overrides)}, {args.train_steps} training steps, "
-        f"{args.runs} runs (+{args.warmup} warmup), torch {torch.__version__}"
+        f"{args.runs} runs (+{args.warmup} warmup), torch {torch.__version__}; load average "
+        f"before {' '.join(f'{x:.2f}' for x in load_start)}, "
+        f"after {' '.join(f'{x:.2f}' for x in load_end)}"
     )
     print_table(rows)
+    if args.smoke:
+        print("WARNING: --smoke run: not a result", file=sys.stderr)
     if args.json:
         payload = {
             "overrides": overrides,
             "runs": args.runs,
             "warmup": args.warmup,
             "train_steps": args.train_steps,
+            "smoke": args.smoke,
+            "load_avg_start": list(load_start),
+            "load_avg_end": list(load_end),
             "records": records,
             "summary": rows,
         }

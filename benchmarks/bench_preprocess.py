@@ -11,12 +11,20 @@ Builds a ~1 GB raw file by repeating the Kaggle sample (``../shared/data``) unde
 Each run is a fresh process. Reported: wall time (including interpreter start and imports),
 rows/s, peak memory of the whole process tree (PSS, sampled every 50 ms from /proc, so workers
 count once each) and the largest single process's peak RSS (``getrusage``). Also the start-up
-cost of each command alone. Prints medians and the speed ratio, and writes ``results.json``.
+cost of each command alone. Prints the median of each figure with its range (min-max) over the
+runs, the speed ratio of the medians and the machine's load (``os.getloadavg()``) before and
+after, and writes all of it to ``--json`` (default ``<workdir>/results.json``) through
+:func:`dmt.results.write_json`. An existing ``--json`` file (an earlier run's) is refused when the
+command starts, before the raw file is built, unless ``--overwrite``.
+
+``--runs`` must be at least 3 (a median of fewer runs is not a result); ``--smoke`` allows 1 or
+2 runs to check that the script runs, says loudly that its figures are not a result and marks
+the results file ``"smoke": true``.
 
 Usage::
 
     python benchmarks/bench_preprocess.py                 # ~1 GB, 3 runs each
-    python benchmarks/bench_preprocess.py --size-gb 0.1 --runs 1
+    python benchmarks/bench_preprocess.py --size-gb 0.1 --runs 1 --smoke
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from dmt.results import write_json
+from dmt.results import add_runs_options, check_runs, existing_output, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / ".." / "shared" / "data" / "criteo-kaggle-sample" / "train.tsv"
@@ -125,25 +133,39 @@ def measure(cmd: list[str], *, env: dict[str, str], log: Path) -> dict[str, floa
     }
 
 
+def _load(load: tuple[float, float, float]) -> str:
+    return " ".join(f"{x:.2f}" for x in load)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--sample", type=Path, default=SAMPLE, help="raw rows to repeat")
     p.add_argument("--size-gb", type=float, default=1.0, help="size of the benchmark file")
-    p.add_argument("--runs", type=int, default=3, help="runs per tool")
+    add_runs_options(p, "runs per tool")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/dmt-bench-preprocess"))
+    p.add_argument("--json", type=Path, help="results file (default: <workdir>/results.json)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     p.add_argument("--num-workers", type=int, default=0, help="dmt processes (0: one per core)")
     p.add_argument("--skip-torchrec", action="store_true")
     p.add_argument("--keep", action="store_true", help="keep the raw file and outputs")
     args = p.parse_args(argv)
+    json_path = args.json if args.json is not None else args.workdir / "results.json"
+    if (error := existing_output(json_path, "--json", args.overwrite)) is not None:
+        p.error(error)
+    check_runs(p, args.runs, args.smoke, " per tool")
+    if not args.size_gb > 0:
+        p.error(f"--size-gb {args.size_gb}: must be more than 0")
+    if args.num_workers < 0:
+        p.error(f"--num-workers {args.num_workers}: must be 0 (one per core) or more")
     if not args.sample.is_file():
-        print(f"no sample at {args.sample}; pass --sample", file=sys.stderr)
-        return 1
+        p.error(f"--sample {args.sample}: no such file")
     if REPO in args.workdir.resolve().parents or args.workdir.resolve() == REPO:
-        print("--workdir must be outside the repository (raw Criteo rows)", file=sys.stderr)
-        return 1
+        p.error(f"--workdir {args.workdir}: must be outside the repository (raw Criteo rows)")
     args.workdir.mkdir(parents=True, exist_ok=True)
+    load_start = os.getloadavg()
+    print(f"load average before: {_load(load_start)}", flush=True)
     raw, rows = build_raw(
         args.sample, args.workdir / "kaggle_repeated.tsv", int(args.size_gb * 1e9)
     )
@@ -188,31 +210,49 @@ def main(argv: list[str] | None = None) -> int:
             )
             shutil.rmtree(out, ignore_errors=True)
 
+    load_end = os.getloadavg()
     summary: dict[str, dict[str, float]] = {}
+    ranges: dict[str, dict[str, list[float]]] = {}
     for name, rs in results.items():
         summary[name] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-    print("\nmedians over", args.runs, "runs")
+        ranges[name] = {k: [min(r[k] for r in rs), max(r[k] for r in rs)] for k in rs[0]}
+    print(
+        f"\nmedians (range) over {args.runs} runs; load average before {_load(load_start)}, "
+        f"after {_load(load_end)}"
+    )
     for name, s in summary.items():
+        r = ranges[name]
         print(
-            f"  {name:8s} {s['wall_s']:8.1f} s {s['rows_per_s']:>12,.0f} rows/s "
-            f"peak PSS tree {s['peak_tree_pss_mb']:8.0f} MB, largest process {s['peak_process_rss_mb']:8.0f} MB"
+            f"  {name:8s} {s['wall_s']:8.1f} s ({r['wall_s'][0]:.1f}-{r['wall_s'][1]:.1f}) "
+            f"{s['rows_per_s']:>12,.0f} rows/s "
+            f"({r['rows_per_s'][0]:,.0f}-{r['rows_per_s'][1]:,.0f})\n"
+            f"           peak PSS tree {s['peak_tree_pss_mb']:8.0f} MB "
+            f"({r['peak_tree_pss_mb'][0]:.0f}-{r['peak_tree_pss_mb'][1]:.0f}), largest process "
+            f"{s['peak_process_rss_mb']:8.0f} MB "
+            f"({r['peak_process_rss_mb'][0]:.0f}-{r['peak_process_rss_mb'][1]:.0f})"
         )
     report = {
         "raw_file_gb": size_gb,
         "rows": rows,
         "runs": args.runs,
+        "smoke": args.smoke,
         "cpus": len(os.sched_getaffinity(0)),
         "machine": platform.platform(),
+        "load_avg_start": list(load_start),
+        "load_avg_end": list(load_end),
         "startup_s": startup_s,
         "results": results,
         "medians": summary,
+        "ranges": ranges,
     }
     if "torchrec" in summary:
         ratio = summary["torchrec"]["wall_s"] / summary["dmt"]["wall_s"]
         report["speedup_dmt_vs_torchrec"] = ratio
         print(f"  dmt is {ratio:.1f}x faster than TorchRec (median wall time)")
-    write_json(args.workdir / "results.json", report)
-    print(f"results: {args.workdir / 'results.json'}")
+    write_json(json_path, report)
+    print(f"results: {json_path}")
+    if args.smoke:
+        print("WARNING: --smoke run: not a result", file=sys.stderr)
     if not args.keep:
         raw.unlink()
     return 0

@@ -8,7 +8,11 @@ Per run it builds a fresh ``SyntheticWorld`` from ``data=<name>`` (default
 ``criteo_1tb_synthetic``: Zipf ids over Terabyte table sizes up to 48M rows) and times
 ``generate("train", rows)``, the world's construction included (that is where per-world tables
 are built). Prints rows/s per run and the median, min and max, rows per CPU-second (all threads:
-less sensitive to a loaded machine) and the machine load (``uptime``'s averages).
+less sensitive to a loaded machine) and the machine load (``os.getloadavg()``, ``uptime``'s
+averages) before and after.
+
+``--runs`` must be at least 3 (a median of fewer runs is not a result); ``--smoke`` allows 1 or
+2 runs to check that the script runs, and says loudly that its figures are not a result.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 from dmt.data.synthetic import SyntheticWorld
+from dmt.results import add_runs_options, check_runs
 from dmt.train import compose_config, to_config
 
 
@@ -33,12 +39,17 @@ def rows_per_s(data: str, rows: int, seed: int) -> tuple[float, float]:
     return rows / wall, rows / cpu
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", default="criteo_1tb_synthetic", help="a dmt/conf/data option")
     parser.add_argument("--rows", type=int, default=1 << 20, help="rows generated per run")
-    parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+    add_runs_options(parser, "runs")
+    args = parser.parse_args(argv)
+    check_runs(parser, args.runs, args.smoke)
+    if args.rows < 1:
+        parser.error(f"--rows {args.rows}: must be at least 1")
     print(f"load before: {os.getloadavg()}")
     rates, cpu_rates = [], []
     for run in range(args.runs):
@@ -52,6 +63,8 @@ def main() -> None:
         f"{statistics.median(cpu_rates):,.0f} rows per CPU-second "
         f"(min {min(cpu_rates):,.0f}, max {max(cpu_rates):,.0f}); load after: {os.getloadavg()}"
     )
+    if args.smoke:
+        print("WARNING: --smoke run: not a result", file=sys.stderr)
 
 
 if __name__ == "__main__":

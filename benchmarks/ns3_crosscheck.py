@@ -15,22 +15,30 @@ The model gets the link as a user would describe it: ``bandwidth_gbps`` = the NI
 (``nominal``), and, to separate the headers from everything else, the payload rate of full
 segments (``goodput``: rate less the IP/TCP/PPP headers); ``latency_us`` = one host-to-host path
 (two link delays and the switch's store-and-forward of one packet). Relative error
-``(model - ns3) / ns3``. Results go to ``benchmarks/results/ns3_crosscheck.json``::
+``(model - ns3) / ns3``. Results go to ``--json`` (default: the repository's
+``benchmarks/results/ns3_crosscheck.json``, wherever the command runs from), written atomically
+(:func:`dmt.results.write_json`). An existing file is refused when the command starts, before any
+simulation, unless ``--overwrite`` (the repository's file is committed: git keeps its earlier
+versions)::
 
-    PYTHONPATH=$PWD python benchmarks/ns3_crosscheck.py [--quick] [--json FILE]
+    PYTHONPATH=$PWD python benchmarks/ns3_crosscheck.py [--quick] [--json FILE] [--overwrite]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dmt.planning.network import LinkSpec, collective_time_s
 from dmt.planning.ns3_sim import NetworkSpec, all_to_all_s, ring_all_reduce_s
+from dmt.results import existing_output, write_json
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_JSON = REPO / "benchmarks" / "results" / "ns3_crosscheck.json"
 
 FEATURES, DIM, FP32 = 26, 128, 4
 DENSE_PARAM_BYTES = 9_500_000  # paper_dlrm's bottom + top MLP, fp32 (~2.4 M parameters)
@@ -131,8 +139,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="a few small cases")
     p.add_argument("--delay-us", type=float, default=1.0, help="one-way delay of one link")
     p.add_argument("--mtu", type=int, default=9000, help="IP MTU of every link")
-    p.add_argument("--json", default="benchmarks/results/ns3_crosscheck.json")
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=DEFAULT_JSON,
+        help="results file (default: the repository's benchmarks/results/ns3_crosscheck.json)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     args = p.parse_args(argv)
+    if (error := existing_output(args.json, "--json", args.overwrite)) is not None:
+        p.error(error)
+    if args.delay_us < 0:
+        p.error(f"--delay-us {args.delay_us}: must be 0 or more")
+    if not 576 <= args.mtu <= 65535:
+        p.error(f"--mtu {args.mtu}: must be in 576..65535 (bytes)")
     print(
         f"{'op':10s} {'case':12s} {'H':>3s} {'Gbit':>5s} {'MB':>9s} {'ns3 ms':>9s} "
         f"{'nominal':>9s} {'err':>8s} {'goodput':>9s} {'err':>8s} {'wall s':>6s}"
@@ -150,20 +170,20 @@ def main(argv: list[str] | None = None) -> None:
     }
     for key, s in summary.items():
         print(f"{key}: median |err| {100 * s['median_abs']:.1f}%, max {100 * s['max_abs']:.1f}%")
-    with open(args.json, "w") as f:
-        json.dump(
-            {
-                "cases": rows,
-                "summary": summary,
-                "network": "H hosts, one point-to-point NIC link each to a non-blocking switch "
-                "node; persistent TCP (ns-3 default congestion control) per host pair; "
-                "FqCoDel queue discs",
-                "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "wall_s": time.perf_counter() - start,
-            },
-            f,
-            indent=1,
-        )
+    write_json(
+        args.json,
+        {
+            "cases": rows,
+            "summary": summary,
+            "network": "H hosts, one point-to-point NIC link each to a non-blocking switch "
+            "node; persistent TCP (ns-3 default congestion control) per host pair; "
+            "FqCoDel queue discs",
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "wall_s": time.perf_counter() - start,
+        },
+        indent=1,
+    )
+    print(f"results: {args.json}")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@ file and a rename (:func:`write_json`).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +63,33 @@ def write_json(
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+#: a timing benchmark's least number of runs: a median of fewer is not a result
+MIN_RUNS = 3
+
+
+def add_runs_options(parser: argparse.ArgumentParser, help: str, default: int = MIN_RUNS) -> None:
+    """``--runs`` (``help``, at least :data:`MIN_RUNS`) and ``--smoke`` (fewer, not a result)."""
+    parser.add_argument("--runs", type=int, default=default, help=f"{help} (at least {MIN_RUNS})")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"allow --runs below {MIN_RUNS}: a check that the script runs, not a result",
+    )
+
+
+def check_runs(parser: argparse.ArgumentParser, runs: int, smoke: bool, what: str = "") -> None:
+    """Refuse (``parser.error``) fewer than :data:`MIN_RUNS` runs unless ``smoke``, which is said
+    on stderr; ``what``: the unit after "run(s)" in that warning (e.g. " per tool")."""
+    if runs < 1 or (runs < MIN_RUNS and not smoke):
+        parser.error(
+            f"--runs {runs}: a median of fewer than {MIN_RUNS} runs is not a result "
+            "(pass --smoke, with --runs 1 or more, to only check that the script runs)"
+        )
+    if smoke:
+        print(
+            f"WARNING: --smoke: {runs} run(s){what}; these figures are NOT a result",
+            file=sys.stderr,
+            flush=True,
+        )
