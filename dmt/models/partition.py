@@ -92,12 +92,31 @@ def per_feature_partition(feature_names: Sequence[str]) -> list[list[str]]:
     return [[f] for f in feature_names]
 
 
+def describe_yaml_error(error: yaml.YAMLError) -> str:
+    """A YAML parse error as ``<problem> at line L, column C`` (PyYAML's own text names the
+    parsed string, ``"<unicode string>"``, not the file)."""
+    problem = getattr(error, "problem", None)
+    mark = getattr(error, "problem_mark", None)
+    if problem is None:
+        return str(error)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = getattr(error, "context", None)
+    return f"{problem}{where}" + (f" ({context})" if context else "")
+
+
 def load_partition_file(path: str | Path) -> list[list[str]]:
     """The ``towers`` of a partition YAML (other keys, e.g. TP's provenance, are ignored)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"partition file {str(path)!r} does not exist")
-    document = yaml.safe_load(path.read_text())
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read partition file {str(path)!r}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(
+            f"partition file {str(path)!r} is not valid YAML: {describe_yaml_error(e)}"
+        ) from None
     towers = document.get("towers") if isinstance(document, dict) else None
     if not isinstance(towers, list) or not all(isinstance(t, list) for t in towers):
         raise ValueError(
@@ -121,7 +140,11 @@ def resolve_partition(cfg: PartitionConfig, feature_names: Sequence[str]) -> lis
             raise ValueError(
                 "model.partition.kind='tp' needs model.partition.path (a partition YAML)"
             )
-        partition = load_partition_file(cfg.path)
+        try:
+            partition = load_partition_file(cfg.path)
+            check_partition(partition, names)
+        except ValueError as e:
+            raise ValueError(f"model.partition.path={cfg.path}: {e}") from None
     elif cfg.kind == "explicit":
         partition = [list(t) for t in cfg.towers or []]
     else:

@@ -41,6 +41,7 @@ from dmt.partitioner.output import (
 from dmt.partitioner.partition import (
     PartitionResult,
     allot_towers,
+    check_partition_arguments,
     partition_features,
     partition_hierarchical,
     tower_partition,
@@ -54,6 +55,7 @@ __all__ = [
     "allot_towers",
     "balanced_kmeans",
     "check_affinity",
+    "check_partition_arguments",
     "compute_affinity",
     "fit_euclidean_embedding",
     "format_summary",

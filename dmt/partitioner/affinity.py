@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
 _CHUNK_ELEMENTS = 1 << 22
 _SYMMETRY_ATOL = 1e-6
 _CHECK_ROWS = 1024
+_NPY_MAGIC = b"\x93NUMPY"
 
 
 class AffinityAccumulator:
@@ -318,9 +320,27 @@ def load_affinity(path: str | Path) -> tuple[np.ndarray, list[str]]:
     Returns:
         ``(affinity, feature_names)``, validated with :func:`check_affinity`. Without a sidecar
         the names default to ``cat_0 .. cat_{F-1}`` (with a warning).
+
+    Raises:
+        ValueError: naming the file: not a ``.npy`` array, not a valid affinity, or a sidecar
+            that is not ``{"feature_names": [F unique names]}``.
     """
     path = Path(path)
-    matrix = check_affinity(np.load(path))
+    if not path.is_file():
+        raise ValueError(f"affinity file {str(path)!r} does not exist")
+    expected = "expected an (F, F) float array saved with numpy.save (as save_affinity writes)"
+    try:
+        with path.open("rb") as file:
+            magic = file.read(len(_NPY_MAGIC))
+        loaded = np.load(path, allow_pickle=False) if magic == _NPY_MAGIC else None
+    except (ValueError, EOFError, OSError) as e:
+        raise ValueError(f"cannot read affinity file {str(path)!r} ({e}); {expected}") from None
+    if loaded is None:
+        raise ValueError(f"affinity file {str(path)!r} is not a NumPy .npy file; {expected}")
+    try:
+        matrix = check_affinity(loaded)
+    except ValueError as e:
+        raise ValueError(f"affinity file {str(path)!r}: {e}") from None
     sidecar = sidecar_path(path)
     if not sidecar.exists():
         warnings.warn(
@@ -328,10 +348,28 @@ def load_affinity(path: str | Path) -> tuple[np.ndarray, list[str]]:
             stacklevel=2,
         )
         return matrix, default_feature_names(len(matrix))
-    names = json.loads(sidecar.read_text())["feature_names"]
+    sidecar_format = 'expected {"feature_names": [<one name per affinity row>]}'
+    try:
+        document = json.loads(sidecar.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(
+            f"feature-name sidecar {str(sidecar)!r} is not valid JSON ({e}); {sidecar_format}"
+        ) from None
+    names = document.get("feature_names") if isinstance(document, dict) else None
+    if not isinstance(names, list) or not all(isinstance(name, (str, int)) for name in names):
+        raise ValueError(
+            f"feature-name sidecar {str(sidecar)!r} has no 'feature_names' list of names; {sidecar_format}"
+        )
     if len(names) != len(matrix):
         raise ValueError(
             f"{str(sidecar)!r} lists {len(names)} feature names but the affinity in "
             f"{str(path)!r} has {len(matrix)} features"
         )
-    return matrix, [str(name) for name in names]
+    names = [str(name) for name in names]
+    duplicates = sorted(name for name, count in Counter(names).items() if count > 1)
+    if duplicates:
+        raise ValueError(
+            f"feature-name sidecar {str(sidecar)!r} lists feature(s) {duplicates} more than once; "
+            "feature names must be unique"
+        )
+    return matrix, names

@@ -11,28 +11,44 @@ With ``--affinity``, feature names come from the affinity's sidecar ``affinity.f
 checkpoint, read as ``dmt-eval`` reads it: :mod:`dmt.evaluate`), the affinity is computed from the
 model's pooled embeddings over ``--data`` (the run's ``train``/``val``/``test`` split, a raw Criteo
 TSV or a preprocessed split; at most ``--max-batches`` batches) and saved as
-``outputs/tp/affinity.npy`` (with its feature-name sidecar) for later runs.
+``outputs/tp/affinity.npy`` (with its feature-name sidecar) for later runs. ``--data``,
+``--max-batches``, ``--batch-size`` and ``--config`` apply to ``--checkpoint`` only. Before that
+(long) pass over the data, every partition argument is checked against the run's features
+(``--num-towers``, ``--pre-groups``, ``--max-size-ratio``, ``--seed``, ``--embed-dim``).
 
 ``--pre-groups FILE.yaml`` switches to hierarchical mode. The file holds either a list of groups or
 a mapping from group name to group; each group is a list of feature names or feature indices::
 
     item: [cat_0, cat_1, cat_2]
     user: [cat_3, cat_4]
+
+An entry is a feature's name if ``str(entry)`` is one (YAML reads an unquoted ``7`` as the
+integer 7, which names the feature ``"7"`` when the features are named ``"1" .. "12"``), else an
+integer entry is a feature index (0-based, in affinity row order). The groups must be disjoint
+and cover every feature.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import yaml
 
+from dmt.models.partition import describe_features, describe_yaml_error
 from dmt.partitioner.affinity import load_affinity, model_affinity, save_affinity
 from dmt.partitioner.distance import STRATEGIES
 from dmt.partitioner.output import format_summary, plot_affinity_heatmap, save_partition
-from dmt.partitioner.partition import PartitionResult, partition_hierarchical, tower_partition
+from dmt.partitioner.partition import (
+    PartitionResult,
+    check_partition_arguments,
+    check_pre_groups,
+    partition_hierarchical,
+    tower_partition,
+)
 
 __all__ = [
     "AFFINITY_FILE",
@@ -48,6 +64,11 @@ PARTITION_FILE = "partition.yaml"
 HEATMAP_FILE = "affinity_heatmap.png"
 AFFINITY_FILE = "affinity.npy"
 
+# Defaults of the --checkpoint-only options (argparse's are None, to tell them apart from unset).
+DEFAULT_DATA = "val"
+DEFAULT_BATCH_SIZE = 4096
+_MAX_SEED = 2**32 - 1
+
 
 def checkpoint_affinity(
     checkpoint: str | Path,
@@ -56,14 +77,26 @@ def checkpoint_affinity(
     max_batches: int | None = None,
     batch_size: int = 4096,
     config: str | Path | None = None,
+    check: Callable[[list[str]], object] | None = None,
 ) -> tuple[np.ndarray, list[str]]:
     """The feature affinity of a training checkpoint's model over ``data`` (see the module
-    docstring), rows in the run's sparse feature order."""
+    docstring), rows in the run's sparse feature order.
+
+    ``check`` is called with the run's feature names as soon as they are known, before the model
+    and the data are loaded: it can reject the arguments of what the affinity is for (raise
+    ``ValueError``) without the wait.
+    """
     from dmt.evaluate import load_model, open_checkpoint, open_data, run_schema  # noqa: PLC0415
 
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1; got {batch_size}")
     ckpt = open_checkpoint(checkpoint, config)
+    try:
+        feature_names, _, _ = run_schema(ckpt.config)
+    except ValueError as e:
+        raise ValueError(f"cannot read the features of checkpoint {ckpt.path}: {e}") from None
+    if check is not None:
+        check(feature_names)
     model = load_model(ckpt)
     rows = open_data(ckpt, data, batch_size=batch_size, progress=False)
     if rows.source.num_batches() == 0:
@@ -71,7 +104,6 @@ def checkpoint_affinity(
             f"--data {data}: no rows (e.g. the validation split of a run without one); the "
             "affinity needs at least one batch: choose another --data"
         )
-    feature_names, _, _ = run_schema(ckpt.config)
     return model_affinity(model, rows.source.batches(0), max_batches, feature_names=feature_names)
 
 
@@ -139,27 +171,58 @@ def run_partition(
 
 
 def load_pre_groups(path: str | Path, feature_names: Sequence[str]) -> list[list[int]]:
-    """Pre-groups from YAML (see the module docstring) as lists of feature indices."""
-    document = yaml.safe_load(Path(path).read_text())
+    """Pre-groups from YAML (see the module docstring) as lists of feature indices.
+
+    Raises:
+        ValueError: naming the file: unreadable or not YAML, not a list of lists (or a mapping
+            of lists), an entry that is neither a feature name nor a feature index, or groups
+            that overlap or miss features (named).
+    """
+    where = f"pre-groups file {str(path)!r}"
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {where}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{where} is not valid YAML: {describe_yaml_error(e)}") from None
     groups = list(document.values()) if isinstance(document, Mapping) else document
     if not isinstance(groups, list) or not all(isinstance(group, list) for group in groups):
         raise ValueError(
-            f"{str(path)!r}: pre-groups must be a list of lists (or a mapping of name -> list) "
+            f"{where}: pre-groups must be a list of lists (or a mapping of name -> list) "
             "of feature names or indices"
         )
-    index_of = {name: index for index, name in enumerate(feature_names)}
+    num_features = len(feature_names)
+    index_of = {str(name): index for index, name in enumerate(feature_names)}
     resolved = []
-    for group in groups:
+    for group_index, group in enumerate(groups):
         indices = []
         for feature in group:
-            if isinstance(feature, int) and not isinstance(feature, bool):
-                indices.append(feature)
-            elif str(feature) in index_of:
+            if str(feature) in index_of:  # a name first: YAML reads an unquoted 7 as an int
                 indices.append(index_of[str(feature)])
+            elif isinstance(feature, int) and not isinstance(feature, bool):
+                if not 0 <= feature < num_features:
+                    raise ValueError(
+                        f"{where}: pre-group {group_index} holds {feature}, neither a feature "
+                        f"name nor a feature index in [0, {num_features})"
+                    )
+                indices.append(feature)
             else:
-                raise ValueError(f"{str(path)!r}: unknown feature {feature!r} in pre-groups")
+                raise ValueError(
+                    f"{where}: unknown feature {feature!r} in pre-group {group_index} "
+                    f"(expected a feature name or index; features: "
+                    f"{_describe_names(feature_names)})"
+                )
         resolved.append(indices)
+    try:
+        check_pre_groups(resolved, num_features, feature_names)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
     return resolved
+
+
+def _describe_names(names: Sequence[str]) -> str:
+    shown = describe_features(list(names))
+    return shown if len(shown) <= 200 else shown[:200] + " ..."
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -178,15 +241,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--data",
-        default="val",
         help="with --checkpoint: train|val|test, a raw Criteo TSV or a preprocessed split "
-        "(default: val)",
+        f"(default: {DEFAULT_DATA})",
     )
     parser.add_argument(
-        "--max-batches", type=int, default=None, help="with --checkpoint: batches to average over"
+        "--max-batches", type=int, help="with --checkpoint: batches to average over (default: all)"
     )
     parser.add_argument(
-        "--batch-size", type=int, default=4096, help="with --checkpoint: samples per batch"
+        "--batch-size",
+        type=int,
+        help=f"with --checkpoint: samples per batch (default: {DEFAULT_BATCH_SIZE})",
     )
     parser.add_argument(
         "--config", type=Path, help="with --checkpoint: the run's config, if not found beside it"
@@ -199,8 +263,8 @@ def _parser() -> argparse.ArgumentParser:
         default=1.0,
         help="largest tower at most this many times the smallest (1: most balanced)",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--embed-dim", type=int, default=2, help="Euclidean embedding dim n")
+    parser.add_argument("--seed", type=int, default=0, help="between 0 and 2**32 - 1")
+    parser.add_argument("--embed-dim", type=int, default=2, help="Euclidean embedding dim n >= 1")
     parser.add_argument("--pre-groups", type=Path, help="YAML of feature pre-groups")
     parser.add_argument("--out", required=True, type=Path, help="output folder")
     parser.add_argument(
@@ -209,12 +273,65 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject what is wrong in the arguments alone (exits through ``parser.error``)."""
+    checkpoint_only = {
+        "--data": args.data,
+        "--max-batches": args.max_batches,
+        "--batch-size": args.batch_size,
+        "--config": args.config,
+    }
+    if args.affinity is not None:
+        given = [flag for flag, value in checkpoint_only.items() if value is not None]
+        if given:
+            parser.error(
+                f"{', '.join(given)} can only be used with --checkpoint (to choose the data the "
+                "affinity is computed from); --affinity reads an affinity that is computed already"
+            )
+    else:
+        args.data = DEFAULT_DATA if args.data is None else args.data
+        args.batch_size = DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size
+    if args.max_batches is not None and args.max_batches < 1:
+        parser.error(f"--max-batches must be at least 1; got {args.max_batches}")
+    if args.num_towers < 1:
+        parser.error(f"--num-towers must be at least 1; got {args.num_towers}")
+    if math.isnan(args.max_size_ratio) or args.max_size_ratio < 1.0:
+        parser.error(
+            "--max-size-ratio must be >= 1 (largest tower / smallest tower); got "
+            f"{args.max_size_ratio}"
+        )
+    if not 0 <= args.seed <= _MAX_SEED:
+        parser.error(f"--seed must be between 0 and 2**32 - 1 = {_MAX_SEED}; got {args.seed}")
+    if args.embed_dim < 1:
+        parser.error(f"--embed-dim must be at least 1; got {args.embed_dim}")
+
+
+def _checked_pre_groups(
+    args: argparse.Namespace, feature_names: Sequence[str]
+) -> list[list[int]] | None:
+    """The ``--pre-groups`` over ``feature_names``, after every check the partition will make of
+    its arguments (its size-ratio warning is left to the partition, not shown twice)."""
+    pre_groups = (
+        load_pre_groups(args.pre_groups, feature_names) if args.pre_groups is not None else None
+    )
+    check_partition_arguments(
+        len(feature_names),
+        args.num_towers,
+        pre_groups=pre_groups,
+        max_size_ratio=args.max_size_ratio,
+        embed_dim=args.embed_dim,
+        seed=args.seed,
+        feature_names=feature_names,
+        warn=False,
+    )
+    return pre_groups
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.max_batches is not None and args.max_batches < 1:
-        parser.error(f"--max-batches must be at least 1; got {args.max_batches}")
+    _check_arguments(parser, args)
     written = [PARTITION_FILE, HEATMAP_FILE] + ([AFFINITY_FILE] if args.checkpoint else [])
     existing = [str(args.out / name) for name in written if (args.out / name).exists()]
     if existing and not args.overwrite:
@@ -224,20 +341,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     try:
         if args.checkpoint is not None:
+            checked: list[list[list[int]] | None] = []
             affinity, feature_names = checkpoint_affinity(
                 args.checkpoint,
                 args.data,
                 max_batches=args.max_batches,
                 batch_size=args.batch_size,
                 config=args.config,
+                check=lambda names: checked.append(_checked_pre_groups(args, names)),
             )
+            pre_groups = checked[0]
             source = f"checkpoint {args.checkpoint} on {args.data}"
         else:
             affinity, feature_names = load_affinity(args.affinity)
+            pre_groups = _checked_pre_groups(args, feature_names)
             source = str(args.affinity)
-        pre_groups = (
-            load_pre_groups(args.pre_groups, feature_names) if args.pre_groups is not None else None
-        )
         result = run_partition(
             affinity,
             feature_names,

@@ -4,6 +4,9 @@
 :func:`partition_hierarchical` first splits the features into given pre-groups (the paper's XLRM
 recipe, §5.2.3: item / item-user / user features) and runs TP inside each.
 
+:func:`check_partition_arguments` runs every check of their arguments that does not need the
+affinity, so that a caller can fail fast before computing one (``dmt-partition --checkpoint``).
+
 Every partition is canonical: each tower's feature indices are sorted, and towers are ordered by
 their first (smallest) feature index.
 """
@@ -11,6 +14,7 @@ their first (smallest) feature index.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +29,8 @@ __all__ = [
     "PartitionResult",
     "allot_towers",
     "canonical_towers",
+    "check_partition_arguments",
+    "check_pre_groups",
     "partition_features",
     "partition_hierarchical",
     "tower_partition",
@@ -108,8 +114,8 @@ def tower_partition(
             (related features apart, ``D = I``).
         max_size_ratio: largest tower at most this many times the smallest; 1 means the most
             balanced split (sizes ``floor/ceil(F / T)``). See :mod:`dmt.partitioner.clustering`.
-        embed_dim: dimension ``n`` of the Euclidean embedding.
-        seed: makes the result deterministic.
+        embed_dim: dimension ``n`` of the Euclidean embedding, at least 1.
+        seed: makes the result deterministic; between 0 and ``2**32 - 1`` (K-Means' range).
         restarts, steps: embedding restarts and Adam steps
             (see :func:`~dmt.partitioner.embedding.fit_euclidean_embedding`).
         kmeans_n_init, kmeans_max_iter: constrained K-Means budget (default: scaled to size).
@@ -124,8 +130,15 @@ def tower_partition(
     """
     matrix = check_affinity(affinity)
     strategy = check_strategy(strategy)
-    num_features = matrix.shape[0]
-    tower_size_bounds(num_features, num_towers, max_size_ratio)  # fail fast on bad arguments
+    # Fail fast on bad arguments; balanced_kmeans warns about an unreachable ratio.
+    check_partition_arguments(
+        matrix.shape[0],
+        num_towers,
+        max_size_ratio=max_size_ratio,
+        embed_dim=embed_dim,
+        seed=seed,
+        warn=False,
+    )
     labels, coords, stress, _ = _partition_group(
         matrix,
         num_towers,
@@ -237,7 +250,26 @@ def allot_towers(group_sizes: Sequence[int], num_towers: int) -> list[int]:
     return allotted
 
 
-def _check_pre_groups(pre_groups: Sequence[Sequence[int]], num_features: int) -> list[list[int]]:
+def check_pre_groups(
+    pre_groups: Sequence[Sequence[int]],
+    num_features: int,
+    feature_names: Sequence[str] | None = None,
+) -> list[list[int]]:
+    """Sorted pre-groups, after checking that they are non-empty, disjoint and cover all features.
+
+    Args:
+        pre_groups: feature indices of each pre-group.
+        num_features: ``F``.
+        feature_names: the ``F`` names; when given, error messages name the features.
+
+    Raises:
+        ValueError: an empty list or group, an index outside ``[0, F)``, a feature in two groups,
+            or features in none.
+    """
+
+    def describe(feature: int) -> str:
+        return repr(feature_names[feature]) if feature_names is not None else str(feature)
+
     groups = [sorted(int(i) for i in group) for group in pre_groups]
     if not groups or any(not group for group in groups):
         raise ValueError("pre_groups must be a non-empty list of non-empty lists of features")
@@ -250,16 +282,71 @@ def _check_pre_groups(pre_groups: Sequence[Sequence[int]], num_features: int) ->
                 )
             if feature in seen:
                 raise ValueError(
-                    f"feature {feature} is in pre-groups {seen[feature]} and {index}; "
+                    f"feature {describe(feature)} is in pre-groups {seen[feature]} and {index}; "
                     "pre-groups must be disjoint"
                 )
             seen[feature] = index
     if len(seen) != num_features:
         missing = sorted(set(range(num_features)) - set(seen))
         raise ValueError(
-            f"pre-groups must cover every feature; {len(missing)} missing, first {missing[:5]}"
+            f"pre-groups must cover every feature; {len(missing)} missing, first "
+            f"[{', '.join(describe(feature) for feature in missing[:5])}]"
         )
     return groups
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+# sklearn's K-Means (and so k_means_constrained) takes seeds in [0, 2**32 - 1].
+_MAX_SEED = 2**32 - 1
+
+
+def check_partition_arguments(
+    num_features: int,
+    num_towers: int,
+    *,
+    pre_groups: Sequence[Sequence[int]] | None = None,
+    max_size_ratio: float = 1.0,
+    embed_dim: int = 2,
+    seed: int = 0,
+    feature_names: Sequence[str] | None = None,
+    warn: bool = True,
+) -> tuple[list[list[int]], list[int]] | None:
+    """Every check :func:`tower_partition` (``pre_groups=None``) or
+    :func:`partition_hierarchical` makes of its arguments, without the affinity.
+
+    Args:
+        num_features: ``F``, the affinity's size.
+        num_towers, max_size_ratio, embed_dim, seed: as in :func:`tower_partition`.
+        pre_groups: as in :func:`partition_hierarchical`, else ``None``.
+        feature_names: the ``F`` names, to name features in pre-group errors.
+        warn: warn when ``max_size_ratio`` cannot be met (see
+            :func:`~dmt.partitioner.clustering.tower_size_bounds`).
+
+    Returns:
+        ``(groups, towers per group)`` (groups sorted) with ``pre_groups``, else ``None``.
+
+    Raises:
+        ValueError: naming the argument and what was expected.
+    """
+    check_num_towers(num_features, num_towers)
+    if not _is_int(embed_dim) or embed_dim < 1:
+        raise ValueError(f"embed_dim must be an integer >= 1, got {embed_dim!r}")
+    if not _is_int(seed) or not 0 <= seed <= _MAX_SEED:
+        raise ValueError(f"seed must be an integer between 0 and 2**32 - 1, got {seed!r}")
+    with warnings.catch_warnings():
+        if not warn:
+            warnings.simplefilter("ignore", UserWarning)
+        if pre_groups is None:
+            tower_size_bounds(num_features, num_towers, max_size_ratio)
+            return None
+        groups = check_pre_groups(pre_groups, num_features, feature_names)
+        allotted = allot_towers([len(group) for group in groups], num_towers)
+        for group, group_towers in zip(groups, allotted, strict=True):
+            tower_size_bounds(len(group), group_towers, max_size_ratio)
+    return groups, allotted
 
 
 def partition_hierarchical(
@@ -292,11 +379,17 @@ def partition_hierarchical(
     matrix = check_affinity(affinity)
     strategy = check_strategy(strategy)
     num_features = matrix.shape[0]
-    check_num_towers(num_features, num_towers)
-    groups = _check_pre_groups(pre_groups, num_features)
-    allotted = allot_towers([len(group) for group in groups], num_towers)
-    for group, group_towers in zip(groups, allotted, strict=True):
-        tower_size_bounds(len(group), group_towers, max_size_ratio)
+    checked = check_partition_arguments(
+        num_features,
+        num_towers,
+        pre_groups=pre_groups,
+        max_size_ratio=max_size_ratio,
+        embed_dim=embed_dim,
+        seed=seed,
+        warn=False,
+    )
+    assert checked is not None
+    groups, allotted = checked
 
     labels = np.empty(num_features, dtype=np.int64)
     coords = np.zeros((num_features, embed_dim))

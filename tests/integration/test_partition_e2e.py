@@ -21,6 +21,7 @@ import yaml
 from sklearn.metrics import adjusted_rand_score
 
 from dmt.data.synthetic import SyntheticWorld
+from dmt.partitioner import cli as partition_cli
 from dmt.partitioner import naive_partition
 from dmt.partitioner.affinity import load_affinity
 from dmt.partitioner.cli import main as partition_main
@@ -55,12 +56,36 @@ def labels_of(towers: list[list[int]], num_features: int) -> np.ndarray:
     "data_seed", [0, pytest.param(2, marks=pytest.mark.slow)]
 )  # a second planted structure: 15 s, with -m slow
 def test_tp_from_a_trained_checkpoint_recovers_the_planted_groups(
-    tmp_path, one_thread, data_seed, capsys
+    tmp_path, one_thread, data_seed, capsys, monkeypatch
 ):
     overrides = [*PLANTED, f"data.synthetic.seed={data_seed}"]
     run = tmp_path / "run"
     metrics = train(compose_config(*overrides), run)
     assert metrics["test_auc"] > metrics["oracle_test_auc"] - 0.04, metrics  # it trained
+
+    # Partition arguments that cannot work fail before the (long) affinity pass, not after it.
+    def no_affinity(*args, **kwargs):
+        raise AssertionError("the affinity was computed before the arguments were checked")
+
+    groups = tmp_path / "groups.yaml"
+    groups.write_text("item: [cat_0, cat_1, cat_2]\nuser: [cat_2, cat_3]\n")
+    bad_arguments = [
+        (["--num-towers", "20"], "num_towers must be between 1 and the number of features (12)"),
+        (
+            ["--num-towers", "2", "--pre-groups", str(groups)],
+            f"pre-groups file {str(groups)!r}: feature 'cat_2' is in pre-groups 0 and 1",
+        ),
+    ]
+    with monkeypatch.context() as patch:
+        patch.setattr(partition_cli, "model_affinity", no_affinity)
+        for args, message in bad_arguments:
+            with pytest.raises(SystemExit) as exit_status:
+                partition_main(
+                    ["--checkpoint", str(run / "checkpoints"), *args, "--out", str(tmp_path / "x")]
+                )
+            assert exit_status.value.code == 2
+            assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
     out = tmp_path / "tp"
     assert (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
@@ -9,6 +11,7 @@ from sklearn.metrics import adjusted_rand_score
 from dmt.partitioner import (
     PartitionResult,
     allot_towers,
+    check_partition_arguments,
     partition_features,
     partition_hierarchical,
     random_partition,
@@ -195,3 +198,51 @@ def test_hierarchical_allotment_and_errors():
 def test_errors(affinity, num_towers, kwargs, message):
     with pytest.raises(ValueError, match=message):
         tower_partition(affinity, num_towers, steps=5, **kwargs)
+
+
+def test_coherent_recovers_unequal_blocks_within_the_ratio():
+    """Blocks of 10 to 20 features meet max_size_ratio 2, though the widest size window, [12, 24],
+    excludes the block of 10: the tower of that block used to take 2 features of another."""
+    affinity, blocks = planted_affinity([10, 20, 15, 15], seed=0)
+    result = tower_partition(affinity, 4, seed=0, steps=STEPS, max_size_ratio=2.0)
+    assert same_block_pairs_in_towers(result.towers, blocks) == 60 - 4
+    assert sorted(result.sizes) == [10, 15, 15, 20]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"seed": -1}, r"^seed must be an integer between 0 and 2\*\*32 - 1, got -1$"),
+        ({"seed": 2**32}, r"^seed must be an integer between 0 and 2\*\*32 - 1, got 4294967296$"),
+        ({"embed_dim": 0}, r"^embed_dim must be an integer >= 1, got 0$"),
+    ],
+    ids=["seed-negative", "seed-too-large", "embed-dim"],
+)
+def test_seed_and_embed_dim_are_checked_before_any_work(kwargs, message):
+    # A seed K-Means rejects used to fail only after the embedding.
+    affinity, _ = planted_affinity([4, 4], seed=0)
+    with pytest.raises(ValueError, match=message):
+        tower_partition(affinity, 2, steps=STEPS, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        partition_hierarchical(affinity, 2, [list(range(4)), list(range(4, 8))], **kwargs)
+
+
+def test_check_partition_arguments():
+    names = [f"cat_{i}" for i in range(6)]
+    assert check_partition_arguments(6, 3) is None
+    assert check_partition_arguments(6, 3, pre_groups=[[5, 0, 1, 2], [3, 4]]) == (
+        [[0, 1, 2, 5], [3, 4]],
+        [2, 1],
+    )
+    with pytest.raises(ValueError, match=r"^feature 'cat_2' is in pre-groups 0 and 1; "):
+        check_partition_arguments(6, 2, pre_groups=[[0, 1, 2], [2, 3, 4, 5]], feature_names=names)
+    with pytest.raises(ValueError, match=r"1 missing, first \['cat_5'\]$"):
+        check_partition_arguments(6, 2, pre_groups=[[0, 1, 2], [3, 4]], feature_names=names)
+    with pytest.raises(ValueError, match=r"num_towers must be between 1 .* \(6\), got 7"):
+        check_partition_arguments(6, 7)
+    # An unreachable ratio warns, unless asked not to (a pre-check before the partition warns).
+    with pytest.warns(UserWarning, match=r"max_size_ratio=1.5 cannot be met"):
+        check_partition_arguments(10, 7, max_size_ratio=1.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_partition_arguments(10, 7, max_size_ratio=1.5, warn=False)

@@ -217,3 +217,55 @@ def test_model_affinity_of_a_dmt_model_equals_its_base_model():
 def test_model_affinity_names_what_it_needs():
     with pytest.raises(ValueError, match="Linear has no embedding_bag_collection .* and no towers"):
         model_affinity(torch.nn.Linear(2, 2), [])
+
+
+@pytest.mark.parametrize(
+    ("sidecar_text", "matrix", "message"),
+    [
+        (
+            '{"names": []}',
+            None,
+            "feature-name sidecar '{sidecar}' has no 'feature_names' list of names; expected "
+            '{{"feature_names": [<one name per affinity row>]}}',
+        ),
+        (
+            '{"feature_names": [',
+            None,
+            "feature-name sidecar '{sidecar}' is not valid JSON (Expecting value: line 1 column "
+            '20 (char 19)); expected {{"feature_names": [<one name per affinity row>]}}',
+        ),
+        (
+            '{"feature_names": ["a", "b", "a", "c", "b", "d"]}',
+            None,
+            "feature-name sidecar '{sidecar}' lists feature(s) ['a', 'b'] more than once; "
+            "feature names must be unique",
+        ),
+        (
+            None,
+            np.triu(np.full((3, 3), 0.5)),
+            "affinity file '{path}': affinity must be symmetric, but affinity[0, 1] = 0.5 and "
+            "affinity[1, 0] = 0.0 (difference 0.5 > 1e-06)",
+        ),
+    ],
+    ids=["sidecar-without-names", "sidecar-not-json", "sidecar-duplicates", "not-symmetric"],
+)
+def test_load_affinity_errors_name_the_file(tmp_path, sidecar_text, matrix, message):
+    path = tmp_path / "affinity.npy"
+    np.save(path, np.eye(6) if matrix is None else matrix)
+    if sidecar_text is not None:
+        sidecar_path(path).write_text(sidecar_text)
+    with pytest.raises(ValueError) as error:
+        load_affinity(path)
+    assert str(error.value) == message.format(path=path, sidecar=sidecar_path(path))
+
+
+def test_load_affinity_of_a_file_that_is_not_npy(tmp_path):
+    expected = "expected an (F, F) float array saved with numpy.save (as save_affinity writes)"
+    junk = tmp_path / "junk.npy"
+    junk.write_text("not a npy")
+    with pytest.raises(ValueError) as error:
+        load_affinity(junk)
+    assert str(error.value) == f"affinity file {str(junk)!r} is not a NumPy .npy file; {expected}"
+    with pytest.raises(ValueError) as error:
+        load_affinity(tmp_path / "missing.npy")
+    assert str(error.value) == f"affinity file {str(tmp_path / 'missing.npy')!r} does not exist"

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import yaml
 
-from dmt.models.partition import check_partition, load_partition_file
+from dmt.config import PartitionConfig
+from dmt.models.partition import check_partition, load_partition_file, resolve_partition
 from dmt.partitioner import (
     format_summary,
     load_partition,
@@ -15,7 +21,7 @@ from dmt.partitioner import (
     save_partition,
     tower_partition,
 )
-from dmt.partitioner.cli import main, run_partition
+from dmt.partitioner.cli import load_pre_groups, main, run_partition
 from dmt.partitioner.synthetic import planted_affinity
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -235,3 +241,233 @@ def test_cli_never_replaces_an_earlier_partition_unless_asked(saved_affinity, tm
     assert (out / "partition.yaml").read_bytes() == first
     assert main([*argv, "--seed", "7", "--overwrite"]) == 0
     assert yaml.safe_load((out / "partition.yaml").read_text())["seed"] == 7
+
+
+NAMES = [f"cat_{i}" for i in range(12)]
+
+
+class ModelLoaded(Exception):
+    """Raised by the stand-in for loading a checkpoint's model (the start of the affinity pass)."""
+
+
+@pytest.fixture
+def fake_checkpoint(monkeypatch):
+    """``--checkpoint`` of a run with features cat_0..cat_11, whose model is never loaded."""
+    import dmt.evaluate as evaluate  # noqa: PLC0415
+
+    monkeypatch.setattr(
+        evaluate,
+        "open_checkpoint",
+        lambda path, config=None: SimpleNamespace(config="conf", path=Path(path)),
+    )
+    monkeypatch.setattr(evaluate, "run_schema", lambda conf: (list(NAMES), [5] * 12, 3))
+
+    def load_model(ckpt, *args, **kwargs):
+        raise ModelLoaded
+
+    monkeypatch.setattr(evaluate, "load_model", load_model)
+
+
+def write_pre_groups(tmp_path, text: str) -> Path:
+    path = tmp_path / "groups.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("args", "groups", "message"),
+    [
+        (
+            ["--num-towers", "20"],
+            None,
+            "num_towers must be between 1 and the number of features (12), got 20",
+        ),
+        (
+            ["--num-towers", "3"],
+            "item: [0, 1, 2, 3, 4, 5]\nuser: [5, 7, 8, 9, 10, 11]\n",
+            "pre-groups file '{groups}': feature 'cat_5' is in pre-groups 0 and 1; pre-groups "
+            "must be disjoint",
+        ),
+        (
+            ["--num-towers", "2"],
+            "[[cat_0, cat_1], [cat_2, cat_3], [4, 5, 6, 7, 8, 9, 10, 11]]\n",
+            "num_towers must be between the number of pre-groups (3) and the number of features "
+            "(12) so that every pre-group gets at least one tower, got 2",
+        ),
+        (
+            ["--num-towers", "3", "--seed", "-1"],
+            None,
+            "--seed must be between 0 and 2**32 - 1 = 4294967295; got -1",
+        ),
+        (["--num-towers", "3", "--embed-dim", "0"], None, "--embed-dim must be at least 1; got 0"),
+    ],
+    ids=[
+        "num-towers",
+        "overlapping-pre-groups",
+        "more-pre-groups-than-towers",
+        "seed",
+        "embed-dim",
+    ],
+)
+def test_checkpoint_partition_arguments_are_checked_before_the_affinity(
+    fake_checkpoint, tmp_path, capsys, args, groups, message
+):
+    """They used to fail only after the whole pass over the data (the model was loaded first)."""
+    extra = []
+    if groups is not None:
+        extra = ["--pre-groups", str(write_pre_groups(tmp_path, groups))]
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--checkpoint", str(tmp_path), *args, *extra, "--out", str(out)])
+    assert exit_info.value.code == 2
+    expected = message.format(groups=tmp_path / "groups.yaml")
+    assert capsys.readouterr().err.endswith(f"error: {expected}\n")
+    assert not out.exists()
+
+
+def test_checkpoint_arguments_that_pass_the_check_reach_the_model(fake_checkpoint, tmp_path):
+    groups = write_pre_groups(
+        tmp_path, "item: [cat_0, cat_1, 2, 3, 4, 5]\nuser: [6, 7, 8, 9, 10, 11]\n"
+    )
+    argv = ["--checkpoint", str(tmp_path), "--pre-groups", str(groups), "--out", str(tmp_path)]
+    with pytest.raises(ModelLoaded):
+        main([*argv, "--num-towers", "4"])
+    # An unreachable ratio only warns, and not in the check (the partition warns once).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ModelLoaded):
+            main([*argv, "--num-towers", "7", "--max-size-ratio", "1.5"])
+
+
+@pytest.mark.parametrize(
+    "option", [["--data", "val"], ["--max-batches", "2"], ["--batch-size", "8"], ["--config", "c"]]
+)
+def test_checkpoint_only_options_are_rejected_with_affinity(
+    saved_affinity, tmp_path, capsys, option
+):
+    """They were silently ignored."""
+    out = tmp_path / "out"
+    argv = ["--affinity", str(saved_affinity[0]), "--num-towers", "3", "--out", str(out)]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, *option])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: {option[0]} can only be used with --checkpoint (to choose the data the affinity "
+        "is computed from); --affinity reads an affinity that is computed already\n"
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--seed", "-1"], "--seed must be between 0 and 2**32 - 1 = 4294967295; got -1"),
+        (
+            ["--seed", str(2**32)],
+            "--seed must be between 0 and 2**32 - 1 = 4294967295; got 4294967296",
+        ),
+        (["--embed-dim", "0"], "--embed-dim must be at least 1; got 0"),
+    ],
+    ids=["seed-negative", "seed-too-large", "embed-dim"],
+)
+def test_seed_and_embed_dim_errors_name_the_option(
+    saved_affinity, tmp_path, capsys, option, message
+):
+    out = tmp_path / "out"
+    argv = ["--affinity", str(saved_affinity[0]), "--num-towers", "3", "--out", str(out)]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, *option])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.endswith(f"error: {message}\n")
+    assert not out.exists()
+
+
+def test_pre_group_entries_are_feature_names_first(tmp_path):
+    """YAML reads an unquoted 7 as an int; with features named "1".."12" it is the feature "7",
+    not index 7 (which used to shift every group by one)."""
+    groups = write_pre_groups(tmp_path, "item: [1, 2, 3, 4, 5, 6]\nuser: [7, 8, 9, 10, 11, 12]\n")
+    numbered = [str(i) for i in range(1, 13)]
+    assert load_pre_groups(groups, numbered) == [list(range(6)), list(range(6, 12))]
+    # Integers that are not names are indices; names and indices mix.
+    hundreds = [str(i) for i in range(100, 112)]
+    by_name = write_pre_groups(
+        tmp_path, "[[111, 100, 101], [102, 103, 104, 105, 106, 107, 108, 109, 110]]\n"
+    )
+    assert load_pre_groups(by_name, hundreds) == [[11, 0, 1], list(range(2, 11))]
+    by_index = write_pre_groups(tmp_path, "[[11, 0, 1], [2, 3, 4, 5, 6, 7, 8, 9, 10]]\n")
+    assert load_pre_groups(by_index, hundreds) == [[11, 0, 1], list(range(2, 11))]
+    mixed = write_pre_groups(
+        tmp_path, "item: [0, 1, cat_2, 3, 4, 5]\nuser: [cat_6, 7, 8, 9, 10, 11]\n"
+    )
+    assert load_pre_groups(mixed, NAMES) == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "item: [0, 1, 2, 3, 4, 5,\n",
+            " is not valid YAML: expected the node content, but found '<stream end>' at line 2, "
+            "column 1 (while parsing a flow node)",
+        ),
+        (
+            "item: [0, 1, 2, 3, 4, 5]\nuser: [5, 7, 8, 9, 10, 11]\n",
+            ": feature 'cat_5' is in pre-groups 0 and 1; pre-groups must be disjoint",
+        ),
+        (
+            "item: [cat_0, cat_1]\nuser: [2, 3, 4]\n",
+            ": pre-groups must cover every feature; 7 missing, first ['cat_5', 'cat_6', 'cat_7', "
+            "'cat_8', 'cat_9']",
+        ),
+        (
+            "item: [0, 1]\nuser: [2, 12]\n",
+            ": pre-group 1 holds 12, neither a feature name nor a feature index in [0, 12)",
+        ),
+        (
+            "item: [cat_0, 1.0]\n",
+            ": unknown feature 1.0 in pre-group 0 (expected a feature name or index; features: "
+            "cat_0..cat_11)",
+        ),
+        (
+            "item: {a: 1}\n",
+            ": pre-groups must be a list of lists (or a mapping of name -> list) of feature names "
+            "or indices",
+        ),
+    ],
+    ids=["yaml-syntax", "overlap", "missing", "index-out-of-range", "unknown", "not-a-list"],
+)
+def test_pre_group_errors_name_the_file_and_the_features(tmp_path, text, message):
+    path = write_pre_groups(tmp_path, text)
+    with pytest.raises(
+        ValueError, match="^" + re.escape(f"pre-groups file {str(path)!r}{message}") + "$"
+    ):
+        load_pre_groups(path, NAMES)
+
+
+def test_tp_partition_errors_name_the_option_and_file(tmp_path):
+    """``model.partition.kind=tp``: what is wrong with the file says which file, and where from."""
+    good = tmp_path / "p.yaml"
+    good.write_text(yaml.safe_dump({"towers": [NAMES[:6], NAMES[6:]]}))
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("towers: []\n")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("towers: [[cat_0, \n")
+    cases = [
+        (
+            good,
+            NAMES[:11],
+            "feature 'cat_11' is not a sparse feature of the data (expected one of "
+            "cat_0..cat_10); it is in partition tower 1",
+        ),
+        (empty, NAMES, "partition has no towers"),
+        (
+            broken,
+            NAMES,
+            f"partition file {str(broken)!r} is not valid YAML: expected the node content, but "
+            "found '<stream end>' at line 2, column 1 (while parsing a flow node)",
+        ),
+    ]
+    for path, names, message in cases:
+        with pytest.raises(ValueError) as error:
+            resolve_partition(PartitionConfig(kind="tp", path=str(path)), names)
+        assert str(error.value) == f"model.partition.path={path}: {message}"

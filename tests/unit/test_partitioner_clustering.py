@@ -113,3 +113,18 @@ def test_random_partition_balanced_and_seeded(num_features, num_towers):
 
 def test_random_partition_depends_on_seed():
     assert random_partition(26, 8, seed=0) != random_partition(26, 8, seed=1)
+
+
+def test_ratio_reaches_unequal_natural_groups():
+    """Natural groups of 10, 20, 15 and 15 points meet the ratio 2 (20 <= 2 x 10), but the widest
+    window [12, 24] cannot hold the group of 10; balanced_kmeans also tries the window [10, 20]
+    that fits them and keeps it (lower inertia). It used to split the groups."""
+    rng = np.random.default_rng(0)
+    truth = np.repeat(np.arange(4), [10, 20, 15, 15])
+    centers = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0], [10.0, 10.0]])
+    coords = centers[truth] + 0.5 * rng.normal(size=(60, 2))
+    assert tower_size_bounds(60, 4, 2.0) == (12, 24)
+    labels = balanced_kmeans(coords, 4, max_size_ratio=2.0, seed=0)
+    # Same groups up to renaming.
+    assert len({(int(a), int(b)) for a, b in zip(truth, labels, strict=True)}) == 4
+    assert sorted(np.bincount(labels).tolist()) == [10, 15, 15, 20]
