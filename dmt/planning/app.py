@@ -25,7 +25,8 @@ partition into ``T = hosts / K`` towers.
 
 Writes ``plan.json`` in the Hydra run directory (``modes.<mode>.cross_host_mb``,
 ``intra_host_mb``, ``max_rank_memory_gb``, the collectives and the busiest rank's memory) and
-prints a table.
+prints a table. A run directory that holds a training run's outputs is refused, one that holds an
+earlier plan too unless ``overwrite=true`` (:mod:`dmt.planning.run_dir`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import hydra
 import torch
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torchrec.distributed.planner.proposers import UniformProposer
@@ -71,9 +73,11 @@ from dmt.planning.memory import (
     RankMemory,
     check_fits,
     dense_activations_per_sample,
+    dense_optimizer_states,
     flat_rank_memory,
     sptt_rank_memory,
 )
+from dmt.planning.run_dir import PLAN_FILE, check_plan_dir
 from dmt.planning.timing import ComputeLoad, ModeWorkload, StepTime, compute_load, predict_modes
 from dmt.results import write_json
 from dmt.sharding import (
@@ -88,7 +92,6 @@ from dmt.sptt.dmt_sharding import DMTSharder
 from dmt.sptt.topology import Topology
 from dmt.train import CONF_PATH, to_config
 
-PLAN_FILE = "plan.json"
 MB = 1e6
 
 
@@ -99,6 +102,7 @@ class PlanConfig(Config):
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     flat_search: str = "auto"  # TorchRec planner search for flat: "full" (as training), "uniform" (fast), "auto" (full up to FULL_SEARCH_LIMIT tables x GPUs)
     dry_run: bool = False  # also build rank 0's real sharded modules of every mode at this size and train one step (dmt.planning.dry_run)
+    overwrite: bool = False  # replace an earlier plan's plan.json in hydra.run.dir (a training run's directory is always refused: dmt.planning.run_dir)
 
 
 def register_plan_configs() -> None:
@@ -123,6 +127,9 @@ class ModePlan:
     """The mode's model config (towers as an explicit partition for ``sptt``/``dmt``)."""
     compute: ComputeLoad
     """Dense FLOPs and lookup bytes per sample (:func:`dmt.planning.timing.compute_load`)."""
+    passthrough: bool = False
+    """Towers without trainable tower modules (``sptt``, and ``dmt`` when the experiment has
+    none): its dry run is SPTT's."""
 
     @property
     def cross_host_bytes(self) -> int:
@@ -196,9 +203,17 @@ def _partition(conf: PlanConfig, names: list[str], topo: Topology) -> list[list[
     return partition
 
 
-def _dense_optimizer(conf: PlanConfig) -> str:
-    target = str(OmegaConf.select(OmegaConf.structured(conf.optim), "dense._target_") or "sgd")
-    return target.rsplit(".", 1)[-1].lower()
+def _dense_optimizer_states(conf: PlanConfig) -> int:
+    """State tensors per dense parameter of ``optim.dense`` (its class and kwargs)."""
+    node = OmegaConf.structured(conf.optim).dense
+    kwargs = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(kwargs, dict)
+    target = str(kwargs.get("_target_"))
+    try:
+        cls = get_class(target)
+    except Exception as e:  # hydra raises ImportError/ValueError variants
+        raise ValueError(f"optim.dense: cannot import _target_={target!r}: {e}") from e
+    return dense_optimizer_states(cls, {str(k): v for k, v in kwargs.items()})
 
 
 def plan(conf: PlanConfig) -> dict[str, Any]:
@@ -234,7 +249,7 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
         ids_per_sample=multi_hot,
         comm_size=COMM_PRECISIONS[conf.sptt.comm_precision].itemsize,
     )
-    dense_optimizer = _dense_optimizer(conf)
+    dense_states = _dense_optimizer_states(conf)
     sparse_spec = sparse_optimizer_spec(conf.optim)
     sparse_name = sparse_optimizer_name(sparse_spec[0])
     partition = _partition(conf, names, topo)
@@ -273,7 +288,7 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
                 r,
                 local_batch=B,
                 dense_param_bytes=dense,
-                dense_optimizer=dense_optimizer,
+                dense_optimizer_states=dense_states,
                 dense_activations=activations,
                 tower_param_bytes=tower_bytes,
                 tower_activations=tower_acts,
@@ -291,7 +306,8 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
             ),
             check_fits(memory, gpu_bytes, what=mode),
             model_cfg,
-            compute_load(model, ids_per_sample=ids_per_sample),
+            compute_load(model, ids_per_sample=ids_per_sample, sparse_optimizer=sparse_name),
+            passthrough=not any(tower_bytes),
         )
     # flat: the model without towers, TorchRec's planner on G CUDA ranks
     flat_cfg = _base_dense(replace(conf.model, partition=PartitionConfig(kind="none")))
@@ -332,7 +348,7 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
             local_batch=B,
             sparse_optimizer=sparse_name,
             dense_param_bytes=dense,
-            dense_optimizer=dense_optimizer,
+            dense_optimizer_states=dense_states,
             dense_activations=activations,
             budget=budget,
         )
@@ -342,7 +358,7 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
         flat_collectives(tables, topo, workload, dense_param_bytes=dense),
         check_fits(memory, gpu_bytes, what="flat"),
         flat_cfg,
-        compute_load(flat_model, ids_per_sample=ids_per_sample),
+        compute_load(flat_model, ids_per_sample=ids_per_sample, sparse_optimizer=sparse_name),
     )
 
     modes = {mode: modes[mode] for mode in ("flat", "sptt", "dmt")}
@@ -357,16 +373,23 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
     if conf.dry_run:
         # the flat plan reported above (the GPU cluster's), its sharding types built for real
         flat_types = {name: ps.sharding_type for name, ps in table_shardings(sharding).items()}
-        report["dry_run"] = {
-            mode: dry_run(
+        runs: dict[str, dict[str, Any]] = {}
+        for mode, p in modes.items():  # flat, sptt, dmt: sptt's run is there for dmt's
+            if mode == "dmt" and p.passthrough and p.model == modes["sptt"].model:
+                # pass-through towers: the dmt mode is the sptt mode, dry-run once
+                runs[mode] = {**runs["sptt"], "runs_as": "sptt"}
+                continue
+            as_mode = "sptt" if mode == "dmt" and p.passthrough else mode
+            runs[mode] = dry_run(
                 replace(conf, model=p.model),
                 world_size=G,
                 local_world_size=L,
-                mode=mode,
+                mode=as_mode,
                 flat_sharding_types=flat_types if mode == "flat" else None,
             ).to_dict()
-            for mode, p in modes.items()
-        }
+            if as_mode != mode:
+                runs[mode]["runs_as"] = as_mode
+        report["dry_run"] = runs
     return report
 
 
@@ -532,8 +555,9 @@ def format_report(report: dict[str, Any]) -> str:
                 if d.get("substituted")
                 else ""
             )
+            same = f" (pass-through towers: dry-run as {d['runs_as']})" if d.get("runs_as") else ""
             lines.append(
-                f"dry run {mode}: rank {d['rank']} of {d['world_size']} built "
+                f"dry run {mode}{same}: rank {d['rank']} of {d['world_size']} built "
                 f"({d['planned_tables']}/{d['num_tables']} tables planned){other}, {step}, "
                 f"{d['seconds']:.1f} s"
             )
@@ -547,6 +571,9 @@ def main(cfg: DictConfig) -> None:
     with torch.device("cpu"):
         report = plan(conf)
     out = Path(HydraConfig.get().runtime.output_dir)
+    # PlanRunDirGuard checked a run's directory before Hydra wrote there; a sweep's job, whose
+    # directory it may not know, is checked here
+    check_plan_dir(out, overwrite=conf.overwrite, checkpoint_dir=conf.trainer.checkpoint_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / PLAN_FILE, report)
     print(format_report(report))

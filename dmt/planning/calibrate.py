@@ -193,11 +193,16 @@ def _bench_args(command: str) -> argparse.Namespace:
 def _compute_loads(args: argparse.Namespace, towers: int) -> dict[str, ComputeLoad]:
     import bench_sptt
 
+    from dmt.optim import sparse_optimizer_name, sparse_optimizer_spec  # noqa: PLC0415 (torch)
+
     ids = args.features * args.hotness
+    # the benchmark's tables train with its OPTIM's fused optimizer (row-wise Adagrad)
+    sparse = sparse_optimizer_name(sparse_optimizer_spec(bench_sptt.OPTIM)[0])
     return {
-        "flat": compute_load(bench_sptt._model(args, towers, "passthrough"), ids_per_sample=ids),
-        "sptt": compute_load(bench_sptt._model(args, towers, "passthrough"), ids_per_sample=ids),
-        "dmt": compute_load(bench_sptt._model(args, towers, "dlrm"), ids_per_sample=ids),
+        mode: compute_load(
+            bench_sptt._model(args, towers, tower), ids_per_sample=ids, sparse_optimizer=sparse
+        )
+        for mode, tower in (("flat", "passthrough"), ("sptt", "passthrough"), ("dmt", "dlrm"))
     }
 
 

@@ -3,7 +3,8 @@
 A cluster is ``hosts`` hosts of ``gpus_per_host`` accelerators (``L`` ranks per host, ``G = hosts
 L``), an intra-host link per rank (NVLink; loopback on an emulated host), one NIC per
 ``ranks_per_nic`` ranks and a full-bisection network (:mod:`dmt.planning.network`). Compute is a
-dense throughput at the training precision times an achieved efficiency; the embedding lookup is
+dense throughput at the training precision (FP32 in the GPU presets: dmt trains its dense part
+in plain fp32, without autocast or TF32) times an achieved efficiency; the embedding lookup is
 bound by memory bandwidth (HBM) times a gather efficiency.
 
 Presets live in ``dmt/conf/cluster/`` (``v100``, ``a100``, ``h100`` from public specifications,
@@ -34,9 +35,12 @@ class ClusterConfig:
     gpus_per_host: int = 8
     """Accelerators (ranks) per host, ``L``."""
     gpu_memory_gb: float = 80.0
-    """Memory of one accelerator, GiB."""
+    """Memory of one accelerator in GiB (2**30 bytes), as CUDA reports it
+    (``torch.cuda.get_device_properties(0).total_memory / 2**30``, e.g. 79.2 for an "80 GB"
+    H100), like ``sharding.hbm_gb``; a datasheet's "80 GB" is more than the device offers."""
     dense_tflops: float = MISSING
-    """Peak dense throughput of one accelerator at the training precision, TFLOP/s."""
+    """Peak dense throughput of one accelerator at the training precision, TFLOP/s: FP32 for dmt's
+    training (no autocast, TF32 off); set the TF32 or BF16 figure for a run that enables them."""
     compute_efficiency: float = 0.5
     """Fraction of ``dense_tflops`` the model's dense layers achieve (0, 1]."""
     hbm_bandwidth_gbps: float = MISSING

@@ -11,8 +11,10 @@ What counts against a GPU's memory (``device_bytes``):
   (``uvm_cache_bytes``: the cache and its bookkeeping, :meth:`dmt.memory.MemoryBudget.cached_hbm_bytes`);
 * the dense state: every dense parameter the rank holds (the dense arch, replicated over the world,
   and its tower module's replica under DMT) with its gradient and the dense optimizer's state,
-  ``P (2 + s)`` bytes for ``P`` bytes of parameters and ``s`` state tensors per parameter
-  (:data:`DENSE_OPTIMIZER_STATES`: SGD 0, Adagrad 1, Adam 2);
+  ``P (2 + s)`` bytes for ``P`` bytes of parameters and ``s`` state tensors of a parameter's
+  shape (:func:`dense_optimizer_states`, from ``optim.dense``'s class and kwargs: SGD 0, with
+  momentum 1; Adam, AdamW 2, with amsgrad 3; Adagrad 1; RMSprop 1, +1 with momentum, +1
+  centered; per-parameter scalars such as Adam's ``step`` left out);
 * an activations estimate, ``2 x 4 x E`` bytes: every fp32 element the step keeps for the
   backward, counted once for the activation and once for its gradient, where ``E`` is
 
@@ -29,9 +31,12 @@ What counts against a GPU's memory (``device_bytes``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 from torch import nn
 
 from dmt.memory import (
@@ -46,8 +51,51 @@ from dmt.sptt.plan import SPTTPlan
 from dmt.sptt.topology import Topology
 
 VALUE_BYTES = 4
-DENSE_OPTIMIZER_STATES = {"sgd": 0, "adagrad": 1, "adam": 2, "adamw": 2}
-"""State tensors per dense parameter of the dense optimizers (by lower-case class name)."""
+
+
+def _flag(kwargs: Mapping[str, Any], name: str) -> int:
+    return 1 if kwargs[name] else 0
+
+
+def _positive(kwargs: Mapping[str, Any], name: str) -> int:
+    return 1 if kwargs[name] > 0 else 0
+
+
+DENSE_OPTIMIZER_STATES: dict[type, Callable[[Mapping[str, Any]], int]] = {
+    # momentum_buffer when momentum > 0
+    torch.optim.SGD: lambda kw: _positive(kw, "momentum"),
+    # exp_avg, exp_avg_sq (+ max_exp_avg_sq with amsgrad)
+    torch.optim.Adam: lambda kw: 2 + _flag(kw, "amsgrad"),
+    torch.optim.AdamW: lambda kw: 2 + _flag(kw, "amsgrad"),
+    # sum
+    torch.optim.Adagrad: lambda kw: 1,
+    # square_avg (+ momentum_buffer when momentum > 0, + grad_avg when centered)
+    torch.optim.RMSprop: lambda kw: 1 + _positive(kw, "momentum") + _flag(kw, "centered"),
+}
+"""Tensors of a parameter's shape each dense optimizer keeps (``torch.optim`` classes; the
+function takes the optimizer's kwargs, defaults filled in)."""
+
+
+def dense_optimizer_states(optimizer_class: type, kwargs: Mapping[str, Any]) -> int:
+    """State tensors of a parameter's shape that ``optimizer_class`` (``optim.dense._target_``)
+    built with ``kwargs`` (``optim.dense``'s other fields; the class's defaults fill in the rest)
+    keeps per dense parameter (:data:`DENSE_OPTIMIZER_STATES`); scalars per parameter (Adam's
+    ``step``) are left out. ``ValueError`` naming ``optim.dense._target_`` for another class."""
+    name = f"{optimizer_class.__module__}.{optimizer_class.__qualname__}"
+    count = DENSE_OPTIMIZER_STATES.get(optimizer_class)  # exact: a subclass may keep more
+    if count is None:
+        known = [f"{c.__module__}.{c.__qualname__}" for c in DENSE_OPTIMIZER_STATES]
+        raise ValueError(
+            f"optim.dense._target_={name}: dmt-plan counts the dense optimizer state of {known} "
+            "only (an unknown optimizer's state would be guessed); plan with the one of these "
+            "whose state matches yours"
+        )
+    defaults = {
+        k: p.default
+        for k, p in inspect.signature(optimizer_class).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    return count({**defaults, **kwargs})
 
 
 @dataclass(frozen=True)
@@ -80,14 +128,12 @@ class RankMemory:
         )
 
 
-def dense_state_bytes(param_bytes: int, optimizer: str) -> int:
-    """Parameters, gradients and optimizer state of ``param_bytes`` of dense parameters."""
-    key = optimizer.lower()
-    if key not in DENSE_OPTIMIZER_STATES:
-        raise ValueError(
-            f"dense optimizer {optimizer!r} is not one of {list(DENSE_OPTIMIZER_STATES)}"
-        )
-    return param_bytes * (2 + DENSE_OPTIMIZER_STATES[key])
+def dense_state_bytes(param_bytes: int, optimizer_states: int) -> int:
+    """Parameters, gradients and ``optimizer_states`` state tensors per parameter
+    (:func:`dense_optimizer_states`) of ``param_bytes`` of dense parameters."""
+    if optimizer_states < 0:
+        raise ValueError(f"optimizer_states={optimizer_states} must be >= 0")
+    return param_bytes * (2 + optimizer_states)
 
 
 def dense_activations_per_sample(module: nn.Module | None) -> int:
@@ -165,7 +211,7 @@ def sptt_rank_memory(
     *,
     local_batch: int,
     dense_param_bytes: int,
-    dense_optimizer: str = "sgd",
+    dense_optimizer_states: int = 0,
     dense_activations: int = 0,
     tower_param_bytes: Sequence[int] | None = None,
     tower_activations: Sequence[int] | None = None,
@@ -178,7 +224,7 @@ def sptt_rank_memory(
         rank: global rank.
         local_batch: ``B``.
         dense_param_bytes: bytes of the dense arch's parameters (replicated on every rank).
-        dense_optimizer: the dense optimizer (:data:`DENSE_OPTIMIZER_STATES`).
+        dense_optimizer_states: state tensors per dense parameter (:func:`dense_optimizer_states`).
         dense_activations: dense activations per sample (:func:`dense_activations_per_sample`).
         tower_param_bytes: bytes of each tower module's parameters (its replica on this rank).
         tower_activations: activations per sample of each tower module.
@@ -199,7 +245,7 @@ def sptt_rank_memory(
         state,
         cache,
         host,
-        dense_state_bytes(params, dense_optimizer),
+        dense_state_bytes(params, dense_optimizer_states),
         2 * VALUE_BYTES * elements,
     )
 
@@ -212,7 +258,7 @@ def flat_rank_memory(
     local_batch: int,
     sparse_optimizer: str,
     dense_param_bytes: int,
-    dense_optimizer: str = "sgd",
+    dense_optimizer_states: int = 0,
     dense_activations: int = 0,
     budget: MemoryBudget | None = None,
 ) -> RankMemory:
@@ -239,7 +285,7 @@ def flat_rank_memory(
         state,
         cache,
         host,
-        dense_state_bytes(dense_param_bytes + dp, dense_optimizer),
+        dense_state_bytes(dense_param_bytes + dp, dense_optimizer_states),
         2 * VALUE_BYTES * (elements + local_batch * dense_activations),
     )
 

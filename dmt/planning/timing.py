@@ -1,8 +1,8 @@
 """Predicted time of one training step per mode (``flat``, ``sptt``, ``dmt``), with its breakdown.
 
 A step of one rank is its dense compute (bottom MLP, tower modules, interaction, top MLP, forward
-and backward), its embedding lookup (rows read forward, rows and optimizer state updated backward,
-bound by memory bandwidth), and the collectives of its plan
+and backward), its embedding lookup (rows read forward, rows and the fused optimizer's state read
+and written backward, bound by memory bandwidth: :func:`lookup_passes`), and the collectives of its plan
 (:class:`dmt.planning.collectives.CollectiveBytes`, the busiest rank's bytes), each timed by
 :func:`dmt.planning.network.collective_time_s`. Collectives run one after another on one
 communication stream; what the pipelined schedule (README "Pipelined training") can hide, it hides
@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from torch import nn
 
+from dmt.memory import VALUE_BYTES, optimizer_state_bytes
 from dmt.models.accounting import dense_flops
 from dmt.models.dmt import DMTModel
 from dmt.models.rec_model import RecModel
@@ -87,24 +88,46 @@ class ComputeLoad:
 
 
 LOOKUP_PASSES = 3.0
-"""Row traffic of one looked-up id per step, in rows: read forward, read and write backward (the
-fused optimizer's update; row-wise Adagrad's state is one number per row, left out)."""
+"""Row traffic of one looked-up id per step without per-element optimizer state, in rows: read
+forward, read and written backward (the fused optimizer's update)."""
+
+
+def lookup_passes(sparse_optimizer: str) -> float:
+    """Passes over an embedding row per looked-up id and step with the fused sparse optimizer
+    ``sparse_optimizer`` (:func:`dmt.optim.sparse_optimizer_name`: ``"sgd"``, ``"adagrad"``,
+    ``"rowwise_adagrad"``, ``"adam"``): ``3 + 2 s``, the row read forward and read and written
+    backward (:data:`LOOKUP_PASSES`), and each of the ``s`` state tensors of the row's shape the
+    optimizer keeps (:func:`dmt.memory.optimizer_state_bytes`: SGD and row-wise Adagrad 0,
+    Adagrad 1, Adam 2) read and written backward: SGD and row-wise Adagrad 3, Adagrad 5, Adam 7.
+    Per-row state (row-wise Adagrad's one value per row, ``1 / D`` of a row) is left out."""
+    per_element = (
+        optimizer_state_bytes(sparse_optimizer, 1, 1)
+        - optimizer_state_bytes(sparse_optimizer, 1, 0)
+    ) // VALUE_BYTES
+    return LOOKUP_PASSES + 2 * per_element
 
 
 def compute_load(
-    model: RecModel | DMTModel, *, ids_per_sample: float, element_bytes: int = 4
+    model: RecModel | DMTModel,
+    *,
+    ids_per_sample: float,
+    sparse_optimizer: str,
+    element_bytes: int = 4,
 ) -> ComputeLoad:
     """The :class:`ComputeLoad` of ``model``: dense training FLOPs measured by
     :func:`dmt.models.accounting.dense_flops` (bottom MLP, tower modules, interaction, top MLP;
     per rank per local sample, which holds for SPTT too: a tower's ranks run its module over
     ``T`` times their local batch, for ``1 / T`` of the towers' FLOPs), the bottom MLP's share,
     and the embedding rows touched (``ids_per_sample`` ids of ``embedding_dim`` elements,
-    :data:`LOOKUP_PASSES` times).
+    :func:`lookup_passes` of ``sparse_optimizer`` times).
 
     ``ids_per_sample``: ids one sample looks up over all its features (``F`` x hotness).
+    ``sparse_optimizer``: the fused sparse optimizer's state layout
+    (:func:`dmt.optim.sparse_optimizer_name`).
     """
     if not ids_per_sample >= 0:
         raise ValueError(f"ids_per_sample={ids_per_sample!r} must be >= 0")
+    passes = lookup_passes(sparse_optimizer)
     _, train = dense_flops(model)
     bottom = sum(
         2 * m.in_features * m.out_features
@@ -114,10 +137,7 @@ def compute_load(
     return ComputeLoad(
         dense_mflops_per_sample=train / 1e6,
         bottom_mflops_per_sample=min(train, bottom / FORWARD_FRACTION) / 1e6,
-        lookup_bytes_per_sample=ids_per_sample
-        * model.embedding_dim
-        * element_bytes
-        * LOOKUP_PASSES,
+        lookup_bytes_per_sample=ids_per_sample * model.embedding_dim * element_bytes * passes,
     )
 
 

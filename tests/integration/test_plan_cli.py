@@ -1,35 +1,54 @@
 """``python -m dmt.planning.app`` (the ``dmt-plan`` console script) writes ``plan.json`` in its
-Hydra run directory with the figures the issue names, and prints its table."""
+Hydra run directory with the figures the issue names, and prints its table; it never writes over
+a training run's directory, nor over an earlier plan unless ``overwrite=true``."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+SMALL = [
+    "data.synthetic.num_sparse=8",
+    "data.synthetic.cardinality=100",
+    "data.batch_size=64",
+    "cluster.hosts=2",
+    "cluster.gpus_per_host=2",
+]
 
-def test_dmt_plan_writes_plan_json(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dmt.planning.app",
-            "data.synthetic.num_sparse=8",
-            "data.synthetic.cardinality=100",
-            "data.batch_size=64",
-            "cluster.hosts=2",
-            "cluster.gpus_per_host=2",
-            f"hydra.run.dir={run_dir}",
-        ],
+
+def _plan(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dmt.planning.app", *SMALL, f"hydra.run.dir={run_dir}", *overrides],
         capture_output=True,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         timeout=300,
         check=False,
     )
+
+
+def _earlier_run(run_dir: Path, *outputs: str) -> dict[str, str]:
+    """A run directory with Hydra's record and ``outputs`` (path -> marker text); returns every
+    file's text."""
+    files = {".hydra/config.yaml": "earlier: run\n", ".hydra/overrides.yaml": "[]\n"}
+    files.update({o: f"earlier {o}\n" for o in outputs})
+    for name, text in files.items():
+        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).write_text(text)
+    return files
+
+
+def _texts(run_dir: Path) -> dict[str, str]:
+    return {str(p.relative_to(run_dir)): p.read_text() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def test_dmt_plan_writes_plan_json(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = _plan(run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((run_dir / "plan.json").read_text())
     for mode in ("flat", "sptt", "dmt"):
@@ -39,3 +58,66 @@ def test_dmt_plan_writes_plan_json(tmp_path: Path) -> None:
         line = f"{mode:5s} {figures['intra_host_mb']:14.3f} {figures['cross_host_mb']:14.3f}"
         assert line in result.stdout
     assert f"written to {run_dir / 'plan.json'}" in result.stdout
+
+
+def test_a_training_runs_directory_is_refused_even_with_overwrite(tmp_path: Path) -> None:
+    run_dir = tmp_path / "train"
+    before = _earlier_run(run_dir, "metrics.json", "checkpoints/step_10/.metadata")
+    for overrides in ((), ("overwrite=true",)):
+        result = _plan(run_dir, *overrides)
+        assert result.returncode == 1, result.stderr[-3000:]
+        assert f"Error: run directory {run_dir} holds a training run's outputs (metrics.json, " in (
+            result.stderr
+        )
+        assert "choose another hydra.run.dir" in result.stderr
+        assert _texts(run_dir) == before  # nothing written: no .hydra/, no log, no plan.json
+
+
+def test_a_live_runs_directory_is_refused(tmp_path: Path) -> None:
+    run_dir = tmp_path / "live"
+    before = _earlier_run(run_dir, "run.lock")
+    fd = os.open(run_dir / "run.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a training run's rank 0 holds it
+        result = _plan(run_dir)
+    finally:
+        os.close(fd)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "(run.lock, held by a live run)" in result.stderr
+    assert _texts(run_dir) == before
+
+
+def test_an_earlier_plan_is_replaced_only_with_overwrite(tmp_path: Path) -> None:
+    run_dir = tmp_path / "plan"
+    before = _earlier_run(run_dir, "plan.json")
+    refused = _plan(run_dir)
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert (
+        f"Error: run directory {run_dir} already holds an earlier plan (plan.json); choose "
+        "another hydra.run.dir (or leave it unset for a new one), or set overwrite=true"
+    ) in refused.stderr
+    assert _texts(run_dir) == before
+    replaced = _plan(run_dir, "overwrite=true")
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    assert json.loads((run_dir / "plan.json").read_text())["world_size"] == 4
+    assert (run_dir / ".hydra/config.yaml").read_text() != before[".hydra/config.yaml"]
+
+
+def test_a_sweep_over_an_earlier_sweeps_plans_is_refused(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    before = _earlier_run(sweep_dir / "0", "plan.json")
+    result = subprocess.run(
+        [sys.executable, "-m", "dmt.planning.app", "-m", *SMALL, f"hydra.sweep.dir={sweep_dir}"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert (
+        f"Error: sweep directory {sweep_dir}: run directory {sweep_dir / '0'} already holds an "
+        "earlier plan (plan.json); choose another hydra.sweep.dir"
+    ) in result.stderr
+    assert _texts(sweep_dir / "0") == before
+    assert sorted(p.name for p in sweep_dir.iterdir()) == ["0"]  # no multirun.yaml either

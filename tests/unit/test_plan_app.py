@@ -149,3 +149,53 @@ def test_tables_are_planned_within_sharding_hbm_gb() -> None:
         assert full["uvm_cache_bytes"] == 0
         cached = short["modes"][mode]["memory"]
         assert cached["uvm_cache_bytes"] > 0 and cached["uvm_host_bytes"] > 0, (mode, cached)
+
+
+def test_dry_run_of_an_experiment_without_tower_modules() -> None:
+    # the default experiment has no towers: dmt is sptt (pass-through towers), and its dry run
+    # is sptt's; 4 hosts of 2 GPUs, 2 hosts per tower: T = 2 towers of 4 ranks
+    report = plan(_conf("cluster.hosts=4", "sptt.hosts_per_tower=2", "dry_run=true"))
+    runs = report["dry_run"]
+    assert set(runs) == {"flat", "sptt", "dmt"}
+    assert runs["dmt"]["runs_as"] == "sptt"
+    assert runs["dmt"]["mode"] == runs["sptt"]["mode"] == "sptt"
+    for mode in ("sptt", "dmt"):
+        assert (runs[mode]["world_size"], runs[mode]["num_towers"]) == (8, 2)
+        assert runs[mode]["planned_tables"] == 8
+        assert tuple(runs[mode]["logits_shape"]) == (2,)
+    assert "dry run dmt (pass-through towers: dry-run as sptt): rank 0 of 8 built" in (
+        format_report(report)
+    )
+
+
+def test_dense_memory_counts_the_dense_optimizers_state() -> None:
+    # Adam (the default) keeps 2 tensors per parameter, RMSprop 1, RMSprop centered with
+    # momentum 3, SGD with momentum 1: dense bytes are P (2 + states) for P bytes of parameters
+    def dense(*overrides: str) -> int:
+        return int(plan(_conf(*overrides))["modes"]["dmt"]["memory"]["dense_bytes"])
+
+    adam = dense()
+    assert adam % 4 == 0
+    params = adam // 4
+    assert dense("optim.dense._target_=torch.optim.RMSprop") == 3 * params
+    centered = ["optim.dense._target_=torch.optim.RMSprop", "+optim.dense.centered=true"]
+    assert dense(*centered, "+optim.dense.momentum=0.9") == 5 * params
+    assert dense("+optim.dense.amsgrad=true") == 5 * params
+    sgd = ["optim.dense._target_=torch.optim.SGD", "~optim.dense.eps"]
+    assert dense(*sgd, "+optim.dense.momentum=0.9") == 3 * params
+    assert dense(*sgd) == 2 * params
+
+
+def test_an_unknown_dense_optimizer_is_named() -> None:
+    with pytest.raises(ValueError, match=r"^optim.dense._target_=torch.optim.nadam.NAdam: "):
+        plan(_conf("optim.dense._target_=torch.optim.NAdam"))
+
+
+def test_fused_adam_on_the_tables_slows_the_lookup_by_seven_thirds() -> None:
+    # row-wise Adagrad (the default) moves the row 3 times, fused Adam 3 + 2 x 2 (two moments)
+    rowwise = plan(_conf())["modes"]
+    adam = plan(_conf("optim=adam"))["modes"]
+    for mode in ("flat", "sptt", "dmt"):
+        assert adam[mode]["breakdown"]["lookup_ms"] == pytest.approx(
+            rowwise[mode]["breakdown"]["lookup_ms"] * 7 / 3
+        )

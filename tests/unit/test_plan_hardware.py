@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -38,19 +39,41 @@ def test_preset_composes_and_validates(preset: str) -> None:
 
 
 def test_paper_table1_figures() -> None:
-    # the paper's Table 1: peak TF/s, scale-out per GPU (Gbit/s -> GB/s), scale-up per GPU
-    for preset, tflops, nic_gbit, nvlink in (
-        ("v100", 15.7, 100, 150.0),
-        ("a100", 156.0, 200, 300.0),
-        ("h100", 989.0, 400, 450.0),
+    # the paper's Table 1: scale-out per GPU (Gbit/s -> GB/s), scale-up per GPU
+    for preset, nic_gbit, nvlink in (
+        ("v100", 100, 150.0),
+        ("a100", 200, 300.0),
+        ("h100", 400, 450.0),
     ):
         c = _compose(f"+cluster={preset}")
-        assert (c.dense_tflops, c.nic_bandwidth_gbps * 8, c.intra_bandwidth_gbps) == (
-            tflops,
-            nic_gbit,
-            nvlink,
-        )
+        assert (c.nic_bandwidth_gbps * 8, c.intra_bandwidth_gbps) == (nic_gbit, nvlink)
         assert (c.gpus_per_host, c.ranks_per_nic) == (8, 1)
+
+
+@pytest.mark.parametrize(
+    ("preset", "fp32_tflops"),
+    [("v100", 15.7), ("a100", 19.5), ("h100", 67.0)],  # NVIDIA datasheets, FP32 (no tensor core)
+)
+def test_dense_throughput_is_the_fp32_peak_dmt_trains_at(preset: str, fp32_tflops: float) -> None:
+    # dmt trains its dense part in plain fp32: no autocast, and torch's float32 matmul precision
+    # "highest" (TF32 off), so the tensor-core TF32/BF16 peaks of the paper's Table 1 do not apply
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert not torch.backends.cuda.matmul.allow_tf32
+    assert _compose(f"+cluster={preset}").dense_tflops == fp32_tflops
+
+
+@pytest.mark.parametrize(
+    ("preset", "reported_bytes"),
+    [
+        ("v100", 31.74 * 2**30),  # V100-SXM2-32GB: "31.74 GiB total capacity" (torch)
+        ("a100", 81049 * 2**20),  # A100 80GB: 81,049 MiB (deviceQuery)
+        ("h100", 85_045_903_360),  # H100 SXM 80GB: torch.cuda.get_device_properties().total_memory
+    ],
+)
+def test_gpu_memory_is_the_gib_cuda_reports(preset: str, reported_bytes: float) -> None:
+    # GiB like sharding.hbm_gb, at most what CUDA offers (a datasheet's "80 GB" is more)
+    memory = _compose(f"+cluster={preset}").gpu_memory_gb
+    assert reported_bytes / 2**30 - 0.1 < memory <= reported_bytes / 2**30
 
 
 def test_overrides_and_links() -> None:

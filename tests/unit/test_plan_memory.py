@@ -4,7 +4,10 @@ does not fit is named with its numbers."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+import torch
 from torch import nn
 
 from dmt.memory import GIB, MemoryBudget, table_bytes
@@ -12,6 +15,7 @@ from dmt.planning.memory import (
     RankMemory,
     check_fits,
     dense_activations_per_sample,
+    dense_optimizer_states,
     dense_state_bytes,
     sptt_rank_memory,
 )
@@ -62,11 +66,57 @@ def test_uvm_cached_shards_take_their_cache_in_hbm() -> None:
     assert m.uvm_cache_bytes == biggest // 2 + 12 * 2000 + 4 * 2000
 
 
+def _allocated_states(cls: type, kwargs: dict[str, Any]) -> float:
+    """State tensors of a parameter's shape a real ``cls`` optimizer keeps after two steps, by
+    counting its state's elements (scalars such as Adam's ``step`` are not of its shape)."""
+    param = nn.Parameter(torch.ones(7, 5))
+    optimizer = cls([param], lr=0.01, **kwargs)
+    for _ in range(2):
+        param.grad = torch.full_like(param, 0.5)
+        optimizer.step()
+    state = optimizer.state[param]
+    elements = sum(
+        v.numel() for v in state.values() if torch.is_tensor(v) and v.shape == param.shape
+    )
+    return elements / param.numel()
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs"),
+    [
+        (torch.optim.SGD, {}),
+        (torch.optim.SGD, {"momentum": 0.9}),
+        (torch.optim.SGD, {"momentum": 0.9, "nesterov": True}),
+        (torch.optim.Adam, {}),
+        (torch.optim.Adam, {"amsgrad": True}),
+        (torch.optim.AdamW, {}),
+        (torch.optim.AdamW, {"amsgrad": True}),
+        (torch.optim.Adagrad, {}),
+        (torch.optim.RMSprop, {}),
+        (torch.optim.RMSprop, {"momentum": 0.9}),
+        (torch.optim.RMSprop, {"centered": True}),
+        (torch.optim.RMSprop, {"momentum": 0.5, "centered": True}),
+    ],
+)
+def test_dense_optimizer_states_are_what_torch_allocates(cls: type, kwargs: dict[str, Any]) -> None:
+    # kwargs as optim.dense holds them: _target_ and _partial_ beside the optimizer's own
+    config = {"_target_": f"{cls.__module__}.{cls.__qualname__}", "_partial_": True, **kwargs}
+    assert dense_optimizer_states(cls, config) == _allocated_states(cls, kwargs)
+
+
+def test_an_unknown_dense_optimizer_is_named() -> None:
+    with pytest.raises(ValueError) as e:
+        dense_optimizer_states(torch.optim.NAdam, {})
+    assert str(e.value).startswith(
+        "optim.dense._target_=torch.optim.nadam.NAdam: dmt-plan counts the dense optimizer "
+        "state of ['torch.optim.sgd.SGD', 'torch.optim.adam.Adam', 'torch.optim.adamw.AdamW', "
+        "'torch.optim.adagrad.Adagrad', 'torch.optim.rmsprop.RMSprop'] only"
+    )
+
+
 def test_dense_state_and_activations() -> None:
-    assert dense_state_bytes(100, "Adam") == 400
-    assert dense_state_bytes(100, "SGD") == 200
-    with pytest.raises(ValueError, match="dense optimizer 'lamb' is not one of"):
-        dense_state_bytes(100, "lamb")
+    assert dense_state_bytes(100, 2) == 400
+    assert dense_state_bytes(100, 0) == 200
     mlp = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 5))
     assert dense_activations_per_sample(mlp) == 13
     plan = _plan()

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from dmt.config import DLRMTowerConfig, DotInteractionConfig, ModelConfig, PartitionConfig
-from dmt.models import build_dmt_model, naive_partition
+from dmt.models import build_dmt_model, build_model, naive_partition
 from dmt.models.accounting import dense_flops
 from dmt.planning.collectives import CollectiveBytes as Coll
 from dmt.planning.hardware import ClusterConfig
@@ -16,6 +16,7 @@ from dmt.planning.timing import (
     ComputeLoad,
     ModeWorkload,
     compute_load,
+    lookup_passes,
     predict_modes,
     predict_step_time,
 )
@@ -234,8 +235,53 @@ def test_compute_load_of_a_dmt_model() -> None:
     model = build_dmt_model(
         cfg, naive_partition(names, 2), feature_names=names, cardinalities=[10] * 6, num_dense=13
     )
-    load = compute_load(model, ids_per_sample=12)
+    load = compute_load(model, ids_per_sample=12, sparse_optimizer="rowwise_adagrad")
     # bottom MLP 13 -> 32 -> 8: forward 2 (13 x 32 + 32 x 8) FLOPs, training three times that
     assert load.bottom_mflops_per_sample == pytest.approx(3 * 2 * (13 * 32 + 32 * 8) / 1e6)
     assert load.dense_mflops_per_sample == pytest.approx(dense_flops(model)[1] / 1e6)
     assert load.lookup_bytes_per_sample == 12 * 16 * 4 * 3  # ids x N x fp32 x (read, read, write)
+
+
+def _flat_model():  # type: ignore[no-untyped-def]
+    """A DLRM of 6 features, N = 16, without towers."""
+    names = [f"f{i}" for i in range(6)]
+    cfg = ModelConfig(
+        name="dlrm",
+        interaction=DotInteractionConfig(),
+        embedding_dim=16,
+        bottom_mlp=[32, 16],
+        top_mlp=[16, 1],
+        partition=PartitionConfig(kind="none"),
+    )
+    return build_model(cfg, feature_names=names, cardinalities=[10] * 6, num_dense=13)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "passes"),
+    [("sgd", 3), ("rowwise_adagrad", 3), ("adagrad", 5), ("adam", 7)],
+)
+def test_lookup_traffic_counts_the_sparse_optimizers_state(optimizer: str, passes: int) -> None:
+    # the row read forward, read and written backward, and each per-element state tensor read
+    # and written backward: 3 + 2 s passes of ids x N x 4 bytes
+    model = _flat_model()
+    load = compute_load(model, ids_per_sample=12, sparse_optimizer=optimizer)
+    assert lookup_passes(optimizer) == passes
+    assert load.lookup_bytes_per_sample == 12 * 16 * 4 * passes
+
+
+def test_adam_lookup_time_exceeds_row_wise_adagrads_by_seven_thirds() -> None:
+    model = _flat_model()
+    times = {
+        opt: predict_step_time(
+            "flat", [], compute_load(model, ids_per_sample=12, sparse_optimizer=opt), B, CLUSTER
+        )
+        for opt in ("rowwise_adagrad", "adam")
+    }
+    # fused Adam reads and writes the weight and its two moments backward: (3 + 2 x 2) / 3
+    assert times["adam"].lookup_ms == pytest.approx(times["rowwise_adagrad"].lookup_ms * 7 / 3)
+    assert times["adam"].compute_ms == times["rowwise_adagrad"].compute_ms
+
+
+def test_an_unknown_sparse_optimizer_is_named() -> None:
+    with pytest.raises(ValueError, match="sparse optimizer 'lamb' is not one of"):
+        lookup_passes("lamb")

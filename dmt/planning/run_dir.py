@@ -1,0 +1,125 @@
+"""``dmt-plan``'s run directory: no plan over another run's outputs.
+
+:class:`PlanRunDirGuard` (a Hydra callback, ``conf/plan.yaml``) refuses a run directory before
+Hydra writes ``.hydra/`` and the log there when it holds
+
+* a training run's outputs (``metrics.json``, a non-empty ``trainer.checkpoint_dir``:
+  :func:`dmt.run_dir.outputs_of`) or a live run's lock (``run.lock`` held): a plan never writes
+  its ``.hydra/`` record over a training run's, whatever ``overwrite`` says;
+* an earlier plan's ``plan.json``, unless ``overwrite=true``.
+
+:func:`check_plan_dir` applies the same checks again when :func:`dmt.planning.app.main` writes
+``plan.json`` (jobs of a sweep, runs started from Python). Training's
+:class:`dmt.run_dir.RunDirGuard` does not fit a plan: it would let ``trainer.resume_from=auto``
+through into a training run's directory, proposes resuming, takes a lock a plan does not need
+and knows nothing of ``plan.json``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from dmt.run_dir import JOB_NUM_FORMS, LOCK_FILE, outputs_of
+
+PLAN_FILE = "plan.json"
+
+
+def _locked(run_dir: Path) -> bool:
+    """Whether another process holds ``run_dir``'s ``run.lock`` (a live training run)."""
+    lock_path = run_dir / LOCK_FILE
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        # shared: conflicts with the holder's exclusive lock, allowed on a read-only descriptor
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # e.g. a file system without flock: only the outputs tell
+        return False
+    finally:
+        os.close(fd)  # drops the lock if it was taken
+    return False
+
+
+def check_plan_dir(
+    run_dir: Path,
+    *,
+    overwrite: bool,
+    checkpoint_dir: str = "checkpoints",
+    setting: str = "hydra.run.dir",
+) -> None:
+    """Raise ``ValueError`` if a plan may not write into ``run_dir`` (see the module docstring);
+    ``setting`` is the one to change that the error names."""
+    run_dir = run_dir.absolute()
+    if not run_dir.is_dir():
+        return
+    training = outputs_of(run_dir, checkpoint_dir)
+    if training or _locked(run_dir):
+        what = ", ".join(training) if training else f"{LOCK_FILE}, held by a live run"
+        raise ValueError(
+            f"run directory {run_dir} holds a training run's outputs ({what}): dmt-plan would "
+            f"write its .hydra/ record over that run's; choose another {setting} (or leave "
+            "it unset for a new one)"
+        )
+    if (run_dir / PLAN_FILE).exists() and not overwrite:
+        raise ValueError(
+            f"run directory {run_dir} already holds an earlier plan ({PLAN_FILE}); choose "
+            f"another {setting} (or leave it unset for a new one), or set overwrite=true "
+            "to replace it"
+        )
+
+
+def _settings(config: DictConfig) -> tuple[bool, str]:
+    overwrite = OmegaConf.select(config, "overwrite", default=False)
+    if not isinstance(overwrite, bool):
+        raise ValueError(f"overwrite={overwrite!r} must be true or false")
+    checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
+    return overwrite, str(checkpoint_dir)
+
+
+class PlanRunDirGuard(Callback):
+    """Hydra callback: refuse a plan's run directory (:func:`check_plan_dir`) before Hydra writes
+    ``.hydra/`` and the log there (exit status 1 and the error on stderr), and a sweep directory
+    whose numbered job directories would be refused."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            overwrite, checkpoint_dir = _settings(config)
+            check_plan_dir(
+                Path(str(config.hydra.run.dir)),
+                overwrite=overwrite,
+                checkpoint_dir=checkpoint_dir,
+            )
+        except ValueError as e:
+            # Hydra turns a callback's exception into a warning and runs the job anyway
+            sys.exit(f"Error: {e}")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """With a ``hydra.sweep.subdir`` of job numbers (the default; they start from 0 again),
+        every existing job directory of the sweep directory is checked; other subdirs are
+        checked job by job when ``plan.json`` is written."""
+        sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
+        subdir = str(sweep.get("subdir", "")) if isinstance(sweep, dict) else ""
+        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+        if not any(form in subdir for form in JOB_NUM_FORMS) or not sweep_dir.is_dir():
+            return
+        try:
+            overwrite, checkpoint_dir = _settings(config)
+            for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.is_symlink()):
+                check_plan_dir(
+                    job,
+                    overwrite=overwrite,
+                    checkpoint_dir=checkpoint_dir,
+                    setting="hydra.sweep.dir",
+                )
+        except ValueError as e:
+            sys.exit(f"Error: sweep directory {sweep_dir}: {e}")
