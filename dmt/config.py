@@ -574,25 +574,37 @@ def _positive(setting: str, value: Any) -> None:
         raise ValueError(f"{setting}={value!r} must be positive")
 
 
+#: the partition settings only some kinds read: those kinds, and how to choose one
+_PARTITION_READERS = {
+    "num_towers": ("naive, tp, per_feature and explicit", "partition=naive|tp"),
+    "path": ("tp", "partition=tp"),
+    "towers": ("explicit", "model.partition.kind=explicit"),
+}
+
+
+def unread_partition_settings(p: PartitionConfig) -> list[str]:
+    """The settings of ``model.partition`` that are set but that its kind does not read."""
+    return [
+        name
+        for name, (kinds, _) in _PARTITION_READERS.items()
+        if getattr(p, name) is not None and p.kind not in kinds.replace(",", "").split()
+    ]
+
+
 def validate_towers(m: ModelConfig) -> None:
     """Check ``model.partition`` (the features themselves are checked when the model is built,
     against the data's feature names) and that tower modules other than pass-through have towers."""
     p = m.partition
     _choice("model.partition.kind", p.kind, PARTITION_KINDS)
     # a setting of another kind is an error, not ignored (towers meant, the base model trained)
-    plus = "+" if p.kind == "none" else ""  # the base experiments have no partition default
-    readers = {
-        "num_towers": ("naive, tp, per_feature and explicit", f"{plus}partition=naive|tp"),
-        "path": ("tp", f"{plus}partition=tp"),
-        "towers": ("explicit", "model.partition.kind=explicit"),
-    }
-    for name, (kinds, choose) in readers.items():
-        value = getattr(p, name)
-        if value is not None and p.kind not in kinds.replace(",", "").split():
-            raise ValueError(
-                f"model.partition.{name}={value!r} is set, but model.partition.kind={p.kind!r} "
-                f"does not read it (kinds that do: {kinds}); choose the kind ({choose}) or drop it"
-            )
+    for name in unread_partition_settings(p):
+        kinds, choose = _PARTITION_READERS[name]
+        raise ValueError(
+            f"model.partition.{name}={getattr(p, name)!r} is set, but model.partition.kind="
+            f"{p.kind!r} does not read it (kinds that do: {kinds}); choose the kind ({choose}; "
+            f"+partition=... where the experiment has no partition) or set "
+            f"model.partition.{name}=null"
+        )
     if p.kind == "none":
         target = _target(m.tower)
         if target != PassThroughTowerConfig._target_:

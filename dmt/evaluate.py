@@ -39,6 +39,7 @@ import argparse
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +53,7 @@ from torch import nn
 from tqdm import tqdm
 
 from dmt import checkpoint, results
-from dmt.config import Config, validate
+from dmt.config import Config, unread_partition_settings, validate
 from dmt.data import BatchSource, InMemorySource, sparse_feature_names
 from dmt.data.synthetic import SyntheticWorld, cardinalities
 from dmt.metrics import click_metrics
@@ -116,6 +117,16 @@ def read_config(path: Path) -> Config:
         why = str(e).splitlines()[0] + (f" (at {key})" if key else "")
         raise ValueError(f"{path}: not a dmt training config: {why}") from None
     assert isinstance(conf, Config)
+    # a run of an older dmt may hold a partition setting its kind ignored (dmt refuses it now):
+    # the run trained without it, and so is read
+    partition = conf.model.partition
+    for name in unread_partition_settings(partition):
+        warnings.warn(
+            f"{path}: model.partition.{name}={getattr(partition, name)!r} was not read by kind "
+            f"{partition.kind!r} when this run trained; reading the run without it",
+            stacklevel=2,
+        )
+        setattr(partition, name, None)
     try:
         validate(conf)
     except ValueError as e:

@@ -65,14 +65,18 @@ _KERNEL_SET_BY_CALLER = frozenset({
     "table_names", "embedding_shard_info", "res_params", "enable_raw_embedding_streaming",
     "optimizer",
 })  # fmt: skip
+# fields TorchRec's sharded kernels read themselves (raw embedding streaming) before FBGEMM's
+_TORCHREC_SETTINGS = frozenset({
+    "res_store_shards", "res_enabled_tables", "enable_raw_embedding_streaming"
+})  # fmt: skip
 
 
 def sparse_kernel_settings() -> frozenset[str]:
     """The ``optim.sparse`` fields that reach FBGEMM's fused embedding kernel: the keyword
-    arguments of ``SplitTableBatchedEmbeddingBagsCodegen`` that nobody else sets, and ``lr`` (which
-    TorchRec renames ``learning_rate``)."""
+    arguments of ``SplitTableBatchedEmbeddingBagsCodegen`` that nobody else sets, ``lr`` (which
+    TorchRec renames ``learning_rate``) and the raw-embedding-streaming fields TorchRec reads."""
     kernel = inspect.signature(SplitTableBatchedEmbeddingBagsCodegen.__init__).parameters
-    return frozenset(kernel).difference(_KERNEL_SET_BY_CALLER) | {"lr"}
+    return frozenset(kernel).difference(_KERNEL_SET_BY_CALLER) | {"lr"} | _TORCHREC_SETTINGS
 
 
 def _check_sparse_kwargs(spec: dict[str, Any]) -> None:
@@ -88,7 +92,7 @@ def _check_sparse_kwargs(spec: dict[str, Any]) -> None:
         raise ValueError(
             f"optim.sparse.{key} is not a setting of FBGEMM's fused embedding kernel "
             "(SplitTableBatchedEmbeddingBagsCodegen)"
-            + (f"; did you mean {hint[0]}?" if hint else "")
+            + (f"; did you mean {hint[0]}?" if hint else ".")
             + f" It takes {sorted(known)}"
         )
 

@@ -8,7 +8,8 @@
 #   settings   G, L, hosts, rate (tc syntax and bit/s), per-rank batch, modes, runs, iters, ...
 #   modes      per mode: median / min / max over runs of each run's median ms per step,
 #              cross-host and total MB per step (summed over ranks)
-#   records    bench_sptt's records as written (every run's median, rank 0's every timed step,
+#   records    bench_sptt's records as written (every run's median, every timed step (the slowest rank's;
+#              rank 0's in files from before 2026-11-25),
 #              traced and CommStats bytes per group)
 #   load_before, load_after   /proc/loadavg around the run (the machine is shared)
 #   date_utc, command, netns_left (namespaces left after the run: must be empty)

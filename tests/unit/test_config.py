@@ -218,3 +218,5 @@ def test_a_sparse_optimizer_setting_the_kernel_does_not_take_is_refused_at_valid
         sparse_kernel_settings()
     )
     assert "optimizer" not in sparse_kernel_settings()
+    # TorchRec reads its raw-embedding-streaming fields itself, before FBGEMM
+    check_optim(typed_config("+optim.sparse.enable_raw_embedding_streaming=false").optim)

@@ -218,7 +218,8 @@ def test_bad_partition_files_and_counts_raise(tmp_path):
         (
             ["model.partition.path=tp4/partition.yaml"],
             r"^model.partition.path='tp4/partition.yaml' is set, but model.partition.kind='naive' "
-            r"does not read it \(kinds that do: tp\); choose the kind \(partition=tp\)",
+            r"does not read it \(kinds that do: tp\); choose the kind \(partition=tp; \+partition="
+            r"\.\.\. where the experiment has no partition\) or set model.partition.path=null$",
         ),
         (
             ["model.partition.kind=none"],
@@ -304,5 +305,5 @@ def test_a_tower_setting_without_a_partition_kind_is_refused(setting):
     """A reproduced bug: towers asked for without ``partition=...`` trained the base model."""
     name = setting.split("=")[0]
     with pytest.raises(ValueError, match=rf"^{name}=.* is set, but model.partition.kind='none'.*"
-                       r"choose the kind \(\+partition="):  # fmt: skip
+                       rf"choose the kind \(partition=.*or set {name}=null$"):  # fmt: skip
         validate(typed_config("experiment=criteo_sample_dlrm", setting))

@@ -112,3 +112,8 @@ def test_read_config_errors(tmp_path: Path) -> None:
     cross = "  interaction: {_target_: dmt.models.interaction.CrossInteraction}\n"
     good.write_text(f"model:\n  name: dcn\n{cross}")
     assert read_config(good).model.name == "dcn"
+    # a run of an older dmt whose partition setting its kind ignored is read without it
+    old = tmp_path / "old.yaml"
+    old.write_text(f"model:\n  name: dcn\n{cross}  partition:\n    path: tp.yaml\n")
+    with pytest.warns(UserWarning, match=r"old.yaml: model.partition.path='tp.yaml' was not read"):
+        assert read_config(old).model.partition.path is None
