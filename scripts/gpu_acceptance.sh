@@ -103,6 +103,9 @@ if [[ "$GPUS" -ge 2 ]]; then
   # SPTT on NCCL equals the single-process model (logits, loss, gradients, weights; fp32), for
   # every case that fits the GPUs here
   pytest_step sptt_equivalence_nccl tests/distributed/test_sptt_dmt.py -k nccl
+  # a rank that cannot reach the job's store turns the stuck-rank watchdog off on every rank
+  # (one all-reduce of a flag on the ranks' GPUs)
+  pytest_step watchdog_agreement_nccl tests/distributed/test_watchdog_agreement.py -k nccl
   # compressed communication: SPTT steps d and f and the flat all-to-alls in bf16 (QCommsConfig)
   step bf16_comms_sptt "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 "${TRAIN[@]}" \
     experiment=dmt_4t_dlrm model.partition.num_towers=2 sptt=on sptt.local_world_size=1 sptt.comm_precision=bf16 hydra.run.dir="$WORK/bf16sptt"
@@ -127,7 +130,7 @@ PYEOF
     --pipeline on,off --comm-precision fp32,bf16 --runs 3 --json "$OUT/bench_sptt.json"
   sed -n '/^G=/,/^dmt compression/p' "$OUT/throughput_benchmark.log"
 else
-  skip "sptt_equivalence_nccl bf16_comms_sptt bf16_comms_flat bf16_auc_like_fp32 throughput_benchmark" "needs 2 GPUs"
+  skip "sptt_equivalence_nccl watchdog_agreement_nccl bf16_comms_sptt bf16_comms_flat bf16_auc_like_fp32 throughput_benchmark" "needs 2 GPUs"
 fi
 if [[ "$GPUS" -ge 4 ]]; then
   # resharding resume on NCCL (flat and SPTT): the same tests as on gloo, with one GPU per rank

@@ -11,6 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from dmt.planning.run_dir import check_plan_dir
+
 SMALL = [
     "data.synthetic.num_sparse=8",
     "data.synthetic.cardinality=100",
@@ -46,7 +50,7 @@ def _texts(run_dir: Path) -> dict[str, str]:
     return {str(p.relative_to(run_dir)): p.read_text() for p in run_dir.rglob("*") if p.is_file()}
 
 
-def test_dmt_plan_writes_plan_json(tmp_path: Path) -> None:
+def test_dmt_plan_writes_plan_json_and_replaces_it_only_with_overwrite(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = _plan(run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -58,38 +62,9 @@ def test_dmt_plan_writes_plan_json(tmp_path: Path) -> None:
         line = f"{mode:5s} {figures['intra_host_mb']:14.3f} {figures['cross_host_mb']:14.3f}"
         assert line in result.stdout
     assert f"written to {run_dir / 'plan.json'}" in result.stdout
-
-
-def test_a_training_runs_directory_is_refused_even_with_overwrite(tmp_path: Path) -> None:
-    run_dir = tmp_path / "train"
-    before = _earlier_run(run_dir, "metrics.json", "checkpoints/step_10/.metadata")
-    for overrides in ((), ("overwrite=true",)):
-        result = _plan(run_dir, *overrides)
-        assert result.returncode == 1, result.stderr[-3000:]
-        assert f"Error: run directory {run_dir} holds a training run's outputs (metrics.json, " in (
-            result.stderr
-        )
-        assert "choose another hydra.run.dir" in result.stderr
-        assert _texts(run_dir) == before  # nothing written: no .hydra/, no log, no plan.json
-
-
-def test_a_live_runs_directory_is_refused(tmp_path: Path) -> None:
-    run_dir = tmp_path / "live"
-    before = _earlier_run(run_dir, "run.lock")
-    fd = os.open(run_dir / "run.lock", os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a training run's rank 0 holds it
-        result = _plan(run_dir)
-    finally:
-        os.close(fd)
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "(run.lock, held by a live run)" in result.stderr
-    assert _texts(run_dir) == before
-
-
-def test_an_earlier_plan_is_replaced_only_with_overwrite(tmp_path: Path) -> None:
-    run_dir = tmp_path / "plan"
-    before = _earlier_run(run_dir, "plan.json")
+    # a second plan into the same directory stops before Hydra writes anything there
+    (run_dir / "plan.json").write_text('{"earlier": true}\n')
+    before = _texts(run_dir)
     refused = _plan(run_dir)
     assert refused.returncode == 1, refused.stderr[-3000:]
     assert (
@@ -100,7 +75,33 @@ def test_an_earlier_plan_is_replaced_only_with_overwrite(tmp_path: Path) -> None
     replaced = _plan(run_dir, "overwrite=true")
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert json.loads((run_dir / "plan.json").read_text())["world_size"] == 4
-    assert (run_dir / ".hydra/config.yaml").read_text() != before[".hydra/config.yaml"]
+
+
+def test_a_training_runs_directory_is_refused_even_with_overwrite(tmp_path: Path) -> None:
+    """The guard in process (the CLI runs it before Hydra writes: the tests above and below)."""
+    run_dir = tmp_path / "train"
+    before = _earlier_run(run_dir, "metrics.json", "checkpoints/step_10/.metadata")
+    for overwrite in (False, True):
+        with pytest.raises(
+            ValueError,
+            match=rf"^run directory {run_dir} holds a training run's outputs \(metrics.json, .*"
+            r"choose another hydra.run.dir",
+        ):
+            check_plan_dir(run_dir, overwrite=overwrite)
+    assert _texts(run_dir) == before
+
+
+def test_a_live_runs_directory_is_refused(tmp_path: Path) -> None:
+    run_dir = tmp_path / "live"
+    _earlier_run(run_dir, "run.lock")
+    fd = os.open(run_dir / "run.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a training run's rank 0 holds it
+        with pytest.raises(ValueError, match=r"\(run.lock, held by a live run\)"):
+            check_plan_dir(run_dir, overwrite=True)
+    finally:
+        os.close(fd)
+    check_plan_dir(run_dir, overwrite=False)  # released: a stale lock file alone is no run
 
 
 def test_a_sweep_over_an_earlier_sweeps_plans_is_refused(tmp_path: Path) -> None:
