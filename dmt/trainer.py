@@ -318,7 +318,15 @@ class Trainer:
         loss_values: list[float] = []
 
         def read_back() -> None:
-            loss_values.extend(torch.stack(pending).float().cpu().tolist())
+            """The pending steps' losses of the global batch: every rank's is the mean over its
+            equal share (training batches are whole), so their mean is the batch's, whatever
+            the world size (one all-reduce per log step; every rank reads back at the same
+            steps)."""
+            losses = torch.stack(pending).float()
+            if self.rt.world_size > 1:
+                dist.all_reduce(losses)
+                losses /= self.rt.world_size
+            loss_values.extend(losses.cpu().tolist())
             pending.clear()
 
         metrics: dict[str, float] = {}

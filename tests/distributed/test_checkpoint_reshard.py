@@ -44,11 +44,12 @@ SPTT = [
 
 def _train(
     rank: int, world_size: int, overrides: list[str], out: str, local_world_size: int, backend: str
-) -> float:
+) -> tuple[float, list[float]]:
     cfg = to_config(compose_config(*BASE, *overrides))
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     rt = Runtime(rank, world_size, rank % local_world_size, local_world_size, device, backend)
-    return Trainer(cfg, rt, Path(out)).fit().metrics["num_steps"]
+    result = Trainer(cfg, rt, Path(out)).fit()
+    return result.metrics["num_steps"], result.losses
 
 
 def _run(
@@ -57,8 +58,9 @@ def _run(
     out: Path,
     local_world_size: int | None = None,
     backend: str = "gloo",
-) -> None:
-    steps = run_on_ranks(
+) -> list[list[float]]:
+    """Train on ``world_size`` ranks; every rank's logged losses (those of the global batch)."""
+    results = run_on_ranks(
         _train,
         world_size,
         overrides,
@@ -68,7 +70,8 @@ def _run(
         timeout_s=240,
         backend=backend,
     )
-    assert steps == [8.0] * world_size
+    assert [steps for steps, _ in results] == [8.0] * world_size
+    return [losses for _, losses in results]
 
 
 def _same_fused_step(want: Path, got: Path, counts: bool = True) -> None:
@@ -92,14 +95,14 @@ def test_flat_resume_at_another_world_size_matches_uninterrupted(
 ) -> None:
     ref = tmp_path / "ref"
     # the reference writes asynchronously (DCP async_save), the resumed run synchronously
-    _run(
+    ref_losses = _run(
         2,
         [*FLAT, "trainer.checkpoint_every=4", "trainer.checkpoint_async=true"],
         ref,
         backend=backend,
     )
     resumed = tmp_path / f"resumed_{resume_world}"
-    _run(
+    resumed_losses = _run(
         resume_world,
         [*FLAT, "trainer.checkpoint=true", f"trainer.resume_from={ref / 'checkpoints' / 'step_4'}"],
         resumed,
@@ -109,6 +112,11 @@ def test_flat_resume_at_another_world_size_matches_uninterrupted(
     got = checkpoint.load_model_state(resumed / "checkpoints")
     assert checkpoint.read_meta(resumed / "checkpoints" / "step_8")["world_size"] == resume_world
     assert _max_diff(got, want) < 1e-5
+    # every rank logs the loss of the global batch, whatever the world size (a reproduced bug:
+    # each logged its own share's)
+    assert len(ref_losses[0]) == 8 and ref_losses[1] == ref_losses[0]
+    for losses in resumed_losses:
+        torch.testing.assert_close(losses, ref_losses[0][4:], rtol=0, atol=1e-5)
     _same_fused_step(ref / "checkpoints" / "step_8", resumed / "checkpoints" / "step_8")
     # the checkpoint at step 4 differs from the final one: the resumed run did train
     assert _max_diff(checkpoint.load_model_state(ref / "checkpoints" / "step_4"), want) > 1e-3
