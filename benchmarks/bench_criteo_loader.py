@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -44,7 +43,7 @@ import torch
 from dmt.data import build_data
 from dmt.data.criteo_dataset import criteo_schema
 from dmt.data.criteo_preprocess import preprocess_criteo, read_manifest
-from dmt.results import add_runs_options, check_runs
+from dmt.results import add_runs_options, check_runs, load_average
 from dmt.train import compose_config, to_config, train
 
 COMMON = ["logger=disabled", "trainer.progress_bar=false"]
@@ -82,10 +81,6 @@ def loader_rate(overrides: list[str]) -> float:
     tick = time.perf_counter()
     samples = sum(int(b.labels.shape[0]) for b in data.train.batches(0))
     return samples / (time.perf_counter() - tick)
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _range(values: list[float]) -> str:
@@ -126,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     names = list(modes)
     rates: dict[str, list[float]] = {m: [] for m in modes}
     loaders: dict[str, list[float]] = {m: [] for m in modes}
-    load_start = _load()
+    load_start = load_average()
     print(f"load average before: {load_start}; batch {batch}", flush=True)
     for run in range(args.runs):
         k = run % len(names)
@@ -139,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"loader alone {loaders[mode][-1]:10.0f} samples/s",
                 flush=True,
             )
-    load_end = _load()
+    load_end = load_average()
     base = statistics.median(rates["synthetic"])
     summary: dict[str, object] = {
         "experiment": args.experiment,

@@ -39,7 +39,7 @@ import tempfile
 from pathlib import Path
 
 from dmt.history import HISTORY_FILE, read_history
-from dmt.results import add_runs_options, check_runs
+from dmt.results import add_runs_options, check_runs, load_average
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULTS = [
@@ -108,10 +108,6 @@ def run(pipeline: bool, nproc: int, overrides: list[str], out: Path) -> tuple[fl
     return post_warmup_rate(out), whole
 
 
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def _summary(label: str, values: list[float]) -> str:
     return (
         f"{label} median {statistics.median(values):>10,.0f} samples/s "
@@ -130,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     check_runs(p, args.runs, args.smoke)
     if args.nproc < 1:
         p.error(f"--nproc {args.nproc}: must be at least 1")
-    load_start = _load()
+    load_start = load_average()
     print(f"load average before: {load_start}", flush=True)
     post: dict[bool, list[float]] = {True: [], False: []}
     whole: dict[bool, list[float]] = {True: [], False: []}
@@ -155,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     print(
-        f"load average before {load_start}, after {_load()}; {args.nproc} process(es), "
+        f"load average before {load_start}, after {load_average()}; {args.nproc} process(es), "
         f"{args.runs} runs"
     )
     if no_post_warmup:

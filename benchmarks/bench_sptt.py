@@ -72,7 +72,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -214,9 +214,10 @@ def _names(args: argparse.Namespace) -> list[str]:
     return [f"cat_{f}" for f in range(args.features)]
 
 
-def _model(args: argparse.Namespace, num_towers: int, tower: str) -> nn.Module:
+def _model_config(args: argparse.Namespace, tower: str) -> ModelConfig:
+    """The benchmark's DLRM with ``tower`` modules (its towers are given when it is built)."""
     D = args.dim if tower == "passthrough" else args.tower_dim
-    cfg = ModelConfig(
+    return ModelConfig(
         name="dlrm",
         interaction=DotInteractionConfig(),
         embedding_dim=args.dim,
@@ -227,10 +228,13 @@ def _model(args: argparse.Namespace, num_towers: int, tower: str) -> nn.Module:
         else DLRMTowerConfig(dim=D, c=1, p=0),
         partition=PartitionConfig(kind="explicit"),
     )
+
+
+def _model(args: argparse.Namespace, num_towers: int, tower: str) -> nn.Module:
     torch.manual_seed(0)
     names = _names(args)
     return build_dmt_model(
-        cfg,
+        _model_config(args, tower),
         naive_partition(names, num_towers),
         feature_names=names,
         cardinalities=[args.rows] * args.features,
@@ -273,13 +277,7 @@ OPTIM = OptimConfig(
 def _base_model(args: argparse.Namespace) -> nn.Module:
     """The base DLRM of :func:`_model`'s DMT models (their pass-through form's tables, MLPs and
     interaction), a ``RecModel`` as ``dmt-train`` builds it: the flat baseline."""
-    cfg = ModelConfig(
-        name="dlrm",
-        interaction=DotInteractionConfig(),
-        embedding_dim=args.dim,
-        bottom_mlp=[64, args.dim],
-        top_mlp=[64, 1],
-    )
+    cfg = replace(_model_config(args, "passthrough"), partition=PartitionConfig())
     torch.manual_seed(0)
     return build_model(
         cfg,

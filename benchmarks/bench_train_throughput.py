@@ -32,7 +32,6 @@ side with its range (min-max) over the runs, the ratio of the medians and the ma
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -47,7 +46,7 @@ from dmt.config import ModelConfig
 from dmt.data import build_data
 from dmt.models import build_model
 from dmt.optim import dense_optimizer, sparse_optimizer_spec
-from dmt.results import add_runs_options, check_runs
+from dmt.results import add_runs_options, check_runs, load_average
 from dmt.runtime import close_runtime, init_runtime
 from dmt.train import compose_config, to_config
 from dmt.trainer import Trainer
@@ -145,10 +144,6 @@ def plain_run(steps: int, warmup: int) -> float:
 SIDES: dict[str, Callable[[int, int], float]] = {"dmt": dmt_run, "plain": plain_run}
 
 
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -164,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--warmup {args.warmup}: must be 0 or more")
     warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
 
-    load_start = _load()
+    load_start = load_average()
     print(f"load average before: {load_start}", flush=True)
     rates: dict[str, list[float]] = {side: [] for side in SIDES}
     for r in range(args.runs):
@@ -176,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             f"plain PyTorch {rates['plain'][-1]:,.0f} samples/s",
             flush=True,
         )
-    load_end = _load()
+    load_end = load_average()
     med = {side: statistics.median(v) for side, v in rates.items()}
     print(
         f"\nmedian of {args.runs} runs, {args.steps} steps of batch {BATCH} each, "

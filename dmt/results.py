@@ -65,6 +65,12 @@ def write_json(
     return path
 
 
+def load_average() -> str:
+    """The machine's 1-, 5- and 15-minute load averages, for a benchmark's report (the machine
+    may be shared: a result says how loaded it was)."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 #: a timing benchmark's least number of runs: a median of fewer is not a result
 MIN_RUNS = 3
 

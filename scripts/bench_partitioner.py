@@ -16,7 +16,6 @@ and the machine's load (``os.getloadavg()``) before and after.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -26,7 +25,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from dmt.partitioner import tower_partition
 from dmt.partitioner.synthetic import planted_affinity
-from dmt.results import add_runs_options, check_runs
+from dmt.results import add_runs_options, check_runs, load_average
 
 
 def _case(text: str) -> tuple[int, int]:
@@ -42,10 +41,6 @@ def _case(text: str) -> tuple[int, int]:
     return num_features, num_towers
 
 
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -56,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     check_runs(parser, args.runs, args.smoke)
-    print(f"load average before: {_load()}", flush=True)
+    print(f"load average before: {load_average()}", flush=True)
     for num_features, num_towers in args.cases:
         # Blocks of uneven size, one per tower on average.
         sizes = np.full(num_towers, num_features // num_towers)
@@ -76,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"{num_features} x {num_towers}: median {statistics.median(totals):.2f} s "
             f"(range {min(totals):.2f}-{max(totals):.2f}) over {args.runs} runs; "
-            f"load average now {_load()}",
+            f"load average now {load_average()}",
             flush=True,
         )
         del affinity
