@@ -1,7 +1,25 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the test suite (not the `slow` tests; `bash scripts/test.sh -m slow` runs those).
+#   DMT_TEST_WORKERS=N   pytest-xdist workers (default: 2 for the suite, whole files per worker;
+#                        0 runs in this process; `-m ...` runs and a `-n` of your own default to 0)
+# One torch thread per process unless OMP_NUM_THREADS says otherwise: the workers and the ranks
+# the tests start share the cores.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+workers=2
+for arg in "$@"; do
+  case "$arg" in
+    -m|-m*|-n|-n*|--numprocesses*) workers=0 ;;  # the slow / cluster tests run one at a time
+  esac
+done
+workers="${DMT_TEST_WORKERS:-$workers}"
+if ! [[ "$workers" =~ ^[0-9]+$ ]]; then
+  echo "DMT_TEST_WORKERS must be a number of workers (0: none), got '$workers'" >&2; exit 2
+fi
+if (( workers > 0 )); then
+  exec "$ROOT/.venv/bin/python" -m pytest -n "$workers" --dist loadfile "$@"
+fi
 exec "$ROOT/.venv/bin/python" -m pytest "$@"
