@@ -43,11 +43,18 @@ def strict(data: Any) -> Any:
 
 
 def write_json(
-    path: str | os.PathLike[str], data: Any, *, indent: int = 2, standard: bool = True
+    path: str | os.PathLike[str],
+    data: Any,
+    *,
+    indent: int = 2,
+    standard: bool = True,
+    replace: bool = True,
 ) -> Path:
     """Write ``data`` as standard JSON (:func:`strict`: NaN as ``null``; ``standard=False``:
     Python's, NaN as ``NaN``, for files whose readers take NaN as a float) to ``path``
-    atomically: a reader sees the old file or the new one, never a part."""
+    atomically: a reader sees the old file or the new one, never a part. ``replace=False``:
+    raise ``FileExistsError`` if ``path`` exists, checked as the file is put in place (a file
+    another process wrote since the caller looked is not replaced)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -58,11 +65,30 @@ def write_json(
             else json.dumps(data, indent=indent)
         )
         tmp.write_text(text + "\n")
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _put_new(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _put_new(tmp: Path, path: Path) -> None:
+    """Move ``tmp`` to ``path``, which must not exist (``FileExistsError``)."""
+    try:
+        os.link(tmp, path)  # fails if path exists, whoever made it
+    except FileExistsError:
+        raise FileExistsError(f"{path} already exists: not replaced") from None
+    except OSError:  # a file system without hard links: claim the name, then fill it
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            raise FileExistsError(f"{path} already exists: not replaced") from None
+        os.replace(tmp, path)
+    else:
+        tmp.unlink()
 
 
 def load_average() -> str:

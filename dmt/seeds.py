@@ -5,9 +5,11 @@ uses it to run a sweep's best trials again.
 
 Each run is ``dmt.train.train`` in this process with ``trainer.seed=<seed>``, written to
 ``<out>/<config>/seed_<seed>/metrics.json``, with the overrides it trained with in
-``seed_run.json`` beside it. Runs whose ``metrics.json`` exists are read back, not rerun, and only
-if they trained with the same overrides (a study's config given other settings is refused, not
-reported with the old run's figures).
+``seed_run.json`` beside it (written before the run trains). Runs whose ``metrics.json`` exists
+are read back, not rerun, and only if they trained with the same overrides (a study's config given
+other settings is refused, not reported with the old run's figures); a run that has
+``seed_run.json`` but no ``metrics.json`` (the call stopped while it trained) goes on from its
+latest checkpoint (``trainer.resume_from=auto``), under the same check.
 """
 
 from __future__ import annotations
@@ -100,9 +102,16 @@ def study(
                 metrics = json.loads(path.read_text())
             elif train_missing:
                 args = [*_quiet(list(common) + overrides), *settings]
+                if (run_dir / RUN_FILE).exists():
+                    # an earlier call stopped in this run: go on from its latest checkpoint (none:
+                    # afresh), if it ran these settings
+                    _check_same_run(run_dir, name, settings)
+                    if not any(a.startswith("trainer.resume_from=") for a in args):
+                        args.append("trainer.resume_from=auto")
+                else:
+                    write_json(run_dir / RUN_FILE, {"config": name, "overrides": settings})
                 print(f"[{name} seed {seed}] dmt-train {' '.join(args)}", flush=True)
                 metrics = train(compose_config(*args), run_dir)
-                write_json(run_dir / RUN_FILE, {"config": name, "overrides": settings})
             else:
                 raise FileNotFoundError(f"{path} is missing (run without --no-train to train it)")
             if metric not in metrics:

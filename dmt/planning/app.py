@@ -575,7 +575,12 @@ def main(cfg: DictConfig) -> None:
     # directory it may not know, is checked here
     check_plan_dir(out, overwrite=conf.overwrite, checkpoint_dir=conf.trainer.checkpoint_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / PLAN_FILE, report)
+    try:
+        # not over a plan another dmt-plan wrote into this directory since the check
+        write_json(out / PLAN_FILE, report, replace=conf.overwrite)
+    except FileExistsError:
+        check_plan_dir(out, overwrite=False, checkpoint_dir=conf.trainer.checkpoint_dir)
+        raise
     print(format_report(report))
     print(f"written to {out / PLAN_FILE}")
 

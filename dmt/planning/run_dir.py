@@ -9,7 +9,8 @@ Hydra writes ``.hydra/`` and the log there when it holds
 * an earlier plan's ``plan.json``, unless ``overwrite=true``.
 
 :func:`check_plan_dir` applies the same checks again when :func:`dmt.planning.app.main` writes
-``plan.json`` (jobs of a sweep, runs started from Python). Training's
+``plan.json`` (jobs of a sweep, runs started from Python), and without ``overwrite`` the file is
+put in place only if no other plan wrote one since (``write_json(..., replace=False)``). Training's
 :class:`dmt.run_dir.RunDirGuard` does not fit a plan: it would let ``trainer.resume_from=auto``
 through into a training run's directory, proposes resuming, takes a lock a plan does not need
 and knows nothing of ``plan.json``.

@@ -105,3 +105,13 @@ def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
     assert paired["comparisons"][0]["u"] == 4 - report["comparisons"][0]["u"]
     with pytest.raises(ValueError, match=r"--pair names unknown config\(s\) \['tp'\]"):
         seeds.main([*argv, "--no-train", "--pair", "tp", "dmt"])
+    # a study that stopped in a run (its checkpoint saved, its metrics not) goes on from the
+    # checkpoint when it runs again: the same figures as the run that was not stopped
+    kept = tmp_path / "kept"
+    argv_kept = ["--seeds", "1", "--out", str(kept), "--common", f"{tiny} trainer.checkpoint=true"]
+    argv_kept += ["--config", "base", "model=dlrm"]
+    first = seeds.main(argv_kept)
+    (kept / "base" / "seed_0" / "metrics.json").unlink()
+    again = seeds.main(argv_kept)
+    assert again["configs"]["base"]["values"] == first["configs"]["base"]["values"]
+    assert "trainer.resume_from=auto" in capsys.readouterr().out

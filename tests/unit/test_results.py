@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dmt.results import existing_output, write_json
 
 
@@ -26,6 +28,17 @@ def test_write_json_replaces_whole_and_leaves_no_temporary(tmp_path):
     write_json(path, {"b": 2}, indent=1)
     assert json.loads(path.read_text()) == {"b": 2}
     assert sorted(p.name for p in path.parent.iterdir()) == ["out.json"]
+
+
+def test_write_json_without_replace_keeps_a_file_that_appeared_meanwhile(tmp_path):
+    """dmt-plan checks its directory, plans, then writes plan.json: a plan another run wrote
+    there in between is not replaced (nor left with a temporary beside it)."""
+    path = tmp_path / "plan.json"
+    write_json(path, {"first": 1}, replace=False)
+    with pytest.raises(FileExistsError, match=f"^{path} already exists: not replaced$"):
+        write_json(path, {"second": 2}, replace=False)
+    assert json.loads(path.read_text()) == {"first": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
 
 
 def test_write_json_writes_standard_json(tmp_path):
