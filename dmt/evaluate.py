@@ -14,7 +14,8 @@ How a checkpoint is read:
 * ``--checkpoint`` is a ``step_N`` directory or its parent (the latest complete step is used).
 * The model is rebuilt from the run's resolved config: ``step_N/config.yaml`` (written with every
   checkpoint), else the Hydra run's ``<run>/.hydra/config.yaml`` (checkpoints under
-  ``<run>/checkpoints``), else ``--config``. Relative paths in it (preprocessed data, partition
+  ``<run>/checkpoints``), else ``--config`` (a ``--config`` that differs from the checkpoint's
+  own is refused, naming the keys). Relative paths in it (preprocessed data, partition
   file) are taken relative to the training job's working directory when they exist there.
 * The weights of every rank are reassembled into the plain (unsharded) model in this one process
   (:func:`dmt.checkpoint.load_model_state`, DCP), so a checkpoint of a ``G``-rank run loads too,
@@ -162,20 +163,35 @@ def open_checkpoint(
     where it is looked for)."""
     step_dir = find_checkpoint(path)
     meta = checkpoint.read_meta(step_dir)
+    found = [p for p in _config_candidates(step_dir) if p.is_file()]
+    conf: Config | None = None
     if config is not None:
-        config_path = Path(config)
-        if not config_path.is_file():
-            raise ValueError(f"--config {str(config_path)!r}: no such file")
+        given = Path(config)
+        if not given.is_file():
+            raise ValueError(f"--config {str(given)!r}: no such file")
+        if found:  # the run's own config decides; a --config that says otherwise is refused
+            conf, own = read_config(found[0]), read_config(given)
+            differ = _differing_keys(conf, own)
+            if differ:
+                shown = ", ".join(differ[:8]) + (
+                    f" and {len(differ) - 8} more" if differ[8:] else ""
+                )
+                raise ValueError(
+                    f"--config {str(given)!r} differs from the config checkpoint {step_dir} was "
+                    f"trained with ({found[0]}) in {shown}; the checkpoint's own config is the "
+                    "one that fits its weights: leave --config out"
+                )
+        config_path = found[0] if found else given
+    elif not found:
+        looked = " and ".join(str(p) for p in _config_candidates(step_dir))
+        raise ValueError(
+            f"checkpoint {step_dir} has no training config: looked for {looked}; "
+            "pass the run's config with --config <run>/.hydra/config.yaml"
+        )
     else:
-        found = [p for p in _config_candidates(step_dir) if p.is_file()]
-        if not found:
-            looked = " and ".join(str(p) for p in _config_candidates(step_dir))
-            raise ValueError(
-                f"checkpoint {step_dir} has no training config: looked for {looked}; "
-                "pass the run's config with --config <run>/.hydra/config.yaml"
-            )
         config_path = found[0]
-    conf = read_config(config_path)
+    if conf is None:
+        conf = read_config(config_path)
     train_cwd = _train_cwd(meta, config_path)
     if conf.data.kind == "criteo":
         assert conf.data.criteo is not None
@@ -187,6 +203,21 @@ def open_checkpoint(
     return RunCheckpoint(
         step_dir, int(meta["step"]), int(meta["world_size"]), conf, config_path, train_cwd
     )
+
+
+def _differing_keys(a: Config, b: Config) -> list[str]:
+    """The dotted keys whose values differ between two configs."""
+
+    def flat(node: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(node, dict):
+            out: dict[str, Any] = {}
+            for k, v in node.items():
+                out.update(flat(v, f"{prefix}{k}."))
+            return out
+        return {prefix[:-1]: node}
+
+    fa, fb = (flat(OmegaConf.to_container(OmegaConf.structured(c))) for c in (a, b))
+    return sorted(k for k in fa.keys() | fb.keys() if fa.get(k, None) != fb.get(k, None))
 
 
 def run_schema(conf: Config) -> tuple[list[str], list[int], int]:
@@ -485,7 +516,8 @@ def evaluate(
         data: ``train``/``val``/``test``, a raw Criteo TSV or a preprocessed split directory.
         batch_size: rows per forward pass (default: the run's ``data.eval_batch_size``).
         max_rows: score only the first rows (in file or split order).
-        config: the training config, when the checkpoint has none beside it.
+        config: the training config, when the checkpoint has none beside it (one that
+            differs from the checkpoint's own is refused).
         skip_bad_rows: raw TSV: drop malformed rows (default: the run's ``skip_bad_rows``).
         device: ``cpu`` or ``cuda``.
         progress: progress bars.
@@ -498,6 +530,11 @@ def evaluate(
         raise ValueError(f"--batch-size must be >= 1; got {batch_size}")
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"--max-rows must be >= 1; got {max_rows}")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {device}: no CUDA device here (torch {torch.__version__}, "
+            f"CUDA build: {torch.version.cuda or 'none'}); score with --device cpu"
+        )
     ckpt = open_checkpoint(checkpoint_path, config)
     model = load_model(ckpt, device)
     target = open_data(

@@ -15,6 +15,7 @@ latest checkpoint (``trainer.resume_from=auto``), under the same check.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import warnings
 from collections.abc import Sequence
@@ -31,8 +32,16 @@ RUN_FILE = "seed_run.json"
 
 
 def summarize(values: Sequence[float]) -> dict[str, Any]:
-    """Median, sample standard deviation (``n - 1``), mean, min and max of one config's runs."""
+    """Median, sample standard deviation (``n - 1``), mean, min and max of one config's runs.
+
+    A run whose metric is not finite (it diverged: NaN) makes them all NaN, and ``non_finite``
+    counts such runs: a config that does not always train is not summarized by the rest."""
     v = [float(x) for x in values]
+    bad = sum(not math.isfinite(x) for x in v)
+    if bad:
+        nan = float("nan")
+        stats = dict.fromkeys(("median", "std", "mean", "min", "max"), nan)
+        return {"n": len(v), **stats, "non_finite": bad, "values": v}
     return {
         "n": len(v),
         "median": statistics.median(v),
@@ -58,6 +67,10 @@ def compare(
         raise ValueError(
             f"the Mann-Whitney U test needs >= 2 runs a config, got {len(a)} and {len(b)}"
         )
+    if not all(math.isfinite(float(x)) for x in [*a, *b]):  # a diverged run: no ranks
+        nan = float("nan")
+        keys = ("u", "p_value", "median_difference")
+        return {**dict.fromkeys(keys, nan), "alternative": alternative, "method": method}
     result = mannwhitneyu(a, b, alternative=alternative, method=method)
     return {
         "u": float(result.statistic),
@@ -164,6 +177,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"{name:{width}s}  {r['n']:3d}  {r['median']:16.4f}  {r['std']:8.4f}  {r['mean']:8.4f}  "
             f"{r['min']:8.4f}  {r['max']:8.4f}"
+            + (f"  ({r['non_finite']} of {r['n']} runs not finite)" if r.get("non_finite") else "")
         )
     for c in report["comparisons"]:
         lines.append(

@@ -126,7 +126,9 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
                 metrics = Trainer(conf, runtime, out, logger).fit().metrics
                 ok = True
             finally:
-                if logger is not None:  # a run that raised (or was signalled) ends as failed
+                # a run that raised (KeyboardInterrupt too) ends as failed; one killed by a
+                # signal ends before this (its wandb run has no exit record: "crashed")
+                if logger is not None:
                     logger.finish(exit_code=0 if ok else 1)
     except BaseException:
         # first the groups: freeing GPU memory waits for the kernels in flight. A cleanup that
@@ -212,13 +214,23 @@ def check_sweep_metric(conf: Config) -> None:
 
 def sweep_value(metrics: dict[str, float], name: str) -> float:
     """``metrics[name]``, the number a Hydra sweeper optimizes; a missing or NaN value is a
-    ``ValueError`` naming the metric (a sweeper would rank points by nothing)."""
+    ``ValueError`` naming the metric (a sweeper would rank points by nothing), except NaN from a
+    run that diverged (its last training loss not finite): that trial failed, the sweep goes on."""
     value = metrics.get(name)
     if value is None:
         raise ValueError(
             f"trainer.optimize_metric={name!r} is not a metric of this run; "
             f"choose one of {sorted(metrics)}"
         )
+    if math.isnan(value) and not math.isfinite(metrics.get("train_loss_last", 0.0)):
+        # the trial diverged: a failed point, not a reason to stop the sweep (Optuna marks a
+        # NaN objective as a failed trial; dmt's trials table says "failed")
+        log.warning(
+            "trainer.optimize_metric=%r is NaN: this run diverged (train_loss_last=%s)",
+            name,
+            metrics.get("train_loss_last"),
+        )
+        return value
     if math.isnan(value):
         raise ValueError(
             f"trainer.optimize_metric={name!r} is NaN in this run (a split without rows, "

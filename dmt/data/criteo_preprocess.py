@@ -234,7 +234,7 @@ def preprocess_criteo(
         settings=settings,
         plan=plan,
         vocab_from=None,
-        out_dir=Path(cfg.preprocessed_dir),
+        out_dir=Path(os.path.abspath(cfg.preprocessed_dir)),  # "." has no name to make a sibling of
         num_workers=cfg.num_workers,
         skip_bad_rows=cfg.skip_bad_rows,
         block_bytes=block_bytes,
@@ -301,7 +301,7 @@ def transform_tsv(
         settings=settings,
         plan=lambda lines: [_Assignment(0, 0, lines[0], "test")],
         vocab_from=vocab_dir,
-        out_dir=Path(out_dir),
+        out_dir=Path(os.path.abspath(out_dir)),
         num_workers=num_workers,
         skip_bad_rows=skip_bad_rows,
         block_bytes=block_bytes,
@@ -445,6 +445,10 @@ def _find_day_file(directory: Path, day: int) -> Path:
 
 
 def _describe_source(path: Path) -> _Source:
+    if path.is_dir():
+        raise ValueError(
+            f"input {str(path)!r} is a directory; expected one raw Criteo TSV file (plain or gzip)"
+        )
     if not path.is_file():
         raise ValueError(f"input file {str(path)!r} does not exist")
     st = path.stat()

@@ -41,11 +41,16 @@ def _days(text: str) -> list[int]:
             continue
         lo, sep, hi = part.partition("-")
         try:
-            days += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+            first, last = int(lo), int(hi) if sep else int(lo)
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a list of days like '0-22' or '0,1,5-7'"
             ) from None
+        if last < first:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: the range {part!r} is reversed (expected FIRST-LAST, FIRST <= LAST)"
+            )
+        days += list(range(first, last + 1))
     return days
 
 

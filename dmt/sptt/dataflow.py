@@ -59,7 +59,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocati
 from torch import nn
 from torchrec.distributed.dist_data import KJTAllToAll
 from torchrec.distributed.types import Awaitable, LazyAwaitable
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
@@ -708,6 +708,12 @@ def _check_tables(plan: SPTTPlan, tables: Sequence[EmbeddingBagConfig]) -> None:
             raise ValueError(
                 f"table {table.name!r} is {table.num_embeddings} x {table.embedding_dim}, the "
                 f"plan says {plan.num_embeddings[f]} x {plan.embedding_dim}"
+            )
+        if table.data_type != DataType.FP32:
+            raise ValueError(
+                f"table {table.name!r} has data_type {table.data_type.value}; SPTT's lookup "
+                "takes FP32 tables (TorchRec's fused lookup groups tables by data type, which "
+                "would change the order of their columns)"
             )
         if plan.is_row_wise(f) and table.pooling != PoolingType.SUM:
             raise ValueError(

@@ -61,7 +61,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.types import LazyAwaitable
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
@@ -157,6 +157,7 @@ def check_dmt_model(model: nn.Module, topology: Topology, *, dense_on_meta: bool
     if any(not p for p in partition):
         raise ValueError(f"every tower needs at least one feature, got partition {partition}")
     dims: set[int] = set()
+    table_tower: dict[str, int] = {}  # SPTT keys weights and optimizer state by table name
     for t, (tower, names) in enumerate(zip(model.towers, partition)):
         if list(tower.feature_names) != names:
             raise ValueError(
@@ -176,6 +177,20 @@ def check_dmt_model(model: nn.Module, topology: Topology, *, dense_on_meta: bool
                 f"tower {t}'s tables read {read}; SPTT needs one table per feature, in the "
                 f"tower's order {names}"
             )
+        for table in ebc.embedding_bag_configs():
+            if table.name in table_tower:
+                raise ValueError(
+                    f"towers {table_tower[table.name]} and {t} both have a table named "
+                    f"{table.name!r}; SPTT finds tables by name: give every table its own "
+                    "(dmt's towers name them t_<feature>)"
+                )
+            table_tower[table.name] = t
+            if table.data_type != DataType.FP32:
+                raise ValueError(
+                    f"tower {t}'s table {table.name!r} has data_type {table.data_type.value}; "
+                    "SPTT's lookup takes FP32 tables (TorchRec's fused lookup groups tables by "
+                    "data type, which would change the order of their columns)"
+                )
         dims.update(table.embedding_dim for table in ebc.embedding_bag_configs())
         if ebc.is_weighted():
             raise ValueError(f"tower {t}'s EBC is weighted; SPTT supports unweighted features")

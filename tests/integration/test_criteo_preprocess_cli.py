@@ -89,7 +89,7 @@ def alive(pid: int) -> bool:
 
 
 def test_cli_writes_output_and_reports_bad_input(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     raw = tmp_path / "train.txt"
     raw.write_text(raw_rows(200, seed=1))
@@ -104,6 +104,21 @@ def test_cli_writes_output_and_reports_bad_input(
     assert read_manifest(tmp_path / "out2")["bad_rows"]["total"] == 1
     with pytest.raises(SystemExit):
         main([str(raw), str(tmp_path / "o3"), "--categorical-mode", "nope"])
+    capsys.readouterr()
+    # reproduced bugs: a reversed range of days was dropped without a word ...
+    with pytest.raises(SystemExit):
+        main([str(raw), str(tmp_path / "o4"), "--train-days", "0,7-3"])
+    assert "'0,7-3': the range '7-3' is reversed (expected FIRST-LAST" in capsys.readouterr().err
+    # ... a directory given as the one input of --vocab-from was said not to exist ...
+    assert main([str(tmp_path), str(tmp_path / "o5"), "--vocab-from", str(tmp_path / "out")]) == 1
+    assert f"input {str(tmp_path)!r} is a directory; expected one raw" in capsys.readouterr().err
+    # ... and "." as the output directory made its temporary inside itself, then refused itself
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main([str(raw), ".", "--no-progress", "--num-workers", "1"]) == 0
+    assert read_manifest(here)["splits"]["train"]["rows"] == 170
+    assert not [p.name for p in tmp_path.iterdir() if "partial" in p.name]
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ def load_driver():
 seeds = load_driver()
 
 
-def test_summary_and_mann_whitney():
+def test_summary_and_mann_whitney(tmp_path):
     tp = [0.7990, 0.7987, 0.7993, 0.7991, 0.7989, 0.7995, 0.7986, 0.7992, 0.7988]
     naive = [0.7981, 0.7978, 0.7984, 0.7980, 0.7983, 0.7979, 0.7982, 0.7985, 0.7977]
     s = seed_lib.summarize(tp)
@@ -38,6 +38,26 @@ def test_summary_and_mann_whitney():
     assert seed_lib.compare(tp, naive, method="exact")["p_value"] == pytest.approx(2 / 48620)
     assert seed_lib.compare(tp, naive, "greater", "exact")["p_value"] == pytest.approx(1 / 48620)
     assert seed_lib.compare(naive, tp)["u"] == 0
+    # A reproduced bug: a diverged run's NaN crashed the study after all its training
+    # (statistics.stdev), and the median depended on where the NaN stood; now the config's
+    # figures are NaN, the runs that diverged are counted, and the report and plot say so.
+    nan = float("nan")
+    for where in ([nan, *tp[1:]], [*tp[:-1], nan]):
+        s = seed_lib.summarize(where)
+        assert s["non_finite"] == 1 and s["n"] == 9
+        assert all(math.isnan(s[k]) for k in ("median", "std", "mean", "min", "max"))
+        c = seed_lib.compare(where, naive)
+        assert math.isnan(c["p_value"]) and math.isnan(c["u"])
+    report = {
+        "metric": "test_auc",
+        "seeds": list(range(9)),
+        "configs": {"tp": seed_lib.summarize([*tp[:-1], nan]), "naive": seed_lib.summarize(naive)},
+        "comparisons": [{"a": "tp", "b": "naive", **seed_lib.compare([*tp[:-1], nan], naive)}],
+    }
+    text = seed_lib.format_report(report)
+    assert "(1 of 9 runs not finite)" in text and "p=nan" in text
+    seed_lib.box_plot(report, tmp_path / "nan.png")
+    assert (tmp_path / "nan.png").read_bytes()[:4] == b"\x89PNG"
     tied = seed_lib.compare([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
     assert tied["p_value"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="needs >= 2 runs"):

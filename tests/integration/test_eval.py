@@ -161,6 +161,18 @@ def test_config_of_a_hydra_run_directory(synthetic_run: Path, tmp_path: Path) ->
     _assert_matches_trainer(report, json.loads((run / "metrics.json").read_text()), "test")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for machines without CUDA")
+def test_device_cuda_without_cuda_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A reproduced bug: --device cuda on a CPU machine ended in a traceback from torch."""
+    args = ["--checkpoint", str(tmp_path), "--data", "test", "--out", str(tmp_path / "e.json")]
+    assert main([*args, "--device", "cuda"]) == 1
+    assert capsys.readouterr().err.startswith(
+        "dmt-eval: error: --device cuda: no CUDA device here (torch "
+    )
+
+
 def test_checkpoint_errors(
     synthetic_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -438,12 +450,27 @@ def test_criteo_splits_and_preprocessed_directories(criteo_run, tmp_path) -> Non
         ),
         config,
     )
+    # a --config that differs from the checkpoint's own is refused (it was used instead of it)
+    with pytest.raises(ValueError) as e:
+        evaluate(ckpt, "test", config=config)
+    assert str(e.value) == (
+        f"--config {str(config)!r} differs from the config checkpoint {_last_step(ckpt)} was "
+        f"trained with ({_last_step(ckpt) / 'config.yaml'}) in data.criteo.preprocessed_dir; "
+        "the checkpoint's own config is the one that fits its weights: leave --config out"
+    )
+    shutil.copy(_last_step(ckpt) / "config.yaml", tmp_path / "same.yaml")
+    assert evaluate(ckpt, "test", config=tmp_path / "same.yaml") == test
+    # without a config of its own, the --config given is read, and checked against the weights
+    bare = tmp_path / "bare" / "checkpoints"
+    shutil.copytree(ckpt, bare)
+    for own in bare.glob("step_*/config.yaml"):
+        own.unlink()
     with pytest.raises(
         ValueError,
         match=r"does not match the model its config .*config.yaml builds: .*"
         r"table rows come from .*other/manifest.json",
     ):
-        evaluate(ckpt, "test", config=config)
+        evaluate(bare, "test", config=config)
 
 
 def test_bad_tsv_row_names_file_and_line(criteo_run, tmp_path, capsys) -> None:

@@ -86,6 +86,10 @@ def test_the_sweep_metric_must_exist_and_be_a_number():
         "with data=criteo_sample_holdout, or without clicks); choose a metric this data defines, "
         "e.g. trainer.optimize_metric=test_auc"
     )
+    # A reproduced bug: one diverged trial stopped a grid sweep before its trials table, with
+    # the message above; its NaN is a failed trial (Optuna fails a NaN objective)
+    diverged = {"val_auc": math.nan, "train_loss_last": math.nan}
+    assert math.isnan(sweep_value(diverged, "val_auc"))
 
 
 def test_a_sweeps_metric_is_checked_before_its_jobs_train(tmp_path):

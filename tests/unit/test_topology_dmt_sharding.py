@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torchrec.modules.embedding_configs import DataType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dmt.config import (
@@ -93,6 +94,23 @@ def test_partition_must_match_the_model(partition: list[list[str]], match: str) 
     model = _model(TWO_TOWERS)
     model.partition = partition  # a partition that is not the one the model was built with
     with pytest.raises(ValueError, match=match):
+        check_dmt_model(model, Topology(4, 2))
+
+
+def test_tables_must_be_fp32_and_named_once() -> None:
+    """Reproduced bugs: a table named as one of another tower's got that table's weights and
+    optimizer state (both are found by name); a non-FP32 table among FP32 ones had its columns
+    read as another table's (TorchRec's fused lookup groups its tables by data type)."""
+    model = _model(TWO_TOWERS)
+    tables = [tw.embedding_bag_collection.embedding_bag_configs() for tw in model.towers]
+    tables[1][2].name = tables[0][1].name
+    with pytest.raises(ValueError, match=r"^towers 0 and 1 both have a table named 't_cat_2'; "):
+        check_dmt_model(model, Topology(4, 2))
+    model = _model(TWO_TOWERS)
+    model.towers[0].embedding_bag_collection.embedding_bag_configs()[1].data_type = DataType.FP16
+    with pytest.raises(
+        ValueError, match=r"^tower 0's table 't_cat_2' has data_type FP16; SPTT's lookup takes FP32"
+    ):
         check_dmt_model(model, Topology(4, 2))
 
 
