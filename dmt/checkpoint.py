@@ -618,11 +618,12 @@ def read_meta(path: Path) -> dict[str, Any]:
 # -- resuming ---------------------------------------------------------------------------------
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flatten_keys(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as one dict of dotted keys (``prefix`` before each)."""
     if isinstance(tree, dict):
         out: dict[str, Any] = {}
         for k, v in tree.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten_keys(v, f"{prefix}{k}."))
         return out
     return {prefix[:-1]: tree}
 
@@ -639,7 +640,7 @@ def config_differences(
     the saved LR schedule decays until the end of training, or is another factory than dmt's
     (given the run's ``total_steps``, it may span the run). Each as
     ``key: saved -> current``."""
-    a, b = _flatten(saved), _flatten(current)
+    a, b = flatten_keys(saved), flatten_keys(current)
     # dmt's own schedule spans the run when it decays to the end; any other factory is given
     # the run's total_steps and may use them
     target = a.get("optim.schedule._target_", _DEFAULT_SCHEDULE)
@@ -724,7 +725,7 @@ def load(
     fresh_fused = False  # the fused tables' state starts fresh (another sparse optimizer)
     fresh_dense: list[Any] = []  # dense state tensors the checkpoint lacks
     saved = tensor_keys(path, prefix="")
-    missing = [k for k in _flatten(state["model"], "model.") if k not in saved]
+    missing = [k for k in flatten_keys(state["model"], "model.") if k not in saved]
     if missing:
         raise ValueError(
             f"checkpoint {path} does not fit this model: {len(missing)} tensors are not in it "
@@ -733,7 +734,7 @@ def load(
     if optimizer is not None:
         _materialize_optimizer_state(optimizer)
         state["optim"] = _optimizer_state(model, optimizer)
-        entries = _flatten(state["optim"], "optim.")
+        entries = flatten_keys(state["optim"], "optim.")
         absent = [k for k in entries if k not in saved]
         _check_column_blocks(path, absent, saved)
         if absent and not partial_optimizer:
@@ -763,7 +764,7 @@ def load(
     if has_ema:
         assert ema is not None
         state["ema"] = _ema_state(model, ema)
-        absent = [k for k in _flatten(state["ema"], "ema.") if k not in saved]
+        absent = [k for k in flatten_keys(state["ema"], "ema.") if k not in saved]
         if absent:
             raise ValueError(
                 f"checkpoint {path} holds no moving average of {len(absent)} weights "

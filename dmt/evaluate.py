@@ -207,16 +207,9 @@ def open_checkpoint(
 
 def _differing_keys(a: Config, b: Config) -> list[str]:
     """The dotted keys whose values differ between two configs."""
-
-    def flat(node: Any, prefix: str = "") -> dict[str, Any]:
-        if isinstance(node, dict):
-            out: dict[str, Any] = {}
-            for k, v in node.items():
-                out.update(flat(v, f"{prefix}{k}."))
-            return out
-        return {prefix[:-1]: node}
-
-    fa, fb = (flat(OmegaConf.to_container(OmegaConf.structured(c))) for c in (a, b))
+    fa, fb = (
+        checkpoint.flatten_keys(OmegaConf.to_container(OmegaConf.structured(c))) for c in (a, b)
+    )
     return sorted(k for k in fa.keys() | fb.keys() if fa.get(k, None) != fb.get(k, None))
 
 
