@@ -138,10 +138,23 @@ def curves_figure(records: list[dict[str, Any]]) -> Any:
     )
     for ax, (key, title, color) in zip(fig.subplots(1, 3), panels, strict=True):
         points = [(r["samples"], r[key]) for r in records if r.get(key) is not None]
+        # logged but not finite (written as null): a diverged run, not a missing curve
+        lost = [r["samples"] for r in records if key in r and r[key] is None]
         if points:
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, marker="o" if len(points) < 30 else None, markersize=3, color=color)
-        else:
+        if lost:
+            ax.axvline(lost[0], color="tab:red", linestyle="--")
+            ax.text(
+                0.5,
+                0.5,
+                f"not finite from {lost[0]:,} samples",
+                ha="center",
+                va="center",
+                color="tab:red",
+                transform=ax.transAxes,
+            )
+        elif not points:
             ax.text(0.5, 0.5, "no values", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title)
         ax.set_xlabel("samples seen")

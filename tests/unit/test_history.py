@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import open_dict
 
-from dmt.history import RunHistory, read_history
+from dmt.history import RunHistory, curves_figure, read_history
 from dmt.tracking import wandb_name, wandb_values
 from dmt.train import CONF_MODULE, _hydra_info, check_sweep_metric, sweep_value, to_config
 from tests.conftest import compose_config
@@ -37,6 +37,12 @@ def test_records_throughput_and_curves(tmp_path):
     ]  # fmt: skip
     assert "NaN" not in "".join(lines)
     assert not list(tmp_path.glob(".*.tmp"))
+    # the loss that became NaN is marked where it did, not drawn as a curve that stops (a
+    # diverged run's panels said "no values", as if nothing had been logged)
+    panels = curves_figure(records).axes
+    assert [t.get_text() for t in panels[0].texts] == ["not finite from 2,000 samples"]
+    assert [t.get_text() for t in panels[1].texts] == []  # val/auc: finite
+    assert [t.get_text() for t in curves_figure([]).axes[1].texts] == ["no values"]
 
 
 def test_a_resumed_run_keeps_the_records_up_to_its_checkpoint(tmp_path):
