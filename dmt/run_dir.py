@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hydra.experimental.callback import Callback
@@ -320,18 +320,29 @@ SWEEP_RECORDS = ("optimization_results.yaml",)
 JOB_NUM_FORMS = ("hydra.job.num", "hydra:job.num")
 
 
-def sweep_outputs(sweep_dir: Path, checkpoint_dir: str, *, jobs: bool = True) -> list[str]:
+def job_dirs(sweep_dir: Path, subdir: str) -> list[Path]:
+    """The directories in ``sweep_dir`` as deep as ``hydra.sweep.subdir`` puts a job's
+    (``${hydra.job.num}``: one level; ``trial/${hydra.job.num}``: two), links left out."""
+    depth = len(PurePosixPath(subdir).parts) if subdir else 0
+    level = [sweep_dir] if sweep_dir.is_dir() else []
+    for _ in range(depth):
+        level = [p for d in level for p in sorted(d.iterdir()) if p.is_dir() and not p.is_symlink()]
+    return level if depth else []
+
+
+def sweep_outputs(sweep_dir: Path, checkpoint_dir: str, *, subdir: str | None = None) -> list[str]:
     """The outputs of an earlier sweep in ``sweep_dir``: its own records
-    (:data:`SWEEP_RECORDS`) and, with ``jobs``, its jobs' (:func:`outputs_of`, as
-    ``<job>/metrics.json``)."""
+    (:data:`SWEEP_RECORDS`) and, given the sweep's ``subdir``, those of its jobs
+    (:func:`outputs_of` of each of :func:`job_dirs`, as ``<job>/metrics.json``)."""
     if not sweep_dir.is_dir():
         return []
     found = [name for name in SWEEP_RECORDS if (sweep_dir / name).exists()]
-    if jobs:
+    if subdir is not None:
         shared = Path(checkpoint_dir).is_absolute()  # one for every job: not a job's own
-        for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.is_symlink()):
+        for job in job_dirs(sweep_dir, subdir):
             outputs = outputs_of(job, checkpoint_dir)
-            found += [f"{job.name}/{o}" for o in outputs if not shared or o == METRICS_FILE]
+            name = job.relative_to(sweep_dir).as_posix()
+            found += [f"{name}/{o}" for o in outputs if not shared or o == METRICS_FILE]
     return found
 
 
@@ -558,7 +569,7 @@ class RunDirGuard(Callback):
         sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
         subdir = str(sweep.get("subdir", "")) if isinstance(sweep, dict) else ""
         numbered = any(form in subdir for form in JOB_NUM_FORMS)
-        found = sweep_outputs(sweep_dir, checkpoint_dir, jobs=numbered)
+        found = sweep_outputs(sweep_dir, checkpoint_dir, subdir=subdir if numbered else None)
         if found:
             shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
             sys.exit(

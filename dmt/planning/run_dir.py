@@ -27,7 +27,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from dmt.run_dir import JOB_NUM_FORMS, LOCK_FILE, outputs_of
+from dmt.run_dir import JOB_NUM_FORMS, LOCK_FILE, job_dirs, outputs_of
 
 PLAN_FILE = "plan.json"
 
@@ -115,7 +115,7 @@ class PlanRunDirGuard(Callback):
             return
         try:
             overwrite, checkpoint_dir = _settings(config)
-            for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.is_symlink()):
+            for job in job_dirs(sweep_dir, subdir):
                 check_plan_dir(
                     job,
                     overwrite=overwrite,

@@ -16,10 +16,12 @@ import pytest
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from dmt.planning.run_dir import PlanRunDirGuard
 from dmt.run_dir import (
     INIT_PID_NAMESPACE,
     LOCK_FILE,
     STALE_LOCK_WAIT_S,
+    RunDirGuard,
     agreed_stamp,
     check_outputs,
     claim_run_dir,
@@ -358,3 +360,29 @@ def test_the_wait_leaves_the_other_ranks_time():
     """The other ranks wait for rank 0 up to trainer.collective_timeout_s at start."""
     assert stale_lock_wait(600.0) == STALE_LOCK_WAIT_S == 300.0
     assert stale_lock_wait(20.0) == 10.0
+
+
+@pytest.mark.parametrize("subdir", ["${hydra.job.num}", "trial/${hydra.job.num}"])
+def test_a_sweep_guard_finds_earlier_jobs_as_deep_as_its_subdir(tmp_path, subdir):
+    """Job numbers start from 0 in every sweep, so an earlier sweep's numbered jobs are where
+    this one's go; with a two-level subdir they were not looked for (one level only)."""
+    job = tmp_path / "sweep" / subdir.replace("${hydra.job.num}", "0")
+    (job / "checkpoints" / "step_2").mkdir(parents=True)
+    (job / "metrics.json").write_text("{}")
+    config = OmegaConf.create(
+        {
+            "hydra": {"sweep": {"dir": str(tmp_path / "sweep"), "subdir": subdir}},
+            "trainer": {"resume_from": None, "checkpoint_dir": "checkpoints"},
+            "overwrite": False,
+        }
+    )
+    name = job.relative_to(tmp_path / "sweep").as_posix()
+    with pytest.raises(SystemExit) as refused:
+        RunDirGuard().on_multirun_start(config)
+    assert str(refused.value).startswith(
+        f"Error: sweep directory {tmp_path / 'sweep'} already holds another sweep's outputs "
+        f"({name}/metrics.json, {name}/checkpoints/); "
+    )
+    with pytest.raises(SystemExit) as planned:  # dmt-plan's guard looks as deep
+        PlanRunDirGuard().on_multirun_start(config)
+    assert f"run directory {job} holds a training run's outputs" in str(planned.value)
