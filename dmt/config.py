@@ -761,8 +761,9 @@ def validate(cfg: Config) -> None:
     _positive("trainer.epochs", t.epochs)
     _choice("trainer.device", t.device, ("auto", "cpu", "cuda"))
     _positive("trainer.log_every", t.log_every)
-    if t.eval_every < 0 or t.checkpoint_every < 0:
-        raise ValueError("trainer.eval_every and trainer.checkpoint_every must be >= 0")
+    for key in ("eval_every", "checkpoint_every"):
+        if getattr(t, key) < 0:
+            raise ValueError(f"trainer.{key}={getattr(t, key)} must be >= 0 (0: only at the end)")
     _positive("trainer.collective_timeout_s", t.collective_timeout_s)
     if t.ema_decay is not None and not 0.0 <= t.ema_decay < 1.0:
         raise ValueError(

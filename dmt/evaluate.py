@@ -169,9 +169,13 @@ def open_checkpoint(
         given = Path(config)
         if not given.is_file():
             raise ValueError(f"--config {str(given)!r}: no such file")
-        if found:  # the run's own config decides; a --config that says otherwise is refused
-            conf, own = read_config(found[0]), read_config(given)
-            differ = _differing_keys(conf, own)
+        try:  # the run's own config decides; a --config that says otherwise is refused
+            conf = read_config(found[0]) if found else None
+        except ValueError as e:  # e.g. a key this dmt no longer has: the given one stands in
+            warnings.warn(f"{e}; reading --config {str(given)!r} instead", stacklevel=2)
+            found = []
+        if conf is not None:
+            differ = _differing_keys(conf, read_config(given))
             if differ:
                 shown = ", ".join(differ[:8]) + (
                     f" and {len(differ) - 8} more" if differ[8:] else ""
@@ -179,7 +183,8 @@ def open_checkpoint(
                 raise ValueError(
                     f"--config {str(given)!r} differs from the config checkpoint {step_dir} was "
                     f"trained with ({found[0]}) in {shown}; the checkpoint's own config is the "
-                    "one that fits its weights: leave --config out"
+                    "one that fits its weights: leave --config out (for data that moved, edit "
+                    "the paths in that file)"
                 )
         config_path = found[0] if found else given
     elif not found:
@@ -510,7 +515,7 @@ def evaluate(
         batch_size: rows per forward pass (default: the run's ``data.eval_batch_size``).
         max_rows: score only the first rows (in file or split order).
         config: the training config, when the checkpoint has none beside it (one that
-            differs from the checkpoint's own is refused).
+            differs from the checkpoint's own is refused) or its own no longer reads.
         skip_bad_rows: raw TSV: drop malformed rows (default: the run's ``skip_bad_rows``).
         device: ``cpu`` or ``cuda``.
         progress: progress bars.

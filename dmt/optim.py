@@ -39,6 +39,7 @@ from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from dmt.config import LR_DECAYS, OptimConfig
 
@@ -84,6 +85,11 @@ def _check_sparse_kwargs(spec: dict[str, Any]) -> None:
     would fail only when the model is sharded, inside FBGEMM, as an unexpected keyword."""
     known = sparse_kernel_settings()
     for key in spec:
+        if key == "learning_rate":  # a kernel argument, but TorchRec sets it from lr
+            raise ValueError(
+                "optim.sparse.learning_rate would be replaced by optim.sparse.lr (TorchRec "
+                "passes lr as FBGEMM's learning_rate): set the tables' rate with optim.sparse_lr"
+            )
         if key in known:
             continue
         hint = difflib.get_close_matches(key, sorted(known), n=1)
@@ -165,6 +171,30 @@ def fused_optimizer_type(optimizer_class: type) -> EmbOptimType:
             "torchrec.optim.SGD/Adagrad/Adam/LAMB/LarsSGD/PartialRowWiseAdam/PartialRowWiseLAMB)"
         )
     return fused
+
+
+#: the classes TorchRec's FusedEmbeddingBagCollection (SPTT's lookup) fuses, by FBGEMM type;
+#: it passes the kwargs to FBGEMM as they are, so the class only names the optimizer
+_FUSED_EBC_CLASSES: dict[EmbOptimType, type[torch.optim.Optimizer]] = {
+    EmbOptimType.EXACT_SGD: torch.optim.SGD,
+    EmbOptimType.EXACT_ADAGRAD: torch.optim.Adagrad,
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD: RowWiseAdagrad,
+    EmbOptimType.ADAM: torch.optim.Adam,
+}
+
+
+def fused_ebc_class(optimizer_class: type) -> type[torch.optim.Optimizer]:
+    """The class of ``optimizer_class``'s FBGEMM optimizer that TorchRec's
+    ``FusedEmbeddingBagCollection`` takes (it knows four classes; e.g. ``torchrec.optim.Adam``,
+    which takes FBGEMM's ``beta1``/``beta2``, is ``torch.optim.Adam`` there)."""
+    fused = fused_optimizer_type(optimizer_class)
+    if fused not in _FUSED_EBC_CLASSES:
+        raise ValueError(
+            f"optim.sparse._target_={optimizer_class.__module__}.{optimizer_class.__qualname__} "
+            f"(FBGEMM {fused.value}): SPTT's fused lookup (TorchRec's FusedEmbeddingBagCollection) "
+            f"takes {[t.value for t in _FUSED_EBC_CLASSES]} only"
+        )
+    return _FUSED_EBC_CLASSES[fused]
 
 
 def sparse_optimizer_name(optimizer_class: type) -> str:
@@ -325,8 +355,17 @@ def check_optim(cfg: OptimConfig) -> None:
     """Build ``cfg``'s dense optimizer and LR schedule over a dummy parameter and resolve its
     sparse optimizer, so that their own checks fail before any data is read
     (:func:`dmt.config.validate`)."""
-    cls, _ = sparse_optimizer_spec(cfg)
+    cls, kwargs = sparse_optimizer_spec(cfg)
     sparse_optimizer_name(cls)
+    try:  # the flat model builds it so (TorchRec's apply_optimizer_in_backward)
+        cls([nn.Parameter(torch.zeros(1, 1))], **kwargs)
+    except TypeError as e:
+        raise ValueError(
+            f"optim.sparse._target_={cls.__module__}.{cls.__qualname__} does not take the "
+            f"settings {sorted(kwargs)}: {e}. The torchrec.optim classes take FBGEMM's settings "
+            "(e.g. torchrec.optim.Adam for beta1/beta2, torchrec.optim.RowWiseAdagrad for "
+            "weight_decay_mode)"
+        ) from None
     opt = dense_optimizer([nn.Parameter(torch.zeros(1))], cfg)
     build_lr_scheduler(opt, cfg, total_steps=1)
 

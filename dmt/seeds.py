@@ -8,8 +8,9 @@ Each run is ``dmt.train.train`` in this process with ``trainer.seed=<seed>``, wr
 ``seed_run.json`` beside it (written before the run trains). Runs whose ``metrics.json`` exists
 are read back, not rerun, and only if they trained with the same overrides (a study's config given
 other settings is refused, not reported with the old run's figures); a run that has
-``seed_run.json`` but no ``metrics.json`` (the call stopped while it trained) goes on from its
-latest checkpoint (``trainer.resume_from=auto``), under the same check.
+``seed_run.json`` and a checkpoint but no ``metrics.json`` (the call stopped while it trained)
+goes on from its latest checkpoint (``trainer.resume_from=auto``, unless its overrides set
+``trainer.resume_from``), under the same check; without a checkpoint it starts afresh.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from scipy.stats import mannwhitneyu
 
 from dmt.results import write_json
+from dmt.run_dir import outputs_of
 
 ALTERNATIVES = ("two-sided", "greater", "less")
 #: beside each run's metrics.json: the overrides it trained with
@@ -115,16 +117,19 @@ def study(
                 metrics = json.loads(path.read_text())
             elif train_missing:
                 args = [*_quiet(list(common) + overrides), *settings]
-                if (run_dir / RUN_FILE).exists():
-                    # an earlier call stopped in this run: go on from its latest checkpoint (none:
-                    # afresh), if it ran these settings
+                cfg = compose_config(*args)  # a bad override fails before anything is written
+                ckpt = str(cfg.trainer.checkpoint_dir)
+                if (run_dir / RUN_FILE).exists() and outputs_of(run_dir, ckpt):
+                    # an earlier call stopped in this run after a checkpoint: go on from the
+                    # latest, if it ran these settings
                     _check_same_run(run_dir, name, settings)
-                    if not any(a.startswith("trainer.resume_from=") for a in args):
+                    if not any("trainer.resume_from=" in a for a in args):
                         args.append("trainer.resume_from=auto")
-                else:
+                        cfg = compose_config(*args)
+                else:  # nothing trained here yet (or nothing kept): these settings are the run's
                     write_json(run_dir / RUN_FILE, {"config": name, "overrides": settings})
                 print(f"[{name} seed {seed}] dmt-train {' '.join(args)}", flush=True)
-                metrics = train(compose_config(*args), run_dir)
+                metrics = train(cfg, run_dir)
             else:
                 raise FileNotFoundError(f"{path} is missing (run without --no-train to train it)")
             if metric not in metrics:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the test suite (not the `slow` tests; `bash scripts/test.sh -m slow` runs those).
 #   DMT_TEST_WORKERS=N   pytest-xdist workers (default: 2 for the suite, whole files per worker;
-#                        0 runs in this process; `-m ...` runs, a `-n` of your own and machines
-#                        with a GPU default to 0: the CUDA/NCCL tests take every GPU, one at a time)
+#                        0 runs in this process; `-m ...` runs, a `-n` of your own, --pdb, --trace,
+#                        -s, -p no:xdist and machines with a GPU default to 0: the CUDA/NCCL tests
+#                        take every GPU, one at a time)
 # One torch thread per process unless OMP_NUM_THREADS says otherwise: the workers and the ranks
 # the tests start share the cores.
 set -euo pipefail
@@ -16,7 +17,8 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q 
 fi
 for arg in "$@"; do
   case "$arg" in
-    -m|-m*|-n|-n*|--numprocesses*) workers=0 ;;  # the slow / cluster tests run one at a time
+    # the slow / cluster tests run one at a time; a debugger, -s and -p no:xdist need one process
+    -m|-m*|-n|-n*|--numprocesses*|--pdb|--trace|-s|--capture=no|no:xdist|-pno:xdist) workers=0 ;;
   esac
 done
 workers="${DMT_TEST_WORKERS:-$workers}"

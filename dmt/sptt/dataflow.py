@@ -66,6 +66,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from dmt.memory import FUSED_UVM_CACHING
+from dmt.optim import fused_ebc_class
 from dmt.sptt.collectives import (
     AllToAllRequest,
     all_to_all_single,
@@ -782,6 +783,7 @@ class _FusedShards(nn.Module):
     ) -> None:
         super().__init__()
         optimizer_class, kwargs = sparse_optimizer
+        optimizer_class = fused_ebc_class(optimizer_class)  # e.g. torchrec.optim.Adam: its kwargs
         cached = list(cached) or [False] * len(tables)
         groups = kernel_groups(
             [t.embedding_dim for t in tables], [t.pooling for t in tables], cached

@@ -131,7 +131,18 @@ def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
     argv_kept = ["--seeds", "1", "--out", str(kept), "--common", f"{tiny} trainer.checkpoint=true"]
     argv_kept += ["--config", "base", "model=dlrm"]
     first = seeds.main(argv_kept)
-    (kept / "base" / "seed_0" / "metrics.json").unlink()
+    run = kept / "base" / "seed_0"
+    (run / "metrics.json").unlink()
+    saved = {p: p.stat().st_mtime_ns for p in (run / "checkpoints").rglob("*")}
     again = seeds.main(argv_kept)
     assert again["configs"]["base"]["values"] == first["configs"]["base"]["values"]
     assert "trainer.resume_from=auto" in capsys.readouterr().out
+    # resumed, not trained again: the checkpoint is the first call's, untouched
+    assert {p: p.stat().st_mtime_ns for p in (run / "checkpoints").rglob("*")} == saved
+    # a run that failed before anything was kept (a bad setting) holds no settings: once fixed,
+    # the same command trains it (its seed_run.json is rewritten, not held against it)
+    bad = ["--seeds", "1", "--out", str(tmp_path / "bad"), "--common", tiny]
+    with pytest.raises(ValueError, match="optim.lr"):
+        seeds.main([*bad, "--config", "base", "model=dlrm optim.lr=-1"])
+    fixed = seeds.main([*bad, "--config", "base", "model=dlrm optim.lr=0.01"])
+    assert len(fixed["configs"]["base"]["values"]) == 1

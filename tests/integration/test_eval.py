@@ -173,6 +173,22 @@ def test_device_cuda_without_cuda_is_bad_input(
     )
 
 
+def test_a_checkpoint_config_that_no_longer_reads_gives_way_to_config(
+    synthetic_run: Path, tmp_path: Path
+) -> None:
+    """A checkpoint's own config.yaml with a key this dmt no longer has: --config stands in
+    for it (with a warning), as before --config was checked against it."""
+    run = _copy_run(synthetic_run, tmp_path / "run")
+    step = run / "checkpoints" / "step_3"
+    given = shutil.copy(step / "config.yaml", tmp_path / "given.yaml")
+    _edit_config(step, trainer__old_knob=1)
+    with pytest.raises(ValueError, match=r"not a dmt training config: Key 'old_knob'"):
+        evaluate(step, "test")
+    with pytest.warns(UserWarning, match=rf"Key 'old_knob'.*; reading --config '{given}' instead"):
+        report = evaluate(step, "test", config=given)
+    _assert_matches_trainer(report, json.loads((run / "metrics.json").read_text()), "test")
+
+
 def test_checkpoint_errors(
     synthetic_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -456,7 +472,8 @@ def test_criteo_splits_and_preprocessed_directories(criteo_run, tmp_path) -> Non
     assert str(e.value) == (
         f"--config {str(config)!r} differs from the config checkpoint {_last_step(ckpt)} was "
         f"trained with ({_last_step(ckpt) / 'config.yaml'}) in data.criteo.preprocessed_dir; "
-        "the checkpoint's own config is the one that fits its weights: leave --config out"
+        "the checkpoint's own config is the one that fits its weights: leave --config out (for "
+        "data that moved, edit the paths in that file)"
     )
     shutil.copy(_last_step(ckpt) / "config.yaml", tmp_path / "same.yaml")
     assert evaluate(ckpt, "test", config=tmp_path / "same.yaml") == test

@@ -220,3 +220,21 @@ def test_a_sparse_optimizer_setting_the_kernel_does_not_take_is_refused_at_valid
     assert "optimizer" not in sparse_kernel_settings()
     # TorchRec reads its raw-embedding-streaming fields itself, before FBGEMM
     check_optim(typed_config("+optim.sparse.enable_raw_embedding_streaming=false").optim)
+    # Reproduced bugs: a kernel setting the flat path's class does not take passed validation
+    # and failed in the trainer as a bare TypeError (torch.optim.Adam and beta1, SGD and eps);
+    # learning_rate passed and was replaced by lr
+    with pytest.raises(
+        ValueError,
+        match=r"^optim.sparse._target_=torch.optim.adam.Adam does not take the settings "
+        r"\['beta1', 'eps', 'lr'\]: .*torchrec.optim.Adam for beta1/beta2",
+    ):
+        check_optim(typed_config("optim=adam", "+optim.sparse.beta1=0.8").optim)
+    check_optim(
+        typed_config(
+            "optim=adam", "optim.sparse._target_=torchrec.optim.Adam", "+optim.sparse.beta1=0.8"
+        ).optim
+    )
+    with pytest.raises(ValueError, match=r"^optim.sparse._target_=torch.optim.sgd.SGD does not"):
+        check_optim(typed_config("optim.sparse._target_=torch.optim.SGD").optim)
+    with pytest.raises(ValueError, match=r"^optim.sparse.learning_rate would be replaced by"):
+        check_optim(typed_config("+optim.sparse.learning_rate=0.5").optim)

@@ -371,3 +371,29 @@ def test_row_wise_state_of_a_cached_table_is_counted_in_hbm() -> None:
         ValueError, match=r"tables would take 250 KiB \(256000 bytes\) of host memory"
     ):
         choose_kernels(tables, _cuda(150_000, 255_999, 0.5), rank=0, resident=stays)
+
+
+@pytest.mark.parametrize(
+    ("name", "fused"),
+    [
+        ("torchrec.optim.Adagrad", "torch.optim.Adagrad"),
+        ("torchrec.optim.SGD", "torch.optim.SGD"),
+        ("torchrec.optim.RowWiseAdagrad", "torchrec.optim.RowWiseAdagrad"),
+        ("torch.optim.Adagrad", "torch.optim.Adagrad"),
+    ],
+)
+def test_sptt_lookup_takes_every_class_validation_accepts(name: str, fused: str) -> None:
+    """A reproduced bug: torchrec.optim.Adagrad/SGD/Adam passed validation and trained the flat
+    model, but SPTT's FusedEmbeddingBagCollection knows four classes and refused them ("Cannot
+    fuse optimizer_type"); SPTT now hands it the class of the same FBGEMM optimizer."""
+    import torch
+    from hydra.utils import get_class
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+    from dmt.optim import fused_ebc_class
+    from dmt.sptt.dataflow import _FusedShards
+
+    assert fused_ebc_class(get_class(name)) is get_class(fused)
+    tables = [EmbeddingBagConfig(num_embeddings=5, embedding_dim=4, name="t", feature_names=["f"])]
+    shards = _FusedShards(tables, (get_class(name), {"lr": 0.1}), torch.device("cpu"))
+    assert [n for n, _ in shards.named_parameters()] != []
