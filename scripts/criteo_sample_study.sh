@@ -28,6 +28,10 @@ case "$PROTOCOL" in
 esac
 OUT=${1:-study/criteo_$PROTOCOL}
 SEEDS=${2:-9}
+if [[ "$OUT" =~ [[:space:]] ]]; then  # seeds.py splits each config's overrides at whitespace
+  echo "OUT_DIR '$OUT' has whitespace; the study's configs name paths in it: choose one without" >&2
+  exit 2
+fi
 PY=.venv/bin/python
 
 if [[ ! -f "$OUT/base_ckpt/metrics.json" ]]; then

@@ -41,14 +41,31 @@ RUNDIR="$(mktemp -d /tmp/${TAG}.XXXX)"
 INIT_FILE="$RUNDIR/rendezvous"
 PIDS=()
 
+# every process left in the host namespaces (a command's own children too: the ranks a
+# benchmark spawns outlive their parent; ip netns del would leave them a nameless namespace)
+host_pids() {
+    for ((h = 0; h < HOSTS; h++)); do ip netns pids "${TAG}h$h" 2>/dev/null || true; done
+}
 cleanup() {
+    trap - EXIT INT TERM
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    local left
+    left="$(host_pids)"
+    [[ -z "$left" ]] || kill $left 2>/dev/null || true
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        [[ -n "$(host_pids)" ]] || break
+        sleep 0.5
+    done
+    left="$(host_pids)"
+    [[ -z "$left" ]] || kill -KILL $left 2>/dev/null || true
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
     for ((h = 0; h < HOSTS; h++)); do ip netns del "${TAG}h$h" 2>/dev/null || true; done
     ip netns del "$SWITCH" 2>/dev/null || true   # removes the bridge and the switch-side links
     rm -rf "$RUNDIR"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
 
 ip netns add "$SWITCH"
 ip -n "$SWITCH" link set lo up
