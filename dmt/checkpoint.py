@@ -50,6 +50,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dmt.config import NO_DEFAULT, schema_default
@@ -735,8 +736,14 @@ def load(
         _materialize_optimizer_state(optimizer)
         state["optim"] = _optimizer_state(model, optimizer)
         entries = flatten_keys(state["optim"], "optim.")
-        absent = [k for k in entries if k not in saved]
-        _check_column_blocks(path, absent, saved)
+        unnamed = [k for k in entries if k not in saved]
+        # row-wise per column block, checked: full-shape state is never a block's
+        _check_column_blocks(path, [k for k in unnamed if len(_size(entries[k])) < 2], saved)
+        # a name another optimizer's state has too (exact and row-wise Adagrad's momentum1:
+        # (rows, cols) and (rows,)) is absent state all the same
+        absent = unnamed + [
+            k for k in entries if k in saved and _size(entries[k]) != tuple(saved[k].size)
+        ]
         if absent and not partial_optimizer:
             raise ValueError(
                 f"checkpoint {path} holds no optimizer state for {len(absent)} entries (e.g. "
@@ -778,7 +785,8 @@ def load(
         state["rng"] = {f"rank_{rank}": rng}
     try:
         dcp.load(state, checkpoint_id=path)
-    except Exception as e:  # DCP gathers every rank's error into one CheckpointException
+    # DCP gathers every rank's error into one CheckpointException, a BaseException
+    except (Exception, CheckpointException) as e:
         raise ValueError(f"cannot load checkpoint {path} into this model: {e}") from e
     result = model.load_state_dict(state["model"], strict=False)
     if result.missing_keys or result.unexpected_keys:
@@ -799,6 +807,13 @@ def load(
         assert ema is not None
         ema.num_updates = int(meta["ema_updates"])
     return meta
+
+
+def _size(entry: Any) -> tuple[int, ...]:
+    """The global size of a state entry (a ``ShardedTensor``'s whole tensor); ``()`` for a
+    number."""
+    size = getattr(entry, "size", None)
+    return tuple(size()) if callable(size) else ()
 
 
 def _check_column_blocks(path: Path, absent: list[str], saved: Iterable[str]) -> None:
@@ -914,7 +929,7 @@ def load_model_state(path: Path, *, ema: bool = True) -> dict[str, torch.Tensor]
     }
     try:
         dcp.load(state, checkpoint_id=path, no_dist=True)
-    except Exception as e:
+    except (Exception, CheckpointException) as e:  # the latter is a BaseException
         raise ValueError(f"cannot read checkpoint {path}: {e}") from e
     weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
     for k, v in state.items():  # ema.<the model's state-dict key>

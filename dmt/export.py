@@ -50,9 +50,16 @@ def export(checkpoint_path: str | os.PathLike[str], out: str | os.PathLike[str])
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     config = step_dir / checkpoint.CONFIG_FILE
+    published = False
     if config.is_file():  # the sidecar first: a model file never stands without its config
         _publish(sidecar, lambda f: f.write(config.read_bytes()))
-    _publish(out, lambda f: torch.save(state, f))
+        published = True
+    try:
+        _publish(out, lambda f: torch.save(state, f))
+    except BaseException:
+        if published:  # not a sidecar without its model: a retry would be refused for it
+            sidecar.unlink(missing_ok=True)
+        raise
     return out
 
 

@@ -391,7 +391,7 @@ class Trainer:
         metrics["num_steps"] = float(self.step)
         if pending:
             read_back()
-        metrics["train_loss_last"] = (
+        metrics["train_loss_last"] = (  # this attempt's last 50 steps (fewer after a resume)
             float(np.mean(loss_values[-50:])) if loss_values else float("nan")
         )
         if resume is not None and self.step == start_step:

@@ -591,6 +591,42 @@ def test_export_writes_the_plain_models_state(synthetic_run: Path, tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "model.pt.config.yaml"]
 
 
+def test_a_failed_export_leaves_nothing_and_a_damaged_checkpoint_is_bad_input(
+    synthetic_run: Path, tmp_path: Path, capsys
+) -> None:
+    """Reproduced bugs: an export whose model file failed to write (here: a file-size limit)
+    left its config sidecar, and every retry was refused for it; a checkpoint whose data was
+    damaged without changing its size ended in DCP's traceback (its CheckpointException is a
+    BaseException, past dmt's except Exception)."""
+    import resource  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    from dmt.export import main as export_main  # noqa: PLC0415
+
+    out = tmp_path / "out" / "model.pt"
+    argv = ["--checkpoint", str(synthetic_run / "checkpoints"), "--out", str(out)]
+    config = synthetic_run / "checkpoints" / "step_3" / "config.yaml"
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (config.stat().st_size + 1024, limits[1]))
+        assert export_main(argv) == 1
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert "File too large" in capsys.readouterr().err
+    assert list(out.parent.iterdir()) == []
+    assert export_main(argv) == 0 and out.stat().st_size > config.stat().st_size + 1024
+
+    run = _copy_run(synthetic_run, tmp_path / "run")
+    data = run / "checkpoints" / "step_3" / "__0_0.distcp"
+    raw = bytearray(data.read_bytes())
+    raw[: len(raw) // 2] = bytes(len(raw) // 2)  # same size: meta.json's check passes
+    data.write_bytes(bytes(raw))
+    assert export_main(["--checkpoint", str(data.parent), "--out", str(tmp_path / "m.pt")]) == 1
+    assert f"dmt-export: error: cannot read checkpoint {data.parent}: " in capsys.readouterr().err
+
+
 def test_export_never_replaces_a_file_that_appears_while_it_works(tmp_path: Path) -> None:
     """The existence check comes before a load that can take minutes: a file that appears
     meanwhile (another export) is kept, and no temporary file is left."""

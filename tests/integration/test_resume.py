@@ -143,6 +143,26 @@ def test_a_new_dense_optimizer_keeps_the_tables_fused_optimizer_step(tmp_path: P
     assert momentum["num_steps"] == 12
 
 
+def test_another_sparse_optimizer_starts_its_state_fresh_when_allowed(tmp_path: Path) -> None:
+    """A reproduced bug: row-wise and exact Adagrad name their table state alike (momentum1,
+    (rows,) and (rows, cols)), so switching between them was taken for the same state and
+    failed in DCP's load (a size mismatch) despite trainer.resume_allow_config_change=true."""
+    run = tmp_path / "run"
+    _train(run, "trainer.max_steps=4", "trainer.checkpoint=true", *SGD)
+    step_4 = run / "checkpoints" / "step_4"
+    exact = ("optim.sparse._target_=torch.optim.Adagrad", "trainer.max_steps=8")
+    with pytest.raises(ValueError, match=r"optim.sparse._target_: .*resume_allow_config_change"):
+        _train(tmp_path / "refused", *exact, *SGD, f"trainer.resume_from={step_4}")
+    m = _train(
+        tmp_path / "exact",
+        *exact,
+        *SGD,
+        "trainer.resume_allow_config_change=true",
+        f"trainer.resume_from={step_4}",
+    )
+    assert m["num_steps"] == 8
+
+
 def test_an_unreadable_saved_config_is_a_clear_error(tmp_path: Path) -> None:
     """config.yaml is the one checkpoint file a user may edit: a broken edit is an error that
     names the file (every rank raises it: rank 0's ValueError is broadcast), not a parser's
