@@ -123,9 +123,9 @@ def study(
                     # an earlier call stopped in this run after a checkpoint: go on from the
                     # latest, if it ran these settings
                     _check_same_run(run_dir, name, settings)
-                    if not any("trainer.resume_from=" in a for a in args):
+                    if cfg.trainer.resume_from is None:
+                        cfg.trainer.resume_from = "auto"
                         args.append("trainer.resume_from=auto")
-                        cfg = compose_config(*args)
                 else:  # nothing trained here yet (or nothing kept): these settings are the run's
                     write_json(run_dir / RUN_FILE, {"config": name, "overrides": settings})
                 print(f"[{name} seed {seed}] dmt-train {' '.join(args)}", flush=True)

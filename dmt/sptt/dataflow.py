@@ -693,6 +693,16 @@ class _PermuteBlocks(torch.autograd.Function):
         return grad.index_select(0, ctx.inverse), None, None, None  # type: ignore[attr-defined]
 
 
+def check_fp32(table: EmbeddingBagConfig, owner: str = "") -> None:
+    """Raise ``ValueError`` unless ``table`` is FP32 (``owner``: who has it, e.g. ``"tower 0's "``)."""
+    if table.data_type != DataType.FP32:
+        raise ValueError(
+            f"{owner}table {table.name!r} has data_type {table.data_type.value}; SPTT's lookup "
+            "takes FP32 tables (TorchRec's fused lookup groups tables by data type, which would "
+            "change the order of their columns)"
+        )
+
+
 def _check_tables(plan: SPTTPlan, tables: Sequence[EmbeddingBagConfig]) -> None:
     if len(tables) != plan.num_features:
         raise ValueError(f"got {len(tables)} tables for {plan.num_features} features")
@@ -710,12 +720,7 @@ def _check_tables(plan: SPTTPlan, tables: Sequence[EmbeddingBagConfig]) -> None:
                 f"table {table.name!r} is {table.num_embeddings} x {table.embedding_dim}, the "
                 f"plan says {plan.num_embeddings[f]} x {plan.embedding_dim}"
             )
-        if table.data_type != DataType.FP32:
-            raise ValueError(
-                f"table {table.name!r} has data_type {table.data_type.value}; SPTT's lookup "
-                "takes FP32 tables (TorchRec's fused lookup groups tables by data type, which "
-                "would change the order of their columns)"
-            )
+        check_fp32(table)
         if plan.is_row_wise(f) and table.pooling != PoolingType.SUM:
             raise ValueError(
                 f"row-wise table {table.name!r} needs SUM pooling (step d adds partial sums), "

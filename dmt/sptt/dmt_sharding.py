@@ -61,7 +61,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.types import LazyAwaitable
-from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
@@ -78,7 +78,7 @@ from dmt.optim import (
 from dmt.runtime import Runtime
 from dmt.sptt.collectives import comm_dtype_of
 from dmt.sptt.comm_stats import CommStats
-from dmt.sptt.dataflow import SparseOptimizer, SPTTDataflow
+from dmt.sptt.dataflow import SparseOptimizer, SPTTDataflow, check_fp32
 from dmt.sptt.peer_permute import DEFAULT_PEER_PERMUTE, check_peer_permute
 from dmt.sptt.plan import SHARDING_KINDS, SPTTPlan, TableShard, build_plan
 from dmt.sptt.process_groups import DEFAULT_TIMEOUT, SPTTProcessGroups, create_process_groups
@@ -185,12 +185,7 @@ def check_dmt_model(model: nn.Module, topology: Topology, *, dense_on_meta: bool
                     "(dmt's towers name them t_<feature>)"
                 )
             table_tower[table.name] = t
-            if table.data_type != DataType.FP32:
-                raise ValueError(
-                    f"tower {t}'s table {table.name!r} has data_type {table.data_type.value}; "
-                    "SPTT's lookup takes FP32 tables (TorchRec's fused lookup groups tables by "
-                    "data type, which would change the order of their columns)"
-                )
+            check_fp32(table, owner=f"tower {t}'s ")
         dims.update(table.embedding_dim for table in ebc.embedding_bag_configs())
         if ebc.is_weighted():
             raise ValueError(f"tower {t}'s EBC is weighted; SPTT supports unweighted features")
