@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import random
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-__all__ = ["compose_config", "torchrun", "typed_config"]
+__all__ = ["compose_config", "free_port", "torchrun", "typed_config"]
 from dmt.train import compose_config, to_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,6 +37,35 @@ def torchrun(*args: str, nproc: int = 2) -> tuple[list[str], dict[str, str]]:
         env.pop(name, None)
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     return [*run, f"--nproc-per-node={nproc}", *args], env
+
+
+def ephemeral_ports() -> range:
+    """The kernel's ephemeral port range: the ports that ``bind(0)`` and ``connect`` draw."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    except (OSError, ValueError):
+        low, high = "32768", "60999"  # Linux's default
+    return range(int(low), int(high) + 1)
+
+
+def free_port() -> int:
+    """A free loopback port for a rendezvous (``MASTER_PORT``, ``--rdzv-endpoint``) that a test
+    hands to processes it starts, taken below the ephemeral range and from this xdist worker's
+    own slice of it. A port found by binding 0 and closing (the usual recipe) is an ephemeral
+    one that the kernel may draw again at once for another process's listener, such as gloo's
+    in a test on the other worker, whose ranks then meet this test's store client."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    low, high = 20000, min(ephemeral_ports().start, 32768)
+    width = (high - low) // 8
+    start = low + (int(worker) % 8 if worker.isdigit() else 0) * width
+    for port in random.sample(range(start, start + width), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {start}..{start + width - 1} on 127.0.0.1")
 
 
 @pytest.fixture(autouse=True)

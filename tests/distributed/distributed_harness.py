@@ -7,7 +7,7 @@ spawned: the forkserver's imports initialize CUDA (FBGEMM's CUDA libraries), and
 used again in a forked child ("Cannot re-initialize CUDA in forked subprocess" and "CUDA error:
 initialization error", both seen on an H100). The default group rendezvouses through a file, so
 no port is picked; every collective has a timeout, and the whole run has a deadline after which
-the parent kills its children.
+the parent kills its children. Every rank has met every other before ``fn`` runs.
 """
 
 from __future__ import annotations
@@ -56,6 +56,11 @@ def _entry(
         world_size=world_size,
         timeout=COLLECTIVE_TIMEOUT,
     )
+    # torch no longer ends init_process_group with a barrier (TORCH_DIST_INIT_BARRIER=0): a rank
+    # whose fn uses no collective could finish and exit while a slower rank was still meeting it,
+    # which then failed with "Gloo connectFullMesh failed ... Connection closed by peer" (seen
+    # in CI on a loaded machine, and reproduced under load: about 1 in 100 runs)
+    dist.barrier()
     try:
         results.put((rank, fn(rank, world_size, *args)))
     finally:

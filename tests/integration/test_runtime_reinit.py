@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, torchrun
+from tests.conftest import REPO, free_port, torchrun
 
 WORKER = """
 import logging, sys, time
@@ -38,12 +37,6 @@ for job in range(3):
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _check(tmp_path: Path, out: str) -> None:
     for rank in (0, 1):
         lines = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
@@ -64,7 +57,7 @@ def _start_pair(tmp_path: Path, script: Path, launcher: str, *args: str) -> list
     """Runs ``script`` as ranks 0 and 1 of one ``srun`` step (``launcher="srun"``) or of a world
     given torchrun's variables by hand (``"env"``); returns each rank's output after checking
     that both exited with 0."""
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in (0, 1):
         env = {

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -41,12 +42,6 @@ TRAIN = [
     "data.eval_batch_size=1024",
 ]
 COMPARED = ("val_auc", "test_auc", "test_logloss", "train_loss_last", "num_steps")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env() -> dict[str, str]:
@@ -91,7 +86,7 @@ def test_sptt_training_one_host_and_two_emulated_hosts_agree(tmp_path) -> None:
         ]
     )
     two = tmp_path / "two_hosts"
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     _check(
         [
             subprocess.Popen(

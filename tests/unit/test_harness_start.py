@@ -5,8 +5,11 @@ subprocess")."""
 from __future__ import annotations
 
 import os
+import socket
 
-from tests.conftest import VISIBLE_AT_START
+import pytest
+
+from tests.conftest import VISIBLE_AT_START, ephemeral_ports, free_port
 from tests.distributed.distributed_harness import start_method_for
 
 
@@ -25,3 +28,25 @@ def test_a_cpu_test_hides_the_gpus_from_what_it_starts() -> None:
 
 def test_a_cuda_test_sees_them() -> None:
     assert os.environ.get("CUDA_VISIBLE_DEVICES") == VISIBLE_AT_START
+
+
+@pytest.mark.parametrize("worker", ["gw0", "gw1", "gw9"])
+def test_a_rendezvous_port_is_never_one_the_kernel_draws(
+    worker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a port found by binding 0 and closing may be drawn again at once for a listener (gloo's)
+    # in a test on the other xdist worker, which this test's store client would then talk to
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+    ports = {free_port() for _ in range(20)}
+    assert all(20000 <= p < ephemeral_ports().start for p in ports), ports
+    assert len(ports) > 1, ports  # drawn at random within the slice, not always the first
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports.pop()))  # free
+
+
+def test_each_xdist_worker_has_its_own_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    drawn = {}
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        drawn[worker] = {free_port() for _ in range(50)}
+    assert max(drawn["gw0"]) < min(drawn["gw1"]), drawn
