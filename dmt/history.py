@@ -63,7 +63,7 @@ class RunHistory:
         """Record a log step; ``train_time_s`` is this process's training time so far (not
         counting evaluations and checkpoints). Returns the record."""
         elapsed = train_time_s - self._last_time
-        rate = (step - self._last_step) * self.batch_size / elapsed if elapsed > 0 else math.nan
+        rate = (step - self._last_step) * self.batch_size / elapsed if elapsed > 0 else None
         self._last_step, self._last_time = step, train_time_s
         return self._append(
             {"train/loss": loss, "train/lr": list(lrs), "train/samples_per_s": rate}, step
@@ -84,7 +84,7 @@ class RunHistory:
             record = self._append(values, step)
         else:  # in the earlier one's place
             record = self._record(values, step)
-            self.records[earlier[0]] = record
+            self.records[earlier[0]] = _finite(record)
             self.records = [r for i, r in enumerate(self.records) if i not in earlier[1:]]
             self._file.close()
             _write_atomically(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
@@ -102,12 +102,14 @@ class RunHistory:
             self.plot()
 
     def _record(self, values: dict[str, Any], step: int) -> dict[str, Any]:
-        return {"step": step, "samples": step * self.batch_size, **_finite(values)}
+        return {"step": step, "samples": step * self.batch_size, **values}
 
     def _append(self, values: dict[str, Any], step: int) -> dict[str, Any]:
+        """Write a record; the returned one keeps its NaN/inf (wandb's charts show them), the
+        file and :attr:`records` have ``null`` in their place."""
         record = self._record(values, step)
-        self.records.append(record)
-        self._file.write(json.dumps(record) + "\n")
+        self.records.append(_finite(record))
+        self._file.write(json.dumps(self.records[-1]) + "\n")
         self._file.flush()
         return record
 

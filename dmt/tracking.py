@@ -48,8 +48,9 @@ def wandb_name(key: str) -> str:
 
 def wandb_values(record: dict[str, Any]) -> dict[str, float]:
     """A ``history.jsonl`` record as wandb values: ``samples`` -> ``train/samples``, a list
-    (``train/lr``) -> one value per entry (``train/lr/0``, ...), ``None`` and ``step`` left out
-    (:meth:`WandbLogger.log` adds it as ``train/step``)."""
+    (``train/lr``) -> one value per entry (``train/lr/0``, ...), ``None`` (not measured) and
+    ``step`` left out (:meth:`WandbLogger.log` adds it as ``train/step``). NaN and inf stay: a
+    diverged loss is logged as what it is."""
     values: dict[str, float] = {}
     for key, value in record.items():
         if key == "step" or value is None:
