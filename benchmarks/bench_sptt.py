@@ -230,7 +230,13 @@ def _model_config(args: argparse.Namespace, tower: str) -> ModelConfig:
     )
 
 
-def _model(args: argparse.Namespace, num_towers: int, tower: str) -> nn.Module:
+def _model(
+    args: argparse.Namespace,
+    num_towers: int,
+    tower: str,
+    *,
+    dense_device: torch.device | str = "cpu",
+) -> nn.Module:
     torch.manual_seed(0)
     names = _names(args)
     return build_dmt_model(
@@ -239,6 +245,7 @@ def _model(args: argparse.Namespace, num_towers: int, tower: str) -> nn.Module:
         feature_names=names,
         cardinalities=[args.rows] * args.features,
         num_dense=13,
+        dense_device=dense_device,
     )
 
 
@@ -332,7 +339,8 @@ def _sptt(
     stats = CommStats(hosts, runtime.rank)
     groups = create_process_groups(topo, timeout=timedelta(minutes=5))
     task, optimizer = shard_dmt(
-        TrainTask(_model(args, topo.num_towers, tower)),
+        # SPTT wraps the dense part in DDP where it is: built on the rank's device
+        TrainTask(_model(args, topo.num_towers, tower, dense_device=runtime.device)),
         runtime,
         topology=topo,
         groups=groups,

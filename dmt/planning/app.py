@@ -568,12 +568,16 @@ def format_report(report: dict[str, Any]) -> str:
 def main(cfg: DictConfig) -> None:
     conf = OmegaConf.to_object(cfg)
     assert isinstance(conf, PlanConfig)
-    with torch.device("cpu"):
-        report = plan(conf)
     out = Path(HydraConfig.get().runtime.output_dir)
     # PlanRunDirGuard checked a run's directory before Hydra wrote there; a sweep's job, whose
     # directory it may not know, is checked here
     check_plan_dir(out, overwrite=conf.overwrite, checkpoint_dir=conf.trainer.checkpoint_dir)
+    if conf.overwrite:
+        # Hydra has already replaced .hydra/ with this run's settings: the plan it replaces goes
+        # now, so that a plan that fails leaves no plan.json of other settings beside them
+        (out / PLAN_FILE).unlink(missing_ok=True)
+    with torch.device("cpu"):
+        report = plan(conf)
     out.mkdir(parents=True, exist_ok=True)
     try:
         # not over a plan another dmt-plan wrote into this directory since the check

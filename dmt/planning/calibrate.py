@@ -309,6 +309,14 @@ def fit(base: ClusterConfig, runs: Sequence[Run]) -> tuple[ClusterConfig, float,
     return cluster, eff, rms
 
 
+def _rate_bits_per_s(rate: str) -> float:
+    """``--rate`` (tc's spelling: ``1gbit``, ``2500mbit``) in bit/s."""
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)([kmg]?)bit", rate)
+    if m is None or not float(m[1]) > 0:
+        raise SystemExit(f"--rate {rate!r}: expected a positive rate, e.g. 1gbit, 2500mbit")
+    return float(m[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m[2]]
+
+
 def _matches(run: Run, holdout: str) -> bool:
     for term in filter(None, (t.strip() for t in holdout.split(","))):
         key, _, value = term.partition("=")
@@ -478,6 +486,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the table and errors here")
     p.add_argument("--overwrite", action="store_true", help="replace existing --out/--json files")
     args = p.parse_args(argv)
+    # every setting is checked before the fit, so that a typo leaves no --json behind
+    rate = _rate_bits_per_s(args.rate)
     for name in ("out", "json"):
         path = getattr(args, name)
         if path is not None and path.exists() and not args.overwrite:
@@ -492,6 +502,18 @@ def main(argv: list[str] | None = None) -> None:
         load_run(path, args.statistic, sorted(args.runs.glob(f"repeats/{path.name}")))
         for path in paths
     ]
+    held: set[str] = set()
+    if args.holdout != "each":
+        try:
+            held = {r.name for r in runs if _matches(r, args.holdout)}
+        except ValueError as bad:
+            raise SystemExit(str(bad)) from None
+        if not held or len(held) == len(runs):
+            raise SystemExit(
+                f"--holdout {args.holdout!r} leaves {len(held)} of the {len(runs)} runs out: it "
+                f"must leave some out and fit on the others (runs: "
+                f"{', '.join(r.name for r in runs)})"
+            )
     base = _base(args.cores, args.peak_tflops, args.memory_gbps)
     cluster, eff, rms = fit(base, runs)  # the preset: every run
     predictions = []
@@ -501,12 +523,11 @@ def main(argv: list[str] | None = None) -> None:
             predictions.append(Prediction(run, predict(c, e, run), True))
         fitted_on = f"each run predicted by a fit on the other {len(runs) - 1}"
     else:
-        held = {r.name for r in runs if _matches(r, args.holdout)}
         c, e, r = fit(base, [r for r in runs if r.name not in held])
         predictions = [Prediction(run, predict(c, e, run), run.name in held) for run in runs]
         fitted_on = (
             f"fitted on {len(runs) - len(held)} runs (RMS log residual {r:.3f}); held out: "
-            f"{sorted(held) or 'none'}"
+            f"{sorted(held)}"
         )
     text, errors = table(predictions, args.breakdown)
     params = [f"{name} = {getattr(cluster, name, eff):.4g}" for name, *_ in PARAMS]
@@ -545,10 +566,6 @@ def main(argv: list[str] | None = None) -> None:
             )
         )
     if args.out is not None:
-        m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", args.rate)
-        if m is None:
-            raise SystemExit(f"--rate {args.rate!r}: expected e.g. 1gbit, 2500mbit")
-        rate = float(m[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m[2]]
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
         where = args.runs.as_posix()
         where = where[where.index("benchmarks/") :] if "benchmarks/" in where else where

@@ -208,6 +208,28 @@ def check_dmt_model(model: nn.Module, topology: Topology, *, dense_on_meta: bool
             )
 
 
+def check_dense_device(model: DMTModel, device: torch.device) -> None:
+    """Raise ``ValueError`` if a dense parameter of ``model`` (outside its tables) is not on
+    ``device``: :class:`ShardedDMT` wraps the dense modules in ``DistributedDataParallel``
+    where they are, and DDP with CUDA ``device_ids`` refuses CPU modules, in a message that
+    names neither the module nor the fix."""
+    tables = {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, EmbeddingBagCollection)
+        for p in m.parameters()
+    }
+    for name, p in model.named_parameters():
+        if id(p) in tables:
+            continue
+        if p.device.type != device.type or device.index not in (None, p.device.index):
+            raise ValueError(
+                f"the model's dense parameter {name} is on {p.device}, the SPTT shards on "
+                f"{device}: build the dense modules on the training device (dense_device), or "
+                "move them there (.to(device)) before sharding"
+            )
+
+
 def _dense_children(model: DMTModel) -> list[tuple[str, nn.Module]]:
     """The model's children outside ``towers`` that hold its dense part (bottom, interaction,
     top), skipping aliases of tower modules. Raises if tables or tower parameters hide there."""
@@ -386,7 +408,8 @@ class ShardedDMT(nn.Module):
         groups: this rank's SPTT process groups, built from ``plan.topology``.
         sparse_optimizer: ``(class, kwargs)`` of the fused table optimizer; ``None`` keeps plain
             tables whose gradients land in ``.grad`` (scaled as described in the module doc).
-        device: device of the shards (dense modules must already be there).
+        device: device of the shards; the dense modules must already be there
+            (:func:`check_dense_device`).
         stats: optional :class:`CommStats`; counts steps a, d, f and, with the ring model, the
             tower-module (``"tm"``/``"tower"``) and dense (``"dense"``/``"world"``) all-reduces.
         init_seed: seed of :meth:`SPTTDataflow.reset_tables` for ``meta`` tables.
@@ -417,6 +440,7 @@ class ShardedDMT(nn.Module):
         self.even_batches = even_batches
         check_dmt_model(model, topo)
         device = device if device is not None else torch.device("cpu")
+        check_dense_device(model, device)
         self.topology = topo
         self._world = groups.world
         self.tower = topo.tower_of(groups.rank)

@@ -75,6 +75,12 @@ def test_dmt_plan_writes_plan_json_and_replaces_it_only_with_overwrite(tmp_path:
     replaced = _plan(run_dir, "overwrite=true")
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert json.loads((run_dir / "plan.json").read_text())["world_size"] == 4
+    # a replacing plan that fails leaves no plan.json of other settings beside its own .hydra/
+    # (a reproduced bug: the earlier plan stayed, paired with the failed run's config)
+    failed = _plan(run_dir, "overwrite=true", "data.batch_size=63")
+    assert failed.returncode == 1 and "data.batch_size=63" in failed.stderr, failed.stderr[-3000:]
+    assert "data.batch_size=63" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert not (run_dir / "plan.json").exists()
 
 
 def test_a_training_runs_directory_is_refused_even_with_overwrite(tmp_path: Path) -> None:

@@ -258,3 +258,28 @@ def test_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert isinstance(fitted, ClusterConfig)
     validate_cluster(fitted)
     assert (fitted.name, fitted.gpus_per_host, fitted.ranks_per_nic) == ("cpu_emulated", 2, 2)
+
+
+def test_settings_are_checked_before_the_fit_writes_anything(tmp_path: Path) -> None:
+    """Reproduced bugs: a mistyped ``--rate`` failed after the fit had written ``--json`` (the
+    corrected command was then refused for it); a ``--holdout`` matching no run wrote a preset
+    "validated with --holdout G=16" that held nothing out; a bad key ended in a traceback."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for rate, batch in (("1gbit", 512), ("none", 512)):
+        _run_file(runs / f"G4_{rate}_B{batch}.json", rate, batch, dict.fromkeys(MODES, 60.0))
+    report, preset = tmp_path / "report.json", tmp_path / "fitted.yaml"
+    cases = {
+        ("--rate", "1Gbit"): "--rate '1Gbit': expected a positive rate, e.g. 1gbit, 2500mbit",
+        ("--rate", "1.2.3gbit"): "--rate '1.2.3gbit': expected a positive rate",
+        ("--holdout", "G=16"): "--holdout 'G=16' leaves 0 of the 2 runs out: it must leave some "
+        "out and fit on the others (runs: G4_1gbit_B512, G4_none_B512)",
+        ("--holdout", "G=4"): "--holdout 'G=4' leaves 2 of the 2 runs out",
+        ("--holdout", "g=4"): "--holdout term 'g=4': expected KEY=VALUE with KEY one of "
+        "['G', 'batch', 'name', 'rate']",
+    }
+    for (flag, value), message in cases.items():
+        with pytest.raises(SystemExit) as refused:
+            main([str(runs), flag, value, "--json", str(report), "--out", str(preset)])
+        assert str(refused.value).startswith(message), refused.value
+        assert not report.exists() and not preset.exists()

@@ -21,6 +21,7 @@ from dmt.runtime import Runtime
 from dmt.sptt.dmt_sharding import (
     DMTSharder,
     _pad_batch,
+    check_dense_device,
     check_dmt_model,
     shard_dmt,
     topology_from,
@@ -189,3 +190,23 @@ def test_padding_adds_empty_samples_and_keeps_every_keys_total() -> None:
     assert torch.equal(padded.values(), torch.arange(5))
     assert padded.length_per_key_or_none() == [3, 2]
     assert padded.offset_per_key_or_none() == [0, 3, 5]
+
+
+def test_dense_modules_off_the_shards_device_are_refused_by_name() -> None:
+    # a reproduced bug: the throughput benchmark built its dense layers on the CPU and SPTT on
+    # cuda:N then failed in DistributedDataParallel ("device_ids ... only work with ... GPU
+    # modules"), on every machine with 2+ GPUs
+    model = _model(TWO_TOWERS)  # dense and tables on the CPU
+    check_dense_device(model, torch.device("cpu"))
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(ValueError) as refused:
+            check_dense_device(model, torch.device(device))
+        assert str(refused.value) == (
+            f"the model's dense parameter towers.0.tower_module.feature_linear.weight is on cpu, the "
+            f"SPTT shards on {device}: build the dense modules on the training device (dense_device), or move "
+            "them there (.to(device)) before sharding"
+        )
+    tables_on_meta = _model(TWO_TOWERS)
+    for tower in tables_on_meta.towers:  # tables elsewhere (meta) are not dense parameters
+        tower.embedding_bag_collection.to("meta")
+    check_dense_device(tables_on_meta, torch.device("cpu"))
