@@ -64,8 +64,10 @@ from dmt.planning.collectives import (
     CollectiveBytes,
     Workload,
     flat_collectives,
+    flat_lookup_rows,
     flat_tables,
     sptt_collectives,
+    sptt_lookup_rows,
 )
 from dmt.planning.dry_run import dry_run
 from dmt.planning.hardware import ClusterConfig, validate_cluster
@@ -242,7 +244,6 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
     )
     budget.check_device(f"a GPU of cluster.gpu_memory_gb={conf.cluster.gpu_memory_gb}", gpu_bytes)
     multi_hot = conf.data.synthetic.multi_hot if conf.data.kind == "synthetic" else 1
-    ids_per_sample = len(names) * multi_hot
     workload = Workload.uniform(
         B,
         len(names),
@@ -306,7 +307,11 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
             ),
             check_fits(memory, gpu_bytes, what=mode),
             model_cfg,
-            compute_load(model, ids_per_sample=ids_per_sample, sparse_optimizer=sparse_name),
+            compute_load(
+                model,
+                ids_per_sample=max(sptt_lookup_rows(sptt_plan, workload)) / B,
+                sparse_optimizer=sparse_name,
+            ),
             passthrough=not any(tower_bytes),
         )
     # flat: the model without towers, TorchRec's planner on G CUDA ranks
@@ -358,7 +363,11 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
         flat_collectives(tables, topo, workload, dense_param_bytes=dense),
         check_fits(memory, gpu_bytes, what="flat"),
         flat_cfg,
-        compute_load(flat_model, ids_per_sample=ids_per_sample, sparse_optimizer=sparse_name),
+        compute_load(
+            flat_model,
+            ids_per_sample=max(flat_lookup_rows(tables, G, workload)) / B,
+            sparse_optimizer=sparse_name,
+        ),
     )
 
     modes = {mode: modes[mode] for mode in ("flat", "sptt", "dmt")}

@@ -238,6 +238,16 @@ def step_a_ids(plan: SPTTPlan, workload: Workload) -> Callable[[TableShard], flo
     return ids_of
 
 
+def sptt_lookup_rows(plan: SPTTPlan, workload: Workload) -> list[float]:
+    """Rows of ``N`` columns each rank looks up per step under SPTT, by rank: for every shard it
+    holds, the ids all ``G`` sources send it in step a (a column-wise shard's as its share of
+    ``N``). The busiest rank's sets the step's lookup time; they add up to the ids of the
+    ``G`` local batches."""
+    ids = step_a_ids(plan, workload)
+    G, N = plan.topology.world_size, plan.embedding_dim
+    return [G * sum(ids(s) * s.num_cols for s in plan.rank_shards(r)) / N for r in range(G)]
+
+
 def _step_a_bytes(plan: SPTTPlan, workload: Workload) -> list[float]:
     return step_a_bytes_per_dst(
         plan,
@@ -462,6 +472,29 @@ def _row_block_ids(table: FlatTable, workload: Workload) -> list[float]:
         )
         for i, s in enumerate(table.shards)
     ]
+
+
+def flat_lookup_rows(
+    tables: Sequence[FlatTable], world_size: int, workload: Workload
+) -> list[float]:
+    """Rows of ``N`` columns each rank looks up per step under flat TorchRec sharding, by rank:
+    a table-, column- or table-column-wise shard the feature's ids of all ``G`` local batches
+    (as its share of the table's columns), a row-wise or table-row-wise shard those of its row
+    block, a data-parallel table this rank's own."""
+    G = world_size
+    out = [0.0] * G
+    for t in tables:
+        if t.sharding_type == "data_parallel":
+            for r in range(G):
+                out[r] += workload.ids_per_feature[t.feature]
+        elif t.sharding_type in TABLE_WISE_LIKE:
+            for s in t.shards:
+                share = (s.col_stop - s.col_start) / t.embedding_dim
+                out[s.rank] += G * workload.ids_per_feature[t.feature] * share
+        else:
+            for s, n in zip(t.shards, _row_block_ids(t, workload), strict=True):
+                out[s.rank] += G * n * (s.col_stop - s.col_start) / t.embedding_dim
+    return out
 
 
 def flat_input_bytes(

@@ -121,7 +121,10 @@ def compute_load(
     and the embedding rows touched (``ids_per_sample`` ids of ``embedding_dim`` elements,
     :func:`lookup_passes` of ``sparse_optimizer`` times).
 
-    ``ids_per_sample``: ids one sample looks up over all its features (``F`` x hotness).
+    ``ids_per_sample``: rows of ``embedding_dim`` the rank looks up per sample of its local
+    batch ``B``: its shards serve all ``G`` local batches, so the busiest rank's (``dmt-plan``:
+    :func:`~dmt.planning.collectives.sptt_lookup_rows`, :func:`~dmt.planning.collectives.flat_lookup_rows`
+    over ``B``) can be far above the average, ``F`` x hotness.
     ``sparse_optimizer``: the fused sparse optimizer's state layout
     (:func:`dmt.optim.sparse_optimizer_name`).
     """

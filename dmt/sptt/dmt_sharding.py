@@ -209,10 +209,13 @@ def check_dmt_model(model: nn.Module, topology: Topology, *, dense_on_meta: bool
 
 
 def check_dense_device(model: DMTModel, device: torch.device) -> None:
-    """Raise ``ValueError`` if a dense parameter of ``model`` (outside its tables) is not on
-    ``device``: :class:`ShardedDMT` wraps the dense modules in ``DistributedDataParallel``
-    where they are, and DDP with CUDA ``device_ids`` refuses CPU modules, in a message that
-    names neither the module nor the fix."""
+    """Raise ``ValueError`` if ``device`` is a GPU and a dense parameter of ``model`` (outside
+    its tables) is not on it: :class:`ShardedDMT` wraps the dense modules in
+    ``DistributedDataParallel`` where they are, and DDP with CUDA ``device_ids`` refuses CPU
+    modules, in a message that names neither the module nor the fix. (Shards on ``meta`` with
+    a CPU dense part are ``dmt-plan``'s dry run.)"""
+    if device.type != "cuda":
+        return
     tables = {
         id(p)
         for m in model.modules()
@@ -222,7 +225,7 @@ def check_dense_device(model: DMTModel, device: torch.device) -> None:
     for name, p in model.named_parameters():
         if id(p) in tables:
             continue
-        if p.device.type != device.type or device.index not in (None, p.device.index):
+        if p.device.type != "cuda" or device.index not in (None, p.device.index):
             raise ValueError(
                 f"the model's dense parameter {name} is on {p.device}, the SPTT shards on "
                 f"{device}: build the dense modules on the training device (dense_device), or "

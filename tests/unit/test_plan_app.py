@@ -199,3 +199,15 @@ def test_fused_adam_on_the_tables_slows_the_lookup_by_seven_thirds() -> None:
         assert adam[mode]["breakdown"]["lookup_ms"] == pytest.approx(
             rowwise[mode]["breakdown"]["lookup_ms"] * 7 / 3
         )
+
+
+def test_the_lookup_time_is_the_busiest_ranks() -> None:
+    # 2 towers of 3 tables on 2 ranks each: a rank of each tower holds 2 tables, as every rank
+    # does with 8 tables; the step waits for it (a reproduced bug: the lookup was charged at the
+    # average, F ids per sample, so 6 tables took 3/4 of the time of 8)
+    six = plan(_conf("data.synthetic.num_sparse=6"))["modes"]
+    eight = plan(_conf())["modes"]
+    for mode in ("sptt", "dmt"):
+        assert six[mode]["breakdown"]["lookup_ms"] == pytest.approx(
+            eight[mode]["breakdown"]["lookup_ms"]
+        )

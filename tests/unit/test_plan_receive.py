@@ -18,8 +18,10 @@ from dmt.planning.collectives import (
     busiest_receiver,
     flat_collectives,
     flat_input_bytes,
+    flat_lookup_rows,
     flat_rank_collectives,
     sptt_collectives,
+    sptt_lookup_rows,
     step_a_ids,
 )
 from dmt.planning.timing import ComputeLoad, predict_step_time
@@ -137,3 +139,53 @@ def test_each_link_class_takes_the_larger_of_sender_and_receiver() -> None:
     received = Coll("a", "all_to_all", "world", "forward", 4, 500_000, 100_000, True)
     assert t.collectives[0].time_ms == pytest.approx(_wire_ms(both))
     assert t.collectives[0].time_ms > 5 * _wire_ms(received)
+
+
+# -- the lookups of the busiest rank (a reproduced bug: dmt-plan charged every rank the average,
+# F ids per sample, 26 where a rank holding one table of 64 GPUs' batches looks up 64) --------
+
+
+def test_sptt_lookup_rows_of_each_rank() -> None:
+    # tower 0: 3 tables on 2 ranks (one rank holds two); tower 1: a row-wise table in 2 blocks
+    # of 60 and 40 rows, and a column-wise one in 2 halves; 4 ranks, local batch 16, 2 ids each
+    topo = Topology(4, 2)
+    names = [f"f{i}" for i in range(5)]
+    plan = build_plan(
+        topo, names, [[0, 1, 2], [3, 4]], embedding_dim=4, num_embeddings=[100] * 5,
+        sharding_types={"f3": "row_wise", "f4": "column_wise"},
+    )  # fmt: skip
+    workload = Workload.uniform(16, 5, ids_per_sample=2)
+    rows = sptt_lookup_rows(plan, workload)
+    per_table = 4 * 16 * 2  # the ids of 4 local batches
+    tower0 = sorted(len(plan.rank_shards(r)) * per_table for r in (0, 1))
+    assert sorted(rows[:2]) == tower0 == [per_table, 2 * per_table]
+    blocks = [
+        s.row_stop - s.row_start for r in (2, 3) for s in plan.rank_shards(r) if s.feature == 3
+    ]
+    halves = [s.num_cols for r in (2, 3) for s in plan.rank_shards(r) if s.feature == 4]
+    assert halves == [2, 2] and sum(blocks) == 100
+    assert rows[2:] == pytest.approx(
+        [per_table * (b / 100 + c / 4) for b, c in zip(blocks, halves, strict=True)]
+    )
+    assert sum(rows) == pytest.approx(5 * per_table)  # every id looked up once
+
+
+def test_flat_lookup_rows_of_each_rank() -> None:
+    # table-wise t0, t1 on rank 0; t2 column-wise on ranks 1 (6 of 8 columns) and 2 (2); t3
+    # row-wise in blocks of 25 rows on every rank; t4 data-parallel
+    tables = [
+        FlatTable("t0", 0, "f0", 100, 8, "table_wise", (FlatShard(0, 0, 100, 0, 8),)),
+        FlatTable("t1", 1, "f1", 100, 8, "table_wise", (FlatShard(0, 0, 100, 0, 8),)),
+        FlatTable("t2", 2, "f2", 100, 8, "column_wise",
+                  (FlatShard(1, 0, 100, 0, 6), FlatShard(2, 0, 100, 6, 8))),
+        FlatTable("t3", 3, "f3", 100, 8, "row_wise",
+                  tuple(FlatShard(r, 25 * r, 25 * r + 25, 0, 8) for r in range(4))),
+        FlatTable("t4", 4, "f4", 100, 8, "data_parallel", ()),
+    ]  # fmt: skip
+    B = 16
+    rows = flat_lookup_rows(tables, 4, Workload.uniform(B, 5))
+    G = 4
+    assert rows == pytest.approx(
+        [2 * G * B + G * B / 4 + B, 0.75 * G * B + G * B / 4 + B,
+         0.25 * G * B + G * B / 4 + B, G * B / 4 + B]
+    )  # fmt: skip

@@ -198,6 +198,7 @@ def test_dense_modules_off_the_shards_device_are_refused_by_name() -> None:
     # modules"), on every machine with 2+ GPUs
     model = _model(TWO_TOWERS)  # dense and tables on the CPU
     check_dense_device(model, torch.device("cpu"))
+    check_dense_device(model, torch.device("meta"))  # dmt-plan's dry run: tables on meta
     for device in ("cuda", "cuda:1"):
         with pytest.raises(ValueError) as refused:
             check_dense_device(model, torch.device(device))
