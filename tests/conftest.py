@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,23 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError(f"no free port in {start}..{start + width - 1} on 127.0.0.1")
+
+
+@pytest.fixture(autouse=True)
+def root_logger_as_before() -> Iterator[None]:
+    """A console script's ``main()`` run in the test process configures the root logger
+    (``dmt-preprocess``: ``basicConfig(force=True)``): undone after the test, or every later
+    test of this xdist worker logs at INFO into that test's closed capture stream ("Logging
+    error ... I/O operation on closed file" in their stderr)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)

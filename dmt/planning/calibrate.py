@@ -195,6 +195,9 @@ def _compute_loads(args: argparse.Namespace, towers: int) -> dict[str, ComputeLo
 
     from dmt.optim import sparse_optimizer_name, sparse_optimizer_spec  # noqa: PLC0415 (torch)
 
+    # the average rank's rows, F x hotness: the benchmark records no plan to find its busiest
+    # rank's (dmt-plan's sptt_lookup_rows / flat_lookup_rows). Its 26 tables on 4 or 8 ranks put
+    # 7 or 4 on the busiest, 8-23% above the average, on a lookup of about 1-2% of these steps
     ids = args.features * args.hotness
     # the benchmark's tables train with its OPTIM's fused optimizer (row-wise Adagrad)
     sparse = sparse_optimizer_name(sparse_optimizer_spec(bench_sptt.OPTIM)[0])

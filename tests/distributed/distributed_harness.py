@@ -7,11 +7,13 @@ spawned: the forkserver's imports initialize CUDA (FBGEMM's CUDA libraries), and
 used again in a forked child ("Cannot re-initialize CUDA in forked subprocess" and "CUDA error:
 initialization error", both seen on an H100). The default group rendezvouses through a file, so
 no port is picked; every collective has a timeout, and the whole run has a deadline after which
-the parent kills its children. Every rank has met every other before ``fn`` runs.
+the parent kills its children. Every rank has met every other before ``fn`` runs, and after
+it returns (a rank that raised does not wait); what ``fn`` returns travels by value.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 import time
@@ -62,9 +64,22 @@ def _entry(
     # in CI on a loaded machine, and reproduced under load: about 1 in 100 runs)
     dist.barrier()
     try:
-        results.put((rank, fn(rank, world_size, *args)))
+        # by value: a tensor pickled by torch.multiprocessing is a file descriptor that the
+        # parent fetches from this process, which may have exited by the time the parent reads
+        # the queue (FileNotFoundError / ConnectionResetError; 18 of 20 runs under load)
+        buffer = io.BytesIO()
+        torch.save(fn(rank, world_size, *args), buffer)
+        if dist.is_initialized():
+            # and none leaves while another still meets it in a group fn created last
+            # (new_group has no barrier either)
+            dist.barrier()
+        results.put((rank, buffer.getvalue()))
     finally:
         dist.destroy_process_group()
+
+
+def _loaded(value: bytes) -> Any:
+    return torch.load(io.BytesIO(value), weights_only=False)
 
 
 def start_method_for(backend: str, cuda_available: bool | None = None) -> str:
@@ -108,7 +123,7 @@ def run_on_ranks(
             while True:
                 while not results.empty():
                     rank, value = results.get()
-                    by_rank[rank] = value
+                    by_rank[rank] = _loaded(value)
                 if context.join(timeout=0.05):
                     break
                 if time.monotonic() > deadline:
@@ -119,7 +134,7 @@ def run_on_ranks(
                     process.kill()
         while not results.empty():
             rank, value = results.get()
-            by_rank[rank] = value
+            by_rank[rank] = _loaded(value)
     assert sorted(by_rank) == list(range(world_size)), sorted(by_rank)
     return [by_rank[r] for r in range(world_size)]
 

@@ -4,6 +4,7 @@ subprocess")."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
@@ -50,3 +51,20 @@ def test_each_xdist_worker_has_its_own_ports(monkeypatch: pytest.MonkeyPatch) ->
         monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
         drawn[worker] = {free_port() for _ in range(50)}
     assert max(drawn["gw0"]) < min(drawn["gw1"]), drawn
+
+
+# a console script's main() run in the test process (dmt-preprocess: basicConfig(force=True))
+# left the root logger writing into that test's closed capture stream, for every later test of
+# the xdist worker: these two run in this order, the second after the first's teardown
+
+
+def test_a_cli_that_configures_logging(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    from dmt.data.preprocess_cli import main  # noqa: PLC0415
+
+    assert main([str(tmp_path / "absent.tsv"), str(tmp_path / "out")]) == 1
+    assert "absent.tsv" in capsys.readouterr().err
+
+
+def test_a_later_test_logs_into_its_own_capture(capsys: pytest.CaptureFixture[str]) -> None:
+    logging.getLogger("dmt.probe").warning("this test's own record")
+    assert "Logging error" not in capsys.readouterr().err
