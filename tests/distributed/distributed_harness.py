@@ -37,6 +37,7 @@ _PRELOAD = [
 mp.get_context(_START_METHOD).set_forkserver_preload(_PRELOAD)
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=30)
+END_TIMEOUT = timedelta(seconds=120)  # ranks whose function ends at different times
 
 
 def _entry(
@@ -69,13 +70,16 @@ def _entry(
         # the queue (FileNotFoundError / ConnectionResetError; 18 of 20 runs under load)
         buffer = io.BytesIO()
         torch.save(fn(rank, world_size, *args), buffer)
-        if dist.is_initialized():
-            # and none leaves while another still meets it in a group fn created last
-            # (new_group has no barrier either)
-            dist.barrier()
+        # and none leaves while another still meets it in a group fn created last (new_group
+        # has no barrier either): they meet in a store of the harness's own, not in a group,
+        # which fn may have replaced by one with a short timeout or destroyed
+        done = dist.FileStore(f"{init_file}.done", world_size)
+        done.set(f"rank{rank}", "1")
+        done.wait([f"rank{r}" for r in range(world_size)], END_TIMEOUT)
         results.put((rank, buffer.getvalue()))
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _loaded(value: bytes) -> Any:
