@@ -18,6 +18,7 @@ reported once and logging stops.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import sys
@@ -109,9 +110,15 @@ class WandbLogger:
         self._call("log", {**values, STEP: step})
 
     def summarize(self, values: dict[str, float]) -> None:
-        """The run's final values (its summary), under the names logged during the run."""
+        """The run's final values (its summary), under the names logged during the run; a
+        value that is not finite as its name (``"nan"``, ``"inf"``), which wandb's summary
+        keeps (it drops a float NaN: a diverged run's ``train/loss_last`` was missing)."""
         if self.run is not None:
-            self._guard("summary", lambda: self.run.summary.update(values))
+            shown = {
+                k: str(v) if isinstance(v, float) and not math.isfinite(v) else v
+                for k, v in values.items()
+            }
+            self._guard("summary", lambda: self.run.summary.update(shown))
 
     def finish(self, exit_code: int = 0) -> None:
         """End the run; a nonzero ``exit_code`` marks it failed (wandb's default is success)."""

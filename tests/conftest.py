@@ -52,15 +52,20 @@ def ephemeral_ports() -> range:
 
 def free_port() -> int:
     """A free loopback port for a rendezvous (``MASTER_PORT``, ``--rdzv-endpoint``) that a test
-    hands to processes it starts, taken below the ephemeral range and from this xdist worker's
-    own slice of it. A port found by binding 0 and closing (the usual recipe) is an ephemeral
+    hands to processes it starts, taken outside the ephemeral range (below it, or above a range
+    widened down to near 20000) and from this xdist worker's own slice. A port found by binding 0 and closing (the usual recipe) is an ephemeral
     one that the kernel may draw again at once for another process's listener, such as gloo's
     in a test on the other worker, whose ranks then meet this test's store client."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    low, high = 20000, min(ephemeral_ports().start, 32768)
+    ephemeral = ephemeral_ports()
+    low, high = 20000, min(ephemeral.start, 32768)
+    if high - low < 8 * 200:  # a widened ephemeral range: the ports above it
+        low, high = ephemeral.stop, 65536
     width = (high - low) // 8
+    if width < 1:
+        raise RuntimeError(f"no ports outside the ephemeral range {ephemeral} for tests")
     start = low + (int(worker) % 8 if worker.isdigit() else 0) * width
-    for port in random.sample(range(start, start + width), 200):
+    for port in random.sample(range(start, start + width), min(200, width)):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

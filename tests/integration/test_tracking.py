@@ -233,3 +233,13 @@ def test_a_file_system_without_flock_is_named(
         "(hydra.sweep.dir) on a file system that has it"
     )
     assert len(os.listdir("/proc/self/fd")) == fds  # the lock file's descriptor is closed
+
+
+def test_a_diverged_runs_summary_keeps_its_nan(tmp_path: Path) -> None:
+    # a reproduced bug: wandb's summary drops a float NaN, so a diverged run's final loss was
+    # missing from its summary instead of saying it diverged
+    logger = _open(tmp_path)
+    logger.summarize({"train/loss_last": float("nan"), "val/auc": 0.7, "x": float("-inf")})
+    summary = dict(logger.run.summary)
+    logger.finish()
+    assert (summary["train/loss_last"], summary["val/auc"], summary["x"]) == ("nan", 0.7, "-inf")

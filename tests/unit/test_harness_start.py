@@ -39,7 +39,7 @@ def test_a_rendezvous_port_is_never_one_the_kernel_draws(
     # in a test on the other xdist worker, which this test's store client would then talk to
     monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
     ports = {free_port() for _ in range(20)}
-    assert all(20000 <= p < ephemeral_ports().start for p in ports), ports
+    assert all(p not in ephemeral_ports() for p in ports), ports
     assert len(ports) > 1, ports  # drawn at random within the slice, not always the first
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports.pop()))  # free
@@ -68,3 +68,15 @@ def test_a_cli_that_configures_logging(capsys: pytest.CaptureFixture[str], tmp_p
 def test_a_later_test_logs_into_its_own_capture(capsys: pytest.CaptureFixture[str]) -> None:
     logging.getLogger("dmt.probe").warning("this test's own record")
     assert "Logging error" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("widened", [range(1024, 65000), range(21000, 61000)])
+def test_a_widened_ephemeral_range_leaves_the_ports_above_it(
+    widened: range, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a reproduced bug: a range starting below about 21,600 made free_port's slice empty
+    # ("Sample larger than population or is negative")
+    monkeypatch.setattr("tests.conftest.ephemeral_ports", lambda: widened)
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        assert all(widened.stop <= free_port() < 65536 for _ in range(10))
