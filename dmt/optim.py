@@ -304,6 +304,21 @@ class LRSchedule:
             )
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        unread = [
+            f"{name}={value}"
+            for name, value in (
+                ("decay_start", self.decay_start),
+                ("decay_steps", self.decay_steps),
+                ("min_lr_ratio", self.min_lr_ratio),
+            )
+            if value
+        ]
+        if self.decay == "none" and unread:
+            raise ValueError(
+                f"{', '.join(unread)} set, but decay='none' reads none of decay_start, "
+                "decay_steps and min_lr_ratio (the LR stays at its peak after the warmup): set "
+                "decay=linear or decay=cosine, or leave them at 0"
+            )
 
     def __call__(self, step: int) -> float:
         if self.warmup_steps and step < self.warmup_steps:

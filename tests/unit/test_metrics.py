@@ -5,9 +5,10 @@ import pytest
 import torch
 from sklearn.metrics import log_loss, roc_auc_score
 
-from dmt.config import OptimConfig
+from dmt.config import OptimConfig, validate
 from dmt.metrics import StreamingClickMetrics, click_metrics
 from dmt.optim import LRSchedule
+from tests.conftest import typed_config
 
 
 def test_metrics_match_sklearn_and_ne_definition():
@@ -166,6 +167,19 @@ def test_lr_scheduler_drives_every_group_and_restores_from_its_state():
         ValueError, match="the checkpoint's LR schedule is at step 10, its training at 9"
     ):
         restore_lr_scheduler(sched2, state, step=9)
+
+
+def test_decay_settings_without_a_decay_are_refused():
+    # a reproduced bug: optim.schedule.decay_steps / min_lr_ratio / decay_start with the default
+    # decay=none trained at a constant LR, without a word (a sweep over them: equal trials)
+    with pytest.raises(ValueError) as refused:  # composing a run's config validates it
+        validate(typed_config("optim.schedule.decay_steps=4", "optim.schedule.min_lr_ratio=0.1"))
+    assert str(refused.value) == (
+        "optim.schedule: decay_steps=4, min_lr_ratio=0.1 set, but decay='none' reads none of "
+        "decay_start, decay_steps and min_lr_ratio (the LR stays at its peak after the "
+        "warmup): set decay=linear or decay=cosine, or leave them at 0"
+    )
+    validate(typed_config("optim.schedule.decay=linear", "optim.schedule.min_lr_ratio=0.1"))
 
 
 def test_lr_schedule_is_its_configs_target():
