@@ -2,7 +2,7 @@
 
 Pipeline, one module per step, all pure functions over arrays:
 
-1. :mod:`~dmt.partitioner.affinity`: feature affinity ``I = mean |cos(F_i, F_j)|`` of a trained
+1. :mod:`~dmt.partitioner.affinity`: feature affinity ``I = |mean cos(F_i, F_j)|`` of a trained
    model's pooled embeddings (streaming), plus save/load.
 2. :mod:`~dmt.partitioner.distance`: ``D = 1 - I`` (coherent) or ``D = I`` (diverse).
 3. :mod:`~dmt.partitioner.embedding`: coordinates ``X`` with ``||X_i - X_j|| ~ D_ij`` (Adam).

@@ -1,9 +1,12 @@
 """Feature affinity ``I`` (TP step 0, paper §3.3).
 
-``I(i, j) = mean over samples of |cos(F_i, F_j)|`` where ``F_i`` is the pooled embedding of sparse
-feature ``i`` in one sample. Averaging per-sample cosine similarities (``mean(R R^T, dim=0)`` with
-``R`` the L2-normalized ``(B, F, N)`` pooled embeddings) is what the paper prescribes: averaging the
-embeddings themselves over the batch has no meaning, since each sample looks up different rows.
+``I(i, j) = |mean over samples of cos(F_i, F_j)|`` where ``F_i`` is the pooled embedding of
+sparse feature ``i`` in one sample: the paper's ``I = abs(K)`` with the average feature affinity
+``K = mean(R R^T, dim=0)`` (``R`` the L2-normalized ``(B, F, N)`` pooled embeddings). Averaging the
+per-sample cosines, not the embeddings, is the point: each sample looks up different rows. The
+sign is averaged before the absolute value is taken, as the paper writes it: a pair whose cosine
+changes sign from sample to sample is not coherently related (the mean of ``|cos|``, which dmt
+computed before 2026-11-25, rates such a pair, and any two unrelated features, well above 0).
 
 A feature whose pooled embedding is exactly zero in a sample (for instance an empty bag) has no
 direction; it contributes a cosine of 0 to every pair in that sample. The diagonal of the result is
@@ -48,7 +51,7 @@ _NPY_MAGIC = b"\x93NUMPY"
 class AffinityAccumulator:
     """Streaming ``F x F`` feature affinity with memory independent of the number of samples.
 
-    Keeps one float64 ``(F, F)`` running sum of ``|cos(F_i, F_j)|`` and a sample count; each
+    Keeps one float64 ``(F, F)`` running sum of ``cos(F_i, F_j)`` and a sample count; each
     update is processed in chunks of at most ``chunk_elements`` similarity entries.
 
     Args:
@@ -150,14 +153,14 @@ class AffinityAccumulator:
             block_t = block.transpose(1, 2)
             for r0 in range(0, num_features, rows):
                 cos = torch.matmul(block[:, r0 : r0 + rows], block_t)  # (b, rows, F)
-                self._sum[r0 : r0 + rows] += cos.abs_().sum(0, dtype=torch.float64)
+                self._sum[r0 : r0 + rows] += cos.sum(0, dtype=torch.float64)
 
     def result(self) -> np.ndarray:
-        """The mean ``|cos|`` affinity: float64 ``(F, F)``, symmetric, values in [0, 1], diag 1."""
+        """The affinity ``|mean cos|``: float64 ``(F, F)``, symmetric, values in [0, 1], diag 1."""
         if self._sum is None or self.num_samples == 0:
             raise ValueError("no samples accumulated; call update() with at least one batch")
         mean = self._sum / self.num_samples
-        mean = (mean + mean.T) / 2
+        mean = ((mean + mean.T) / 2).abs_()
         mean.clamp_(0.0, 1.0).fill_diagonal_(1.0)
         return mean.cpu().numpy()
 

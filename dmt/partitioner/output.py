@@ -187,7 +187,7 @@ def plot_affinity_heatmap(
         vmax=1.0,
         interpolation="nearest",
     )
-    fig.colorbar(image, ax=ax, label="|cos| affinity")
+    fig.colorbar(image, ax=ax, label="affinity |mean cos|")
     colors = colormaps["tab20"]
     for tower in range(len(towers)):
         start, stop = edges[tower], edges[tower + 1]

@@ -20,7 +20,8 @@ from dmt.partitioner.affinity import (
 
 
 def brute_force_affinity(samples: np.ndarray) -> np.ndarray:
-    """Reference: mean over samples of |cos| between every pair of feature vectors, float64."""
+    """Reference: |mean over samples of cos| between every pair of feature vectors (paper
+    §3.3: I = abs(K), K = mean(R R^T, dim=0)), float64."""
     num_samples, num_features, _ = samples.shape
     total = np.zeros((num_features, num_features))
     for b in range(num_samples):
@@ -28,8 +29,8 @@ def brute_force_affinity(samples: np.ndarray) -> np.ndarray:
             for j in range(num_features):
                 u, v = samples[b, i], samples[b, j]
                 nu, nv = np.linalg.norm(u), np.linalg.norm(v)
-                total[i, j] += 0.0 if nu == 0 or nv == 0 else abs(u @ v) / (nu * nv)
-    result = total / num_samples
+                total[i, j] += 0.0 if nu == 0 or nv == 0 else (u @ v) / (nu * nv)
+    result = np.abs(total / num_samples)
     np.fill_diagonal(result, 1.0)
     return result
 
@@ -63,12 +64,25 @@ def test_compute_affinity_accepts_per_feature_lists():
 
 
 def test_affinity_sign_and_scale_invariant():
-    # |cos| ignores sign and length: features 0 and 1 are the same direction up to -3x.
+    # abs(mean cos) ignores a consistent sign and length: features 0 and 1 are the same
+    # direction up to -3x in every sample
     base = torch.randn(10, 1, 8)
     pooled = torch.cat([base, -3 * base, torch.randn(10, 1, 8)], dim=1)
     result = compute_affinity([pooled])
     assert result[0, 1] == pytest.approx(1.0, abs=1e-6)
     assert result[0, 2] < 0.9
+
+
+def test_a_sign_that_flips_between_samples_is_no_affinity():
+    # the paper averages the cosines before the absolute value: feature 1 is feature 0 with a
+    # random sign per sample, related in no coherent way (the mean of |cos| rated it about 0.9,
+    # and unrelated feature 2 about 0.2)
+    generator = torch.Generator().manual_seed(0)
+    base = torch.randn(4000, 1, 16, generator=generator)
+    sign = torch.randint(0, 2, (4000, 1, 1), generator=generator) * 2.0 - 1.0
+    other = torch.randn(4000, 1, 16, generator=generator)
+    result = compute_affinity([torch.cat([base, sign * base, other], dim=1)])
+    assert result[0, 1] < 0.05 and result[0, 2] < 0.05 and result[1, 2] < 0.05
 
 
 def test_different_embedding_dims_name_both_features():
