@@ -132,7 +132,10 @@ def resolve_partition(cfg: PartitionConfig, feature_names: Sequence[str]) -> lis
     if cfg.kind == "naive":
         if cfg.num_towers is None:
             raise ValueError("model.partition.kind='naive' needs model.partition.num_towers")
-        partition = naive_partition(names, cfg.num_towers)
+        try:
+            partition = naive_partition(names, cfg.num_towers)
+        except ValueError as e:
+            raise ValueError(f"model.partition.num_towers: {e}") from None
     elif cfg.kind == "per_feature":
         partition = per_feature_partition(names)
     elif cfg.kind == "tp":

@@ -93,9 +93,10 @@ class DLRMTowerModule(TowerModule):
         dim: ``D``.
         c: output vectors per feature (``>= 0``).
         p: output vectors per tower (``>= 0``); ``c + p >= 1``.
-        skip_square: leave out a linear whose output is as large as its input (``F_t N = p D``
-            or ``N = c D``), e.g. ``Linear(N -> N)`` of a one-feature tower with ``p=1, D=N``:
-            after a table it only reparametrizes the table. The paper's 16-tower rows of
+        skip_square: leave out a linear whose output is as large as its input (``N = c D``,
+            or ``F_t N = p D`` in a one-feature tower), e.g. ``Linear(N -> N)`` of a one-feature
+            tower with ``p=1, D=N``: after a table it only reparametrizes the table (over
+            several features the tower linear mixes them, and stays). The paper's 16-tower rows of
             Table 4 count no such layer (``conf/experiment/paper_dmt_16t_*.yaml``).
 
     Example::
@@ -124,7 +125,11 @@ class DLRMTowerModule(TowerModule):
         self.num_vectors = p + c * num_features
         # Absent rather than zero-width when c or p is 0, so no empty layer shows up in accounting.
         width = num_features * embedding_dim
-        self.tower_linear = _projection(width, p * dim, skip_square) if p else None
+        # a square tower linear is a mere reparametrization of the table only over one feature;
+        # over several it mixes them, and leaving it out would change the model
+        self.tower_linear = (
+            _projection(width, p * dim, skip_square and num_features == 1) if p else None
+        )
         self.feature_linear = _projection(embedding_dim, c * dim, skip_square) if c else None
 
     def forward(self, embs: torch.Tensor) -> torch.Tensor:

@@ -332,6 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     _check_arguments(parser, args)
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {str(args.out)!r} is a file; expected a folder (made if missing)")
     written = [PARTITION_FILE, HEATMAP_FILE] + ([AFFINITY_FILE] if args.checkpoint else [])
     existing = [str(args.out / name) for name in written if (args.out / name).exists()]
     if existing and not args.overwrite:

@@ -23,6 +23,7 @@ from dmt.models import (
     copy_base_weights,
     embedding_parameters,
     naive_partition,
+    resolve_partition,
 )
 from dmt.models.accounting import compression_ratio, model_stats
 
@@ -165,6 +166,12 @@ def test_naive_partition_is_the_papers_strided_assignment():
         [7, 15, 23],
     ]  # paper §5.2.3
     assert naive_partition(names, 26) == [[f] for f in names]
+
+
+def test_a_naive_tower_count_out_of_range_names_the_setting():
+    with pytest.raises(ValueError) as refused:
+        resolve_partition(PartitionConfig(kind="naive", num_towers=27), NAMES)
+    assert str(refused.value).startswith("model.partition.num_towers: num_towers=27 must be ")
 
 
 def test_meta_build_for_accounting_and_tables_on_meta():

@@ -325,6 +325,19 @@ def test_checkpoint_partition_arguments_are_checked_before_the_affinity(
     assert not out.exists()
 
 
+def test_an_out_that_is_a_file_is_refused_before_the_affinity(fake_checkpoint, tmp_path, capsys):
+    # a reproduced bug: "[Errno 17] File exists" after the whole pass over the data
+    out = tmp_path / "outfile"
+    out.write_text("mine\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--checkpoint", str(tmp_path), "--num-towers", "3", "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: --out {str(out)!r} is a file; expected a folder (made if missing)\n"
+    )
+    assert out.read_text() == "mine\n"
+
+
 def test_checkpoint_arguments_that_pass_the_check_reach_the_model(fake_checkpoint, tmp_path):
     groups = write_pre_groups(
         tmp_path, "item: [cat_0, cat_1, 2, 3, 4, 5]\nuser: [6, 7, 8, 9, 10, 11]\n"

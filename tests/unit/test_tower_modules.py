@@ -80,6 +80,8 @@ def test_dcn_tower_module_is_listing_2(F, N, D, layers, rank, c, p):
         # one feature, p=1, D=N: Linear(N -> N) left out; two features: Linear(2N -> N) kept
         (lambda s: DLRMTowerModule(1, 8, 8, c=0, p=1, skip_square=s), 1),
         (lambda s: DLRMTowerModule(2, 8, 8, c=0, p=1, skip_square=s), 0),
+        # square (2N -> 2N) but over two features: it mixes them, so it stays (it was dropped)
+        (lambda s: DLRMTowerModule(2, 8, 16, c=0, p=1, skip_square=s), 0),
         (lambda s: DLRMTowerModule(3, 8, 8, c=1, p=0, skip_square=s), 1),
         (lambda s: DLRMTowerModule(3, 8, 4, c=2, p=0, skip_square=s), 1),
         (lambda s: DLRMTowerModule(3, 8, 4, c=1, p=0, skip_square=s), 0),
