@@ -102,6 +102,10 @@ _FREE_KEYS = (
     "data.criteo.preprocessed_dir",
     "data.criteo.auto_preprocess",
     "data.criteo.test_path",
+    "data.eval_batch_size",  # evaluation's sums do not depend on how its rows are batched
+    "data.criteo.in_memory",
+    "data.criteo.prefetch_batches",
+    "data.criteo.num_workers",  # preprocessing's processes
 )
 _FREE_PREFIXES = ("logger.", "sharding.")  # the budget: DCP reshards any placement
 _RUN_LENGTH_KEYS = ("trainer.epochs", "trainer.max_steps")
@@ -476,8 +480,19 @@ class Checkpointer:
 
 def _make_way(path: Path) -> str | None:
     """Clear ``path`` for a new checkpoint: a damaged one (e.g. from before a restart) is moved
-    aside, never deleted; returns the error if a complete one is there."""
+    aside, never deleted; returns the error if a complete one is there. So is a directory an
+    unfinished save left without ``meta.json`` (a crash mid-save, perhaps of another world
+    size): its files would otherwise be listed as part of the new checkpoint."""
     if not (path / META_FILE).exists():
+        if path.is_dir() and any(path.iterdir()):
+            aside = path.with_name(f"{path.name}.incomplete-{int(time.time())}")
+            log.warning(
+                "checkpoint %s is incomplete (no %s: a save that did not finish); moved to %s",
+                path,
+                META_FILE,
+                aside,
+            )
+            os.replace(path, aside)
         return None
     why = damage(path)
     if why is None:
@@ -846,7 +861,12 @@ def _drop(tree: Any, keys: set[str], prefix: str) -> Any:
     for k, v in tree.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out[k] = _drop(v, keys, key + ".")
+            inner = _drop(v, keys, key + ".")
+            # a subtree all of whose leaves went goes too: left as {}, DCP's load plan on a rank
+            # that does not ask for every saved key takes it for a tensor to load ("Missing key
+            # in checkpoint state_dict", at 2+ ranks)
+            if inner or not v:
+                out[k] = inner
         elif key not in keys:
             out[k] = v
     return out
@@ -858,7 +878,10 @@ def _drop(tree: Any, keys: set[str], prefix: str) -> Any:
 def tensor_keys(path: Path, prefix: str = "model.") -> dict[str, TensorStorageMetadata]:
     """The tensors under ``prefix`` of a DCP checkpoint, by key (prefix removed), with their
     global size and dtype."""
-    md = dcp.FileSystemReader(path).read_metadata()
+    try:
+        md = dcp.FileSystemReader(path).read_metadata()
+    except Exception as e:  # a damaged index: pickle's or the file system's error
+        raise ValueError(f"cannot read {Path(path) / DCP_METADATA}: {e}") from e
     return {
         k.removeprefix(prefix): v
         for k, v in md.state_dict_metadata.items()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from dmt import checkpoint
 from dmt.train import train
-from tests.conftest import compose_config
+from tests.conftest import compose_config, torchrun
 
 TINY = [
     "logger=disabled",
@@ -245,6 +246,11 @@ def test_config_differences_free_and_strict_keys() -> None:
         "sptt": {"comm_precision": "bf16"},  # absent from older checkpoints' configs
     }
     assert checkpoint.config_differences(saved, same_job, allow_change=False) == []
+    # how evaluation and loading run, not what they compute: a job requeued onto smaller nodes
+    # may change them (they were refused even with resume_allow_config_change)
+    reader = {"data": {"eval_batch_size": 8192, "criteo": {"in_memory": True, "num_workers": 0}}}
+    smaller = {"data": {"eval_batch_size": 512, "criteo": {"in_memory": False, "num_workers": 4}}}
+    assert checkpoint.config_differences(reader, smaller, allow_change=False) == []
     other = {
         "model": {"name": "dcn"},
         "trainer": {"epochs": 3, "seed": 1, "log_every": 50},
@@ -349,3 +355,30 @@ def test_resume_auto_takes_the_newest_complete_checkpoint_and_skips_a_damaged_on
     redone = checkpoint.load_model_state(again / "checkpoints" / "step_6")
     for key, value in final.items():
         torch.testing.assert_close(redone[key], value, rtol=0, atol=1e-6, msg=key)
+
+
+def test_another_optimizer_on_two_ranks_starts_its_state_fresh(tmp_path: Path) -> None:
+    """A reproduced bug: on 2+ ranks, a resume with another dense optimizer (Adam -> SGD with
+    momentum) and trainer.resume_allow_config_change=true failed in DCP's load ("Missing key in
+    checkpoint state_dict: optim.model.bottom.0.weight"): the dropped state left empty dicts,
+    which DCP's plan on a rank that does not ask for every saved key took for tensors."""
+    common = ["trainer=smoke", "logger=disabled", "trainer.progress_bar=false"]
+    first = ["trainer.max_steps=4", "trainer.checkpoint=true", f"hydra.run.dir={tmp_path / 'a'}"]
+    step_4 = tmp_path / "a" / "checkpoints" / "step_4"
+    again = [
+        "trainer.max_steps=6",
+        *SGD,
+        "+optim.dense.momentum=0.9",
+        "trainer.resume_allow_config_change=true",
+        f"trainer.resume_from={step_4}",
+        "trainer.checkpoint=true",
+        f"hydra.run.dir={tmp_path / 'b'}",
+    ]
+    for overrides in (first, again):
+        cmd, env = torchrun("-m", "dmt.train", *common, *overrides)
+        done = subprocess.run(
+            cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    meta = json.loads((tmp_path / "b" / "checkpoints" / "step_6" / "meta.json").read_text())
+    assert meta["step"] == 6 and meta["world_size"] == 2

@@ -4,10 +4,20 @@ the dummy step that materializes it for loading, it is reset to a new optimizer'
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from dmt.checkpoint import _clear_dense_state
+from dmt.checkpoint import (
+    FORMAT,
+    META_FILE,
+    _clear_dense_state,
+    _drop,
+    _make_way,
+    load_model_state,
+    tensor_keys,
+)
 
 OPTIMIZERS = {
     "Adam": lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.01),
@@ -45,3 +55,38 @@ def test_a_fresh_dense_state_trains_as_a_new_optimizer(name: str) -> None:
             p.grad = g.clone()
             opt.step()
     torch.testing.assert_close(resumed, new, rtol=0, atol=1e-7)
+
+
+def test_state_dropped_whole_leaves_no_empty_subtree() -> None:
+    # an optimizer state whose every leaf is dropped goes whole: an empty dict left behind was
+    # taken for a tensor by DCP's load plan at 2+ ranks
+    tree = {"a": {"x": 1}, "b": {"y": 2, "z": 3}, "c": {}}
+    assert _drop(tree, {"a.x", "b.y"}, "") == {"b": {"z": 3}, "c": {}}
+
+
+def test_an_unfinished_saves_directory_is_moved_aside_not_mixed_in(tmp_path) -> None:
+    # a reproduced bug: the files a crashed save left in step_8 (no meta.json) were listed as
+    # part of the next step_8, which a later clean-up then made look damaged
+    step = tmp_path / "step_8"
+    step.mkdir()
+    (step / "__3_0.distcp").write_bytes(b"x" * 100)
+    assert _make_way(step) is None
+    assert not step.exists()
+    (aside,) = tmp_path.glob("step_8.incomplete-*")
+    assert (aside / "__3_0.distcp").read_bytes() == b"x" * 100  # moved, never deleted
+    step.mkdir()  # an empty one (this save's own mkdir) stays
+    assert _make_way(step) is None and step.is_dir()
+    assert not (step / META_FILE).exists()
+
+
+def test_a_damaged_tensor_index_is_named(tmp_path) -> None:
+    # a reproduced bug: a zero-filled .metadata (its size intact) was a pickle traceback in
+    # dmt-eval and dmt-export
+    step = tmp_path / "step_4"
+    step.mkdir()
+    (step / ".metadata").write_bytes(b"\0" * 64)
+    meta = {"format": FORMAT, "step": 4, "files": {".metadata": 64}}
+    (step / META_FILE).write_text(json.dumps(meta))
+    for read in (tensor_keys, load_model_state):
+        with pytest.raises(ValueError, match=rf"^cannot read {step / '.metadata'}: "):
+            read(step)
