@@ -55,6 +55,7 @@ from dmt.data.criteo_preprocess import (
     output_damage,
     preprocess_criteo,
     read_manifest,
+    settings_differences,
     split_dir,
     transform_tsv,
 )
@@ -521,6 +522,15 @@ def build_criteo(
         world_size=world_size,
     )
     check_missing_id(c, manifest)
+    if not (c.auto_preprocess and c.raw_path is not None):  # else made with these, or refused
+        differences = settings_differences(c, manifest)
+        if differences:
+            log.warning(
+                "data.criteo.preprocessed_dir=%r was made with other settings than data.criteo "
+                "asks (%s); it is used as it is, with its own settings",
+                str(root),
+                "; ".join(differences),
+            )
     val_rows = int(manifest["splits"]["val"]["rows"])
     if not c.val_split and val_rows:
         raise ValueError(

@@ -172,18 +172,12 @@ def preprocess_criteo(
     raw = Path(cfg.raw_path)
     if raw.is_dir():
         split_of_day = {d: "train" for d in cfg.train_days}
-        layout: dict[str, Any] = {
-            "kind": "days",
-            "train_days": sorted(cfg.train_days),
-            "eval_day": cfg.eval_day,
-        }
-        if not cfg.val_split:  # only then in the layout, as val_day
-            layout["val_split"] = False
+        layout = split_layout(cfg, days=True)
+        if not cfg.val_split:
             split_of_day[cfg.eval_day] = "test"
         elif cfg.val_day is None:
             split_of_day[cfg.eval_day] = "val+test"
-        else:  # only then in the layout: outputs made before val_day existed stay up to date
-            layout["val_day"] = cfg.val_day
+        else:
             split_of_day[cfg.val_day] = "val"
             split_of_day[cfg.eval_day] = "test"
         days = sorted(split_of_day)
@@ -209,7 +203,7 @@ def preprocess_criteo(
                 "TRAIN 0 TEST)"
             )
         paths = [raw]
-        layout = {"kind": "fractions", "split_fractions": [float(f) for f in cfg.split_fractions]}
+        layout = split_layout(cfg, days=False)
 
         def plan(lines: list[int]) -> list[_Assignment]:
             total = lines[0]
@@ -465,6 +459,40 @@ def _describe_source(path: Path) -> _Source:
         fingerprint=digest.hexdigest(),
         gzip=st.st_size > 0 and is_gzip(path),
     )
+
+
+def split_layout(cfg: CriteoConfig, *, days: bool) -> dict[str, Any]:
+    """The ``settings.layout`` of a manifest made from ``cfg``: a directory of days, or one
+    file cut by ``split_fractions``."""
+    if not days:
+        return {"kind": "fractions", "split_fractions": [float(f) for f in cfg.split_fractions]}
+    layout: dict[str, Any] = {
+        "kind": "days",
+        "train_days": sorted(cfg.train_days),
+        "eval_day": cfg.eval_day,
+    }
+    if not cfg.val_split:  # only then in the layout, as val_day
+        layout["val_split"] = False
+    elif cfg.val_day is not None:  # only then: outputs made before val_day existed stay valid
+        layout["val_day"] = cfg.val_day
+    return layout
+
+
+def settings_differences(cfg: CriteoConfig, manifest: dict[str, Any]) -> list[str]:
+    """Where ``cfg`` asks for other split or id settings than the directory of ``manifest`` was
+    made with, each as ``<key>: <there> there, <asked> asked`` (the sources are not compared)."""
+    there = manifest["settings"]
+
+    def categorical(c: dict[str, Any]) -> dict[str, Any]:  # missing_id recorded when distinct
+        return {"missing_id": "shared", **c} if c.get("mode") == "vocab" else c
+
+    out = _dict_differences(
+        categorical(there["categorical"]), categorical(_categorical_settings(cfg)), "categorical."
+    )
+    kind = there["layout"].get("kind")
+    if kind in ("days", "fractions"):
+        out += _dict_differences(there["layout"], split_layout(cfg, days=kind == "days"), "layout.")
+    return out
 
 
 def _categorical_settings(cfg: CriteoConfig) -> dict[str, Any]:

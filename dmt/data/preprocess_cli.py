@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from dmt.data.criteo_config import DEFAULT_EVAL_DAY, DEFAULT_SPLIT_FRACTIONS, CriteoConfig
@@ -146,9 +147,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _ignored(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], str]:
+    """The options given that this input and mode would not read, and what the input is."""
+
+    def given(name: str) -> bool:
+        default = parser.get_default(name)
+        return getattr(args, name) != (_days(default) if name == "train_days" else default)
+
+    if args.vocab_from is not None:
+        what = "--vocab-from (its vocabularies and settings are the directory's)"
+        names = ["split_fractions", "train_days", "eval_day", "val_day", "no_val"]
+        names += ["categorical_mode", "frequency_threshold", "missing_id", "hash_sizes"]
+    else:
+        days = os.path.isdir(args.raw)
+        what = f"{'a directory of days' if days else 'one input file'} with --categorical-mode "
+        what += args.categorical_mode
+        names = ["split_fractions"] if days else ["train_days", "eval_day", "val_day"]
+        hashed = args.categorical_mode == "hash"
+        names += ["frequency_threshold", "missing_id"] if hashed else ["hash_sizes"]
+    return ["--" + n.replace("_", "-") for n in names if given(n)], what
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``dmt-preprocess``; returns the exit status (0 success, 1 bad input, 2 bad usage)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if os.path.exists(args.raw):  # else the missing input is the error
+        ignored, what = _ignored(parser, args)
+        if ignored:
+            parser.error(
+                f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to "
+                f"{what} and would be ignored; leave {'it' if len(ignored) == 1 else 'them'} out"
+            )
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True
     )

@@ -394,3 +394,40 @@ def test_cli_truncated_array_is_damaged_not_up_to_date(
     )
     assert main([*args, "--overwrite"]) == 0
     assert files(out) == good
+
+
+@pytest.mark.parametrize(
+    ("layout", "extra", "message"),
+    [
+        ("file", ["--val-day", "5", "--hash-sizes", "1000"],
+         "--val-day, --hash-sizes do not apply to one input file with --categorical-mode vocab "
+         "and would be ignored; leave them out"),
+        ("days", ["--split-fractions", "0.5", "0.25", "0.25"],
+         "--split-fractions does not apply to a directory of days with --categorical-mode vocab "
+         "and would be ignored; leave it out"),
+        ("file", ["--categorical-mode", "hash", "--hash-sizes", "100", "--missing-id", "distinct"],
+         "--missing-id does not apply to one input file with --categorical-mode hash"),
+        ("vocab-from", ["--frequency-threshold", "10"],
+         "--frequency-threshold does not apply to --vocab-from (its vocabularies and settings "
+         "are the directory's)"),
+    ],
+)  # fmt: skip
+def test_options_the_input_would_not_read_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], layout: str, extra: list[str], message: str
+) -> None:
+    # a reproduced bug: they were dropped without a word (--val-day for one file, ...), and the
+    # researcher believed the split or ids were the ones asked for
+    raw = tmp_path / "train.tsv"
+    raw.write_text(raw_rows(40, seed=0))
+    args = [str(raw)]
+    if layout == "days":
+        (tmp_path / "days").mkdir()
+        args = [str(tmp_path / "days")]
+    elif layout == "vocab-from":
+        assert main([str(raw), str(tmp_path / "made"), "--num-workers", "1", "--no-progress"]) == 0
+        args += ["--vocab-from", str(tmp_path / "made")]
+    with pytest.raises(SystemExit) as refused:
+        main([*args, str(tmp_path / "out"), *extra])
+    assert refused.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 import threading
@@ -184,7 +185,9 @@ def test_build_criteo_bundle_and_test_path(tmp_path: Path) -> None:
     assert direct.directory == Path(bundle.info["test_dir"])
 
 
-def test_build_criteo_preprocesses_from_raw_path_once(tmp_path: Path) -> None:
+def test_build_criteo_preprocesses_from_raw_path_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     raw = tmp_path / "train.txt"
     raw.write_text(_raw_rows(200, seed=3))
     out = tmp_path / "prep"
@@ -208,7 +211,19 @@ def test_build_criteo_preprocesses_from_raw_path_once(tmp_path: Path) -> None:
         build_criteo(cfg)
     assert (out / "manifest.json").stat().st_mtime_ns == stamp
     cfg.criteo.auto_preprocess = False  # use the directory as it is
-    assert build_criteo(cfg).cardinalities == manifest["cardinalities"]
+    with caplog.at_level(logging.WARNING, logger="dmt.data.criteo_dataset"):
+        assert build_criteo(cfg).cardinalities == manifest["cardinalities"]
+    # saying so, and where (a reproduced bug: silently, while the run recorded threshold 5)
+    assert (
+        f"data.criteo.preprocessed_dir={str(out)!r} was made with other settings than "
+        "data.criteo asks (categorical.frequency_threshold: "
+    ) in caplog.text
+    assert " there, 5 asked); it is used as it is, with its own settings" in caplog.text
+    caplog.clear()
+    cfg.criteo = CriteoConfig(**{**crit.__dict__, "auto_preprocess": False})  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="dmt.data.criteo_dataset"):
+        build_criteo(cfg)  # its own settings: nothing to say
+    assert "other settings" not in caplog.text
 
     cfg.criteo = CriteoConfig(
         raw_path=str(tmp_path / "missing.txt"), preprocessed_dir=str(tmp_path / "p2"), num_workers=1
