@@ -8,8 +8,10 @@ averaging over the world. In SPTT the groups of steps d and f are sub-groups of 
 these small wrappers around ``torch.distributed.all_to_all_single`` (steps d and f) and
 ``reduce_scatter_tensor`` (step d, row-wise shards; its backward is ``all_gather_into_tensor``):
 the backward sends every gradient back where its activation came from, unscaled. The scaling to
-the gradient of the global mean loss is :class:`~dmt.sptt.dmt_sharding.ShardedDMT`'s business
-(:func:`scale_grad`, applied where the backward has already crossed the wire).
+the gradient of the global mean loss is :class:`~dmt.sptt.dmt_sharding.ShardedDMT`'s business:
+``grad_scale`` of :func:`all_to_all_single` and :func:`reduce_scatter` multiplies the gradient
+once the backward has crossed the wire, in place on the buffer it arrived in (no second
+allocation), and :func:`scale_grad` elsewhere.
 
 Compressed communication (``sptt.comm_precision``): with ``comm_dtype`` (``torch.bfloat16`` or
 ``torch.float16``) a collective rounds what it sends to ``comm_dtype`` once, moves it, and casts
@@ -77,12 +79,14 @@ class _AllToAllSingle(torch.autograd.Function):
         group: dist.ProcessGroup,
         record: Recorder | None,
         comm_dtype: torch.dtype | None,
+        grad_scale: float,
     ) -> torch.Tensor:
         ctx.output_split_sizes = output_split_sizes  # type: ignore[attr-defined]
         ctx.input_split_sizes = input_split_sizes  # type: ignore[attr-defined]
         ctx.group = group  # type: ignore[attr-defined]
         ctx.record = record  # type: ignore[attr-defined]
         ctx.comm_dtype = comm_dtype  # type: ignore[attr-defined]
+        ctx.grad_scale = grad_scale  # type: ignore[attr-defined]
         return _all_to_all(
             input, output_split_sizes, input_split_sizes, group, record, "forward", comm_dtype
         )
@@ -100,7 +104,8 @@ class _AllToAllSingle(torch.autograd.Function):
             "backward",
             ctx.comm_dtype,  # type: ignore[attr-defined]
         )
-        return grad_input, None, None, None, None, None
+        _scale_in_place(grad_input, ctx.grad_scale)  # type: ignore[attr-defined]
+        return grad_input, None, None, None, None, None, None
 
 
 def _all_to_all(
@@ -126,6 +131,13 @@ def _all_to_all(
     return output.to(input.dtype)
 
 
+def _scale_in_place(received: torch.Tensor, scale: float) -> None:
+    """``received *= scale``: ``received`` is a buffer the collective allocated (the values that
+    came off the wire, or their cast back to the input's dtype), nobody else's."""
+    if scale != 1.0:
+        received.mul_(scale)
+
+
 def _check_all_to_all_input(input: torch.Tensor, input_split_sizes: Sequence[int]) -> None:
     if input.dim() != 1:
         raise ValueError(f"all_to_all_single expects a 1-D tensor, got shape {tuple(input.shape)}")
@@ -143,6 +155,7 @@ def all_to_all_single(
     group: dist.ProcessGroup,
     record: Recorder | None = None,
     comm_dtype: torch.dtype | None = None,
+    grad_scale: float = 1.0,
 ) -> torch.Tensor:
     """All-to-all of a flat tensor with uneven splits, differentiable.
 
@@ -155,6 +168,8 @@ def all_to_all_single(
         comm_dtype: dtype on the wire (``None``: ``input``'s); the input, and in the backward the
             gradient, are rounded to it once and the received values cast back to ``input``'s
             dtype.
+        grad_scale: multiplies the gradient for ``input`` after it has crossed the wire (the
+            wire carries it unscaled): what :func:`scale_grad` on ``input`` would do, in place.
 
     Returns:
         1-D tensor of ``sum(output_split_sizes)`` elements (``input``'s dtype), ordered by source
@@ -162,7 +177,13 @@ def all_to_all_single(
     """
     _check_all_to_all_input(input, input_split_sizes)
     out = _AllToAllSingle.apply(
-        input, list(output_split_sizes), list(input_split_sizes), group, record, comm_dtype
+        input,
+        list(output_split_sizes),
+        list(input_split_sizes),
+        group,
+        record,
+        comm_dtype,
+        grad_scale,
     )
     assert isinstance(out, torch.Tensor)
     return out
@@ -176,10 +197,12 @@ class _ReduceScatter(torch.autograd.Function):
         group: dist.ProcessGroup,
         record: Recorder | None,
         comm_dtype: torch.dtype | None,
+        grad_scale: float,
     ) -> torch.Tensor:
         ctx.group = group  # type: ignore[attr-defined]
         ctx.record = record  # type: ignore[attr-defined]
         ctx.comm_dtype = comm_dtype  # type: ignore[attr-defined]
+        ctx.grad_scale = grad_scale  # type: ignore[attr-defined]
         size = dist.get_world_size(group)
         block = input.numel() // size
         wire = _to_wire(input, comm_dtype)
@@ -213,7 +236,9 @@ class _ReduceScatter(torch.autograd.Function):
         record = ctx.record  # type: ignore[attr-defined]
         if record is not None:
             record([wire.numel() * wire.element_size()] * size, "backward")
-        return grad_input.to(grad_output.dtype), None, None, None
+        grad_input = grad_input.to(grad_output.dtype)
+        _scale_in_place(grad_input, ctx.grad_scale)  # type: ignore[attr-defined]
+        return grad_input, None, None, None, None
 
 
 def reduce_scatter(
@@ -222,6 +247,7 @@ def reduce_scatter(
     group: dist.ProcessGroup,
     record: Recorder | None = None,
     comm_dtype: torch.dtype | None = None,
+    grad_scale: float = 1.0,
 ) -> torch.Tensor:
     """Sum ``input`` over ``group`` and keep block ``i`` on group rank ``i``, differentiable.
 
@@ -235,6 +261,8 @@ def reduce_scatter(
         comm_dtype: dtype on the wire (``None``: ``input``'s). Every rank's block is rounded to
             it once, exchanged all-to-all and summed in ``input``'s dtype; the backward rounds the
             gradient once and all-gathers it in ``comm_dtype``.
+        grad_scale: multiplies the gradient for ``input`` after the all-gather, in place (as
+            :func:`all_to_all_single`'s).
 
     Returns:
         1-D tensor (``input``'s dtype), the sum over ranks of this rank's block.
@@ -244,7 +272,7 @@ def reduce_scatter(
         raise ValueError(
             f"reduce_scatter expects a 1-D tensor of {size} equal blocks, got {tuple(input.shape)}"
         )
-    out = _ReduceScatter.apply(input, group, record, comm_dtype)
+    out = _ReduceScatter.apply(input, group, record, comm_dtype, grad_scale)
     assert isinstance(out, torch.Tensor)
     return out
 

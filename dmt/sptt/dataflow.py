@@ -73,7 +73,6 @@ from dmt.sptt.collectives import (
     all_to_all_single_async,
     comm_dtype_of,
     reduce_scatter,
-    scale_grad,
 )
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.peer_permute import (
@@ -88,7 +87,13 @@ from dmt.sptt.peer_permute import (
 )
 from dmt.sptt.plan import SPTTPlan, TableShard
 from dmt.sptt.process_groups import SPTTProcessGroups
-from dmt.sptt.splits import step_a_bytes_per_dst, step_d_split_sizes, step_f_split_sizes
+from dmt.sptt.splits import (
+    ColumnBlock,
+    step_a_bytes_per_dst,
+    step_d_split_sizes,
+    step_e_blocks,
+    step_f_split_sizes,
+)
 
 TowerModule = Callable[[torch.Tensor], torch.Tensor]
 SparseOptimizer = tuple[type[torch.optim.Optimizer], Mapping[str, Any]]
@@ -138,7 +143,6 @@ class SPTTDataflow(nn.Module):
     _block_order: torch.Tensor
     _block_inverse: torch.Tensor
     _input_rows: torch.Tensor
-    _column_index: torch.Tensor
     _output_permutation: torch.Tensor
 
     def __init__(
@@ -224,11 +228,7 @@ class SPTTDataflow(nn.Module):
             self.register_buffer(
                 f"_row_starts_{f}", torch.tensor(starts, device=device), persistent=False
             )
-        column_index = plan.tower_column_index(self.tower)
-        self._identity_columns = column_index == tuple(range(len(column_index)))
-        self.register_buffer(
-            "_column_index", torch.tensor(column_index, device=device), persistent=False
-        )
+        self._step_e = _StepE(step_e_blocks(plan, self.rank), device)
         self.register_buffer(
             "_output_permutation",
             torch.tensor(plan.output_permutation, device=device),
@@ -487,46 +487,54 @@ class SPTTDataflow(nn.Module):
         assert isinstance(out, torch.Tensor)
         return out.view(pooled.shape)
 
-    def intra_tower_exchange(self, pooled: torch.Tensor) -> list[torch.Tensor]:
+    def intra_tower_exchange(
+        self, pooled: torch.Tensor, grad_scale: float = 1.0
+    ) -> list[torch.Tensor]:
         """Step d: all-to-all of the table/column-wise columns and reduce-scatter of the row-wise
-        partial sums inside the tower.
+        partial sums inside the tower; ``grad_scale`` multiplies ``pooled``'s gradient once it
+        has come back over the wire.
 
         Returns:
-            ``(T B, W_q)`` from each tower-mate ``q`` by position, then ``(T B, R_t N)`` summed
-            row-wise features if the tower has any.
+            1-D: the ``(T B, W_q)`` blocks from each tower-mate ``q`` by position, one after
+            the other, then the ``(T B, R_t N)`` summed row-wise features if the tower has any.
         """
         plan, topo = self.plan, self.plan.topology
         TB = pooled.size(0) // topo.tower_size
         mates = topo.tower_ranks(self.tower)
         output_sizes, input_sizes = step_d_split_sizes(plan, self.rank, TB)
-        widths = [plan.all_to_all_width(q) for q in mates]
-        width = widths[topo.position_of(self.rank)]
-        sharded = pooled[:, :width].reshape(-1)
-        received = all_to_all_single(
-            sharded,
-            output_split_sizes=output_sizes,
-            input_split_sizes=input_sizes,
-            group=self.groups.tower,
-            record=self._recorder("d", "tower", mates),
-            comm_dtype=self.comm_dtype,
-        )
-        blocks = [chunk.view(TB, w) for chunk, w in zip(received.split(output_sizes), widths)]
-        if plan.row_wise_features(self.tower):
-            summed = reduce_scatter(
-                pooled[:, width:].reshape(-1),
+        width = plan.all_to_all_width(self.rank)
+        received = [
+            all_to_all_single(
+                pooled[:, :width].reshape(-1),
+                output_split_sizes=output_sizes,
+                input_split_sizes=input_sizes,
                 group=self.groups.tower,
                 record=self._recorder("d", "tower", mates),
                 comm_dtype=self.comm_dtype,
+                grad_scale=grad_scale,
             )
-            blocks.append(summed.view(TB, -1))
-        return blocks
+        ]
+        if plan.row_wise_features(self.tower):
+            received.append(
+                reduce_scatter(
+                    pooled[:, width:].reshape(-1),
+                    group=self.groups.tower,
+                    record=self._recorder("d", "tower", mates),
+                    comm_dtype=self.comm_dtype,
+                    grad_scale=grad_scale,
+                )
+            )
+        return received
 
-    def shuffle_to_tower_layout(self, blocks: list[torch.Tensor]) -> torch.Tensor:
-        """Step e: ``(features, peers)`` to ``(peers, features)`` in tower order, ``(T B, F_t, N)``."""
-        received = torch.cat(blocks, dim=1)
-        if not self._identity_columns:
-            received = received.index_select(1, self._column_index)
-        return received.view(received.size(0), -1, self.embedding_dim)
+    def shuffle_to_tower_layout(
+        self, received: list[torch.Tensor], grad_scale: float = 1.0
+    ) -> torch.Tensor:
+        """Step e: ``(features, peers)`` to ``(peers, features)`` in tower order, ``(T B, F_t, N)``,
+        from what :meth:`intra_tower_exchange` returned; ``grad_scale`` multiplies the gradient
+        before it goes back over step d's wire."""
+        out = _PlaceColumns.apply(self._step_e, grad_scale, *received)
+        assert isinstance(out, torch.Tensor)
+        return out.view(out.size(0), -1, self.embedding_dim)
 
     def peer_exchange(self, tower_output: torch.Tensor) -> list[torch.Tensor]:
         """Step f: all-to-all among peers; returns every tower's ``(B, V_t, D_t)``, by tower."""
@@ -586,22 +594,31 @@ class SPTTDataflow(nn.Module):
         tower_output = tower_input if tower_module is None else tower_module(tower_input)
         return self.peer_exchange(tower_output)
 
-    def tower_input(self, received: KeyedJaggedTensor, grad_scale: float = 1.0) -> torch.Tensor:
+    def tower_input(
+        self,
+        received: KeyedJaggedTensor,
+        lookup_grad_scale: float = 1.0,
+        grad_scale: float = 1.0,
+    ) -> torch.Tensor:
         """Steps b-e on what step a delivered: the tower's embeddings of its ``T`` peers'
         samples, ``(T B, F_t, N)``, in the tower's feature order.
 
-        ``grad_scale`` multiplies the gradient of the lookup's output, i.e. after step d's
-        backward: its wire carries the gradient unscaled, as TorchRec's collectives do (they
-        divide after decoding), so a low ``comm_precision`` rounds it at its own magnitude."""
+        ``lookup_grad_scale`` multiplies the gradient of the lookup's output, i.e. after step
+        d's backward: its wire carries the gradient unscaled, as TorchRec's collectives do (they
+        divide after decoding), so a low ``comm_precision`` rounds it at its own magnitude.
+        ``grad_scale`` multiplies the gradient of the returned embeddings, before that wire.
+        Both are applied in place on buffers the backward made (steps e and d), as exactly as
+        :func:`~dmt.sptt.collectives.scale_grad` would, without its copy."""
         site = self.peer_permute_site(received)
         if site == "input":
             received = self.peer_permute_input(received)
-        pooled = scale_grad(self.lookup(received), grad_scale)
+        pooled = self.lookup(received)
         if site == "output":
             pooled = self.peer_permute(pooled)
         elif site == "none":
             self._record_shuffle("none", 0)
-        return self.shuffle_to_tower_layout(self.intra_tower_exchange(pooled))
+        exchanged = self.intra_tower_exchange(pooled, grad_scale=lookup_grad_scale)
+        return self.shuffle_to_tower_layout(exchanged, grad_scale=grad_scale)
 
     def pooled_embeddings(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """Pass-through towers: the pooled embeddings ``(B, F, N)`` of all features, model order.
@@ -691,6 +708,97 @@ class _PermuteBlocks(torch.autograd.Function):
         if ctx.record is not None:  # type: ignore[attr-defined]
             ctx.record(_nbytes(grad), "backward")  # type: ignore[attr-defined]
         return grad.index_select(0, ctx.inverse), None, None, None  # type: ignore[attr-defined]
+
+
+class _StepE(nn.Module):
+    """:func:`~dmt.sptt.splits.step_e_blocks` ready to copy: per block its source, first column,
+    width and tower-order columns (a slice's first column when they are contiguous, else an
+    index buffer), and the gather of the tower's columns from the blocks glued side by side
+    (``gather``; ``None``: they already are in tower order). Buffers, so they move with the
+    dataflow; not saved."""
+
+    gather: torch.Tensor | None
+
+    def __init__(self, blocks: Sequence[ColumnBlock], device: torch.device | None) -> None:
+        super().__init__()
+        self.source_widths: list[int] = []
+        self.blocks: list[tuple[int, int, int, int | str]] = []
+        glued: list[int] = []  # the tower column of each glued column
+        for i, b in enumerate(blocks):
+            width = len(b.dest)
+            while len(self.source_widths) <= b.source:
+                self.source_widths.append(0)
+            self.source_widths[b.source] = max(self.source_widths[b.source], b.start + width)
+            dest: int | str = b.dest[0]
+            if b.dest != tuple(range(b.dest[0], b.dest[0] + width)):
+                dest = f"dest_{i}"
+                self.register_buffer(dest, torch.tensor(b.dest, device=device), persistent=False)
+            self.blocks.append((b.source, b.start, width, dest))
+            glued.extend(b.dest)
+        self.num_columns = len(glued)
+        gather = sorted(range(len(glued)), key=glued.__getitem__)  # tower column -> glued one
+        identity = gather == list(range(len(glued)))
+        self.register_buffer(
+            "gather", None if identity else torch.tensor(gather, device=device), persistent=False
+        )
+
+    def rows(self, sources: Sequence[torch.Tensor]) -> int:
+        """``T B``: the rows of step d's outputs."""
+        for source, width in zip(sources, self.source_widths):
+            if width:
+                return source.numel() // width
+        return 0
+
+    def dest(self, dest: int | str) -> int | torch.Tensor:
+        """A block's tower columns: the first of a contiguous run, or the index buffer."""
+        return dest if isinstance(dest, int) else cast(torch.Tensor, getattr(self, dest))
+
+
+class _PlaceColumns(torch.autograd.Function):
+    """Step e: step d's outputs (1-D, ``(T B, width)`` blocks one after the other) into one
+    ``(T B, F_t N)`` tensor in tower order: the blocks glued side by side, then the tower's
+    columns gathered. The backward gathers each block's gradient straight into the buffer step
+    d sends back (no scatter into zeros, no split and concatenation) and multiplies it by
+    ``grad_scale`` there."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        layout: _StepE,
+        grad_scale: float,
+        *sources: torch.Tensor,
+    ) -> torch.Tensor:
+        ctx.layout = layout  # type: ignore[attr-defined]
+        ctx.grad_scale = grad_scale  # type: ignore[attr-defined]
+        ctx.numels = [s.numel() for s in sources]  # type: ignore[attr-defined]
+        rows = layout.rows(sources)
+        blocks = [
+            sources[source][rows * start : rows * (start + width)].view(rows, width)
+            for source, start, width, _ in layout.blocks
+        ]
+        if not blocks:
+            return sources[0].new_empty(rows, 0)
+        glued = torch.cat(blocks, dim=1)
+        return glued if layout.gather is None else glued.index_select(1, layout.gather)
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        layout: _StepE = ctx.layout  # type: ignore[attr-defined]
+        rows = grad.size(0)
+        grads = [grad.new_empty(n) for n in ctx.numels]  # type: ignore[attr-defined]
+        for source, start, width, name in layout.blocks:
+            block = grads[source][rows * start : rows * (start + width)].view(rows, width)
+            dest = layout.dest(name)
+            if isinstance(dest, int):
+                block.copy_(grad[:, dest : dest + width])
+            else:
+                torch.index_select(grad, 1, dest, out=block)
+        if ctx.grad_scale != 1.0:  # type: ignore[attr-defined]
+            for g in grads:
+                g.mul_(ctx.grad_scale)  # type: ignore[attr-defined]
+        return (None, None, *grads)
 
 
 def check_fp32(table: EmbeddingBagConfig, owner: str = "") -> None:

@@ -86,20 +86,17 @@ class ShardedTowers(ShardedModule[KJTList, torch.Tensor, list[torch.Tensor], SPT
         """Steps b-e, then the tower module: ``(T B, V_t, D_t)`` for this rank's ``T`` peers."""
         (received,) = dist_input
         self.dataflow.check_received(received, ctx.batch_size)
-        world = self.dataflow.plan.topology.world_size
-        return self._apply_tower_module(self.dataflow.tower_input(received, grad_scale=1 / world))
+        topo = self.dataflow.plan.topology
+        towers = topo.num_towers if self._trainable else 1
+        embeddings = self.dataflow.tower_input(
+            received, lookup_grad_scale=1 / topo.world_size, grad_scale=float(towers)
+        )
+        if self.tower_module is None:
+            return embeddings
+        return scale_grad(self.tower_module(embeddings), 1.0 / towers)
 
     def output_dist(
         self, ctx: SPTTContext, output: torch.Tensor
     ) -> LazyAwaitable[list[torch.Tensor]]:
         """Step f, started: every tower's output for the local samples once waited for."""
         return self.dataflow.start_peer_exchange(output)
-
-    def _apply_tower_module(self, embeddings: torch.Tensor) -> torch.Tensor:
-        """``(T B, F_t, N) -> (T B, V_t, D_t)`` with the gradient scales of the class doc."""
-        if not self._trainable:
-            return embeddings if self.tower_module is None else self.tower_module(embeddings)
-        assert self.tower_module is not None
-        towers = self.dataflow.plan.topology.num_towers
-        out = self.tower_module(scale_grad(embeddings, float(towers)))
-        return scale_grad(out, 1.0 / towers)

@@ -13,7 +13,7 @@ row-wise features of tower ``t``, ``(V_t, D_t)`` tower ``t``'s module output.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from dmt.sptt.plan import SPTTPlan, TableShard
 
@@ -94,3 +94,36 @@ def ring_allreduce_bytes(nbytes: int, group_size: int) -> int:
     ``group_size`` ranks: ``2 (n - 1) / n`` of the buffer (the ring model every byte count of
     dmt uses for all-reduces, whatever algorithm the backend runs)."""
     return 2 * (group_size - 1) * nbytes // group_size
+
+
+class ColumnBlock(NamedTuple):
+    """One ``(T B, width)`` block of what step d delivered, and where step e puts its columns."""
+
+    source: int
+    """Which of step d's outputs holds it: ``0`` the all-to-all's, ``1`` the reduce-scatter's."""
+    start: int
+    """Its first column within that output: the block's elements start at ``T B start``."""
+    dest: tuple[int, ...]
+    """The tower-order column (of ``F_t N``) of each of its ``width = len(dest)`` columns."""
+
+
+def step_e_blocks(plan: SPTTPlan, rank: int) -> tuple[ColumnBlock, ...]:
+    """Step e of ``rank`` as blocks: every tower-mate's all-to-all block by position, then the
+    tower's summed row-wise features, each with the tower-order columns it fills
+    (:meth:`SPTTPlan.tower_column_index`, inverted). Empty blocks are left out; together the
+    blocks fill each of the ``F_t N`` columns once."""
+    topo = plan.topology
+    tower = topo.tower_of(rank)
+    where = {c: j for j, c in enumerate(plan.tower_column_index(tower))}
+    sources = [[plan.all_to_all_width(q) for q in topo.tower_ranks(tower)]]
+    if plan.row_wise_features(tower):
+        sources.append([len(plan.row_wise_features(tower)) * plan.embedding_dim])
+    blocks, column = [], 0  # column: of the blocks glued side by side in this order
+    for source, widths in enumerate(sources):
+        start = 0
+        for width in widths:
+            if width:
+                dest = tuple(where[c] for c in range(column, column + width))
+                blocks.append(ColumnBlock(source, start, dest))
+            start, column = start + width, column + width
+    return tuple(blocks)

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from dmt.sptt.plan import SHARDING_KINDS, SPTTPlan, TableShard, build_plan
+from dmt.sptt.splits import ColumnBlock, step_e_blocks
 from dmt.sptt.topology import Topology
 
 
@@ -94,6 +95,23 @@ def test_layouts(
     by_tower = [f for tower in towers for f in tower]
     assert [by_tower[i] for i in plan.output_permutation] == list(range(num_features))
 
+    # step e as blocks: what the column index reads, block by block, and every column once
+    for r in range(world_size):
+        t = topo.tower_of(r)
+        index = plan.tower_column_index(t)
+        blocks = step_e_blocks(plan, r)
+        mates = [plan.all_to_all_width(q) for q in topo.tower_ranks(t)]
+        glued = 0  # the blocks' first column in the received row glued side by side
+        for b in blocks:
+            offset = 0 if b.source == 0 else sum(mates)
+            assert [index[j] for j in b.dest] == list(
+                range(offset + b.start, offset + b.start + len(b.dest))
+            )
+            assert offset + b.start >= glued  # in received order
+            glued = offset + b.start + len(b.dest)
+        assert sorted(j for b in blocks for j in b.dest) == list(range(len(index)))
+        assert {b.source for b in blocks} <= ({0, 1} if plan.row_wise_features(t) else {0})
+
 
 def test_greedy_balances_costs() -> None:
     topo = Topology(world_size=4, local_world_size=4)
@@ -114,6 +132,12 @@ def test_table_wise_round_robin_and_empty_ranks() -> None:
     assert plan.input_splits == (2, 1, 1, 0)
     # received columns: rank 0's features 0, 3 then rank 1's feature 2; tower order 0, 2, 3
     assert plan.tower_column_index(0) == (0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7)
+    # step e: rank 0's block fills tower columns 0-3 (feature 0) and 8-11 (feature 3)
+    assert step_e_blocks(plan, 0) == (
+        ColumnBlock(0, 0, (0, 1, 2, 3, 8, 9, 10, 11)),
+        ColumnBlock(0, 8, (4, 5, 6, 7)),
+    )
+    assert step_e_blocks(plan, 1) == step_e_blocks(plan, 0)  # a tower's ranks see one layout
 
 
 def test_column_and_row_wise_shards() -> None:

@@ -1,0 +1,73 @@
+"""Step e of the SPTT dataflow (dmt.sptt.dataflow._PlaceColumns): the same numbers, forward and
+backward, as gluing step d's blocks side by side and selecting the tower's columns, without
+processes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dmt.sptt.dataflow import _PlaceColumns, _StepE
+from dmt.sptt.plan import SHARDING_KINDS, build_plan
+from dmt.sptt.splits import step_e_blocks
+from dmt.sptt.topology import Topology
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("grad_scale", [1.0, 3.0])
+def test_place_columns_equals_cat_and_index_select(seed: int, grad_scale: float) -> None:
+    rng = random.Random(seed)
+    topo = Topology(world_size=8, local_world_size=4)  # two towers of four ranks
+    num_features, dim, rows = 11, 3, 5  # rows: T B
+    features = list(range(num_features))
+    rng.shuffle(features)
+    towers = [features[:6], features[6:]]
+    names = [f"cat_{f}" for f in range(num_features)]
+    kinds = {n: rng.choice(SHARDING_KINDS) for n in names}
+    plan = build_plan(
+        topo,
+        names,
+        towers,
+        embedding_dim=dim,
+        num_embeddings=[rng.randint(4, 50) for _ in names],
+        sharding_types=kinds,
+    )
+    for rank in range(topo.world_size):
+        t = topo.tower_of(rank)
+        widths = [plan.all_to_all_width(q) for q in topo.tower_ranks(t)]
+        summed_width = len(plan.row_wise_features(t)) * dim
+        sources = [torch.randn(rows * sum(widths), dtype=torch.float64, requires_grad=True)]
+        if summed_width:
+            sources.append(
+                torch.randn(rows * summed_width, dtype=torch.float64, requires_grad=True)
+            )
+        # the former step e: step d's blocks glued side by side, then the tower's columns
+        chunks = sources[0].split([rows * w for w in widths])
+        blocks = [c.view(rows, w) for c, w in zip(chunks, widths)]
+        if summed_width:
+            blocks.append(sources[1].view(rows, summed_width))
+        index = torch.tensor(plan.tower_column_index(t))
+        expected = torch.cat(blocks, dim=1).index_select(1, index)
+        grad = torch.randn_like(expected)
+        expected_grads = torch.autograd.grad(expected, sources, grad * grad_scale)
+
+        out = _PlaceColumns.apply(
+            _StepE(step_e_blocks(plan, rank), torch.device("cpu")), grad_scale, *sources
+        )
+        grads = torch.autograd.grad(out, sources, grad)
+        assert torch.equal(out, expected)
+        for g, e in zip(grads, expected_grads, strict=True):
+            assert torch.equal(g, e)
+
+
+def test_step_e_indices_are_unsaved_buffers() -> None:
+    topo = Topology(world_size=2, local_world_size=2)
+    names = ["cat_0", "cat_1", "cat_2"]
+    plan = build_plan(topo, names, [[0, 1, 2]], embedding_dim=2, num_embeddings=[5, 5, 5])
+    layout = _StepE(step_e_blocks(plan, 0), torch.device("cpu"))
+    assert layout.gather is not None  # rank 0 holds cat_0 and cat_2, rank 1 cat_1
+    assert dict(layout.named_buffers()).keys() >= {"gather"}
+    assert layout.state_dict() == {}
+    assert layout.to(torch.float64).gather.dtype == torch.int64  # indices stay indices
