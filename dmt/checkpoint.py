@@ -902,10 +902,7 @@ def row_wise_state_blocks(path: Path) -> dict[str, int]:
     Raises:
         ValueError: the checkpoint's ``.metadata`` cannot be read (the file is named).
     """
-    try:
-        tensors = tensor_keys(path, prefix="")
-    except Exception as e:  # a damaged .metadata: a pickle or OS error
-        raise ValueError(f"cannot read {path / DCP_METADATA}: {e}") from e
+    tensors = tensor_keys(path, prefix="")  # its ValueError names the damaged .metadata
     tables = {}  # TorchRec's key of a table's fused optimizer state, less the state's name
     for key, md in tensors.items():
         fqn = key.removeprefix("model.")

@@ -5,7 +5,8 @@
 - at every ``trainer.log_every`` step: ``{"step", "samples", "train/loss", "train/lr",
   "train/samples_per_s"}``; ``train/lr`` lists the LR of each optimizer param group for that
   step's update (TorchRec's fused embedding group first, then the dense one);
-  ``train/samples_per_s`` is the throughput since the previous record, training time only;
+  ``train/samples_per_s`` is the throughput since the previous record, training time only, and
+  left out when no training time passed (not measured, which a ``null`` would not say);
 - at every evaluation: ``{"step", "samples", "val/auc", "val/logloss", "val/ne",
   "val/calibration", "val/num_samples"}``, and at the end ``test/...`` the same way.
 
@@ -63,11 +64,11 @@ class RunHistory:
         """Record a log step; ``train_time_s`` is this process's training time so far (not
         counting evaluations and checkpoints). Returns the record."""
         elapsed = train_time_s - self._last_time
-        rate = (step - self._last_step) * self.batch_size / elapsed if elapsed > 0 else None
+        values: dict[str, Any] = {"train/loss": loss, "train/lr": list(lrs)}
+        if elapsed > 0:  # else not measured: no value rather than null, which reads as not finite
+            values["train/samples_per_s"] = (step - self._last_step) * self.batch_size / elapsed
         self._last_step, self._last_time = step, train_time_s
-        return self._append(
-            {"train/loss": loss, "train/lr": list(lrs), "train/samples_per_s": rate}, step
-        )
+        return self._append(values, step)
 
     def log_eval(self, *, step: int, metrics: dict[str, float], split: str) -> dict[str, Any]:
         """Record an evaluation of ``split`` (``val`` or ``test``) and redraw ``curves.png``.

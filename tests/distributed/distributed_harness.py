@@ -8,7 +8,9 @@ used again in a forked child ("Cannot re-initialize CUDA in forked subprocess" a
 initialization error", both seen on an H100). The default group rendezvouses through a file, so
 no port is picked; every collective has a timeout, and the whole run has a deadline after which
 the parent kills its children. Every rank has met every other before ``fn`` runs, and after
-it returns (a rank that raised does not wait); what ``fn`` returns travels by value.
+it returns (a rank that raised does not wait); what ``fn`` returns travels by value. When ranks
+fail, the error raised is the one that came first: a rank whose peer raised fails too, with
+gloo's "Connection closed by peer", and torch reports whichever failed process it sees first.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import io
 import os
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -69,7 +72,13 @@ def _entry(
         # parent fetches from this process, which may have exited by the time the parent reads
         # the queue (FileNotFoundError / ConnectionResetError; 18 of 20 runs under load)
         buffer = io.BytesIO()
-        torch.save(fn(rank, world_size, *args), buffer)
+        try:
+            value = fn(rank, world_size, *args)
+        except BaseException:
+            with open(f"{init_file}.failed{rank}", "w", encoding="utf-8") as f:
+                f.write(f"{time.time()!r}\n{traceback.format_exc()}")
+            raise
+        torch.save(value, buffer)
         # and none leaves while another still meets it in a group fn created last (new_group
         # has no barrier either): they meet in a store of the harness's own, not in a group,
         # which fn may have replaced by one with a short timeout or destroyed
@@ -84,6 +93,21 @@ def _entry(
 
 def _loaded(value: bytes) -> Any:
     return torch.load(io.BytesIO(value), weights_only=False)
+
+
+def _first_failure(init_file: str, world_size: int) -> tuple[int, str] | None:
+    """The rank whose ``fn`` raised first, and its traceback (``None``: no ``fn`` raised)."""
+    failures = []
+    for rank in range(world_size):
+        try:
+            when, trace = open(f"{init_file}.failed{rank}", encoding="utf-8").read().split("\n", 1)
+        except (OSError, ValueError):
+            continue
+        failures.append((float(when), rank, trace))
+    if not failures:
+        return None
+    _, rank, trace = min(failures)
+    return rank, trace
 
 
 def start_method_for(backend: str, cuda_available: bool | None = None) -> str:
@@ -132,6 +156,15 @@ def run_on_ranks(
                     break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{world_size} ranks did not finish in {timeout_s} s")
+        except mp.ProcessRaisedException as reported:
+            first = _first_failure(init_file, world_size)
+            if first is None or first[0] == reported.error_index:
+                raise
+            rank, trace = first
+            message = f"\n\n-- Process {rank} failed first, with the following error:\n{trace}"
+            raise mp.ProcessRaisedException(
+                message, rank, context.processes[rank].pid
+            ) from reported
         finally:
             for process in context.processes:
                 if process.is_alive():

@@ -16,6 +16,7 @@ from dmt.checkpoint import (
     _drop,
     _make_way,
     load_model_state,
+    row_wise_state_blocks,
     tensor_keys,
 )
 
@@ -87,6 +88,7 @@ def test_a_damaged_tensor_index_is_named(tmp_path) -> None:
     (step / ".metadata").write_bytes(b"\0" * 64)
     meta = {"format": FORMAT, "step": 4, "files": {".metadata": 64}}
     (step / META_FILE).write_text(json.dumps(meta))
-    for read in (tensor_keys, load_model_state):
-        with pytest.raises(ValueError, match=rf"^cannot read {step / '.metadata'}: "):
+    for read in (tensor_keys, load_model_state, row_wise_state_blocks):
+        with pytest.raises(ValueError, match=rf"^cannot read {step / '.metadata'}: ") as error:
             read(step)
+        assert str(error.value).count("cannot read") == 1  # the resume's said it twice

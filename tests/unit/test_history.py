@@ -50,6 +50,18 @@ def test_records_throughput_and_curves(tmp_path):
     assert [t.get_text() for t in curves_figure([]).axes[1].texts] == ["no values"]
 
 
+def test_a_throughput_not_measured_is_left_out_not_drawn_as_not_finite(tmp_path):
+    h = RunHistory(tmp_path, batch_size=100)
+    h.log_train(step=10, loss=0.5, lrs=[0.1], train_time_s=2.0)
+    record = h.log_train(step=20, loss=0.4, lrs=[0.1], train_time_s=2.0)  # no time elapsed
+    h.close()
+    assert "train/samples_per_s" not in record
+    records = read_history(tmp_path / "history.jsonl")
+    assert [("train/samples_per_s" in r) for r in records] == [True, False]
+    # a reproduced bug: the null it was written as drew 'not finite from 2,000 samples'
+    assert [t.get_text() for t in curves_figure(records).axes[2].texts] == []
+
+
 def test_a_resumed_run_keeps_the_records_up_to_its_checkpoint(tmp_path):
     h = RunHistory(tmp_path, batch_size=8)
     for step in (5, 10, 15):
