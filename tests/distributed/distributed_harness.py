@@ -9,8 +9,11 @@ initialization error", both seen on an H100). The default group rendezvouses thr
 no port is picked; every collective has a timeout, and the whole run has a deadline after which
 the parent kills its children. Every rank has met every other before ``fn`` runs, and after
 it returns (a rank that raised does not wait); what ``fn`` returns travels by value. When ranks
-fail, the error raised is the one that came first: a rank whose peer raised fails too, with
+fail, the error raised is the one that left ``fn`` first: a rank whose peer raised fails too, with
 gloo's "Connection closed by peer", and torch reports whichever failed process it sees first.
+Failures outside ``fn`` (the rendezvous, the barriers, pickling the result) are torch's report as
+it stands, and an ``fn`` that tears its groups down before re-raising can let a peer's error
+leave ``fn`` first.
 """
 
 from __future__ import annotations

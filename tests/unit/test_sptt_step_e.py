@@ -1,6 +1,7 @@
-"""Step e of the SPTT dataflow (dmt.sptt.dataflow._PlaceColumns): the same numbers, forward and
+"""Step e of the SPTT dataflow (dmt.sptt.dataflow._PlaceColumns): the same values, forward and
 backward, as gluing step d's blocks side by side and selecting the tower's columns, without
-processes."""
+processes (``torch.equal``; a zero gradient may keep its sign, which the former scatter-add into
+zeros dropped)."""
 
 from __future__ import annotations
 
