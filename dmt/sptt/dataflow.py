@@ -776,9 +776,7 @@ class _PlaceColumns(torch.autograd.Function):
             sources[source][rows * start : rows * (start + width)].view(rows, width)
             for source, start, width, _ in layout.blocks
         ]
-        if not blocks:
-            return sources[0].new_empty(rows, 0)
-        glued = torch.cat(blocks, dim=1)
+        glued = torch.cat(blocks, dim=1)  # a tower has a feature: there is a block
         return glued if layout.gather is None else glued.index_select(1, layout.gather)
 
     @staticmethod

@@ -25,6 +25,7 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -102,11 +103,11 @@ def _first_failure(init_file: str, world_size: int) -> tuple[int, str] | None:
     """The rank whose ``fn`` raised first, and its traceback (``None``: no ``fn`` raised)."""
     failures = []
     for rank in range(world_size):
-        try:
-            when, trace = open(f"{init_file}.failed{rank}", encoding="utf-8").read().split("\n", 1)
+        try:  # a file cut short (a rank killed while writing it) is skipped
+            when, trace = Path(f"{init_file}.failed{rank}").read_text("utf-8").split("\n", 1)
+            failures.append((float(when), rank, trace))
         except (OSError, ValueError):
             continue
-        failures.append((float(when), rank, trace))
     if not failures:
         return None
     _, rank, trace = min(failures)
