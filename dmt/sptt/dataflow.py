@@ -89,6 +89,9 @@ from dmt.sptt.plan import SPTTPlan, TableShard
 from dmt.sptt.process_groups import SPTTProcessGroups
 from dmt.sptt.splits import (
     ColumnBlock,
+    ColumnRun,
+    column_runs,
+    run_unit,
     step_a_bytes_per_dst,
     step_d_split_sizes,
     step_e_blocks,
@@ -710,17 +713,32 @@ class _PermuteBlocks(torch.autograd.Function):
         return grad.index_select(0, ctx.inverse), None, None, None  # type: ignore[attr-defined]
 
 
+MAX_STEP_E_COPIES = 32
+"""Step e's forward copies each run of columns into place (one pass over the embeddings) when
+there are at most this many runs; with more (tables split across many ranks) it glues the blocks
+and gathers, two ops whatever the number of runs (fewer kernel launches on a GPU)."""
+
+
 class _StepE(nn.Module):
-    """:func:`~dmt.sptt.splits.step_e_blocks` ready to copy: per block its source, first column,
-    width and tower-order columns (a slice's first column when they are contiguous, else an
-    index buffer), and the gather of the tower's columns from the blocks glued side by side
-    (``gather``; ``None``: they already are in tower order). Buffers, so they move with the
-    dataflow; not saved."""
+    """:func:`~dmt.sptt.splits.step_e_blocks` ready to copy, moving columns ``unit`` at a time
+    (:func:`~dmt.sptt.splits.run_unit`: ``N`` when no table is split): per block its source,
+    first column, width and tower-order columns (a slice's first column when they are
+    contiguous, else an index buffer of ``unit``-column groups); the runs the forward copies
+    (``runs``, :func:`~dmt.sptt.splits.column_runs`), or, with more than ``max_copies`` of them,
+    the gather of the tower's groups from the blocks glued side by side (``gather``; ``None``:
+    they already are in tower order). Buffers, so they move with the dataflow; not saved."""
 
     gather: torch.Tensor | None
 
-    def __init__(self, blocks: Sequence[ColumnBlock], device: torch.device | None) -> None:
+    def __init__(
+        self,
+        blocks: Sequence[ColumnBlock],
+        device: torch.device | None,
+        max_copies: int = MAX_STEP_E_COPIES,
+    ) -> None:
         super().__init__()
+        runs = column_runs(blocks)
+        self.unit = u = run_unit(runs)
         self.source_widths: list[int] = []
         self.blocks: list[tuple[int, int, int, int | str]] = []
         glued: list[int] = []  # the tower column of each glued column
@@ -732,15 +750,17 @@ class _StepE(nn.Module):
             dest: int | str = b.dest[0]
             if b.dest != tuple(range(b.dest[0], b.dest[0] + width)):
                 dest = f"dest_{i}"
-                self.register_buffer(dest, torch.tensor(b.dest, device=device), persistent=False)
+                groups = torch.tensor(b.dest[::u], device=device) // u
+                self.register_buffer(dest, groups, persistent=False)
             self.blocks.append((b.source, b.start, width, dest))
             glued.extend(b.dest)
         self.num_columns = len(glued)
-        gather = sorted(range(len(glued)), key=glued.__getitem__)  # tower column -> glued one
-        identity = gather == list(range(len(glued)))
-        self.register_buffer(
-            "gather", None if identity else torch.tensor(gather, device=device), persistent=False
-        )
+        self.runs: tuple[ColumnRun, ...] | None = runs if len(runs) <= max_copies else None
+        order = sorted(range(len(glued)), key=glued.__getitem__)  # tower column -> glued one
+        gather = None
+        if self.runs is None and order != list(range(len(glued))):
+            gather = torch.tensor(order[::u], device=device) // u
+        self.register_buffer("gather", gather, persistent=False)
 
     def rows(self, sources: Sequence[torch.Tensor]) -> int:
         """``T B``: the rows of step d's outputs."""
@@ -750,16 +770,18 @@ class _StepE(nn.Module):
         return 0
 
     def dest(self, dest: int | str) -> int | torch.Tensor:
-        """A block's tower columns: the first of a contiguous run, or the index buffer."""
+        """A block's tower columns: the first of a contiguous run, or the index buffer of its
+        ``unit``-column groups."""
         return dest if isinstance(dest, int) else cast(torch.Tensor, getattr(self, dest))
 
 
 class _PlaceColumns(torch.autograd.Function):
     """Step e: step d's outputs (1-D, ``(T B, width)`` blocks one after the other) into one
-    ``(T B, F_t N)`` tensor in tower order: the blocks glued side by side, then the tower's
-    columns gathered. The backward gathers each block's gradient straight into the buffer step
-    d sends back (no scatter into zeros, no split and concatenation) and multiplies it by
-    ``grad_scale`` there."""
+    ``(T B, F_t N)`` tensor in tower order: each run of columns copied into place (or, with many
+    runs, the blocks glued side by side and the tower's columns gathered), ``unit`` columns at a
+    time. The backward gathers each block's gradient straight into the buffer step d sends back
+    (no scatter into zeros, no split and concatenation) and multiplies it by ``grad_scale``
+    there."""
 
     @staticmethod
     def forward(
@@ -771,28 +793,36 @@ class _PlaceColumns(torch.autograd.Function):
         ctx.layout = layout  # type: ignore[attr-defined]
         ctx.grad_scale = grad_scale  # type: ignore[attr-defined]
         ctx.numels = [s.numel() for s in sources]  # type: ignore[attr-defined]
-        rows = layout.rows(sources)
+        rows, u, columns = layout.rows(sources), layout.unit, layout.num_columns
         blocks = [
             sources[source][rows * start : rows * (start + width)].view(rows, width)
             for source, start, width, _ in layout.blocks
         ]
+        if layout.runs is not None:
+            out = blocks[0].new_empty(rows, columns)
+            for block, start, dest, width in layout.runs:
+                out[:, dest : dest + width].copy_(blocks[block][:, start : start + width])
+            return out
         glued = torch.cat(blocks, dim=1)  # a tower has a feature: there is a block
-        return glued if layout.gather is None else glued.index_select(1, layout.gather)
+        if layout.gather is None:
+            return glued
+        return glued.view(rows, columns // u, u).index_select(1, layout.gather).view(rows, columns)
 
     @staticmethod
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
         layout: _StepE = ctx.layout  # type: ignore[attr-defined]
-        rows = grad.size(0)
+        rows, u = grad.size(0), layout.unit
+        groups = grad.reshape(rows, layout.num_columns // u, u)
         grads = [grad.new_empty(n) for n in ctx.numels]  # type: ignore[attr-defined]
         for source, start, width, name in layout.blocks:
-            block = grads[source][rows * start : rows * (start + width)].view(rows, width)
+            block = grads[source][rows * start : rows * (start + width)]
             dest = layout.dest(name)
             if isinstance(dest, int):
-                block.copy_(grad[:, dest : dest + width])
+                block.view(rows, width).copy_(grad[:, dest : dest + width])
             else:
-                torch.index_select(grad, 1, dest, out=block)
+                torch.index_select(groups, 1, dest, out=block.view(rows, width // u, u))
         if ctx.grad_scale != 1.0:  # type: ignore[attr-defined]
             for g in grads:
                 g.mul_(ctx.grad_scale)  # type: ignore[attr-defined]
@@ -933,6 +963,16 @@ class _FusedShards(nn.Module):
         ]
         self._in_order = columns == list(range(len(columns)))
         self.register_buffer("_columns", torch.tensor(columns, device=device), persistent=False)
+        # One FBGEMM kernel holds every shard (no cache, one pooling): look up straight from the
+        # KJT, as FusedEmbeddingBagCollection.forward does less directly (a dict of its
+        # features, their values and lengths concatenated again, an offsets cumsum, and a copy
+        # of its one output by torch.cat); the same kernel call and values.
+        self._direct_keys: list[str] | None = None
+        if self.fused is not None and not self.fused_cached:
+            batches = self.fused._key_to_tables  # (pooling, data type) -> its tables, in order
+            if len(batches) == 1 and len(self.fused._emb_modules) == 1:
+                (batch,) = batches.values()
+                self._direct_keys = [f for t in batch for f in t.feature_names]
 
     @property
     def _cached_modules(self) -> list[FusedEmbeddingBagCollection]:
@@ -979,6 +1019,11 @@ class _FusedShards(nn.Module):
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """Pooled embeddings ``(samples, sum of shard columns)``, in shard order."""
-        outputs = [m(features).values() for m in self._modules_in_order]
-        values = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        if self.fused is not None and features.keys() == self._direct_keys:
+            (kernel,) = self.fused._emb_modules
+            weights = features.weights_or_none() if self.fused._is_weighted else None
+            values = kernel(features.values(), features.offsets(), weights)
+        else:
+            outputs = [m(features).values() for m in self._modules_in_order]
+            values = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         return values if self._in_order else values.index_select(1, self._columns)

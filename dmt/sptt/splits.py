@@ -12,6 +12,7 @@ row-wise features of tower ``t``, ``(V_t, D_t)`` tower ``t``'s module output.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar
 
@@ -105,6 +106,39 @@ class ColumnBlock(NamedTuple):
     """Its first column within that output: the block's elements start at ``T B start``."""
     dest: tuple[int, ...]
     """The tower-order column (of ``F_t N``) of each of its ``width = len(dest)`` columns."""
+
+
+class ColumnRun(NamedTuple):
+    """Columns of one :class:`ColumnBlock` that land side by side in tower order."""
+
+    block: int
+    """The block's index in :func:`step_e_blocks`' tuple."""
+    start: int
+    """The run's first column within the block."""
+    dest: int
+    """The tower-order column of its first column."""
+    width: int
+
+
+def column_runs(blocks: Sequence[ColumnBlock]) -> tuple[ColumnRun, ...]:
+    """``blocks`` cut into maximal runs of columns whose tower-order columns are consecutive:
+    step e is one copy per run. A table's columns stay together, so a tower of table-wise
+    features has at most one run per feature."""
+    runs = []
+    for i, b in enumerate(blocks):
+        first = 0
+        for j in range(1, len(b.dest) + 1):
+            if j == len(b.dest) or b.dest[j] != b.dest[j - 1] + 1:
+                runs.append(ColumnRun(i, first, b.dest[first], j - first))
+                first = j
+    return tuple(runs)
+
+
+def run_unit(runs: Sequence[ColumnRun]) -> int:
+    """The widest ``u`` that divides every run's width and offsets: step e can move columns
+    ``u`` at a time (``(T B, columns / u, u)`` views; ``u = N`` when no table is split across
+    ranks). ``1`` for no runs."""
+    return math.gcd(*(v for r in runs for v in (r.start, r.dest, r.width))) or 1
 
 
 def step_e_blocks(plan: SPTTPlan, rank: int) -> tuple[ColumnBlock, ...]:

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from dmt.sptt.dataflow import _PlaceColumns, _StepE
+from dmt.sptt.dataflow import MAX_STEP_E_COPIES, _PlaceColumns, _StepE
 from dmt.sptt.plan import SHARDING_KINDS, build_plan
 from dmt.sptt.splits import step_e_blocks
 from dmt.sptt.topology import Topology
@@ -18,15 +18,23 @@ from dmt.sptt.topology import Topology
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("grad_scale", [1.0, 3.0])
-def test_place_columns_equals_cat_and_index_select(seed: int, grad_scale: float) -> None:
+@pytest.mark.parametrize("dim", [3, 8])
+@pytest.mark.parametrize("max_copies", [0, MAX_STEP_E_COPIES])
+@pytest.mark.parametrize("split", [True, False])
+def test_place_columns_equals_cat_and_index_select(
+    seed: int, grad_scale: float, dim: int, max_copies: int, split: bool
+) -> None:
+    """Both forwards (a copy per run; glue and gather) and the backward, with tables split
+    across ranks (``split``: random kinds, runs narrower than ``N``) and whole (table-wise:
+    ``N`` columns at a time)."""
     rng = random.Random(seed)
     topo = Topology(world_size=8, local_world_size=4)  # two towers of four ranks
-    num_features, dim, rows = 11, 3, 5  # rows: T B
+    num_features, rows = 11, 5  # rows: T B
     features = list(range(num_features))
     rng.shuffle(features)
     towers = [features[:6], features[6:]]
     names = [f"cat_{f}" for f in range(num_features)]
-    kinds = {n: rng.choice(SHARDING_KINDS) for n in names}
+    kinds = {n: rng.choice(SHARDING_KINDS) if split else "table_wise" for n in names}
     plan = build_plan(
         topo,
         names,
@@ -54,9 +62,10 @@ def test_place_columns_equals_cat_and_index_select(seed: int, grad_scale: float)
         grad = torch.randn_like(expected)
         expected_grads = torch.autograd.grad(expected, sources, grad * grad_scale)
 
-        out = _PlaceColumns.apply(
-            _StepE(step_e_blocks(plan, rank), torch.device("cpu")), grad_scale, *sources
-        )
+        layout = _StepE(step_e_blocks(plan, rank), torch.device("cpu"), max_copies)
+        assert (layout.runs is None) == (max_copies == 0)
+        assert split or layout.unit == dim
+        out = _PlaceColumns.apply(layout, grad_scale, *sources)
         grads = torch.autograd.grad(out, sources, grad)
         assert torch.equal(out, expected)
         for g, e in zip(grads, expected_grads, strict=True):
@@ -67,8 +76,13 @@ def test_step_e_indices_are_unsaved_buffers() -> None:
     topo = Topology(world_size=2, local_world_size=2)
     names = ["cat_0", "cat_1", "cat_2"]
     plan = build_plan(topo, names, [[0, 1, 2]], embedding_dim=2, num_embeddings=[5, 5, 5])
-    layout = _StepE(step_e_blocks(plan, 0), torch.device("cpu"))
+    layout = _StepE(step_e_blocks(plan, 0), torch.device("cpu"), max_copies=0)
     assert layout.gather is not None  # rank 0 holds cat_0 and cat_2, rank 1 cat_1
+    assert layout.unit == 2  # no table is split: whole rows of N = 2 columns move together
+    assert layout.gather.tolist() == [0, 2, 1]  # tower feature -> glued feature
     assert dict(layout.named_buffers()).keys() >= {"gather"}
     assert layout.state_dict() == {}
     assert layout.to(torch.float64).gather.dtype == torch.int64  # indices stay indices
+    copies = _StepE(step_e_blocks(plan, 0), torch.device("cpu"))
+    assert copies.gather is None and copies.runs is not None
+    assert [r.dest for r in copies.runs] == [0, 4, 2]  # cat_0, cat_2 (rank 0's), cat_1
