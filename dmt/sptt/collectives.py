@@ -80,6 +80,7 @@ class _AllToAllSingle(torch.autograd.Function):
         record: Recorder | None,
         comm_dtype: torch.dtype | None,
         grad_scale: float,
+        cast_back: bool,
     ) -> torch.Tensor:
         ctx.output_split_sizes = output_split_sizes  # type: ignore[attr-defined]
         ctx.input_split_sizes = input_split_sizes  # type: ignore[attr-defined]
@@ -87,8 +88,17 @@ class _AllToAllSingle(torch.autograd.Function):
         ctx.record = record  # type: ignore[attr-defined]
         ctx.comm_dtype = comm_dtype  # type: ignore[attr-defined]
         ctx.grad_scale = grad_scale  # type: ignore[attr-defined]
+        ctx.input_dtype = input.dtype  # type: ignore[attr-defined]
+        output_dtype = input.dtype if cast_back or comm_dtype is None else comm_dtype
         return _all_to_all(
-            input, output_split_sizes, input_split_sizes, group, record, "forward", comm_dtype
+            input,
+            output_split_sizes,
+            input_split_sizes,
+            group,
+            record,
+            "forward",
+            comm_dtype,
+            output_dtype,
         )
 
     @staticmethod
@@ -103,9 +113,10 @@ class _AllToAllSingle(torch.autograd.Function):
             ctx.record,  # type: ignore[attr-defined]
             "backward",
             ctx.comm_dtype,  # type: ignore[attr-defined]
+            ctx.input_dtype,  # type: ignore[attr-defined]
         )
         _scale_in_place(grad_input, ctx.grad_scale)  # type: ignore[attr-defined]
-        return grad_input, None, None, None, None, None, None
+        return grad_input, None, None, None, None, None, None, None
 
 
 def _all_to_all(
@@ -116,7 +127,10 @@ def _all_to_all(
     record: Recorder | None,
     direction: str,
     comm_dtype: torch.dtype | None = None,
+    output_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
+    """``input`` sent in ``comm_dtype``; what arrived, cast to ``output_dtype`` (default:
+    ``input``'s)."""
     wire = _to_wire(input, comm_dtype)
     output = wire.new_empty(sum(output_split_sizes))
     dist.all_to_all_single(
@@ -128,7 +142,7 @@ def _all_to_all(
     )
     if record is not None:
         record([n * wire.element_size() for n in input_split_sizes], direction)
-    return output.to(input.dtype)
+    return output.to(input.dtype if output_dtype is None else output_dtype)
 
 
 def _scale_in_place(received: torch.Tensor, scale: float) -> None:
@@ -156,6 +170,7 @@ def all_to_all_single(
     record: Recorder | None = None,
     comm_dtype: torch.dtype | None = None,
     grad_scale: float = 1.0,
+    cast_back: bool = True,
 ) -> torch.Tensor:
     """All-to-all of a flat tensor with uneven splits, differentiable.
 
@@ -170,10 +185,14 @@ def all_to_all_single(
             dtype.
         grad_scale: multiplies the gradient for ``input`` after it has crossed the wire (the
             wire carries it unscaled): what :func:`scale_grad` on ``input`` would do, in place.
+        cast_back: ``False`` returns what came off the wire, in ``comm_dtype``, for a caller
+            that casts it while it copies it anyway (SPTT's step e); the gradient of the output
+            is then in ``comm_dtype`` too (the caller rounds it once, as this function would),
+            and goes on the wire as it is. The same values either way.
 
     Returns:
-        1-D tensor of ``sum(output_split_sizes)`` elements (``input``'s dtype), ordered by source
-        group rank.
+        1-D tensor of ``sum(output_split_sizes)`` elements (``input``'s dtype; ``comm_dtype``
+        if given and not ``cast_back``), ordered by source group rank.
     """
     _check_all_to_all_input(input, input_split_sizes)
     out = _AllToAllSingle.apply(
@@ -184,6 +203,7 @@ def all_to_all_single(
         record,
         comm_dtype,
         grad_scale,
+        cast_back,
     )
     assert isinstance(out, torch.Tensor)
     return out

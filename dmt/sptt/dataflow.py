@@ -50,6 +50,7 @@ applies the optimizer inside the backward, like TorchRec's sharded tables; no ``
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -499,7 +500,9 @@ class SPTTDataflow(nn.Module):
 
         Returns:
             1-D: the ``(T B, W_q)`` blocks from each tower-mate ``q`` by position, one after
-            the other, then the ``(T B, R_t N)`` summed row-wise features if the tower has any.
+            the other (with compressed communication in ``comm_dtype``, as they came off the
+            wire: step e casts them), then the ``(T B, R_t N)`` summed row-wise features if the
+            tower has any.
         """
         plan, topo = self.plan, self.plan.topology
         TB = pooled.size(0) // topo.tower_size
@@ -515,6 +518,7 @@ class SPTTDataflow(nn.Module):
                 record=self._recorder("d", "tower", mates),
                 comm_dtype=self.comm_dtype,
                 grad_scale=grad_scale,
+                cast_back=False,  # step e casts while it places the columns
             )
         ]
         if plan.row_wise_features(self.tower):
@@ -535,7 +539,9 @@ class SPTTDataflow(nn.Module):
         """Step e: ``(features, peers)`` to ``(peers, features)`` in tower order, ``(T B, F_t, N)``,
         from what :meth:`intra_tower_exchange` returned; ``grad_scale`` multiplies the gradient
         before it goes back over step d's wire."""
-        out = _PlaceColumns.apply(self._step_e, grad_scale, *received)
+        # the lookup's dtype: step d hands over a compressed all-to-all's wire values as they are
+        dtype = functools.reduce(torch.promote_types, (r.dtype for r in received), torch.float32)
+        out = _PlaceColumns.apply(self._step_e, grad_scale, dtype, *received)
         assert isinstance(out, torch.Tensor)
         return out.view(out.size(0), -1, self.embedding_dim)
 
@@ -777,56 +783,85 @@ class _StepE(nn.Module):
 
 class _PlaceColumns(torch.autograd.Function):
     """Step e: step d's outputs (1-D, ``(T B, width)`` blocks one after the other) into one
-    ``(T B, F_t N)`` tensor in tower order: each run of columns copied into place (or, with many
-    runs, the blocks glued side by side and the tower's columns gathered), ``unit`` columns at a
-    time. The backward gathers each block's gradient straight into the buffer step d sends back
-    (no scatter into zeros, no split and concatenation) and multiplies it by ``grad_scale``
-    there."""
+    ``(T B, F_t N)`` tensor of ``dtype`` in tower order: each run of columns copied into place
+    (or, with many runs, the blocks glued side by side and the tower's columns gathered),
+    ``unit`` columns at a time. The backward gathers each block's gradient straight into the
+    buffer step d sends back (no scatter into zeros, no split and concatenation) and multiplies
+    it by ``grad_scale`` there.
+
+    A source in a lower precision than ``dtype`` (step d's all-to-all with compressed
+    communication, which hands over what came off the wire) is cast by the same copies, and its
+    gradient is rounded to that precision by the copies that place it, already scaled: the
+    values of a cast back after the wire and a cast before it, with two passes over the
+    embeddings fewer."""
 
     @staticmethod
     def forward(
         ctx: torch.autograd.function.FunctionCtx,
         layout: _StepE,
         grad_scale: float,
+        dtype: torch.dtype,
         *sources: torch.Tensor,
     ) -> torch.Tensor:
         ctx.layout = layout  # type: ignore[attr-defined]
         ctx.grad_scale = grad_scale  # type: ignore[attr-defined]
-        ctx.numels = [s.numel() for s in sources]  # type: ignore[attr-defined]
+        ctx.sources = [(s.numel(), s.dtype) for s in sources]  # type: ignore[attr-defined]
         rows, u, columns = layout.rows(sources), layout.unit, layout.num_columns
         blocks = [
             sources[source][rows * start : rows * (start + width)].view(rows, width)
             for source, start, width, _ in layout.blocks
         ]
         if layout.runs is not None:
-            out = blocks[0].new_empty(rows, columns)
+            out = blocks[0].new_empty(rows, columns, dtype=dtype)
             for block, start, dest, width in layout.runs:
                 out[:, dest : dest + width].copy_(blocks[block][:, start : start + width])
             return out
         glued = torch.cat(blocks, dim=1)  # a tower has a feature: there is a block
-        if layout.gather is None:
-            return glued
-        return glued.view(rows, columns // u, u).index_select(1, layout.gather).view(rows, columns)
+        if layout.gather is not None:
+            glued = glued.view(rows, columns // u, u).index_select(1, layout.gather)
+        return glued.view(rows, columns).to(dtype)
 
     @staticmethod
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
         layout: _StepE = ctx.layout  # type: ignore[attr-defined]
+        scale: float = ctx.grad_scale  # type: ignore[attr-defined]
         rows, u = grad.size(0), layout.unit
+        sources: list[tuple[int, torch.dtype]] = ctx.sources  # type: ignore[attr-defined]
+        grads = [grad.new_empty(n, dtype=d) for n, d in sources]
+        blocks = [
+            grads[source][rows * start : rows * (start + width)]
+            for source, start, width, _ in layout.blocks
+        ]
+        if layout.runs is not None and any(d != grad.dtype for _, d in sources):
+            # scaled and rounded in one pass: fp32 products, each rounded once (as mul_ then to)
+            for index, start, first, width in layout.runs:
+                view = blocks[index].view(rows, -1)[:, start : start + width]
+                piece = grad[:, first : first + width]
+                if scale != 1.0:
+                    torch.mul(piece, scale, out=view)
+                else:
+                    view.copy_(piece)
+            return (None, None, None, *grads)
         groups = grad.reshape(rows, layout.num_columns // u, u)
-        grads = [grad.new_empty(n) for n in ctx.numels]  # type: ignore[attr-defined]
-        for source, start, width, name in layout.blocks:
-            block = grads[source][rows * start : rows * (start + width)]
+        for (_, _, width, name), block in zip(layout.blocks, blocks):
             dest = layout.dest(name)
-            if isinstance(dest, int):
+            if block.dtype != grad.dtype:  # many runs: gather, scale, then round
+                piece = (
+                    grad[:, dest : dest + width]
+                    if isinstance(dest, int)
+                    else groups.index_select(1, dest).view(rows, width)
+                )
+                block.view(rows, width).copy_(piece * scale if scale != 1.0 else piece)
+            elif isinstance(dest, int):
                 block.view(rows, width).copy_(grad[:, dest : dest + width])
             else:
                 torch.index_select(groups, 1, dest, out=block.view(rows, width // u, u))
-        if ctx.grad_scale != 1.0:  # type: ignore[attr-defined]
-            for g in grads:
-                g.mul_(ctx.grad_scale)  # type: ignore[attr-defined]
-        return (None, None, *grads)
+        for g in grads:
+            if scale != 1.0 and g.dtype == grad.dtype:
+                g.mul_(scale)
+        return (None, None, None, *grads)
 
 
 def check_fp32(table: EmbeddingBagConfig, owner: str = "") -> None:

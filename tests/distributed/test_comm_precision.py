@@ -18,6 +18,7 @@ from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.fbgemm_qcomm_codec import CommOp
 
 from dmt.runtime import Runtime
+from dmt.sptt.collectives import all_to_all_single, comm_dtype_of
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.dataflow import SPTTDataflow
 from dmt.train import compose_config, to_config
@@ -117,6 +118,41 @@ def test_low_precision_dataflow_rounds_once_and_halves_bytes(name: str) -> None:
     topo_steps = {"G2-L2-K1-cw-rw": ("d/tower",), "G2-L1-K1": ("f/peer",)}
     for step in topo_steps.get(name, ("d/tower", "f/peer")):
         assert totals[step] > 0, step
+
+
+def _cast_back_worker(rank: int, world_size: int, precision: str) -> None:
+    """``all_to_all_single(cast_back=False)`` then a cast to fp32 (what step e's copies do)
+    equals ``cast_back=True``, forward and backward, bit for bit; its output is the wire's."""
+    gen = torch.Generator().manual_seed(rank)
+    sizes = [3 + r for r in range(world_size)]  # uneven: rank r sends 3 + q elements to q
+    received = [3 + rank] * world_size
+    x = torch.randn(sum(sizes), generator=gen) * 100
+    grad = torch.randn(sum(received), generator=gen) * 100
+    outs, grads = [], []
+    for cast_back in (True, False):
+        leaf = x.clone().requires_grad_()
+        out = all_to_all_single(
+            leaf,
+            output_split_sizes=received,
+            input_split_sizes=sizes,
+            group=dist.group.WORLD,
+            comm_dtype=comm_dtype_of(precision),
+            grad_scale=0.25,
+            cast_back=cast_back,
+        )
+        assert out.dtype == (torch.float32 if cast_back else LOW[precision])
+        out = out.to(torch.float32)
+        out.backward(grad)
+        outs.append(out.detach())
+        grads.append(leaf.grad)
+    assert torch.equal(outs[0], outs[1])
+    assert grads[1] is not None and grads[1].dtype == torch.float32
+    assert torch.equal(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("precision", list(LOW))
+def test_all_to_all_can_hand_over_the_wire_values(precision: str) -> None:
+    run_on_ranks(_cast_back_worker, 2, precision)
 
 
 # ---- the flat baseline: TorchRec's quantized comms ---------------------------------------------

@@ -21,12 +21,15 @@ from dmt.sptt.topology import Topology
 @pytest.mark.parametrize("dim", [3, 8])
 @pytest.mark.parametrize("max_copies", [0, MAX_STEP_E_COPIES])
 @pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("wire", [None, torch.bfloat16, torch.float16])
 def test_place_columns_equals_cat_and_index_select(
-    seed: int, grad_scale: float, dim: int, max_copies: int, split: bool
+    seed: int, grad_scale: float, dim: int, max_copies: int, split: bool, wire: torch.dtype | None
 ) -> None:
     """Both forwards (a copy per run; glue and gather) and the backward, with tables split
     across ranks (``split``: random kinds, runs narrower than ``N``) and whole (table-wise:
-    ``N`` columns at a time)."""
+    ``N`` columns at a time). ``wire``: the all-to-all's output as it came off a compressed
+    wire (the reduce-scatter's stays fp32), against casting it back first, as step d did: the
+    values, and gradients rounded once to the wire's dtype after the scale."""
     rng = random.Random(seed)
     topo = Topology(world_size=8, local_world_size=4)  # two towers of four ranks
     num_features, rows = 11, 5  # rows: T B
@@ -47,13 +50,13 @@ def test_place_columns_equals_cat_and_index_select(
         t = topo.tower_of(rank)
         widths = [plan.all_to_all_width(q) for q in topo.tower_ranks(t)]
         summed_width = len(plan.row_wise_features(t)) * dim
-        sources = [torch.randn(rows * sum(widths), dtype=torch.float64, requires_grad=True)]
+        dtype = torch.float64 if wire is None else torch.float32
+        sources = [torch.randn(rows * sum(widths), dtype=dtype).to(wire or dtype).requires_grad_()]
         if summed_width:
-            sources.append(
-                torch.randn(rows * summed_width, dtype=torch.float64, requires_grad=True)
-            )
-        # the former step e: step d's blocks glued side by side, then the tower's columns
-        chunks = sources[0].split([rows * w for w in widths])
+            sources.append(torch.randn(rows * summed_width, dtype=dtype, requires_grad=True))
+        # the former step e: step d's blocks glued side by side (cast back), then the tower's
+        # columns
+        chunks = sources[0].to(dtype).split([rows * w for w in widths])
         blocks = [c.view(rows, w) for c, w in zip(chunks, widths)]
         if summed_width:
             blocks.append(sources[1].view(rows, summed_width))
@@ -65,11 +68,11 @@ def test_place_columns_equals_cat_and_index_select(
         layout = _StepE(step_e_blocks(plan, rank), torch.device("cpu"), max_copies)
         assert (layout.runs is None) == (max_copies == 0)
         assert split or layout.unit == dim
-        out = _PlaceColumns.apply(layout, grad_scale, *sources)
+        out = _PlaceColumns.apply(layout, grad_scale, dtype, *sources)
         grads = torch.autograd.grad(out, sources, grad)
-        assert torch.equal(out, expected)
-        for g, e in zip(grads, expected_grads, strict=True):
-            assert torch.equal(g, e)
+        assert out.dtype == dtype and torch.equal(out, expected)
+        for g, e, source in zip(grads, expected_grads, sources, strict=True):
+            assert g.dtype == source.dtype and torch.equal(g, e)
 
 
 def test_step_e_indices_are_unsaved_buffers() -> None:
