@@ -58,6 +58,7 @@ class DLRMTowerConfig(TowerConfig):
     c: int = 1  # output vectors per feature (projection N -> c*D of each embedding)
     p: int = 0  # output vectors per tower (linear F_t*N -> p*D of the flattened embeddings)
     skip_square: bool = False  # leave out a linear whose output size equals its input size
+    init: str = "default"  # the linears' init: default (PyTorch's) or isometric (orthogonal, keeps dot products on average, zero bias)
 
 
 @dataclass

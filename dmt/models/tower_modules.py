@@ -11,6 +11,8 @@ vectors, ``D`` their size.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torchrec.modules.crossnet import LowRankCrossNet
@@ -30,11 +32,30 @@ def _check_vectors(module: str, c: int, p: int) -> None:
         )
 
 
-def _projection(in_features: int, out_features: int, skip_square: bool) -> nn.Module:
-    """``Linear(in -> out)``, or the identity when ``skip_square`` and the sizes are equal."""
+PROJECTION_INITS = ("default", "isometric")
+
+
+def _projection(
+    in_features: int, out_features: int, skip_square: bool, init: str = "default"
+) -> nn.Module:
+    """``Linear(in -> out)``, or the identity when ``skip_square`` and the sizes are equal.
+
+    ``init``: ``"default"`` is PyTorch's ``Linear`` init; ``"isometric"`` an orthogonal weight
+    scaled by ``sqrt(max(1, in / out))`` and a zero bias, so the projection keeps the dot
+    products of its inputs on average (exactly when ``out >= in``: ``W^T W = I``; when it
+    compresses, ``W W^T = (in / out) I``), and a tower module starts from pooled embeddings
+    whose dot interaction is the base model's."""
+    if init not in PROJECTION_INITS:
+        raise ValueError(
+            f"model.tower.init={init!r}: expected one of {', '.join(PROJECTION_INITS)}"
+        )
     if skip_square and in_features == out_features:
         return nn.Identity()
-    return nn.Linear(in_features, out_features)
+    linear = nn.Linear(in_features, out_features)
+    if init == "isometric":
+        nn.init.orthogonal_(linear.weight, gain=math.sqrt(max(1.0, in_features / out_features)))
+        nn.init.zeros_(linear.bias)
+    return linear
 
 
 class TowerModule(nn.Module):
@@ -98,6 +119,8 @@ class DLRMTowerModule(TowerModule):
             tower with ``p=1, D=N``: after a table it only reparametrizes the table (over
             several features the tower linear mixes them, and stays). The paper's 16-tower rows of
             Table 4 count no such layer (``conf/experiment/paper_dmt_16t_*.yaml``).
+        init: ``"default"`` (PyTorch's) or ``"isometric"`` (orthogonal, dot products kept
+            on average; see :func:`_projection`) for both linears.
 
     Example::
 
@@ -114,6 +137,7 @@ class DLRMTowerModule(TowerModule):
         c: int,
         p: int,
         skip_square: bool = False,
+        init: str = "default",
     ) -> None:
         super().__init__()
         _check_positive(
@@ -128,9 +152,9 @@ class DLRMTowerModule(TowerModule):
         # a square tower linear is a mere reparametrization of the table only over one feature;
         # over several it mixes them, and leaving it out would change the model
         self.tower_linear = (
-            _projection(width, p * dim, skip_square and num_features == 1) if p else None
+            _projection(width, p * dim, skip_square and num_features == 1, init) if p else None
         )
-        self.feature_linear = _projection(embedding_dim, c * dim, skip_square) if c else None
+        self.feature_linear = _projection(embedding_dim, c * dim, skip_square, init) if c else None
 
     def forward(self, embs: torch.Tensor) -> torch.Tensor:
         self._check_input(embs)

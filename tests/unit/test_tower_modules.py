@@ -203,8 +203,39 @@ def test_tower_output_sizes_and_compression_ratio(tower, num_towers, sizes, rati
             r"DCNTowerModule: c=0 and p=0 must be integers >= 0 with c \+ p >= 1",
         ),
         (lambda: PassThrough(0, 8), r"PassThrough: num_features=0"),
+        (
+            lambda: DLRMTowerModule(3, 8, 4, c=1, p=0, init="xavier"),
+            r"model.tower.init='xavier': expected one of default, isometric",
+        ),
     ],
 )
 def test_invalid_tower_module_settings_raise(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+@pytest.mark.parametrize("N,D", [(8, 8), (8, 4), (4, 8)])
+def test_isometric_init_keeps_the_dot_interaction(N, D):
+    """``init="isometric"``: with ``D >= N`` the feature projection keeps every dot product of
+    the pooled embeddings (the tower module starts as the base model's interaction); with
+    ``D < N`` its rows are orthogonal, of squared norm ``N / D`` (dot products kept on
+    average). Zero biases; the tower linear (``p``) alike."""
+    torch.manual_seed(0)
+    tm = DLRMTowerModule(3, N, D, c=1, p=1, init="isometric")
+    for linear in (tm.feature_linear, tm.tower_linear):
+        assert isinstance(linear, torch.nn.Linear)
+        assert torch.count_nonzero(linear.bias) == 0
+        W = linear.weight.detach().double()
+        out_f, in_f = W.shape
+        if out_f >= in_f:
+            torch.testing.assert_close(W.T @ W, torch.eye(in_f).double(), atol=1e-5, rtol=0)
+        else:
+            torch.testing.assert_close(
+                W @ W.T, in_f / out_f * torch.eye(out_f).double(), atol=1e-5, rtol=0
+            )
+    embs = torch.randn(5, 3, N)
+    out = tm(embs)[:, 1:]  # the c = 1 vectors per feature, after the p = 1 tower vector
+    if D >= N:
+        torch.testing.assert_close(out @ out.transpose(1, 2), embs @ embs.transpose(1, 2))
+    default = DLRMTowerModule(3, N, D, c=1, p=1)
+    assert torch.count_nonzero(default.feature_linear.bias) > 0  # PyTorch's init otherwise

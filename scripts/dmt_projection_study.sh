@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# What DMT-DLRM's tower modules cost on the forward protocol (issue 13): the base DLRM against
+# DMT-DLRM with TP towers (4 and 8) at D = 8, 16 (criteo_forward_dmt_dlrm's), 32 (N = 32:
+# compression ratio 4, 2, 1), with the projections initialised to keep dot products
+# (model.tower.init=isometric, D = 16), and at D = N with the square projection left out
+# (model.tower.skip_square=true: the towers then only regroup the features, the model is the base
+# DLRM's). K seeds each (default 9), AUC on validation (rows 80-90%) and test (90-100%).
+#
+#   OMP_NUM_THREADS=1 bash scripts/dmt_projection_study.sh [OUT_DIR] [SEEDS]   # study/dmt_projection 9
+#
+# 1. trains the base DLRM once (seed 0) with a checkpoint and partitions its embeddings' affinity
+#    into 4 and 8 towers (as scripts/criteo_sample_study.sh does);
+# 2. scripts/seeds.py, two processes on disjoint configs (2 cores), then the tables of val_auc
+#    (OUT/val_auc.txt) and test_auc (OUT/test_auc.txt, and OUT/seeds.json / seeds.png) with
+#    Mann-Whitney U against the base and between variants. Finished runs are read back.
+# Needs ../shared/data/criteo-kaggle-sample/train.tsv (preprocessed on first use into data_cache/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-study/dmt_projection}
+SEEDS=${2:-9}
+if [[ "$OUT" =~ [[:space:]] ]]; then  # seeds.py splits each config's overrides at whitespace
+  echo "OUT_DIR '$OUT' has whitespace; the study's configs name paths in it: choose one without" >&2
+  exit 2
+fi
+PY=.venv/bin/python
+DATA="data=criteo_sample_forward"
+if [[ ! -f "$OUT/base_ckpt/metrics.json" ]]; then
+  "$PY" -m dmt.train experiment=criteo_forward_dlrm "$DATA" logger=disabled trainer.progress_bar=false \
+    trainer.checkpoint=true "hydra.run.dir=$OUT/base_ckpt"
+fi
+for T in 4 8; do
+  if [[ ! -f "$OUT/tp$T/partition.yaml" ]]; then
+    .venv/bin/dmt-partition --checkpoint "$OUT/base_ckpt/checkpoints" --data train --max-batches 40 \
+      --batch-size 512 --num-towers "$T" --out "$OUT/tp$T"
+  fi
+done
+DMT="experiment=criteo_forward_dmt_dlrm $DATA"
+tp() {  # towers, D, further overrides
+  echo "$DMT partition=tp model.partition.path=$OUT/tp$1/partition.yaml model.partition.num_towers=$1 model.tower.dim=$2 model.bottom_mlp=[64,$2] ${3:-}"
+}
+configs=(
+  --config base "experiment=criteo_forward_dlrm $DATA"
+  --config tp4_d8 "$(tp 4 8)" --config tp4_d16 "$(tp 4 16)" --config tp4_d32 "$(tp 4 32)"
+  --config tp8_d16 "$(tp 8 16)" --config tp8_d32 "$(tp 8 32)"
+  --config tp4_d16_iso "$(tp 4 16 model.tower.init=isometric)"
+  --config tp8_d16_iso "$(tp 8 16 model.tower.init=isometric)"
+  --config tp4_d32_skip "$(tp 4 32 model.tower.skip_square=true)"
+  --config tp8_d32_skip "$(tp 8 32 model.tower.skip_square=true)"
+)
+common=(--seeds "$SEEDS" --out "$OUT" --common "logger=disabled trainer.progress_bar=false")
+# two processes, every other config each (their seeds.json is rewritten below)
+half=(); other=()
+for ((i = 0; i < ${#configs[@]}; i += 3)); do
+  if (( (i / 3) % 2 == 0 )); then half+=("${configs[@]:i:3}"); else other+=("${configs[@]:i:3}"); fi
+done
+"$PY" scripts/seeds.py "${common[@]}" "${half[@]}" > "$OUT/train_a.log" 2>&1 &
+"$PY" scripts/seeds.py "${common[@]}" "${other[@]}" > "$OUT/train_b.log" 2>&1 &
+wait
+pairs=()
+for c in tp4_d8 tp4_d16 tp4_d32 tp8_d16 tp8_d32 tp4_d16_iso tp8_d16_iso tp4_d32_skip tp8_d32_skip; do
+  pairs+=(--pair "$c" base)
+done
+pairs+=(--pair tp4_d16_iso tp4_d16 --pair tp8_d16_iso tp8_d16 --pair tp4_d32_skip tp4_d32 --pair tp8_d32_skip tp8_d32)
+"$PY" scripts/seeds.py "${common[@]}" --no-train --metric val_auc "${configs[@]}" "${pairs[@]}" | tee "$OUT/val_auc.txt"
+"$PY" scripts/seeds.py "${common[@]}" --no-train --metric test_auc "${configs[@]}" "${pairs[@]}" | tee "$OUT/test_auc.txt"
