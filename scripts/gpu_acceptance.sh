@@ -59,6 +59,9 @@ pytest_step() {
 TRAIN=(-m dmt.train logger=disabled trainer.progress_bar=false trainer.device=cuda)
 step train_one_gpu "$PY" "${TRAIN[@]}" hydra.run.dir="$WORK/one"
 step fused_adam "$PY" "${TRAIN[@]}" optim=adam trainer=smoke hydra.run.dir="$WORK/adam"
+# SPTT's lookup calls its FBGEMM kernel straight from the KJT: TorchRec's forward's values and
+# fused updates on the GPU too (int64 ids there, where TorchRec's forward casts them to int32)
+pytest_step sptt_direct_lookup_cuda tests/unit/test_sptt_lookup.py -k cuda
 # memory budget: tables that miss sharding.hbm_gb are UVM-cached (flat and SPTT), same training
 pytest_step uvm_caching tests/integration/test_sharding_plan.py -k cuda
 # a resumed run draws the GPU's dropout masks of an uninterrupted one (the CUDA generator is saved)

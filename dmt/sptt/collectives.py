@@ -15,7 +15,8 @@ allocation), and :func:`scale_grad` elsewhere.
 
 Compressed communication (``sptt.comm_precision``): with ``comm_dtype`` (``torch.bfloat16`` or
 ``torch.float16``) a collective rounds what it sends to ``comm_dtype`` once, moves it, and casts
-what it received back to the input's dtype; the backward does the same to the gradient. Nothing
+what it received back to the input's dtype (``all_to_all_single(cast_back=False)`` leaves that
+cast to its caller); the backward does the same to the gradient. Nothing
 is summed in the low precision: the reduce-scatter then runs as an all-to-all of the
 low-precision blocks followed by a local sum in the input's dtype, which sends the same bytes as
 a bandwidth-optimal reduce-scatter (``(S - 1) / S`` of the input per rank) and rounds every

@@ -534,13 +534,19 @@ class SPTTDataflow(nn.Module):
         return received
 
     def shuffle_to_tower_layout(
-        self, received: list[torch.Tensor], grad_scale: float = 1.0
+        self,
+        received: list[torch.Tensor],
+        grad_scale: float = 1.0,
+        dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         """Step e: ``(features, peers)`` to ``(peers, features)`` in tower order, ``(T B, F_t, N)``,
         from what :meth:`intra_tower_exchange` returned; ``grad_scale`` multiplies the gradient
-        before it goes back over step d's wire."""
-        # the lookup's dtype: step d hands over a compressed all-to-all's wire values as they are
-        dtype = functools.reduce(torch.promote_types, (r.dtype for r in received), torch.float32)
+        before it goes back over step d's wire. ``dtype``: the lookup's (default: fp32, or the
+        widest of ``received``)."""
+        if dtype is None:  # the lookup's: fp32 tables (a compressed all-to-all's are the wire's)
+            dtype = functools.reduce(
+                torch.promote_types, (r.dtype for r in received), torch.float32
+            )
         out = _PlaceColumns.apply(self._step_e, grad_scale, dtype, *received)
         assert isinstance(out, torch.Tensor)
         return out.view(out.size(0), -1, self.embedding_dim)
@@ -627,7 +633,7 @@ class SPTTDataflow(nn.Module):
         elif site == "none":
             self._record_shuffle("none", 0)
         exchanged = self.intra_tower_exchange(pooled, grad_scale=lookup_grad_scale)
-        return self.shuffle_to_tower_layout(exchanged, grad_scale=grad_scale)
+        return self.shuffle_to_tower_layout(exchanged, grad_scale=grad_scale, dtype=pooled.dtype)
 
     def pooled_embeddings(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """Pass-through towers: the pooled embeddings ``(B, F, N)`` of all features, model order.
@@ -831,13 +837,14 @@ class _PlaceColumns(torch.autograd.Function):
         sources: list[tuple[int, torch.dtype]] = ctx.sources  # type: ignore[attr-defined]
         grads = [grad.new_empty(n, dtype=d) for n, d in sources]
         blocks = [
-            grads[source][rows * start : rows * (start + width)]
+            grads[source][rows * start : rows * (start + width)].view(rows, width)
             for source, start, width, _ in layout.blocks
         ]
         if layout.runs is not None and any(d != grad.dtype for _, d in sources):
-            # scaled and rounded in one pass: fp32 products, each rounded once (as mul_ then to)
+            # scaled and cast in one pass: the fp32 product rounded to the wire's dtype, the
+            # values of mul_ followed by .to()
             for index, start, first, width in layout.runs:
-                view = blocks[index].view(rows, -1)[:, start : start + width]
+                view = blocks[index][:, start : start + width]
                 piece = grad[:, first : first + width]
                 if scale != 1.0:
                     torch.mul(piece, scale, out=view)
@@ -853,9 +860,9 @@ class _PlaceColumns(torch.autograd.Function):
                     if isinstance(dest, int)
                     else groups.index_select(1, dest).view(rows, width)
                 )
-                block.view(rows, width).copy_(piece * scale if scale != 1.0 else piece)
+                block.copy_(piece * scale if scale != 1.0 else piece)
             elif isinstance(dest, int):
-                block.view(rows, width).copy_(grad[:, dest : dest + width])
+                block.copy_(grad[:, dest : dest + width])
             else:
                 torch.index_select(groups, 1, dest, out=block.view(rows, width // u, u))
         for g in grads:
@@ -1054,6 +1061,8 @@ class _FusedShards(nn.Module):
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """Pooled embeddings ``(samples, sum of shard columns)``, in shard order."""
+        # The kernel reads the KJT's own tensors (TorchRec's forward copies them): FBGEMM's
+        # bounds check may clamp out-of-range ids in place, as in TorchRec's sharded lookups.
         if self.fused is not None and features.keys() == self._direct_keys:
             (kernel,) = self.fused._emb_modules
             weights = features.weights_or_none() if self.fused._is_weighted else None

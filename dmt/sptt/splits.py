@@ -136,8 +136,8 @@ def column_runs(blocks: Sequence[ColumnBlock]) -> tuple[ColumnRun, ...]:
 
 def run_unit(runs: Sequence[ColumnRun]) -> int:
     """The widest ``u`` that divides every run's width and offsets: step e can move columns
-    ``u`` at a time (``(T B, columns / u, u)`` views; ``u = N`` when no table is split across
-    ranks). ``1`` for no runs."""
+    ``u`` at a time (``(T B, columns / u, u)`` views; a multiple of ``N`` when no table is split
+    across ranks). ``1`` for no runs."""
     return math.gcd(*(v for r in runs for v in (r.start, r.dest, r.width))) or 1
 
 

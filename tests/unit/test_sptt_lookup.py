@@ -29,6 +29,16 @@ def _batch(keys: list[str], seed: int) -> KeyedJaggedTensor:
     return KeyedJaggedTensor(keys=keys, values=values, lengths=lengths)
 
 
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"),
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "poolings, direct",
     [
@@ -38,12 +48,12 @@ def _batch(keys: list[str], seed: int) -> KeyedJaggedTensor:
     ],
 )
 def test_direct_lookup_equals_fused_embedding_bag_collection(
-    poolings: list[PoolingType], direct: bool
+    poolings: list[PoolingType], direct: bool, device: str
 ) -> None:
     def build() -> _FusedShards:
         # not deepcopy: the copy's parameters would no longer be views of its kernel's weights
         torch.manual_seed(0)
-        return _FusedShards(_tables(poolings), (RowWiseAdagrad, {"lr": 0.1}), torch.device("cpu"))
+        return _FusedShards(_tables(poolings), (RowWiseAdagrad, {"lr": 0.1}), torch.device(device))
 
     shards, reference = build(), build()
     for w, e in zip(shards.parameters(), reference.parameters(), strict=True):
@@ -53,7 +63,7 @@ def test_direct_lookup_equals_fused_embedding_bag_collection(
     reference._direct_keys = None  # TorchRec's forward
     initial = [w.detach().clone() for w in shards.parameters()]
     for step in range(3):  # the fused optimizer updates the rows in each backward
-        features = _batch(keys, step)
+        features = _batch(keys, step).to(torch.device(device))
         out, expected = shards(features), reference(features)
         assert torch.equal(out, expected)
         grad = torch.randn_like(out)
@@ -67,5 +77,5 @@ def test_direct_lookup_equals_fused_embedding_bag_collection(
     # another key order than the kernel's: TorchRec's forward, which selects by name
     swapped = KeyedJaggedTensor.from_jt_dict(
         {k: _batch(keys, 9).to_dict()[k] for k in reversed(keys)}
-    )
+    ).to(torch.device(device))
     assert torch.equal(shards(swapped), reference(swapped))

@@ -89,3 +89,18 @@ def test_step_e_indices_are_unsaved_buffers() -> None:
     copies = _StepE(step_e_blocks(plan, 0), torch.device("cpu"))
     assert copies.gather is None and copies.runs is not None
     assert [r.dest for r in copies.runs] == [0, 4, 2]  # cat_0, cat_2 (rank 0's), cat_1
+
+
+@pytest.mark.parametrize("wire", [None, torch.bfloat16])
+@pytest.mark.parametrize("max_copies", [0, MAX_STEP_E_COPIES])
+def test_place_columns_takes_an_empty_batch(wire: torch.dtype | None, max_copies: int) -> None:
+    """``T B = 0`` rows (a reproduced bug: the compressed backward viewed ``(0, -1)``)."""
+    topo = Topology(world_size=2, local_world_size=2)
+    names = ["cat_0", "cat_1", "cat_2"]
+    plan = build_plan(topo, names, [[0, 1, 2]], embedding_dim=2, num_embeddings=[5, 5, 5])
+    layout = _StepE(step_e_blocks(plan, 0), torch.device("cpu"), max_copies)
+    source = torch.zeros(0, dtype=wire or torch.float32, requires_grad=True)
+    out = _PlaceColumns.apply(layout, 3.0, torch.float32, source)
+    assert out.shape == (0, 6) and out.dtype == torch.float32
+    (grad,) = torch.autograd.grad(out, [source], torch.zeros(0, 6))
+    assert grad.shape == (0,) and grad.dtype == source.dtype
