@@ -60,6 +60,6 @@ pairs=()
 for c in tp4_d8 tp4_d16 tp4_d32 tp8_d16 tp8_d32 tp4_d16_iso tp8_d16_iso tp4_d32_skip tp8_d32_skip; do
   pairs+=(--pair "$c" base)
 done
-pairs+=(--pair tp4_d16_iso tp4_d16 --pair tp8_d16_iso tp8_d16 --pair tp4_d32_skip tp4_d32 --pair tp8_d32_skip tp8_d32)
+pairs+=(--pair tp4_d32 tp4_d16 --pair tp8_d32 tp8_d16 --pair tp4_d16_iso tp4_d16 --pair tp8_d16_iso tp8_d16 --pair tp4_d32_skip tp4_d32 --pair tp8_d32_skip tp8_d32)
 "$PY" scripts/seeds.py "${common[@]}" --no-train --metric val_auc "${configs[@]}" "${pairs[@]}" | tee "$OUT/val_auc.txt"
 "$PY" scripts/seeds.py "${common[@]}" --no-train --metric test_auc "${configs[@]}" "${pairs[@]}" | tee "$OUT/test_auc.txt"
