@@ -50,7 +50,6 @@ applies the optimizer inside the backward, like TorchRec's sharded tables; no ``
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -537,16 +536,12 @@ class SPTTDataflow(nn.Module):
         self,
         received: list[torch.Tensor],
         grad_scale: float = 1.0,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> torch.Tensor:
         """Step e: ``(features, peers)`` to ``(peers, features)`` in tower order, ``(T B, F_t, N)``,
         from what :meth:`intra_tower_exchange` returned; ``grad_scale`` multiplies the gradient
-        before it goes back over step d's wire. ``dtype``: the lookup's (default: fp32, or the
-        widest of ``received``)."""
-        if dtype is None:  # the lookup's: fp32 tables (a compressed all-to-all's are the wire's)
-            dtype = functools.reduce(
-                torch.promote_types, (r.dtype for r in received), torch.float32
-            )
+        before it goes back over step d's wire. ``dtype``: the lookup's (FP32 tables), which a
+        compressed all-to-all's wire values are cast to."""
         out = _PlaceColumns.apply(self._step_e, grad_scale, dtype, *received)
         assert isinstance(out, torch.Tensor)
         return out.view(out.size(0), -1, self.embedding_dim)
@@ -1012,7 +1007,7 @@ class _FusedShards(nn.Module):
         self._direct_keys: list[str] | None = None
         if self.fused is not None and not self.fused_cached:
             batches = self.fused._key_to_tables  # (pooling, data type) -> its tables, in order
-            if len(batches) == 1 and len(self.fused._emb_modules) == 1:
+            if len(batches) == 1:  # one kernel per (pooling, data type)
                 (batch,) = batches.values()
                 self._direct_keys = [f for t in batch for f in t.feature_names]
 
