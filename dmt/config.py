@@ -59,6 +59,7 @@ class DLRMTowerConfig(TowerConfig):
     p: int = 0  # output vectors per tower (linear F_t*N -> p*D of the flattened embeddings)
     skip_square: bool = False  # leave out a linear whose output size equals its input size
     init: str = "default"  # the linears' init: default (PyTorch's) or isometric (orthogonal, keeps dot products on average, zero bias)
+    bias: bool = True  # the linears' bias (shared by the tower's features)
 
 
 @dataclass
@@ -354,6 +355,9 @@ class OptimConfig:
 
     lr: float = 0.003  # peak learning rate of the dense parameters (optim.dense.lr reads it)
     sparse_lr: float = 0.1  # peak learning rate of the embedding tables (optim.sparse.lr reads it)
+    # DMT tower modules' dense learning rate as a multiple of the rest's (a second param group of
+    # optim.dense, scheduled alike; 0 freezes them at their init); 1: one group, as without towers
+    tower_lr_scale: float = 1.0
     # The components are Any, so that each optimizer brings its own kwargs; their defaults hold
     # only what every optimizer takes (a YAML's fields are merged onto them).
     # fused embedding optimizer: _target_ a class TorchRec fuses into FBGEMM's kernels

@@ -21,6 +21,7 @@ import difflib
 import inspect
 import math
 import warnings
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -259,18 +260,49 @@ def apply_sparse_optimizer(embedding_params: list[nn.Parameter], cfg: OptimConfi
 # --- dense -------------------------------------------------------------------------------------
 
 
-def dense_optimizer(params: list[nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
-    """``optim.dense`` (``_target_``: a ``torch.optim.Optimizer`` class, partial) over ``params``."""
-    opt = _build(cfg, "dense", params, _partial_=True)
+def dense_optimizer(
+    params: list[nn.Parameter], cfg: OptimConfig, scaled: Collection[nn.Parameter] = ()
+) -> torch.optim.Optimizer:
+    """``optim.dense`` (``_target_``: a ``torch.optim.Optimizer`` class, partial) over ``params``;
+    those also in ``scaled`` form a second param group at ``optim.tower_lr_scale`` times its LR
+    (one group when the scale is 1 or ``scaled`` is empty)."""
+    if cfg.tower_lr_scale < 0:
+        raise ValueError(f"optim.tower_lr_scale must be >= 0, got {cfg.tower_lr_scale}")
+    ids = {id(p) for p in scaled}
+    groups: list[Any] = params
+    if cfg.tower_lr_scale != 1 and ids and any(id(p) in ids for p in params):
+        groups = [
+            {"params": [p for p in params if id(p) not in ids]},
+            {"params": [p for p in params if id(p) in ids], "tower_lr_scale": cfg.tower_lr_scale},
+        ]
+        groups = [g for g in groups if g["params"]]
+    opt = _build(cfg, "dense", groups, _partial_=True)
     if not isinstance(opt, torch.optim.Optimizer):
         raise TypeError(f"optim.dense built a {type(opt).__name__}, not a torch.optim.Optimizer")
+    for group in opt.param_groups:  # the optimizer set every group's lr from optim.dense.lr
+        group["lr"] = group["lr"] * group.get("tower_lr_scale", 1.0)
     return opt
 
 
+#: a parameter of a DMT tower module has this in its name (unsharded ``towers.<t>.tower_module.``,
+#: sharded ``towers.tower_module.``, under DDP ``towers.tower_module.module.``)
+TOWER_MODULE_NAME = ".tower_module."
+
+
+def keyed_dense_optimizer(
+    params: dict[str, nn.Parameter], cfg: OptimConfig
+) -> KeyedOptimizerWrapper:
+    """:func:`dense_optimizer` over named ``params`` as a TorchRec keyed optimizer (its state
+    dict keyed by name), the tower modules' parameters (by name) at ``optim.tower_lr_scale``."""
+    tower = [p for name, p in params.items() if TOWER_MODULE_NAME in f".{name}"]
+    return KeyedOptimizerWrapper(params, lambda ps: dense_optimizer(list(ps), cfg, tower))
+
+
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> CombinedOptimizer:
-    """The sharded model's fused (sparse) optimizer plus a dense optimizer over the rest."""
+    """The sharded model's fused (sparse) optimizer plus a dense optimizer over the rest (the
+    tower modules' parameters at ``optim.tower_lr_scale`` times the dense LR)."""
     dense = dict(in_backward_optimizer_filter(model.named_parameters()))
-    opts = [KeyedOptimizerWrapper(dense, lambda ps: dense_optimizer(list(ps), cfg))]
+    opts = [keyed_dense_optimizer(dense, cfg)]
     fused = getattr(model, "fused_optimizer", None)
     return CombinedOptimizer([fused, *opts] if fused is not None else opts)
 

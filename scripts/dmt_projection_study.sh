@@ -4,7 +4,12 @@
 # compression ratio 4, 2, 1), with the projections initialised to keep dot products
 # (model.tower.init=isometric, D = 16), and at D = N with the square projection left out
 # (model.tower.skip_square=true: the towers then only regroup the features, the model is the base
-# DLRM's). K seeds each (default 9), AUC on validation (rows 80-90%) and test (90-100%).
+# DLRM's). Then the projection's training: without its bias (model.tower.bias=false, D = 16 and
+# 32), at a tenth, 0.3 and 3 times the dense LR (optim.tower_lr_scale), and frozen at an
+# isometric init (optim.tower_lr_scale=0: a fixed random orthogonal projection). Every row sets
+# model.tower.bias (criteo_forward_dmt_dlrm's default is false since 2026-12-02; the rows
+# without "nobias" in their name keep the bias, as before). K seeds each (default 9), AUC on
+# validation (rows 80-90%) and test (90-100%).
 #
 #   OMP_NUM_THREADS=1 bash scripts/dmt_projection_study.sh [OUT_DIR] [SEEDS]   # study/dmt_projection 9
 #
@@ -35,17 +40,26 @@ for T in 4 8; do
   fi
 done
 DMT="experiment=criteo_forward_dmt_dlrm $DATA"
-tp() {  # towers, D, further overrides
-  echo "$DMT partition=tp model.partition.path=$OUT/tp$1/partition.yaml model.partition.num_towers=$1 model.tower.dim=$2 model.bottom_mlp=[64,$2] ${3:-}"
+tp() {  # towers, D, bias, further overrides
+  echo "$DMT partition=tp model.partition.path=$OUT/tp$1/partition.yaml model.partition.num_towers=$1 model.tower.dim=$2 model.bottom_mlp=[64,$2] model.tower.bias=$3 ${4:-}"
 }
+frozen="optim.tower_lr_scale=0 model.tower.init=isometric"
 configs=(
   --config base "experiment=criteo_forward_dlrm $DATA"
-  --config tp4_d8 "$(tp 4 8)" --config tp4_d16 "$(tp 4 16)" --config tp4_d32 "$(tp 4 32)"
-  --config tp8_d16 "$(tp 8 16)" --config tp8_d32 "$(tp 8 32)"
-  --config tp4_d16_iso "$(tp 4 16 model.tower.init=isometric)"
-  --config tp8_d16_iso "$(tp 8 16 model.tower.init=isometric)"
-  --config tp4_d32_skip "$(tp 4 32 model.tower.skip_square=true)"
-  --config tp8_d32_skip "$(tp 8 32 model.tower.skip_square=true)"
+  --config tp4_d8 "$(tp 4 8 true)" --config tp4_d16 "$(tp 4 16 true)" --config tp4_d32 "$(tp 4 32 true)"
+  --config tp8_d16 "$(tp 8 16 true)" --config tp8_d32 "$(tp 8 32 true)"
+  --config tp4_d16_iso "$(tp 4 16 true model.tower.init=isometric)"
+  --config tp8_d16_iso "$(tp 8 16 true model.tower.init=isometric)"
+  --config tp4_d32_skip "$(tp 4 32 true model.tower.skip_square=true)"
+  --config tp8_d32_skip "$(tp 8 32 true model.tower.skip_square=true)"
+  --config tp4_d16_nobias "$(tp 4 16 false)" --config tp4_d32_nobias "$(tp 4 32 false)"
+  --config tp8_d16_nobias "$(tp 8 16 false)" --config tp8_d32_nobias "$(tp 8 32 false)"
+  --config tp4_d16_lr0.1 "$(tp 4 16 true optim.tower_lr_scale=0.1)"
+  --config tp4_d16_lr0.3 "$(tp 4 16 true optim.tower_lr_scale=0.3)"
+  --config tp4_d16_lr3 "$(tp 4 16 true optim.tower_lr_scale=3)"
+  --config tp4_d16_lr0iso "$(tp 4 16 true "$frozen")" --config tp8_d16_lr0iso "$(tp 8 16 true "$frozen")"
+  --config tp4_d16_nobias_lr0iso "$(tp 4 16 false "$frozen")"
+  --config tp4_d32_nobias_lr0iso "$(tp 4 32 false "$frozen")"
 )
 common=(--seeds "$SEEDS" --out "$OUT" --common "logger=disabled trainer.progress_bar=false")
 # two processes, every other config each (their seeds.json is rewritten below)
@@ -57,9 +71,10 @@ done
 "$PY" scripts/seeds.py "${common[@]}" "${other[@]}" > "$OUT/train_b.log" 2>&1 &
 wait
 pairs=()
-for c in tp4_d8 tp4_d16 tp4_d32 tp8_d16 tp8_d32 tp4_d16_iso tp8_d16_iso tp4_d32_skip tp8_d32_skip; do
-  pairs+=(--pair "$c" base)
-done
+for ((i = 3; i < ${#configs[@]}; i += 3)); do pairs+=(--pair "${configs[i + 1]}" base); done
 pairs+=(--pair tp4_d32 tp4_d16 --pair tp8_d32 tp8_d16 --pair tp4_d16_iso tp4_d16 --pair tp8_d16_iso tp8_d16 --pair tp4_d32_skip tp4_d32 --pair tp8_d32_skip tp8_d32)
+for c in tp4_d16 tp4_d32 tp8_d16 tp8_d32; do pairs+=(--pair "${c}_nobias" "$c"); done
+for c in lr0.1 lr0.3 lr3 lr0iso; do pairs+=(--pair "tp4_d16_$c" tp4_d16); done
+pairs+=(--pair tp8_d16_lr0iso tp8_d16 --pair tp4_d32_nobias_lr0iso tp4_d32_skip)
 "$PY" scripts/seeds.py "${common[@]}" --no-train --metric val_auc "${configs[@]}" "${pairs[@]}" | tee "$OUT/val_auc.txt"
 "$PY" scripts/seeds.py "${common[@]}" --no-train --metric test_auc "${configs[@]}" "${pairs[@]}" | tee "$OUT/test_auc.txt"

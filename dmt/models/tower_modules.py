@@ -36,9 +36,14 @@ PROJECTION_INITS = ("default", "isometric")
 
 
 def _projection(
-    in_features: int, out_features: int, skip_square: bool, init: str = "default"
+    in_features: int,
+    out_features: int,
+    skip_square: bool,
+    init: str = "default",
+    bias: bool = True,
 ) -> nn.Module:
-    """``Linear(in -> out)``, or the identity when ``skip_square`` and the sizes are equal.
+    """``Linear(in -> out, bias=bias)``, or the identity when ``skip_square`` and the sizes are
+    equal.
 
     ``init``: ``"default"`` is PyTorch's ``Linear`` init; ``"isometric"`` an orthogonal weight
     scaled by ``sqrt(max(1, in / out))`` and a zero bias, so the projection keeps the dot
@@ -51,10 +56,11 @@ def _projection(
         )
     if skip_square and in_features == out_features:
         return nn.Identity()
-    linear = nn.Linear(in_features, out_features)
+    linear = nn.Linear(in_features, out_features, bias=bias)
     if init == "isometric":
         nn.init.orthogonal_(linear.weight, gain=math.sqrt(max(1.0, in_features / out_features)))
-        nn.init.zeros_(linear.bias)
+        if linear.bias is not None:
+            nn.init.zeros_(linear.bias)
     return linear
 
 
@@ -121,6 +127,8 @@ class DLRMTowerModule(TowerModule):
             Table 4 count no such layer (``conf/experiment/paper_dmt_16t_*.yaml``).
         init: ``"default"`` (PyTorch's) or ``"isometric"`` (orthogonal, dot products kept
             on average; see :func:`_projection`) for both linears.
+        bias: whether the linears have a bias (one shared by the tower's features: it adds
+            terms linear in each embedding to the global dot interaction).
 
     Example::
 
@@ -138,6 +146,7 @@ class DLRMTowerModule(TowerModule):
         p: int,
         skip_square: bool = False,
         init: str = "default",
+        bias: bool = True,
     ) -> None:
         super().__init__()
         _check_positive(
@@ -152,9 +161,13 @@ class DLRMTowerModule(TowerModule):
         # a square tower linear is a mere reparametrization of the table only over one feature;
         # over several it mixes them, and leaving it out would change the model
         self.tower_linear = (
-            _projection(width, p * dim, skip_square and num_features == 1, init) if p else None
+            _projection(width, p * dim, skip_square and num_features == 1, init, bias)
+            if p
+            else None
         )
-        self.feature_linear = _projection(embedding_dim, c * dim, skip_square, init) if c else None
+        self.feature_linear = (
+            _projection(embedding_dim, c * dim, skip_square, init, bias) if c else None
+        )
 
     def forward(self, embs: torch.Tensor) -> torch.Tensor:
         self._check_input(embs)

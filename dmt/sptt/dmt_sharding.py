@@ -64,14 +64,14 @@ from torchrec.distributed.types import LazyAwaitable
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim import RowWiseAdagrad
-from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dmt.config import OptimConfig
 from dmt.memory import MemoryBudget
 from dmt.optim import (
     check_sparse_optimizer,
-    dense_optimizer,
+    keyed_dense_optimizer,
     sparse_optimizer_name,
     sparse_optimizer_spec,
 )
@@ -835,9 +835,7 @@ def build_sptt_optimizer(module: ShardedDMT, cfg: OptimConfig) -> CombinedOptimi
     its ``param_groups``) into the kernels.
     """
     dense = dict(module.named_dense_parameters())
-    optimizers: list[KeyedOptimizer] = [
-        KeyedOptimizerWrapper(dense, lambda ps: dense_optimizer(list(ps), cfg))
-    ]
+    optimizers: list[KeyedOptimizer] = [keyed_dense_optimizer(dense, cfg)]
     fused = module.fused_optimizer
     return CombinedOptimizer([fused, *optimizers] if fused is not None else optimizers)
 

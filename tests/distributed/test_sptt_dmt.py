@@ -69,6 +69,8 @@ class Variant:
     pooling: str = "sum"
     fused: bool = True  # False: plain tables, compare their gradients instead
     peer_permute: str = "output"  # where step c permutes (section 3.1.3)
+    tower_lr_scale: float = 1.0  # optim.tower_lr_scale
+    tower_bias: bool = True  # model.tower.bias (DLRM tower modules)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ CASES = {
         variants=(
             Variant("dlrm", "dlrm", dense="adam"),
             Variant("dcn", "passthrough", sharding="row_wise", sparse="sgd"),
+            # the tower modules in their own param group: found by name in the sharded model
+            Variant("dlrm", "dlrm", dense="adam", tower_lr_scale=0.5, tower_bias=False),
         ),
     ),
     # two hosts of two ranks, a tower per host (the paper's example)
@@ -147,7 +151,7 @@ def _build(case: Case, variant: Variant) -> torch.nn.Module:
     passthrough = variant.tower == "passthrough"
     tower = {
         "passthrough": PassThroughTowerConfig(),
-        "dlrm": DLRMTowerConfig(dim=D, c=1, p=1),
+        "dlrm": DLRMTowerConfig(dim=D, c=1, p=1, bias=variant.tower_bias),
         "dcn": DCNTowerConfig(dim=D, dcn_num_layers=1, dcn_low_rank=2),
     }[variant.tower]
     interaction = {
@@ -222,6 +226,7 @@ def _optim_cfg(variant: Variant) -> OptimConfig:
     return OptimConfig(
         sparse_lr=0.05,
         lr=0.01,
+        tower_lr_scale=variant.tower_lr_scale,
         sparse={**_SPARSE[variant.sparse], "_partial_": True, "lr": "${..sparse_lr}"},
         dense={**_DENSE[variant.dense], "_partial_": True, "lr": "${..lr}"},
     )
@@ -280,7 +285,10 @@ def _variant(case: Case, variant: Variant, rank: int, groups, runtime: Runtime) 
     ref_tables_set = {id(p) for p in ref_tables}
     sparse_class, sparse_kwargs = sparse_optimizer_spec(cfg)
     ref_sparse = sparse_class(ref_tables, **sparse_kwargs)
-    ref_dense = dense_optimizer([p for p in ref.parameters() if id(p) not in ref_tables_set], cfg)
+    ref_towers = [p for t in ref.towers for p in t.tower_module.parameters()]
+    ref_dense = dense_optimizer(
+        [p for p in ref.parameters() if id(p) not in ref_tables_set], cfg, scaled=ref_towers
+    )
 
     stats = CommStats(topo, rank)
     if variant.fused:

@@ -64,3 +64,71 @@ def test_sparse_weight_decay_is_refused_where_the_kernels_ignore_it():
     check_sparse_optimizer(typed_config("+optim.sparse.weight_decay=0.0").optim, "cpu")  # off
     with pytest.raises(ValueError, match=r"weight_decay_mode='lasso' is not one of \['none'"):
         typed_config("+optim.sparse.weight_decay_mode=lasso")  # checked with the config
+
+
+def _tiny_dmt() -> nn.Module:
+    from dmt.config import DLRMTowerConfig, DotInteractionConfig, ModelConfig, PartitionConfig
+    from dmt.models import build_dmt_model
+
+    cfg = ModelConfig(
+        name="dlrm",
+        interaction=DotInteractionConfig(),
+        embedding_dim=4,
+        bottom_mlp=[4, 2],
+        top_mlp=[3, 1],
+        tower=DLRMTowerConfig(dim=2, c=1, p=1),
+        partition=PartitionConfig(kind="explicit"),
+    )
+    torch.manual_seed(0)
+    return build_dmt_model(
+        cfg, [["a", "b"], ["c"]], feature_names=["a", "b", "c"], cardinalities=[3, 4, 5],
+        num_dense=2,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("scale", [0.0, 0.25])
+def test_tower_lr_scale_is_a_param_group_of_the_tower_modules(scale):
+    """``optim.tower_lr_scale``: the tower modules' parameters (``towers.<t>.tower_module.*``) in
+    a second group of ``optim.dense`` at ``scale`` times its LR, scheduled alike; an Adam step
+    moves them by ``scale`` times what it moves them at scale 1 (0 freezes them), and every
+    other parameter as at scale 1."""
+    from torchrec import KeyedJaggedTensor
+
+    from dmt.optim import build_lr_scheduler, build_optimizer
+
+    cfg = typed_config(f"optim.tower_lr_scale={scale}", "optim.schedule.warmup_steps=4").optim
+    steps = {}
+    for s, conf in ((scale, cfg), (1.0, typed_config("optim.schedule.warmup_steps=4").optim)):
+        model = _tiny_dmt()
+        opt = build_optimizer(model, conf)
+        dense = [g for g in opt.param_groups if g["params"]]
+        assert len(dense) == (1 if s == 1 else 2)
+        sched = build_lr_scheduler(opt, conf, total_steps=10)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        gen = torch.Generator().manual_seed(1)
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=["a", "b", "c"], values=torch.tensor([0, 1, 2] * 5), lengths=torch.ones(15).int()
+        )
+        opt.zero_grad()
+        model(torch.randn(5, 2, generator=gen), kjt).sum().backward()
+        opt.step()
+        sched.step()
+        sched.step()  # warmup step 2 of 4: LR x 3/4 in both groups
+        assert sorted(g["lr"] for g in dense) == pytest.approx(
+            sorted({s * 0.003 * 3 / 4, 0.003 * 3 / 4})
+        )
+        steps[s] = {n: p.detach() - before[n] for n, p in model.named_parameters()}
+    tower = [n for n in steps[1.0] if ".tower_module." in n]
+    assert len(tower) == 8  # weight and bias of each tower's feature and tower linears, 2 towers
+    for name, moved in steps[1.0].items():
+        expected = scale * moved if name in tower else moved
+        # the moves are ~2e-4; p_after - p_before rounds at the parameters ~0.3 (fp32: ~3e-8)
+        torch.testing.assert_close(steps[scale][name], expected, rtol=0, atol=1e-7)
+        assert moved.abs().sum() > 0 or "embedding" in name, name
+
+
+def test_tower_lr_scale_must_not_be_negative():
+    with pytest.raises(ValueError, match=r"optim.tower_lr_scale must be >= 0, got -0.5"):
+        dense_optimizer(
+            [nn.Parameter(torch.zeros(2))], typed_config("optim.tower_lr_scale=-0.5").optim
+        )

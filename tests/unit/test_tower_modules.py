@@ -239,3 +239,19 @@ def test_isometric_init_keeps_the_dot_interaction(N, D):
         torch.testing.assert_close(out @ out.transpose(1, 2), embs @ embs.transpose(1, 2))
     default = DLRMTowerModule(3, N, D, c=1, p=1)
     assert torch.count_nonzero(default.feature_linear.bias) > 0  # PyTorch's init otherwise
+
+
+def test_tower_module_without_bias_is_linear():
+    """``model.tower.bias=false``: no bias in either linear, so the tower module is linear in its
+    embeddings (a zero embedding gives zero vectors; a sum of inputs gives the sum of outputs),
+    the global dot interaction then has no terms linear in a single embedding."""
+    torch.manual_seed(0)
+    tm = DLRMTowerModule(3, 8, 4, c=1, p=1, bias=False)
+    assert all(not name.endswith("bias") for name, _ in tm.named_parameters())
+    assert [p.numel() for p in tm.parameters()] == [3 * 8 * 4, 8 * 4]
+    a, b = torch.randn(5, 3, 8), torch.randn(5, 3, 8)
+    torch.testing.assert_close(tm(a + b), tm(a) + tm(b))
+    assert torch.count_nonzero(tm(torch.zeros(2, 3, 8))) == 0
+    iso = DLRMTowerModule(3, 8, 8, c=1, p=0, bias=False, init="isometric")
+    torch.testing.assert_close((out := iso(a)) @ out.transpose(1, 2), a @ a.transpose(1, 2))
+    assert DLRMTowerModule(3, 8, 4, c=1, p=1).feature_linear.bias is not None  # on by default
