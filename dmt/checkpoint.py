@@ -53,7 +53,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from dmt.config import NO_DEFAULT, schema_default
+from dmt.config import NO_DEFAULT, component_default, schema_default
 from dmt.ema import DenseEMA
 from dmt.host_memory import (
     RankMemory,
@@ -671,17 +671,23 @@ def config_differences(
             continue
         if allow_change and key.startswith(_CHANGEABLE_PREFIXES):
             continue
-        was = a[key] if key in a else _added_default(key)
+        was = a[key] if key in a else _added_default(key, a)
         now = b.get(key, "<absent>")
         if was != now:
             out.append(f"{key}: {was!r} -> {now!r}")
     return out
 
 
-def _added_default(key: str) -> Any:
+def _added_default(key: str, saved: dict[str, Any]) -> Any:
     """What a checkpoint saved before ``key`` existed had: its schema default (a setting is added
-    with the default that keeps the earlier behaviour), else ``"<absent>"``."""
+    with the default that keeps the earlier behaviour), for a key of a component
+    (``model.tower.bias``) the default of the schema of the saved ``_target_``, else
+    ``"<absent>"``."""
     value = schema_default(key)
+    if value is NO_DEFAULT and "." in key:
+        target = saved.get(f"{key.rsplit('.', 1)[0]}._target_")
+        if isinstance(target, str):
+            value = component_default(key, target)
     return "<absent>" if value is NO_DEFAULT else value
 
 

@@ -517,6 +517,35 @@ def schema_default(key: str, root: type = Config) -> Any:
     return NO_DEFAULT
 
 
+def component_default(key: str, target: str) -> Any:
+    """The default of field ``key`` (its last dotted part) in the component schema whose
+    ``_target_`` is ``target`` (``model.tower.bias`` of ``dmt.models.tower_modules.DLRMTowerModule``:
+    ``True``), for the keys :func:`schema_default` cannot answer because their node is a
+    component chosen by ``_target_``. :data:`NO_DEFAULT` when no schema of this module has that
+    target, or no default for that field."""
+    name = key.rsplit(".", 1)[-1]
+    for cls in _component_schemas():
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if fields["_target_"].default != target or name not in fields:
+            continue
+        f = fields[name]
+        if f.default is not dataclasses.MISSING and f.default != MISSING:
+            return f.default
+        return NO_DEFAULT
+    return NO_DEFAULT
+
+
+def _component_schemas() -> list[type]:
+    """The dataclasses of this module with a ``_target_`` default: the component schemas."""
+    found = []
+    for obj in list(globals().values()):
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj):
+            target = {f.name: f for f in dataclasses.fields(obj)}.get("_target_")
+            if target is not None and isinstance(target.default, str) and target.default != MISSING:
+                found.append(obj)
+    return found
+
+
 def register_configs() -> None:
     """Register the schemas: the root as ``base_config`` and each group's as ``base_<group>``
     (and the resolvers the YAML files use)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import logging
 import math
 import warnings
 from collections.abc import Collection
@@ -43,6 +44,8 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from dmt.config import LR_DECAYS, OptimConfig
+
+log = logging.getLogger(__name__)
 
 #: FBGEMM optimizer types its CPU embedding kernels implement (the rest need CUDA)
 CPU_FUSED_OPTIMIZERS = (
@@ -280,7 +283,8 @@ def dense_optimizer(
     if not isinstance(opt, torch.optim.Optimizer):
         raise TypeError(f"optim.dense built a {type(opt).__name__}, not a torch.optim.Optimizer")
     for group in opt.param_groups:  # the optimizer set every group's lr from optim.dense.lr
-        group["lr"] = group["lr"] * group.get("tower_lr_scale", 1.0)
+        if "tower_lr_scale" in group:
+            group["lr"] = group["tower_peak_lr"] = group["lr"] * group["tower_lr_scale"]
     return opt
 
 
@@ -295,6 +299,12 @@ def keyed_dense_optimizer(
     """:func:`dense_optimizer` over named ``params`` as a TorchRec keyed optimizer (its state
     dict keyed by name), the tower modules' parameters (by name) at ``optim.tower_lr_scale``."""
     tower = [p for name, p in params.items() if TOWER_MODULE_NAME in f".{name}"]
+    if cfg.tower_lr_scale != 1 and not tower:
+        log.warning(
+            "optim.tower_lr_scale=%g does nothing: the model has no tower-module parameters "
+            "(a base model, pass-through towers or tower modules without parameters)",
+            cfg.tower_lr_scale,
+        )
     return KeyedOptimizerWrapper(params, lambda ps: dense_optimizer(list(ps), cfg, tower))
 
 
@@ -395,6 +405,15 @@ def build_lr_scheduler(
             f"optim.schedule built a {type(scheduler).__name__}, not a "
             "torch.optim.lr_scheduler.LRScheduler"
         )
+    for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
+        if "tower_peak_lr" in group and not math.isclose(base, group["tower_peak_lr"]):
+            raise ValueError(
+                f"optim.schedule (_target_={_component(cfg, 'schedule')._target_}) sets the "
+                f"param groups' peak LRs itself (the tower modules' group {base:g}, not "
+                f"optim.tower_lr_scale={cfg.tower_lr_scale:g} times the dense LR: "
+                f"{group['tower_peak_lr']:g}); optim.tower_lr_scale needs a schedule that "
+                "multiplies each group's own LR, such as dmt.optim.warmup_decay_schedule"
+            )
     return scheduler
 
 

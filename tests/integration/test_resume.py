@@ -312,6 +312,31 @@ def test_keys_added_since_a_checkpoint_compare_with_their_defaults() -> None:
     ]
 
 
+def test_component_keys_added_since_a_checkpoint_compare_with_their_schema_defaults() -> None:
+    """A setting added to a component (``model.tower.bias``, ``model.tower.init`` of DLRM tower
+    modules, chosen by ``_target_``) compares with the default of the saved ``_target_``'s schema:
+    a DMT-DLRM checkpoint from before it resumes with the default (a reproduced bug: it was
+    ``'<absent>'``, refused even with ``resume_allow_config_change``), not with another value."""
+    dlrm = "dmt.models.tower_modules.DLRMTowerModule"
+    saved = {"model": {"tower": {"_target_": dlrm, "dim": 16, "c": 1, "p": 0}}}
+    current = {
+        "model": {"tower": {"_target_": dlrm, "dim": 16, "c": 1, "p": 0, "bias": True}},
+        "optim": {"tower_lr_scale": 1.0},
+    }
+    current["model"]["tower"]["init"] = "default"
+    assert checkpoint.config_differences(saved, current, allow_change=False) == []
+    current["model"]["tower"] |= {"bias": False, "init": "isometric"}
+    assert checkpoint.config_differences(saved, current, allow_change=True) == [
+        "model.tower.bias: True -> False",
+        "model.tower.init: 'default' -> 'isometric'",
+    ]
+    # a field the saved target's schema does not have stays absent
+    saved["model"]["tower"]["_target_"] = "dmt.models.tower_modules.DCNTowerModule"
+    assert "model.tower.init: '<absent>' -> 'isometric'" in checkpoint.config_differences(
+        saved, current, allow_change=True
+    )
+
+
 def test_resume_auto_takes_the_newest_complete_checkpoint_and_skips_a_damaged_one(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -132,3 +132,29 @@ def test_tower_lr_scale_must_not_be_negative():
         dense_optimizer(
             [nn.Parameter(torch.zeros(2))], typed_config("optim.tower_lr_scale=-0.5").optim
         )
+
+
+def test_tower_lr_scale_refuses_a_schedule_that_sets_the_peak_lrs(caplog):
+    """A schedule that sets every group's peak LR itself (torch's OneCycleLR: ``max_lr`` for all)
+    would drop the tower modules' scale without a word: refused, naming both LRs. On a model
+    without tower modules the setting does nothing, and says so."""
+    from dmt.optim import build_lr_scheduler, build_optimizer
+
+    cfg = typed_config("optim.tower_lr_scale=0.1").optim
+    cfg.schedule = {
+        "_target_": "torch.optim.lr_scheduler.OneCycleLR",
+        "max_lr": 0.003,
+        "cycle_momentum": False,
+    }
+    opt = build_optimizer(_tiny_dmt(), cfg)
+    with pytest.raises(
+        ValueError,
+        match=r"optim.schedule \(_target_=torch.optim.lr_scheduler.OneCycleLR\) sets the param "
+        r"groups' peak LRs itself \(the tower modules' group 0.00012, not "
+        r"optim.tower_lr_scale=0.1 times the dense LR: 0.0003\)",
+    ):
+        build_lr_scheduler(opt, cfg, total_steps=10)
+    plain = nn.Sequential(nn.Linear(2, 1))
+    with caplog.at_level("WARNING", logger="dmt.optim"):
+        build_optimizer(plain, typed_config("optim.tower_lr_scale=0.1").optim)
+    assert "optim.tower_lr_scale=0.1 does nothing: the model has no tower-module" in caplog.text

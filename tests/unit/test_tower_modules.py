@@ -255,3 +255,8 @@ def test_tower_module_without_bias_is_linear():
     iso = DLRMTowerModule(3, 8, 8, c=1, p=0, bias=False, init="isometric")
     torch.testing.assert_close((out := iso(a)) @ out.transpose(1, 2), a @ a.transpose(1, 2))
     assert DLRMTowerModule(3, 8, 4, c=1, p=1).feature_linear.bias is not None  # on by default
+    from dmt.config import DLRMTowerConfig
+    from dmt.models import build_tower_module
+
+    built = build_tower_module(DLRMTowerConfig(dim=4, bias=False), num_features=3, embedding_dim=8)
+    assert isinstance(built, DLRMTowerModule) and built.feature_linear.bias is None  # the config's
