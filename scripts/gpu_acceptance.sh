@@ -62,6 +62,8 @@ step fused_adam "$PY" "${TRAIN[@]}" optim=adam trainer=smoke hydra.run.dir="$WOR
 # SPTT's lookup calls its FBGEMM kernel straight from the KJT: TorchRec's forward's values and
 # fused updates on the GPU too (int64 ids there, where TorchRec's forward casts them to int32)
 pytest_step sptt_direct_lookup_cuda tests/unit/test_sptt_lookup.py -k cuda
+# DLRM interaction: its own backward (one batched product) equals autograd's on the GPU too
+pytest_step dot_interaction_backward_cuda tests/unit/test_models.py -k "backward_is and cuda"
 # memory budget: tables that miss sharding.hbm_gb are UVM-cached (flat and SPTT), same training
 pytest_step uvm_caching tests/integration/test_sharding_plan.py -k cuda
 # a resumed run draws the GPU's dropout masks of an uninterrupted one (the CUDA generator is saved)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torchrec.modules.crossnet import LowRankCrossNet
 
@@ -35,9 +36,54 @@ def _check_positive(interaction: str, **values: int) -> None:
             raise ValueError(f"{interaction}: {name}={value!r} must be a positive integer")
 
 
+class _PairDots(torch.autograd.Function):
+    """The dot products ``<v_i, v_j>`` of the pairs ``i < j`` of ``vectors`` ``(B, n, D)``, as one
+    batched matrix product; the backward is one more, ``(G + G^T) v`` with ``G`` the pairs'
+    gradients in their Gram positions, where autograd's takes two (``G v`` and ``G^T v``) and
+    their sum. ``G`` and ``G^T`` share no position (``i < j``), so ``G + G^T`` is one gather of
+    the gradients, each placed twice, with no addition: the same terms summed in one product.
+
+    ``pairs``: the pairs' positions ``i n + j`` in the flattened Gram matrix; ``sources``: for
+    each of its ``n^2`` positions, 1 + the index of the pair it holds (``(i, j)`` or ``(j, i)``),
+    0 on the diagonal."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        vectors: torch.Tensor,
+        pairs: torch.Tensor,
+        sources: torch.Tensor,
+    ) -> torch.Tensor:
+        gram = torch.bmm(vectors, vectors.transpose(1, 2))  # (B, n, n)
+        ctx.save_for_backward(vectors, sources)
+        return gram.flatten(1).index_select(1, pairs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, None, None]:
+        vectors, sources = ctx.saved_tensors  # type: ignore[attr-defined]
+        B, n, D = vectors.shape
+        # G + G^T, symmetric: a zero column in front for the diagonal's 0
+        both = F.pad(grad, (1, 0)).index_select(1, sources).view(B, n, n)
+        if D < n:  # on CPU the product of (D, n) by (n, n) is the faster one for narrow vectors
+            return torch.bmm(vectors.transpose(1, 2), both).transpose(1, 2), None, None
+        return torch.bmm(both, vectors), None, None
+
+
+@torch.fx.wrap
+def pair_dots(vectors: torch.Tensor, pairs: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
+    """:class:`_PairDots`: one call in an fx graph (TorchRec's train pipeline traces the model)."""
+    out = _PairDots.apply(vectors, pairs, sources)
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
 class DotInteraction(nn.Module):
     """Pairwise dot products of ``[dense, sparse_0, ..., sparse_{V-1}]`` (upper triangle, no
-    diagonal) concatenated with ``dense``.
+    diagonal) concatenated with ``dense``; the products' backward is one batched matrix product
+    (:class:`_PairDots`).
 
     Args:
         num_vectors: ``V``, the number of sparse vectors.
@@ -49,6 +95,7 @@ class DotInteraction(nn.Module):
     """
 
     _pairs: torch.Tensor
+    _sources: torch.Tensor
 
     def __init__(self, num_vectors: int, dim: int, dense_dim: int | None = None) -> None:
         super().__init__()
@@ -65,6 +112,12 @@ class DotInteraction(nn.Module):
         # positions in the flattened Gram matrix: index_select's backward (index_add) is several
         # times faster on CPU than that of gram[:, rows, cols] (index_put with accumulation)
         self.register_buffer("_pairs", rows * (num_vectors + 1) + cols, persistent=False)
+        # for the backward: each Gram position's pair (1 + its index; 0 on the diagonal)
+        n, index = num_vectors + 1, torch.arange(1, len(rows) + 1)
+        sources = torch.zeros(n * n, dtype=torch.long)
+        sources[rows * n + cols] = index
+        sources[cols * n + rows] = index
+        self.register_buffer("_sources", sources, persistent=False)
 
     @property
     def output_dim(self) -> int:
@@ -72,8 +125,7 @@ class DotInteraction(nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         vectors = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # (B, V + 1, D)
-        gram = torch.bmm(vectors, vectors.transpose(1, 2))  # (B, V + 1, V + 1)
-        return torch.cat([dense, gram.flatten(1).index_select(1, self._pairs)], dim=1)
+        return torch.cat([dense, pair_dots(vectors, self._pairs, self._sources)], dim=1)
 
 
 class CrossInteraction(nn.Module):

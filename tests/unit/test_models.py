@@ -67,6 +67,38 @@ def test_dot_interaction_matches_explicit_pairs():
     torch.testing.assert_close(out, torch.cat([dense, torch.stack(pairs, 1)], 1))
 
 
+_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=_GPU)])
+@pytest.mark.parametrize("V,D", [(3, 2), (3, 5), (6, 4)])  # D < V + 1 or not: both layouts
+def test_dot_interaction_backward_is_autograds(V, D, device):
+    """The interaction's own backward (one batched product, ``(G + G^T) v``) gives autograd's
+    gradients of the plain formulation (Gram matrix by ``bmm``, upper triangle), in float64
+    to rounding and by ``gradcheck``; float32 to its rounding."""
+    torch.manual_seed(0)
+    it = DotInteraction(num_vectors=V, dim=D).double().to(device)
+    f64 = {"dtype": torch.float64, "device": device}
+    dense = torch.randn(4, D, **f64, requires_grad=True)
+    sparse = torch.randn(4, V, D, **f64, requires_grad=True)
+    weight = torch.randn(4, it.output_dim, **f64)
+
+    def plain(d, s):
+        v = torch.cat([d.unsqueeze(1), s], dim=1)
+        rows, cols = torch.triu_indices(V + 1, V + 1, offset=1, device=device)
+        return torch.cat([d, torch.bmm(v, v.transpose(1, 2))[:, rows, cols]], dim=1)
+
+    ours = torch.autograd.grad((it(dense, sparse) * weight).sum(), (dense, sparse))
+    ref = torch.autograd.grad((plain(dense, sparse) * weight).sum(), (dense, sparse))
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(it, (dense, sparse))
+    f32 = [t.detach().float().requires_grad_() for t in (dense, sparse)]
+    ours32 = torch.autograd.grad((it.float()(*f32) * weight.float()).sum(), f32)
+    for a, b in zip(ours32, ref):
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
 def test_dlrm_forward_equals_manual_composition():
     torch.manual_seed(0)
     model = tiny("dlrm")
