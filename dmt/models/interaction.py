@@ -42,6 +42,7 @@ class _PairDots(torch.autograd.Function):
     gradients in their Gram positions, where autograd's takes two (``G v`` and ``G^T v``) and
     their sum. ``G`` and ``G^T`` share no position (``i < j``), so ``G + G^T`` is one gather of
     the gradients, each placed twice, with no addition: the same terms summed in one product.
+    Once differentiable (no double backward).
 
     ``pairs``: the pairs' positions ``i n + j`` in the flattened Gram matrix; ``sources``: for
     each of its ``n^2`` positions, 1 + the index of the pair it holds (``(i, j)`` or ``(j, i)``),
@@ -65,6 +66,9 @@ class _PairDots(torch.autograd.Function):
     ) -> tuple[torch.Tensor, None, None]:
         vectors, sources = ctx.saved_tensors  # type: ignore[attr-defined]
         B, n, D = vectors.shape
+        # under autocast the forward's product (and so ``grad``) may be bf16/fp16 while the saved
+        # vectors are not; the gradient is computed in the vectors' dtype, as autograd returns it
+        grad = grad.to(vectors.dtype)
         # G + G^T, symmetric: a zero column in front for the diagonal's 0
         both = F.pad(grad, (1, 0)).index_select(1, sources).view(B, n, n)
         if D < n:  # on CPU the product of (D, n) by (n, n) is the faster one for narrow vectors
@@ -118,6 +122,8 @@ class DotInteraction(nn.Module):
         sources[rows * n + cols] = index
         sources[cols * n + rows] = index
         self.register_buffer("_sources", sources, persistent=False)
+        #: the products' own backward (:class:`_PairDots`); False: autograd's
+        self.fused_backward = True
 
     @property
     def output_dim(self) -> int:
@@ -125,7 +131,12 @@ class DotInteraction(nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         vectors = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # (B, V + 1, D)
-        return torch.cat([dense, pair_dots(vectors, self._pairs, self._sources)], dim=1)
+        if self.fused_backward:
+            dots = pair_dots(vectors, self._pairs, self._sources)
+        else:  # autograd's backward, two products (what FLOP accounting counts, as the paper)
+            gram = torch.bmm(vectors, vectors.transpose(1, 2))
+            dots = gram.flatten(1).index_select(1, self._pairs)
+        return torch.cat([dense, dots], dim=1)
 
 
 class CrossInteraction(nn.Module):

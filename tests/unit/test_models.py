@@ -71,7 +71,7 @@ _GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=_GPU)])
-@pytest.mark.parametrize("V,D", [(3, 2), (3, 5), (6, 4)])  # D < V + 1 or not: both layouts
+@pytest.mark.parametrize("V,D", [(3, 2), (3, 5), (6, 4), (1, 1)])  # D < V + 1 or not: both
 def test_dot_interaction_backward_is_autograds(V, D, device):
     """The interaction's own backward (one batched product, ``(G + G^T) v``) gives autograd's
     gradients of the plain formulation (Gram matrix by ``bmm``, upper triangle), in float64
@@ -97,6 +97,25 @@ def test_dot_interaction_backward_is_autograds(V, D, device):
     ours32 = torch.autograd.grad((it.float()(*f32) * weight.float()).sum(), f32)
     for a, b in zip(ours32, ref):
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
+def test_dot_interaction_backward_under_autocast_and_on_an_empty_batch():
+    """Autocast's bf16 product, backward outside it (PyTorch's usage): the gradients in the
+    inputs' dtype, near float32's (a reproduced bug: the bf16 gradient met the float32 vectors
+    in one product and raised); an empty batch gives empty gradients."""
+    torch.manual_seed(0)
+    it = DotInteraction(num_vectors=4, dim=3)
+    dense, sparse = torch.randn(8, 3, requires_grad=True), torch.randn(8, 4, 3, requires_grad=True)
+    ref = torch.autograd.grad(it(dense, sparse).sum(), (dense, sparse))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = it(dense, sparse)
+    grads = torch.autograd.grad(out.float().sum(), (dense, sparse))
+    for g, r in zip(grads, ref):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, r, rtol=0.05, atol=0.05)
+    empty = torch.zeros(0, 3, requires_grad=True), torch.zeros(0, 4, 3, requires_grad=True)
+    grads = torch.autograd.grad(it(*empty).sum(), empty)
+    assert [tuple(g.shape) for g in grads] == [(0, 3), (0, 4, 3)]
 
 
 def test_dlrm_forward_equals_manual_composition():
@@ -210,3 +229,27 @@ def test_a_table_smaller_than_its_features_ids_is_refused() -> None:
         "data): every id needs a row; set it to at least that, or leave "
         "model.num_embeddings_per_feature unset (the data's sizes)"
     )
+
+
+def test_flop_accounting_counts_autograds_backward_and_leaves_the_fused_one():
+    """``model_stats`` counts the interaction's backward as autograd's two products (the paper's
+    convention), whichever backward the model trains with, and leaves the model's own (one
+    product: fewer FLOPs, counted directly here) in place."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dmt.models.accounting import dense_flops
+
+    model = tiny("dlrm")
+    interaction = model.interaction
+    assert isinstance(interaction, DotInteraction) and interaction.fused_backward
+    counted = dense_flops(model)
+    assert interaction.fused_backward  # restored
+    interaction.fused_backward = False
+    assert dense_flops(model) == counted
+    interaction.fused_backward = True
+    dense, sparse = torch.zeros(4, 8), torch.zeros(4, 5, 8, requires_grad=True)
+    executed = FlopCounterMode(display=False)
+    with executed:
+        interaction(dense, sparse).sum().backward()
+    B, n, D = 4, 6, 8
+    assert executed.get_total_flops() == 2 * (2 * B * n * n * D)  # the Gram, then one product
