@@ -525,25 +525,20 @@ def component_default(key: str, target: str) -> Any:
     target, or no default for that field."""
     name = key.rsplit(".", 1)[-1]
     for cls in _component_schemas():
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        if fields["_target_"].default != target or name not in fields:
-            continue
-        f = fields[name]
-        if f.default is not dataclasses.MISSING and f.default != MISSING:
-            return f.default
-        return NO_DEFAULT
+        if schema_default("_target_", cls) == target:
+            return schema_default(name, cls)
     return NO_DEFAULT
 
 
 def _component_schemas() -> list[type]:
     """The dataclasses of this module with a ``_target_`` default: the component schemas."""
-    found = []
-    for obj in list(globals().values()):
-        if isinstance(obj, type) and dataclasses.is_dataclass(obj):
-            target = {f.name: f for f in dataclasses.fields(obj)}.get("_target_")
-            if target is not None and isinstance(target.default, str) and target.default != MISSING:
-                found.append(obj)
-    return found
+    return [
+        obj
+        for obj in list(globals().values())
+        if isinstance(obj, type)
+        and dataclasses.is_dataclass(obj)
+        and isinstance(schema_default("_target_", obj), str)
+    ]
 
 
 def register_configs() -> None:

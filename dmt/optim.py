@@ -273,7 +273,7 @@ def dense_optimizer(
         raise ValueError(f"optim.tower_lr_scale must be >= 0, got {cfg.tower_lr_scale}")
     ids = {id(p) for p in scaled}
     groups: list[Any] = params
-    if cfg.tower_lr_scale != 1 and ids and any(id(p) in ids for p in params):
+    if cfg.tower_lr_scale != 1 and any(id(p) in ids for p in params):
         groups = [
             {"params": [p for p in params if id(p) not in ids]},
             {"params": [p for p in params if id(p) in ids], "tower_lr_scale": cfg.tower_lr_scale},
@@ -284,7 +284,7 @@ def dense_optimizer(
         raise TypeError(f"optim.dense built a {type(opt).__name__}, not a torch.optim.Optimizer")
     for group in opt.param_groups:  # the optimizer set every group's lr from optim.dense.lr
         if "tower_lr_scale" in group:
-            group["lr"] = group["tower_peak_lr"] = group["lr"] * group["tower_lr_scale"]
+            group["lr"] = group["lr"] * group["tower_lr_scale"]
     return opt
 
 
@@ -399,19 +399,20 @@ def build_lr_scheduler(
     """``optimizer``'s LR schedule, ``optim.schedule`` built with the optimizer and the run's
     ``total_steps``. Step it after every optimizer step; the fused sparse optimizer reads its
     group's LR at the next ``zero_grad``. Its ``state_dict`` goes into checkpoints."""
+    peaks = [group["lr"] for group in optimizer.param_groups]  # what the schedule should scale
     scheduler = _build(cfg, "schedule", optimizer=optimizer, total_steps=total_steps)
     if not isinstance(scheduler, LRScheduler):
         raise TypeError(
             f"optim.schedule built a {type(scheduler).__name__}, not a "
             "torch.optim.lr_scheduler.LRScheduler"
         )
-    for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
-        if "tower_peak_lr" in group and not math.isclose(base, group["tower_peak_lr"]):
+    for group, peak, base in zip(optimizer.param_groups, peaks, scheduler.base_lrs):
+        if "tower_lr_scale" in group and not math.isclose(base, peak):
             raise ValueError(
                 f"optim.schedule (_target_={_component(cfg, 'schedule')._target_}) sets the "
                 f"param groups' peak LRs itself (the tower modules' group {base:g}, not "
                 f"optim.tower_lr_scale={cfg.tower_lr_scale:g} times the dense LR: "
-                f"{group['tower_peak_lr']:g}); optim.tower_lr_scale needs a schedule that "
+                f"{peak:g}); optim.tower_lr_scale needs a schedule that "
                 "multiplies each group's own LR, such as dmt.optim.warmup_decay_schedule"
             )
     return scheduler
