@@ -35,7 +35,12 @@ from torchrec.distributed.fbgemm_qcomm_codec import (
 )
 from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
 from torchrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder
-from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
+from torchrec.distributed.model_parallel import (
+    DataParallelWrapper,
+    DefaultDataParallelWrapper,
+    DistributedModelParallel,
+    get_default_sharders,
+)
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.proposers import Proposer
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
@@ -46,6 +51,7 @@ from torchrec.distributed.types import (
     EnumerableShardingSpec,
     ModuleSharder,
     ParameterSharding,
+    ShardingEnv,
     ShardingPlan,
     ShardingType,
     ShardMetadata,
@@ -337,6 +343,23 @@ def rank_devices(runtime: Runtime) -> list[torch.device]:
     return [torch.device(str(d)) for d in found]
 
 
+class WorldOfOneWrapper(DataParallelWrapper):
+    """``DistributedModelParallel``'s dense part in a world of one: moved to the device, not
+    wrapped in ``DistributedDataParallel`` (TorchRec's default), whose every step all-reduces the
+    gradients over a group of one and copies them through its buckets, and whose forward adds
+    its own bookkeeping: nothing a single process needs. Parameter and state-dict names are the
+    same either way (``DistributedModelParallel`` strips DDP's ``module.``)."""
+
+    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
+        dmp._dmp_wrapped_module = dmp._dmp_wrapped_module.to(device)
+
+
+def data_parallel_wrapper(world_size: int) -> DataParallelWrapper:
+    """How ``DistributedModelParallel`` replicates the dense part over ``world_size`` ranks:
+    TorchRec's DDP wrapper, or none in a world of one (:class:`WorldOfOneWrapper`)."""
+    return WorldOfOneWrapper() if world_size == 1 else DefaultDataParallelWrapper()
+
+
 def shard_model(
     module: nn.Module,
     runtime: Runtime,
@@ -382,7 +405,13 @@ def shard_model(
     node_groups = (_table_row_wise(found[0]), runtime.backend, world_number())
     _NODE_GROUPS.check(*node_groups)
     plan = place_on_devices(found[0], rank_devices(runtime))
-    dmp = DistributedModelParallel(module, device=runtime.device, plan=plan, sharders=sharders)
+    dmp = DistributedModelParallel(
+        module,
+        device=runtime.device,
+        plan=plan,
+        sharders=sharders,
+        data_parallel_wrapper=data_parallel_wrapper(runtime.world_size),
+    )
     _NODE_GROUPS.record(*node_groups)  # TorchRec has made its groups
     return dmp
 

@@ -12,6 +12,10 @@
 # validation (rows 80-90%) and test (90-100%).
 #
 #   OMP_NUM_THREADS=1 bash scripts/dmt_projection_study.sh [OUT_DIR] [SEEDS]   # study/dmt_projection 9
+#   ONLY="base tp4_d16_nobias tp4_d32_skip" bash scripts/dmt_projection_study.sh study/gap 0-26
+#
+# SEEDS is scripts/seeds.py's --seeds (K, LO-HI or a list); ONLY keeps the named configs (and the
+# comparisons between them), in the order below.
 #
 # 1. trains the base DLRM once (seed 0) with a checkpoint and partitions its embeddings' affinity
 #    into 4 and 8 towers (as scripts/criteo_sample_study.sh does);
@@ -29,16 +33,6 @@ if [[ "$OUT" =~ [[:space:]] ]]; then  # seeds.py splits each config's overrides 
 fi
 PY=.venv/bin/python
 DATA="data=criteo_sample_forward"
-if [[ ! -f "$OUT/base_ckpt/metrics.json" ]]; then
-  "$PY" -m dmt.train experiment=criteo_forward_dlrm "$DATA" logger=disabled trainer.progress_bar=false \
-    trainer.checkpoint=true "hydra.run.dir=$OUT/base_ckpt"
-fi
-for T in 4 8; do
-  if [[ ! -f "$OUT/tp$T/partition.yaml" ]]; then
-    .venv/bin/dmt-partition --checkpoint "$OUT/base_ckpt/checkpoints" --data train --max-batches 40 \
-      --batch-size 512 --num-towers "$T" --out "$OUT/tp$T"
-  fi
-done
 DMT="experiment=criteo_forward_dmt_dlrm $DATA"
 tp() {  # towers, D, bias, further overrides
   echo "$DMT partition=tp model.partition.path=$OUT/tp$1/partition.yaml model.partition.num_towers=$1 model.tower.dim=$2 model.bottom_mlp=[64,$2] model.tower.bias=$3 ${4:-}"
@@ -61,6 +55,29 @@ configs=(
   --config tp4_d16_nobias_lr0iso "$(tp 4 16 false "$frozen")"
   --config tp4_d32_nobias_lr0iso "$(tp 4 32 false "$frozen")"
 )
+if [[ -n "${ONLY:-}" ]]; then
+  declare -A keep=()
+  for name in $ONLY; do keep[$name]=1; done
+  kept=()
+  for ((i = 0; i < ${#configs[@]}; i += 3)); do
+    if [[ -n "${keep[${configs[i + 1]}]:-}" ]]; then kept+=("${configs[@]:i:3}"); unset "keep[${configs[i + 1]}]"; fi
+  done
+  if (( ${#keep[@]} )); then
+    echo "ONLY names configs this study does not have: ${!keep[*]}" >&2
+    exit 2
+  fi
+  configs=("${kept[@]}")
+fi
+if [[ ! -f "$OUT/base_ckpt/metrics.json" ]]; then
+  "$PY" -m dmt.train experiment=criteo_forward_dlrm "$DATA" logger=disabled trainer.progress_bar=false \
+    trainer.checkpoint=true "hydra.run.dir=$OUT/base_ckpt"
+fi
+for T in 4 8; do
+  if [[ ! -f "$OUT/tp$T/partition.yaml" ]]; then
+    .venv/bin/dmt-partition --checkpoint "$OUT/base_ckpt/checkpoints" --data train --max-batches 40 \
+      --batch-size 512 --num-towers "$T" --out "$OUT/tp$T"
+  fi
+done
 common=(--seeds "$SEEDS" --out "$OUT" --common "logger=disabled trainer.progress_bar=false")
 # two processes, every other config each (their seeds.json is rewritten below)
 half=(); other=()
@@ -68,7 +85,9 @@ for ((i = 0; i < ${#configs[@]}; i += 3)); do
   if (( (i / 3) % 2 == 0 )); then half+=("${configs[@]:i:3}"); else other+=("${configs[@]:i:3}"); fi
 done
 "$PY" scripts/seeds.py "${common[@]}" "${half[@]}" > "$OUT/train_a.log" 2>&1 &
-"$PY" scripts/seeds.py "${common[@]}" "${other[@]}" > "$OUT/train_b.log" 2>&1 &
+if (( ${#other[@]} )); then
+  "$PY" scripts/seeds.py "${common[@]}" "${other[@]}" > "$OUT/train_b.log" 2>&1 &
+fi
 wait
 pairs=()
 for ((i = 3; i < ${#configs[@]}; i += 3)); do pairs+=(--pair "${configs[i + 1]}" base); done
@@ -76,5 +95,14 @@ pairs+=(--pair tp4_d32 tp4_d16 --pair tp8_d32 tp8_d16 --pair tp4_d16_iso tp4_d16
 for c in tp4_d16 tp4_d32 tp8_d16 tp8_d32; do pairs+=(--pair "${c}_nobias" "$c"); done
 for c in lr0.1 lr0.3 lr3 lr0iso; do pairs+=(--pair "tp4_d16_$c" tp4_d16); done
 pairs+=(--pair tp8_d16_lr0iso tp8_d16 --pair tp4_d32_nobias_lr0iso tp4_d32_skip)
+for c in tp4_d16_nobias tp8_d16_nobias; do pairs+=(--pair "$c" tp4_d32_skip); done
+# the comparisons whose two configs both run
+names=" "
+for ((i = 0; i < ${#configs[@]}; i += 3)); do names+="${configs[i + 1]} "; done
+kept=()
+for ((i = 0; i < ${#pairs[@]}; i += 3)); do
+  if [[ "$names" == *" ${pairs[i + 1]} "* && "$names" == *" ${pairs[i + 2]} "* ]]; then kept+=("${pairs[@]:i:3}"); fi
+done
+pairs=("${kept[@]}")
 "$PY" scripts/seeds.py "${common[@]}" --no-train --metric val_auc "${configs[@]}" "${pairs[@]}" | tee "$OUT/val_auc.txt"
 "$PY" scripts/seeds.py "${common[@]}" --no-train --metric test_auc "${configs[@]}" "${pairs[@]}" | tee "$OUT/test_auc.txt"

@@ -27,7 +27,7 @@ from torchrec import EmbeddingBagCollection, KeyedJaggedTensor
 from dmt.models.interaction import CrossInteraction, DotInteraction, Interaction
 from dmt.models.mlp import mlp
 from dmt.models.partition import check_partition
-from dmt.models.rec_model import RecModel
+from dmt.models.rec_model import RecModel, pooled_in_order
 from dmt.models.tower_modules import PassThrough, TowerModule
 
 
@@ -69,11 +69,9 @@ class Tower(nn.Module):
 
     def embeddings(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """Pooled embeddings ``(B, F_t, N)`` in ``feature_names`` order."""
-        kt = self.embedding_bag_collection(features)
-        if kt.keys() != self.feature_names:  # a sharded EBC orders its keys by sharding plan
-            by_key = kt.to_dict()
-            return torch.stack([by_key[f] for f in self.feature_names], dim=1)
-        return kt.values().view(-1, self.num_features, self.embedding_dim)
+        return pooled_in_order(
+            self.embedding_bag_collection(features), self.feature_names, self.embedding_dim
+        )
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """``(B, V_t, D)``: the tower module over the tower's embeddings."""

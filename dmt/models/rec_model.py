@@ -10,6 +10,22 @@ from dmt.models.interaction import Interaction
 from dmt.models.mlp import mlp
 
 
+@torch.fx.wrap
+def pooled_in_order(kt: KeyedTensor, names: list[str], dim: int) -> torch.Tensor:
+    """``kt``'s pooled embeddings as ``(B, len(names), dim)``, features in ``names`` order.
+
+    When ``kt``'s keys are already in that order (an unsharded EBC, or a plan that keeps it), its
+    values as they are: a view, no copy forward or backward. Otherwise (a sharded EBC returns
+    its keys in its sharding plan's order) one fused permute, :meth:`KeyedTensor.regroup`. One
+    call in an fx graph: the branch on the keys runs at run time, so the model stays traceable
+    (TorchRec's ``TrainPipelineSparseDist``)."""
+    if kt.keys() == names:
+        values = kt.values()
+    else:
+        values = KeyedTensor.regroup([kt], [names])[0]
+    return values.reshape(-1, len(names), dim)
+
+
 class RecModel(nn.Module):
     """``logits = top(interaction(bottom(dense), ebc(sparse)))``.
 
@@ -62,10 +78,7 @@ class RecModel(nn.Module):
     def pooled_embeddings(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
         """Pooled embeddings ``(B, F, N)`` in ``feature_names`` order."""
         kt = self.embedding_bag_collection(sparse_features)
-        # By name: a sharded EBC returns features in its sharding plan's order. No Python branch
-        # on the keys, so the model stays fx-traceable (TorchRec's TrainPipelineSparseDist).
-        pooled = KeyedTensor.regroup([kt], [self.feature_names])[0]
-        return pooled.view(-1, self.num_features, self.embedding_dim)
+        return pooled_in_order(kt, self.feature_names, self.embedding_dim)
 
     def dense_forward(self, dense_features: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         """Everything after the lookup: ``(B, num_dense)``, ``(B, F, N)`` -> logits ``(B,)``."""

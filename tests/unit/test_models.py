@@ -253,3 +253,29 @@ def test_flop_accounting_counts_autograds_backward_and_leaves_the_fused_one():
         interaction(dense, sparse).sum().backward()
     B, n, D = 4, 6, 8
     assert executed.get_total_flops() == 2 * (2 * B * n * n * D)  # the Gram, then one product
+
+
+def test_pooled_embeddings_in_feature_order_without_a_copy_when_already_in_order():
+    from torchrec import KeyedTensor
+
+    from dmt.models.rec_model import pooled_in_order
+
+    B, N = 4, 3
+    per_feature = {f: torch.randn(B, N, requires_grad=True) for f in NAMES}
+
+    def keyed(order: list[str]) -> KeyedTensor:
+        return KeyedTensor.from_tensor_list(order, [per_feature[f] for f in order])
+
+    expected = torch.stack([per_feature[f] for f in NAMES], dim=1)
+    in_order = keyed(NAMES)
+    out = pooled_in_order(in_order, NAMES, N)
+    assert torch.equal(out, expected)
+    assert out.data_ptr() == in_order.values().data_ptr()  # a view of the lookup's output
+    # a sharded EBC's plan order: permuted into the features' order, gradients routed back
+    shuffled = keyed([NAMES[i] for i in (3, 0, 4, 1, 2)])
+    out = pooled_in_order(shuffled, NAMES, N)
+    assert torch.equal(out, expected)
+    weights = torch.randn_like(out)
+    (out * weights).sum().backward()
+    for i, f in enumerate(NAMES):
+        assert torch.equal(per_feature[f].grad, weights[:, i])
