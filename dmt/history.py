@@ -70,6 +70,12 @@ class RunHistory:
         self._last_step, self._last_time = step, train_time_s
         return self._append(values, step)
 
+    def has_eval(self, step: int, split: str) -> bool:
+        """An evaluation of ``split`` at ``step`` is recorded (an earlier attempt's, when a
+        resumed run had ended there)."""
+        prefix = f"{split}/"
+        return any(r["step"] == step and any(k.startswith(prefix) for k in r) for r in self.records)
+
     def log_eval(self, *, step: int, metrics: dict[str, float], split: str) -> dict[str, Any]:
         """Record an evaluation of ``split`` (``val`` or ``test``) and redraw ``curves.png``.
         It replaces an earlier attempt's evaluation of ``split`` at ``step`` (a resumed run that

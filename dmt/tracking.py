@@ -10,7 +10,9 @@ resumed, restarted (torchrun) or requeued (SLURM) run continues it (``resume="al
 each attempt is a run of its own (wandb cannot resume offline runs). The training step is logged
 as ``train/step``, every metric's x-axis (``define_metric``), not as wandb's own step, which must
 always increase: a run resumed from an earlier checkpoint logs steps again, and wandb would drop
-them. Tracking does not stop training: an online run that cannot start (no API key, no server)
+them; a resumed online run that had ended is evaluated again, and its continued wandb run keeps
+the one point per split and step it has (the summary takes the new values). Tracking does not
+stop training: an online run that cannot start (no API key, no server)
 logs offline instead, a run that cannot start at all is skipped, and a failing wandb service is
 reported once and logging stops.
 """
@@ -102,6 +104,8 @@ class WandbLogger:
                 )
         if self.run is None:  # offline: a run per attempt (wandb cannot resume offline runs)
             self.run = wandb.init(mode="offline", **kwargs)
+        # the server had this run: an earlier attempt's points are in its history already
+        self.continued: bool = bool(self.run.resumed)  # never an offline run
         self.run.define_metric(STEP)
         for split in SPLITS:
             self.run.define_metric(f"{split}/*", step_metric=STEP)

@@ -513,7 +513,14 @@ class Trainer:
     def _log_eval(self, metrics: dict[str, float], split: str) -> None:
         if self.rt.is_main:
             assert self.history is not None
-            self._log(self.history.log_eval(step=self.step, metrics=metrics, split=split))
+            again = self.history.has_eval(self.step, split)
+            record = self.history.log_eval(step=self.step, metrics=metrics, split=split)
+            if again and self.logger is not None and self.logger.continued:
+                # a resumed run that had ended here: its continued wandb run has this point
+                # already (a second one at the same step would be a duplicate); the summary
+                # gets this evaluation's values
+                return
+            self._log(record)
 
     def _log(self, record: dict[str, Any]) -> None:
         if self.logger is not None and self.rt.is_main:

@@ -161,10 +161,16 @@ def test_a_dead_wandb_service_stops_logging_not_training(tmp_path: Path) -> None
 
 
 class _Recording:
-    def __init__(self, logger: WandbLogger) -> None:
+    """A real logger whose calls are recorded; ``continued``: what wandb's server says of the
+    run (``run.resumed``), which an offline run cannot be."""
+
+    def __init__(self, logger: WandbLogger, continued: bool | None = None) -> None:
         self.logger, self.exit_codes = logger, []  # type: list[int]
+        self.logged: list[tuple[int, list[str]]] = []
+        self.continued = logger.continued if continued is None else continued
 
     def log(self, values: dict[str, float], step: int) -> None:
+        self.logged.append((step, sorted(values)))
         self.logger.log(values, step)
 
     def summarize(self, values: dict[str, float]) -> None:
@@ -243,3 +249,35 @@ def test_a_diverged_runs_summary_keeps_its_nan(tmp_path: Path) -> None:
     summary = dict(logger.run.summary)
     logger.finish()
     assert (summary["train/loss_last"], summary["val/auc"], summary["x"]) == ("nan", 0.7, "-inf")
+
+
+def test_a_resumed_run_that_had_ended_logs_its_evaluations_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reproduced bug: resuming an online run that had ended evaluated it again and logged
+    the evaluations a second time at the same step of the continued wandb run. An attempt that
+    is a run of its own (offline) logs them in it."""
+    loggers: list[_Recording] = []
+    continued: list[bool | None] = [None]
+
+    def recording(*args: Any, **kwargs: Any) -> _Recording:
+        logger = open_logger(*args, **kwargs)
+        assert logger is not None
+        loggers.append(_Recording(logger, continued[0]))
+        return loggers[-1]
+
+    monkeypatch.setattr(dmt.train, "open_logger", recording)
+    small = ["data.synthetic.num_train=512", "data.batch_size=256", "trainer.progress_bar=false"]
+    small += ["trainer.max_steps=2", "trainer.checkpoint=true", "logger.mode=offline"]
+    run = tmp_path / "run"
+    train(to_config(compose_config(*small)), run)
+    assert not loggers[0].continued  # offline
+    evaluations = [(step, keys) for step, keys in loggers[0].logged if "val/auc" in keys]
+    evaluations += [(step, keys) for step, keys in loggers[0].logged if "test/auc" in keys]
+    assert [step for step, _ in evaluations] == [2, 2]
+    for seen_by_the_server in (True, False):
+        continued[0] = seen_by_the_server
+        train(to_config(compose_config(*small, "trainer.resume_from=auto")), run)
+        logged = [(step, keys) for step, keys in loggers[-1].logged if "train/loss" not in keys]
+        assert logged == ([] if seen_by_the_server else evaluations)
+        assert loggers[-1].exit_codes == [0]
