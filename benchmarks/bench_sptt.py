@@ -98,7 +98,7 @@ from dmt.models import build_dmt_model, build_model, embedding_parameters, naive
 from dmt.models.accounting import compression_ratio
 from dmt.optim import apply_sparse_optimizer, build_optimizer
 from dmt.results import existing_output, write_json
-from dmt.runtime import Runtime
+from dmt.runtime import Runtime, cuda_index
 from dmt.sharding import (
     flat_planner,
     flat_sharders,
@@ -693,8 +693,9 @@ def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
     if "RANK" in os.environ:  # torchrun
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        if backend == "nccl":  # a launcher that binds one GPU per task shows each rank one
+            local_rank = int(os.environ.get("LOCAL_RANK", 0))
+            torch.cuda.set_device(cuda_index(local_rank, torch.cuda.device_count()))
         dist.init_process_group(backend, timeout=timedelta(minutes=5))
         args.world_size = dist.get_world_size()
         try:

@@ -258,6 +258,13 @@ class SPTTDataflow(nn.Module):
         if isinstance(self.embedding_bag_collection, _FusedShards):
             self.embedding_bag_collection.flush()
 
+    def drop_cache(self) -> None:
+        """Forget the UVM-cached shards' rows held in HBM, unwritten updates included
+        (:meth:`_FusedShards.drop_cache`): after their tables were loaded; a no-op without
+        cached shards."""
+        if isinstance(self.embedding_bag_collection, _FusedShards):
+            self.embedding_bag_collection.drop_cache()
+
     def load_tables_from(self, source: EmbeddingBagCollection) -> None:
         """Copy this rank's shards out of an EBC holding the whole tables under the same names."""
         self.load_table_weights(
@@ -1043,6 +1050,14 @@ class _FusedShards(nn.Module):
         for module in self._cached_modules:
             for lookup in module._emb_modules:
                 lookup.flush()
+
+    def drop_cache(self) -> None:
+        """Empty the UVM-cached tables' HBM cache without writing it back (FBGEMM's
+        ``reset_cache_states``): after the tables were loaded, lookups read them, not the rows
+        cached before. No-op without cached tables; CUDA only, as :meth:`flush`."""
+        for module in self._cached_modules:
+            for lookup in module._emb_modules:
+                lookup._emb_module.reset_cache_states()
 
     def fused_optimizer(self) -> KeyedOptimizer:
         optimizers = [m.fused_optimizer() for m in self._modules_in_order]

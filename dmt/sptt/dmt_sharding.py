@@ -499,6 +499,7 @@ class ShardedDMT(nn.Module):
         }
         self.register_state_dict_post_hook(_to_plain_state_dict)
         self.register_load_state_dict_pre_hook(_from_plain_state_dict)
+        self.register_load_state_dict_post_hook(_after_load)
 
     @property
     def dataflow(self) -> SPTTDataflow:
@@ -517,10 +518,13 @@ class ShardedDMT(nn.Module):
             tower=self._plan.tower_of_feature(feature), table=self._table_configs[feature].name
         )
 
-    def _local_shards(self) -> dict[int, tuple[int, TableShard, torch.Tensor]]:
+    def _local_shards(self, flush: bool = True) -> dict[int, tuple[int, TableShard, torch.Tensor]]:
         """``feature -> (index in plan.feature_shards, shard, weight)`` of this rank's shards,
-        the UVM cache flushed into them (what checkpoints, ``dmt-eval`` and ``dmt-export`` read)."""
-        self.dataflow.flush_cache()
+        the UVM cache flushed into them (what checkpoints, ``dmt-eval`` and ``dmt-export`` read;
+        ``flush=False`` where they are written: a flush would write the cache's rows over what
+        was loaded)."""
+        if flush:
+            self.dataflow.flush_cache()
         local: dict[int, tuple[int, TableShard, torch.Tensor]] = {}
         for shard, param in self.dataflow.shard_parameters():
             assert shard.feature not in local, "one shard of a table per rank"
@@ -590,7 +594,7 @@ class ShardedDMT(nn.Module):
 
     def _from_plain(self, state: dict[str, Any], prefix: str) -> None:
         tables = {self._table_key(f): f for f in range(len(self._table_configs))}
-        local = self._local_shards()
+        local = self._local_shards(flush=False)  # the state may already be in the tables (DCP)
         for key in [k for k in state if k.startswith(prefix)]:
             name = key[len(prefix) :]
             if name in tables:
@@ -656,6 +660,13 @@ def _from_plain_state_dict(
     module: ShardedDMT, state: dict[str, Any], prefix: str, *args: Any
 ) -> None:
     module._from_plain(state, prefix)
+
+
+def _after_load(module: nn.Module, incompatible_keys: Any) -> None:
+    """The loaded tables are what lookups read: the UVM cache's rows (of the weights before)
+    are dropped."""
+    assert isinstance(module, ShardedDMT)
+    module.dataflow.drop_cache()
 
 
 def _local_piece(value: torch.Tensor, shard: TableShard, key: str) -> torch.Tensor:

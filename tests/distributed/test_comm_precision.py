@@ -23,7 +23,7 @@ from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.dataflow import SPTTDataflow
 from dmt.train import compose_config, to_config
 from dmt.trainer import Trainer
-from tests.distributed.distributed_harness import run_on_ranks
+from tests.distributed.distributed_harness import backends, run_on_ranks
 from tests.distributed.test_sptt_dataflow import CASES, B, Case, D, _setup, _TowerModule
 
 LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -120,14 +120,15 @@ def test_low_precision_dataflow_rounds_once_and_halves_bytes(name: str) -> None:
         assert totals[step] > 0, step
 
 
-def _cast_back_worker(rank: int, world_size: int, precision: str) -> None:
+def _cast_back_worker(rank: int, world_size: int, precision: str, backend: str) -> None:
     """``all_to_all_single(cast_back=False)`` then a cast to fp32 (what step e's copies do)
     equals ``cast_back=True``, forward and backward, bit for bit; its output is the wire's."""
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     gen = torch.Generator().manual_seed(rank)
     sizes = [3 + r for r in range(world_size)]  # uneven: rank r sends 3 + q elements to q
     received = [3 + rank] * world_size
-    x = torch.randn(sum(sizes), generator=gen) * 100
-    grad = torch.randn(sum(received), generator=gen) * 100
+    x = (torch.randn(sum(sizes), generator=gen) * 100).to(device)
+    grad = (torch.randn(sum(received), generator=gen) * 100).to(device)
     outs, grads = [], []
     for cast_back in (True, False):
         leaf = x.clone().requires_grad_()
@@ -150,9 +151,10 @@ def _cast_back_worker(rank: int, world_size: int, precision: str) -> None:
     assert torch.equal(grads[0], grads[1])
 
 
+@pytest.mark.parametrize("backend", backends(min_gpus=2))
 @pytest.mark.parametrize("precision", list(LOW))
-def test_all_to_all_can_hand_over_the_wire_values(precision: str) -> None:
-    run_on_ranks(_cast_back_worker, 2, precision)
+def test_all_to_all_can_hand_over_the_wire_values(precision: str, backend: str) -> None:
+    run_on_ranks(_cast_back_worker, 2, precision, backend, backend=backend)
 
 
 # ---- the flat baseline: TorchRec's quantized comms ---------------------------------------------

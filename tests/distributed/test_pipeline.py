@@ -125,9 +125,12 @@ def test_pipelined_training_equals_the_plain_loop(
         runs[False],
     )
     assert len(piped_losses[0]) == 24
-    # evaluation (EvalPipelineSparseDist for flat base models) scores the same predictions
+    # evaluation (EvalPipelineSparseDist for flat base models) scores the same predictions; on
+    # CUDA the metrics' float64 histograms are summed by atomic index_add_, in no fixed order
+    exact = backend == "gloo"
     for key in ("val_auc", "val_logloss", "test_auc", "test_logloss", "test_calibration"):
-        assert piped_metrics[key] == plain_metrics[key], key
+        expected = plain_metrics[key] if exact else pytest.approx(plain_metrics[key], rel=1e-12)
+        assert piped_metrics[key] == expected, key
     assert piped_losses == plain_losses
     assert sorted(piped) == sorted(plain)
     for key, value in plain.items():
