@@ -11,8 +11,9 @@ each attempt is a run of its own (wandb cannot resume offline runs). The trainin
 as ``train/step``, every metric's x-axis (``define_metric``), not as wandb's own step, which must
 always increase: a run resumed from an earlier checkpoint logs steps again, and wandb would drop
 them; a resumed online run that had ended is evaluated again, and its continued wandb run keeps
-the one point per split and step it has (the summary takes the new values). Tracking does not
-stop training: an online run that cannot start (no API key, no server)
+the one point per split and step it has (the summary takes the new values; an attempt between
+them that logged offline, or whose logging stopped, leaves that point in its offline run or
+nowhere, and history.jsonl has it). Tracking does not stop training: an online run that cannot start (no API key, no server)
 logs offline instead, a run that cannot start at all is skipped, and a failing wandb service is
 reported once and logging stops.
 """
@@ -68,8 +69,9 @@ def wandb_values(record: dict[str, Any]) -> dict[str, float]:
 
 
 class WandbLogger:
-    """Thin wrapper so the trainer only sees ``log(values, step)``, ``summarize(values)`` and
-    ``finish(exit_code)``. Build with :func:`open_logger`."""
+    """Thin wrapper so the trainer only sees ``log(values, step)``, ``summarize(values)``,
+    ``finish(exit_code)`` and ``continued`` (wandb's server had the run: an earlier attempt's
+    points are in it). Build with :func:`open_logger`."""
 
     def __init__(
         self, cfg: LoggerConfig, config: dict[str, Any], output_dir: Path, group: str | None = None

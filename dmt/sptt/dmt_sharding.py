@@ -500,6 +500,7 @@ class ShardedDMT(nn.Module):
         self.register_state_dict_post_hook(_to_plain_state_dict)
         self.register_load_state_dict_pre_hook(_from_plain_state_dict)
         self.register_load_state_dict_post_hook(_after_load)
+        self._tables_loaded = False  # by the load in progress (_from_plain, _after_load)
 
     @property
     def dataflow(self) -> SPTTDataflow:
@@ -594,7 +595,11 @@ class ShardedDMT(nn.Module):
 
     def _from_plain(self, state: dict[str, Any], prefix: str) -> None:
         tables = {self._table_key(f): f for f in range(len(self._table_configs))}
-        local = self._local_shards(flush=False)  # the state may already be in the tables (DCP)
+        # loaded tables may already hold the state (DCP writes into them): no cache written over
+        # them, and the cache dropped after the load (_after_load); a load without tables keeps
+        # the cache's unwritten updates, written back here
+        self._tables_loaded = any(k[len(prefix) :] in tables for k in state if k.startswith(prefix))
+        local = self._local_shards(flush=not self._tables_loaded)
         for key in [k for k in state if k.startswith(prefix)]:
             name = key[len(prefix) :]
             if name in tables:
@@ -663,10 +668,12 @@ def _from_plain_state_dict(
 
 
 def _after_load(module: nn.Module, incompatible_keys: Any) -> None:
-    """The loaded tables are what lookups read: the UVM cache's rows (of the weights before)
-    are dropped."""
+    """Loaded tables are what lookups read: the UVM cache's rows (of the weights before) are
+    dropped."""
     assert isinstance(module, ShardedDMT)
-    module.dataflow.drop_cache()
+    if module._tables_loaded:
+        module.dataflow.drop_cache()
+        module._tables_loaded = False
 
 
 def _local_piece(value: torch.Tensor, shard: TableShard, key: str) -> torch.Tensor:

@@ -6,6 +6,7 @@ flock (dmt.run_dir)."""
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import subprocess
@@ -167,6 +168,7 @@ class _Recording:
     def __init__(self, logger: WandbLogger, continued: bool | None = None) -> None:
         self.logger, self.exit_codes = logger, []  # type: list[int]
         self.logged: list[tuple[int, list[str]]] = []
+        self.summaries: list[dict[str, float]] = []
         self.continued = logger.continued if continued is None else continued
 
     def log(self, values: dict[str, float], step: int) -> None:
@@ -174,6 +176,7 @@ class _Recording:
         self.logger.log(values, step)
 
     def summarize(self, values: dict[str, float]) -> None:
+        self.summaries.append(values)
         self.logger.summarize(values)
 
     def finish(self, exit_code: int = 0) -> None:
@@ -281,3 +284,7 @@ def test_a_resumed_run_that_had_ended_logs_its_evaluations_once(
         logged = [(step, keys) for step, keys in loggers[-1].logged if "train/loss" not in keys]
         assert logged == ([] if seen_by_the_server else evaluations)
         assert loggers[-1].exit_codes == [0]
+        # the summary has this attempt's evaluations
+        metrics = json.loads((run / "metrics.json").read_text())
+        (summary,) = loggers[-1].summaries
+        assert summary["test/auc"] == metrics["test_auc"] and "val/auc" in summary
