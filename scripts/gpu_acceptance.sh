@@ -117,6 +117,10 @@ if [[ "$GPUS" -ge 2 ]]; then
   # bf16/fp16 all-to-alls on NCCL hand over the wire's values and round the gradient as the
   # cast back does, bit for bit
   pytest_step wire_values_nccl tests/distributed/test_comm_precision.py -k "wire_values and nccl"
+  # on NCCL too: a training step makes no host sync of dmt's own and no collective beyond its
+  # all-to-alls, and SPTT's step f is in flight while the bottom MLP runs
+  pytest_step host_syncs_nccl tests/distributed/test_host_syncs.py -k nccl
+  pytest_step step_f_overlap_nccl tests/distributed/test_sptt_overlap.py -k nccl
   # compressed communication: SPTT steps d and f and the flat all-to-alls in bf16 (QCommsConfig)
   step bf16_comms_sptt "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 "${TRAIN[@]}" \
     experiment=dmt_4t_dlrm model.partition.num_towers=2 sptt=on sptt.local_world_size=1 sptt.comm_precision=bf16 hydra.run.dir="$WORK/bf16sptt"
@@ -141,7 +145,7 @@ PYEOF
     --pipeline on,off --comm-precision fp32,bf16 --runs 3 --json "$OUT/bench_sptt.json"
   sed -n '/^G=/,/^dmt compression/p' "$OUT/throughput_benchmark.log"
 else
-  skip "sptt_equivalence_nccl watchdog_agreement_nccl async_staging_nccl wire_values_nccl bf16_comms_sptt bf16_comms_flat bf16_auc_like_fp32 throughput_benchmark" "needs 2 GPUs"
+  skip "sptt_equivalence_nccl watchdog_agreement_nccl async_staging_nccl wire_values_nccl host_syncs_nccl step_f_overlap_nccl bf16_comms_sptt bf16_comms_flat bf16_auc_like_fp32 throughput_benchmark" "needs 2 GPUs"
 fi
 if [[ "$GPUS" -ge 4 ]]; then
   # resharding resume on NCCL (flat and SPTT): the same tests as on gloo, with one GPU per rank

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from dmt.runtime import Runtime
 from dmt.train import compose_config, to_config
 from dmt.trainer import Trainer
-from tests.distributed.distributed_harness import run_on_ranks
+from tests.distributed.distributed_harness import backends, run_on_ranks
 
 DMT_DIR = str(Path(__file__).resolve().parents[2] / "dmt")
 COLLECTIVES = (
@@ -64,9 +64,10 @@ MODELS = {
 }
 
 
-def _count(rank: int, world_size: int, overrides: list[str]) -> list[dict[str, int]]:
+def _count(rank: int, world_size: int, overrides: list[str], backend: str) -> list[dict[str, int]]:
     cfg = to_config(compose_config(*BASE, *overrides))
-    rt = Runtime(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    rt = Runtime(rank, world_size, rank, world_size, device, backend)
     trainer = Trainer(cfg, rt, Path("/nonexistent"))
     counts: collections.Counter[str] = collections.Counter()
 
@@ -111,14 +112,14 @@ ALLOWED_SYNCS: dict[str, dict[str, int]] = {
 MODELS["sptt_row_wise"] = [*MODELS["sptt"], "sptt.sharding_type=row_wise"]
 
 
+@pytest.mark.parametrize("backend", backends(min_gpus=2))
 @pytest.mark.parametrize("pipeline", [True, False])
 @pytest.mark.parametrize("model", list(ALLOWED_SYNCS))
 def test_a_training_step_has_no_host_sync_and_only_its_all_to_alls(
-    model: str, pipeline: bool
+    model: str, pipeline: bool, backend: str
 ) -> None:
-    results = run_on_ranks(
-        _count, 2, [*MODELS[model], f"trainer.pipeline={pipeline}"], timeout_s=180
-    )
+    overrides = [*MODELS[model], f"trainer.pipeline={pipeline}"]
+    results = run_on_ranks(_count, 2, overrides, backend, timeout_s=180, backend=backend)
     for per_step in results:
         assert per_step == [per_step[0]] * len(per_step), per_step  # the same every step
         syncs = {k: v for k, v in per_step[0].items() if k in SYNCS}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch.nn.functional import binary_cross_entropy_with_logits
 
@@ -14,7 +15,7 @@ from dmt.runtime import Runtime
 from dmt.sptt.dmt_sharding import ShardedDMT
 from dmt.train import compose_config, to_config
 from dmt.trainer import Trainer
-from tests.distributed.distributed_harness import run_on_ranks
+from tests.distributed.distributed_harness import backends, run_on_ranks
 
 OVERRIDES = [
     "logger=disabled",
@@ -33,13 +34,14 @@ OVERRIDES = [
 ]
 
 
-def _events(rank: int, world_size: int) -> list[tuple[str, Any]]:
+def _events(rank: int, world_size: int, backend: str) -> list[tuple[str, Any]]:
     cfg = to_config(compose_config(*OVERRIDES))
-    rt = Runtime(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    rt = Runtime(rank, world_size, rank, world_size, device, backend)
     trainer = Trainer(cfg, rt, Path("/nonexistent"))
     sharded = trainer.model.model
     assert isinstance(sharded, ShardedDMT) and sharded.tower_module is not None
-    batch = next(iter(trainer.data.train.batches(0)))
+    batch = next(iter(trainer.data.train.batches(0))).to(device)
 
     events: list[tuple[str, Any]] = []
     exchange = sharded.towers(batch.sparse_features)  # steps a-e, then step f started
@@ -59,8 +61,9 @@ def _events(rank: int, world_size: int) -> list[tuple[str, Any]]:
     return events
 
 
-def test_step_f_is_in_flight_while_the_bottom_mlp_runs() -> None:
-    for events in run_on_ranks(_events, 2, timeout_s=120):
+@pytest.mark.parametrize("backend", backends(min_gpus=2))
+def test_step_f_is_in_flight_while_the_bottom_mlp_runs(backend: str) -> None:
+    for events in run_on_ranks(_events, 2, backend, timeout_s=120, backend=backend):
         assert events == [
             ("f started", True),
             ("bottom", True),  # forward: f still in flight
