@@ -73,20 +73,23 @@ class RunHistory:
     def has_eval(self, step: int, split: str) -> bool:
         """An evaluation of ``split`` at ``step`` is recorded (an earlier attempt's, when a
         resumed run had ended there)."""
+        return bool(self._evals_at(step, split))
+
+    def _evals_at(self, step: int, split: str) -> list[int]:
+        """The indices in :attr:`records` of evaluations of ``split`` at ``step``."""
         prefix = f"{split}/"
-        return any(r["step"] == step and any(k.startswith(prefix) for k in r) for r in self.records)
+        return [
+            i
+            for i, r in enumerate(self.records)
+            if r["step"] == step and any(k.startswith(prefix) for k in r)
+        ]
 
     def log_eval(self, *, step: int, metrics: dict[str, float], split: str) -> dict[str, Any]:
         """Record an evaluation of ``split`` (``val`` or ``test``) and redraw ``curves.png``.
         It replaces an earlier attempt's evaluation of ``split`` at ``step`` (a resumed run that
         had ended there is evaluated again): one evaluation per split and step."""
-        prefix = f"{split}/"
         values = {f"{split}/{k}": v for k, v in metrics.items()}
-        earlier = [
-            i
-            for i, r in enumerate(self.records)
-            if r["step"] == step and any(k.startswith(prefix) for k in r)
-        ]
+        earlier = self._evals_at(step, split)
         if not earlier:
             record = self._append(values, step)
         else:  # in the earlier one's place

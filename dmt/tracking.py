@@ -13,9 +13,9 @@ always increase: a run resumed from an earlier checkpoint logs steps again, and 
 them; a resumed online run that had ended is evaluated again, and its continued wandb run keeps
 the one point per split and step it has (the summary takes the new values; an attempt between
 them that logged offline, or whose logging stopped, leaves that point in its offline run or
-nowhere, and history.jsonl has it). Tracking does not stop training: an online run that cannot start (no API key, no server)
-logs offline instead, a run that cannot start at all is skipped, and a failing wandb service is
-reported once and logging stops.
+nowhere, and history.jsonl has it). Tracking does not stop training: an online run that cannot
+start (no API key, no server) logs offline instead, a run that cannot start at all is skipped,
+and a failing wandb service is reported once and logging stops.
 """
 
 from __future__ import annotations

@@ -515,7 +515,7 @@ class Trainer:
             assert self.history is not None
             again = self.history.has_eval(self.step, split)
             record = self.history.log_eval(step=self.step, metrics=metrics, split=split)
-            if again and getattr(self.logger, "continued", False):
+            if again and self.logger is not None and self.logger.continued:
                 # a resumed run that had ended here: its continued wandb run has this point
                 # already (a second one at the same step would be a duplicate); the summary
                 # gets this evaluation's values

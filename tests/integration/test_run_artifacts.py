@@ -71,6 +71,7 @@ class RecordingLogger:
 
     def __init__(self, logger: WandbLogger) -> None:
         self.logger = logger
+        self.continued = logger.continued
         self.logged: list[tuple[int, dict[str, float]]] = []
         self.summary: dict[str, float] = {}
 
