@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from dmt import checkpoint, results
 from dmt.config import Config, config_yaml, use_pipeline
-from dmt.data import BatchSource, DataBundle, build_data
+from dmt.data import BatchSource, DataBundle, build_data, pad_empty_batch
 from dmt.ema import DenseEMA
 from dmt.history import RunHistory
 from dmt.metrics import StreamingClickMetrics
@@ -186,22 +186,25 @@ class Trainer:
         """``(logits, labels)`` of every batch on the device. Pipelined (flat models, when
         :func:`~dmt.config.use_pipeline`): TorchRec's ``EvalPipelineSparseDist`` starts batch ``i+1``'s input
         all-to-all during batch ``i``'s forward and is detached at the end, so training can
-        attach its own pipeline again."""
+        attach its own pipeline again. A rank without rows in a batch (the last global batch
+        smaller than the world) runs the model on one padding row
+        (:func:`~dmt.data.source.pad_empty_batch`) and yields no prediction of it."""
         pin = self.rt.device.type == "cuda"  # page-locked batches: their copies run asynchronously
         if pin:
             batches = (batch.pin_memory() for batch in batches)
         if self.eval_pipeline is None:
             for batch in batches:
-                batch = batch.to(self.rt.device, non_blocking=pin)
+                rows = batch.labels.numel()
+                batch = pad_empty_batch(batch).to(self.rt.device, non_blocking=pin)
                 _, logits = self.model(batch)
-                yield logits, batch.labels
+                yield logits[:rows], batch.labels[:rows]
             return
         labels: collections.deque[torch.Tensor] = collections.deque()  # in the pipeline's order
 
         def feed() -> Iterator[Batch]:
             for batch in batches:
                 labels.append(batch.labels)
-                yield batch
+                yield pad_empty_batch(batch)
 
         pipeline, fed = self.eval_pipeline, feed()
         pipeline.attach(self.model)
@@ -211,7 +214,8 @@ class Trainer:
                     logits = pipeline.progress(fed)
                 except StopIteration:
                     return
-                yield logits, labels.popleft().to(self.rt.device, non_blocking=pin)
+                labels_of = labels.popleft().to(self.rt.device, non_blocking=pin)
+                yield logits[: labels_of.numel()], labels_of
         finally:
             pipeline.reset()
             pipeline.detach()

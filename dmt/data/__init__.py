@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dmt.config import DataConfig
-from dmt.data.source import BatchSource, InMemorySource, make_kjt, rank_slice
+from dmt.data.source import BatchSource, InMemorySource, make_kjt, pad_empty_batch, rank_slice
 from dmt.data.synthetic import SyntheticWorld
 
 
@@ -115,6 +115,7 @@ __all__ = [
     "build_data",
     "check_train_rows",
     "make_kjt",
+    "pad_empty_batch",
     "rank_slice",
     "sparse_feature_names",
 ]

@@ -53,6 +53,37 @@ def make_kjt(feature_names: list[str], ids: np.ndarray) -> KeyedJaggedTensor:
     )
 
 
+def pad_empty_batch(batch: Batch) -> Batch:
+    """``batch``, or, when it has no rows, one padding row: zero dense features and an empty bag
+    for every sparse feature (same keys and dtypes). Its prediction is not a sample's: the caller
+    keeps the first ``batch.labels.numel()`` predictions, i.e. none.
+
+    Evaluation hands a rank no rows when the last global batch has fewer rows than there are
+    ranks. Every rank still joins the model's collectives, but FBGEMM's CUDA bucketizing of
+    row-wise shards (``block_bucketize_sparse_features``, fbgemm-gpu 1.8) launches an empty grid
+    on a zero-row batch and fails (pytorch/FBGEMM#3750), so no rank's model is given one.
+    """
+    if batch.labels.numel() > 0:
+        return batch
+    kjt = batch.sparse_features
+    keys = kjt.keys()
+    f = len(keys)
+    weights = kjt.weights_or_none()
+    return Batch(
+        dense_features=batch.dense_features.new_zeros((1, *batch.dense_features.shape[1:])),
+        sparse_features=KeyedJaggedTensor(
+            keys=keys,
+            values=kjt.values().new_empty(0),
+            weights=None if weights is None else weights.new_empty(0),
+            lengths=kjt.lengths().new_zeros(f),
+            stride=1,
+            length_per_key=[0] * f,
+            offset_per_key=[0] * (f + 1),
+        ),
+        labels=batch.labels.new_zeros(1),
+    )
+
+
 class InMemorySource:
     """A split held in memory as arrays.
 

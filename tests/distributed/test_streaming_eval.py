@@ -19,12 +19,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from dmt.data import InMemorySource
 from dmt.metrics import StreamingClickMetrics, click_metrics
 from dmt.runtime import Runtime
 from dmt.train import to_config
 from dmt.trainer import Trainer
 from tests.conftest import compose_config
-from tests.distributed.distributed_harness import run_on_ranks
+from tests.distributed.distributed_harness import backends, run_on_ranks
 
 COUNTED = (
     "all_reduce",
@@ -174,3 +175,93 @@ def test_trainer_evaluate_streams_with_one_small_all_reduce(tmp_path: Path) -> N
             assert not {"all_gather_object", "all_gather", "gather_object"} & set(names), names
             assert [c for c in calls if c[0] == "all_reduce"] == [("all_reduce", state_bytes)]
         assert r["oracle_calls"] == [("all_reduce", state_bytes)]
+
+
+@torch.no_grad()
+def _all_predictions(trainer: Trainer, source: InMemorySource) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain loop's predictions of ``source`` on every rank, gathered to every rank."""
+    trainer.model.eval()
+    probs, labels = [], []
+    for batch in source.batches(0):
+        assert batch.labels.numel() > 0  # the reference needs no padding
+        _, logits = trainer.model(batch.to(trainer.rt.device))
+        probs.append(torch.sigmoid(logits).cpu())
+        labels.append(batch.labels)
+    trainer.model.train()
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (torch.cat(probs), torch.cat(labels)))
+    return torch.cat([g[0] for g in gathered]), torch.cat([g[1] for g in gathered])
+
+
+def _short_last_batch_worker(
+    rank: int, world_size: int, out: str, backend: str, overrides: list[str]
+) -> dict[str, Any]:
+    torch.manual_seed(0)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    rt = Runtime(rank, world_size, rank, world_size, device, backend)
+    cfg = to_config(compose_config(*TINY, *overrides))
+    trainer = Trainer(cfg, rt, Path(out))
+    trainer.fit()
+    seen: list[int] = []  # the rows of every batch the model is run on, padding included
+    hook = trainer.model.register_forward_pre_hook(
+        lambda _, args: seen.append(args[0].dense_features.shape[0])
+    )
+    try:
+        metrics = trainer.evaluate(trainer.data.val)
+    finally:
+        hook.remove()
+    val = trainer.data.val
+    assert isinstance(val, InMemorySource)
+    shares = [b.labels.numel() for b in val.batches(0)]
+    # the reference: the same rows in global batches of 257, whose last one (255 rows) leaves
+    # no rank empty
+    same_rows = InMemorySource(
+        val.dense,
+        val.sparse,
+        val.labels,
+        val.feature_names,
+        batch_size=257,
+        rank=rank,
+        world_size=world_size,
+    )
+    probs, labels = _all_predictions(trainer, same_rows)
+    return {
+        "metrics": metrics,
+        "exact": click_metrics(probs, labels),
+        "seen": seen,
+        "shares": shares,
+        "pipelined": trainer.eval_pipeline is not None,
+    }
+
+
+@pytest.mark.parametrize("backend", backends(min_gpus=4))
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["trainer.pipeline=false"], ["model=dcn", "model.dcn_low_rank=4"]],
+    ids=["pipelined", "plain", "dcn"],
+)
+def test_no_rank_evaluates_an_empty_batch(
+    tmp_path: Path, backend: str, overrides: list[str]
+) -> None:
+    """1026 validation rows in global batches of 256 on 4 ranks: the last global batch has 2 rows,
+    so ranks 2 and 3 hold none of it. They run the model on one padding row (a zero-row batch
+    fails FBGEMM's CUDA bucketizing of row-wise shards), and the metrics are those of the 1026
+    rows."""
+    results = run_on_ranks(
+        _short_last_batch_worker,
+        4,
+        str(tmp_path),
+        backend,
+        ["data.synthetic.num_val=1026", *overrides],
+        timeout_s=240,
+        backend=backend,
+    )
+    for rank, r in enumerate(results):
+        assert r["pipelined"] == ("trainer.pipeline=false" not in overrides)
+        assert r["shares"][-1] == (1 if rank < 2 else 0)
+        assert r["seen"] == [max(n, 1) for n in r["shares"]]
+        assert r["metrics"] == results[0]["metrics"]
+        assert r["metrics"]["num_samples"] == 1026 == r["exact"]["num_samples"]
+        assert r["metrics"]["auc"] == pytest.approx(r["exact"]["auc"], abs=1e-4)
+        for k in ("logloss", "ne", "calibration"):
+            assert r["metrics"][k] == pytest.approx(r["exact"][k], rel=1e-6), k

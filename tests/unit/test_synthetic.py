@@ -145,6 +145,46 @@ def test_make_kjt_announces_the_per_key_sizes_it_would_otherwise_compute():
         assert jt.values().tolist() == ids[:, "abc".index(key)].reshape(-1).tolist()
 
 
+def test_an_empty_batch_is_padded_with_one_row_of_empty_bags():
+    import torch  # noqa: PLC0415
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig  # noqa: PLC0415
+
+    from dmt.data import pad_empty_batch  # noqa: PLC0415
+
+    w = SyntheticWorld(SyntheticConfig(**SMALL))
+    d = w.generate("val", 3)
+    names = sparse_feature_names(12)
+    # 3 rows on 4 ranks: rank 3 gets none of them
+    full = next(InMemorySource(d.dense, d.sparse, d.labels, names, batch_size=3).batches(0))
+    empty = next(
+        InMemorySource(
+            d.dense, d.sparse, d.labels, names, batch_size=3, rank=3, world_size=4
+        ).batches(0)
+    )
+    assert empty.labels.numel() == 0
+    assert pad_empty_batch(full) is full
+    padded = pad_empty_batch(empty)
+    kjt = padded.sparse_features
+    assert padded.dense_features.tolist() == [[0.0] * d.dense.shape[1]]
+    assert padded.labels.tolist() == [0.0]
+    assert kjt.keys() == names and kjt.stride() == 1
+    assert kjt.lengths().tolist() == [0] * 12 and kjt.values().numel() == 0
+    assert kjt.lengths().dtype == empty.sparse_features.lengths().dtype
+    assert kjt.values().dtype == empty.sparse_features.values().dtype
+    assert kjt.length_per_key() == [0] * 12 and kjt.offset_per_key() == [0] * 13
+    # a lookup of it is one row of zeros (sum pooling of empty bags)
+    ebc = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(
+                name=f"t_{n}", embedding_dim=4, num_embeddings=100, feature_names=[n]
+            )
+            for n in names
+        ]
+    )
+    pooled = ebc(kjt).values()
+    assert pooled.shape == (1, 48) and torch.count_nonzero(pooled) == 0
+
+
 # --- random mode at Terabyte table sizes: ZipfSampler ---------------------------------------
 
 
