@@ -121,13 +121,17 @@ TINY = [
 
 
 @torch.no_grad()
-def _gathered_predictions(trainer: Trainer) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference: every rank's predictions gathered to every rank (as evaluation once did)."""
+def _gathered_predictions(
+    trainer: Trainer, source: InMemorySource | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: the plain loop's predictions of ``source`` (default: the validation split)
+    on every rank, gathered to every rank (as evaluation once did)."""
     trainer.model.eval()
     probs, labels = [], []
-    for batch in trainer.data.val.batches(0):
-        _, logits = trainer.model(batch)
-        probs.append(torch.sigmoid(logits))
+    for batch in (trainer.data.val if source is None else source).batches(0):
+        assert batch.labels.numel() > 0  # the reference needs no padding
+        _, logits = trainer.model(batch.to(trainer.rt.device))
+        probs.append(torch.sigmoid(logits).cpu())
         labels.append(batch.labels)
     trainer.model.train()
     gathered: list[Any] = [None] * dist.get_world_size()
@@ -177,22 +181,6 @@ def test_trainer_evaluate_streams_with_one_small_all_reduce(tmp_path: Path) -> N
         assert r["oracle_calls"] == [("all_reduce", state_bytes)]
 
 
-@torch.no_grad()
-def _all_predictions(trainer: Trainer, source: InMemorySource) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plain loop's predictions of ``source`` on every rank, gathered to every rank."""
-    trainer.model.eval()
-    probs, labels = [], []
-    for batch in source.batches(0):
-        assert batch.labels.numel() > 0  # the reference needs no padding
-        _, logits = trainer.model(batch.to(trainer.rt.device))
-        probs.append(torch.sigmoid(logits).cpu())
-        labels.append(batch.labels)
-    trainer.model.train()
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (torch.cat(probs), torch.cat(labels)))
-    return torch.cat([g[0] for g in gathered]), torch.cat([g[1] for g in gathered])
-
-
 def _short_last_batch_worker(
     rank: int, world_size: int, out: str, backend: str, overrides: list[str]
 ) -> dict[str, Any]:
@@ -224,7 +212,7 @@ def _short_last_batch_worker(
         rank=rank,
         world_size=world_size,
     )
-    probs, labels = _all_predictions(trainer, same_rows)
+    probs, labels = _gathered_predictions(trainer, same_rows)
     return {
         "metrics": metrics,
         "exact": click_metrics(probs, labels),
