@@ -314,16 +314,22 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0, job: str = "
     # the devices CUDA_VISIBLE_DEVICES shows now, which can differ from is_available()'s answer
     visible = torch.cuda.device_count() if device != "cpu" else 0
     use_cuda = device == "cuda" or (device == "auto" and visible > 0)
-    if device == "cuda" and visible == 0:
-        raise ValueError("trainer.device=cuda but no CUDA device is available")
     world = world_from_env(_launcher_env(os.environ))
     backend = "nccl" if use_cuda else "gloo"
-    dev = (
-        torch.device("cuda", cuda_index(world.local_rank, visible))
-        if use_cuda
-        else torch.device("cpu")
-    )
-    if use_cuda:
+    # a rank without its device says so through the rendezvous store, so that every rank fails
+    # with its message at once rather than waiting for it until the timeout
+    problem = ""
+    dev = torch.device("cpu")
+    try:
+        if device == "cuda" and visible == 0:
+            raise ValueError("trainer.device=cuda but no CUDA device is available")
+        if use_cuda:
+            dev = torch.device("cuda", cuda_index(world.local_rank, visible))
+    except ValueError as err:
+        if world.master_addr is None or dist.is_initialized():
+            raise
+        problem = str(err)
+    if use_cuda and not problem:
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
         timeout = timedelta(seconds=timeout_s)
@@ -337,6 +343,7 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0, job: str = "
             else:
                 _export(world, os.environ)
                 store = _own_store(world, timeout, job)
+            agree_on_devices(store, world.rank, world.world_size, problem)
             agree_on_backend(store, world.rank, world.world_size, backend)
             dist.init_process_group(
                 backend, store=store, rank=world.rank, world_size=world.world_size, timeout=timeout
@@ -387,6 +394,22 @@ def mixed_backends(backends: Sequence[str]) -> str | None:
         "nccl only where it sees a GPU; make every rank see its GPU (CUDA_VISIBLE_DEVICES, "
         "SLURM --gpus-per-task) or set trainer.device=cuda or cpu on all of them"
     )
+
+
+def device_problems(problems: Sequence[str]) -> str | None:
+    """``None`` when no rank has a problem with its device (``problems[rank]``: ``""`` or the
+    rank's message); else one message naming the ranks and the first rank's problem."""
+    ranks = [rank for rank, problem in enumerate(problems) if problem]
+    if not ranks:
+        return None
+    return f"ranks {ranks} have no device to run on; rank {ranks[0]}: {problems[ranks[0]]}"
+
+
+def agree_on_devices(store: dist.Store, rank: int, world_size: int, problem: str) -> None:
+    """Every rank has its device (``problem == ""``), or every rank raises the same
+    ``ValueError`` naming the ranks without one, before the group starts: the others would
+    otherwise wait in the rendezvous for a rank that has already failed, until the timeout."""
+    _judge_through_store(store, rank, world_size, "dmt/runtime/device", problem, device_problems)
 
 
 def agree_on_backend(store: dist.Store, rank: int, world_size: int, backend: str) -> None:

@@ -63,10 +63,26 @@ def comm_dtype_of(precision: str) -> torch.dtype | None:
     return None if precision == "fp32" else COMM_PRECISIONS[precision]
 
 
+FP16_MAX = torch.finfo(torch.float16).max
+"""The largest finite fp16 value (65504): what a larger value becomes on an fp16 wire."""
+
+
+def saturate_(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, in place: an fp16 tensor's infinities (values that overflowed in the cast to
+    fp16) clamped to +-65504, as TorchRec's fp16 codec does for the flat baseline (FBGEMM's
+    ``fp32_to_fp16_with_clamp``), so that both sides compare at equal precision and a large
+    pooled sum or gradient arrives large rather than infinite; NaN stays NaN. Other dtypes are
+    returned as they are (bf16 has fp32's range)."""
+    if tensor.dtype == torch.float16:
+        tensor.clamp_(-FP16_MAX, FP16_MAX)
+    return tensor
+
+
 def _to_wire(tensor: torch.Tensor, comm_dtype: torch.dtype | None) -> torch.Tensor:
-    """``tensor`` as it goes on the wire: contiguous, in ``comm_dtype`` if given."""
+    """``tensor`` as it goes on the wire: contiguous, in ``comm_dtype`` if given (fp16
+    saturated, see :func:`saturate_`)."""
     if comm_dtype is not None and tensor.dtype != comm_dtype:
-        tensor = tensor.to(comm_dtype)
+        tensor = saturate_(tensor.to(comm_dtype))
     return tensor.contiguous()
 
 

@@ -73,6 +73,7 @@ from dmt.sptt.collectives import (
     all_to_all_single_async,
     comm_dtype_of,
     reduce_scatter,
+    saturate_,
 )
 from dmt.sptt.comm_stats import CommStats
 from dmt.sptt.peer_permute import (
@@ -852,6 +853,8 @@ class _PlaceColumns(torch.autograd.Function):
                     torch.mul(piece, scale, out=view)
                 else:
                     view.copy_(piece)
+            for g in grads:
+                saturate_(g)
             return (None, None, None, *grads)
         groups = grad.reshape(rows, layout.num_columns // u, u)
         for (_, _, width, name), block in zip(layout.blocks, blocks):
@@ -870,6 +873,7 @@ class _PlaceColumns(torch.autograd.Function):
         for g in grads:
             if scale != 1.0 and g.dtype == grad.dtype:
                 g.mul_(scale)
+            saturate_(g)
         return (None, None, None, *grads)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from fbgemm_gpu.quantize_utils import fp32_to_fp16_with_clamp
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.fbgemm_qcomm_codec import CommOp
 
@@ -155,6 +156,40 @@ def _cast_back_worker(rank: int, world_size: int, precision: str, backend: str) 
 @pytest.mark.parametrize("precision", list(LOW))
 def test_all_to_all_can_hand_over_the_wire_values(precision: str, backend: str) -> None:
     run_on_ranks(_cast_back_worker, 2, precision, backend, backend=backend)
+
+
+def _saturation_worker(rank: int, world_size: int, backend: str) -> None:
+    """fp16 on the wire: values beyond fp16's range arrive as +-65504, as TorchRec's fp16 codec
+    sends them (``fp32_to_fp16_with_clamp``), not as infinities, forward and backward."""
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    big = torch.tensor([1e6, -1e6, 7e4, 1.5, float("nan"), 65519.0])
+    n = big.numel()
+    for cast_back in (True, False):
+        leaf = big.to(device).requires_grad_()
+        out = all_to_all_single(
+            leaf,
+            output_split_sizes=[n // world_size] * world_size,
+            input_split_sizes=[n // world_size] * world_size,
+            group=dist.group.WORLD,
+            comm_dtype=torch.float16,
+            cast_back=cast_back,
+        )
+        expected = fp32_to_fp16_with_clamp(big).float()  # every rank sends the same tensor
+        expected = expected.view(world_size, -1)[rank].repeat(world_size)
+        got = out.float().cpu()
+        assert torch.isnan(got).tolist() == torch.isnan(expected).tolist()
+        assert torch.equal(got.nan_to_num(), expected.nan_to_num())
+        if cast_back:  # an fp32 gradient, cast by the collective (without: by step e, its test)
+            out.backward(big.to(device).view(world_size, -1)[rank].repeat(world_size))
+            assert leaf.grad is not None
+            grad = leaf.grad.cpu()
+            # rank q sends back chunk r of its gradient, chunk r of big: all of big arrives
+            assert torch.equal(grad.nan_to_num(), fp32_to_fp16_with_clamp(big).float().nan_to_num())
+
+
+@pytest.mark.parametrize("backend", backends(min_gpus=2))
+def test_fp16_wire_saturates_as_torchrec_codec(backend: str) -> None:
+    run_on_ranks(_saturation_worker, 2, backend, backend=backend)
 
 
 # ---- the flat baseline: TorchRec's quantized comms ---------------------------------------------

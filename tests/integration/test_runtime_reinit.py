@@ -153,3 +153,40 @@ def test_ranks_never_train_together_on_different_jobs(tmp_path: Path) -> None:
         "rank 0 job 2 sum 200",
     ], out
     assert got[1] == ["rank 1 job 1 sum 20", "rank 1 job 2 sum 200"], out
+
+
+DEVICELESS = """
+import sys, time
+from dmt.runtime import init_runtime, world_from_env
+import os
+
+rank = world_from_env(os.environ).rank
+start = time.monotonic()
+try:
+    # rank 1 asks for a GPU it does not have (e.g. SLURM binding too few GPUs to some tasks)
+    init_runtime("cuda" if rank == 1 else "cpu", timeout_s=120, job="job")
+except ValueError as e:
+    line = f"{e} after {time.monotonic() - start:.0f} s"
+else:
+    line = "started"
+with open(f"{sys.argv[1]}/rank{rank}.txt", "w") as out:
+    out.write(line)
+"""
+
+
+def test_a_rank_without_its_device_fails_every_rank_at_once(tmp_path: Path) -> None:
+    """A rank that cannot take its device (``trainer.device=cuda`` without one, a local rank
+    beyond the GPUs it sees) says so through the rendezvous store, and every rank raises its
+    message at once. Before, it raised alone before the rendezvous and the others waited for it
+    until the timeout (here 120 s; 600 by default) and then failed with a bare store timeout."""
+    script = tmp_path / "deviceless.py"
+    script.write_text(DEVICELESS)
+    out = "\n".join(_start_pair(tmp_path, script, "srun"))
+    got = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
+    message = (
+        "ranks [1] have no device to run on; rank 1: trainer.device=cuda but no CUDA device is "
+        "available after "
+    )
+    for line in got:
+        assert line.startswith(message), out
+        assert float(line.removeprefix(message).removesuffix(" s")) < 60, out

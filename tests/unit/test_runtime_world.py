@@ -19,6 +19,7 @@ from dmt.runtime import (
     World,
     _elastic_store,
     agree_on_backend,
+    agree_on_devices,
     cuda_index,
     first_host,
     mixed_backends,
@@ -271,6 +272,22 @@ def test_cuda_index() -> None:
     assert cuda_index(3, 1) == 0  # one GPU bound per task
     with pytest.raises(ValueError, match="local rank 3 has no CUDA device: 2 visible"):
         cuda_index(3, 2)
+
+
+def test_ranks_without_their_device_fail_every_rank_with_one_message() -> None:
+    """What a rank that cannot take its device posts through the store: every rank raises the
+    same message, naming the ranks and the first one's problem; no problem, no error."""
+    store = dist.HashStore()
+    store.set("dmt/runtime/device/1", "local rank 3 has no CUDA device: 2 visible")
+    store.set("dmt/runtime/device/2", "local rank 2 has no CUDA device: 2 visible")
+    with pytest.raises(ValueError) as err:
+        agree_on_devices(store, 0, 3, "")
+    assert str(err.value) == (
+        "ranks [1, 2] have no device to run on; rank 1: local rank 3 has no CUDA device: 2 visible"
+    )
+    fine = dist.HashStore()
+    fine.set("dmt/runtime/device/1", "")
+    agree_on_devices(fine, 0, 2, "")  # every rank has its device: no error
 
 
 def test_shared_devices_groups_the_ranks_of_one_gpu() -> None:

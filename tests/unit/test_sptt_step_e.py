@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from fbgemm_gpu.quantize_utils import fp32_to_fp16_with_clamp
 
 from dmt.sptt.dataflow import MAX_STEP_E_COPIES, _PlaceColumns, _StepE
 from dmt.sptt.plan import SHARDING_KINDS, build_plan
@@ -104,3 +105,27 @@ def test_place_columns_takes_an_empty_batch(wire: torch.dtype | None, max_copies
     assert out.shape == (0, 6) and out.dtype == torch.float32
     (grad,) = torch.autograd.grad(out, [source], torch.zeros(0, 6))
     assert grad.shape == (0,) and grad.dtype == source.dtype
+
+
+@pytest.mark.parametrize("max_copies", [0, MAX_STEP_E_COPIES])
+def test_place_columns_saturates_an_fp16_gradient(max_copies: int) -> None:
+    """An fp16 wire's gradient beyond fp16's range goes back as +-65504, as TorchRec's fp16
+    codec sends it (``fp32_to_fp16_with_clamp``), not as an infinity."""
+    topo = Topology(world_size=2, local_world_size=2)
+    names = ["cat_0", "cat_1", "cat_2"]
+    plan = build_plan(topo, names, [[0, 1, 2]], embedding_dim=2, num_embeddings=[5, 5, 5])
+    layout = _StepE(step_e_blocks(plan, 0), torch.device("cpu"), max_copies)
+    rows, widths = 3, [plan.all_to_all_width(q) for q in topo.tower_ranks(0)]
+    source = torch.randn(rows * sum(widths)).half().requires_grad_()
+    out = _PlaceColumns.apply(layout, 2.0, torch.float32, source)
+    grad = torch.randn(out.shape) * 1e5  # most entries overflow fp16 once scaled
+    (got,) = torch.autograd.grad(out, [source], grad)
+    # the reference: the blocks glued (in fp32), the tower's columns, the scaled gradient
+    # back through them, then TorchRec's saturating cast
+    leaf = source.detach().float().requires_grad_()
+    blocks = [c.view(rows, w) for c, w in zip(leaf.split([rows * w for w in widths]), widths)]
+    index = torch.tensor(plan.tower_column_index(0))
+    (ref,) = torch.autograd.grad(torch.cat(blocks, dim=1).index_select(1, index), [leaf], grad * 2)
+    assert got.dtype == torch.float16 and not torch.isinf(got).any()
+    assert torch.equal(got, fp32_to_fp16_with_clamp(ref))
+    assert torch.isinf((ref).half()).any()  # the plain cast would have overflowed
