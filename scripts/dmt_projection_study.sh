@@ -8,8 +8,9 @@
 # 32), at a tenth, 0.3 and 3 times the dense LR (optim.tower_lr_scale), and frozen at an
 # isometric init (optim.tower_lr_scale=0: a fixed random orthogonal projection). Every row sets
 # model.tower.bias (criteo_forward_dmt_dlrm's default is false since 2026-12-02; the rows
-# without "nobias" in their name keep the bias, as before). K seeds each (default 9), AUC on
-# validation (rows 80-90%) and test (90-100%).
+# without "nobias" in their name keep the bias, as before); the *_nobias_iso rows are those
+# without the bias with an isometric init. K seeds each (default 9), AUC on validation (rows 80-90%) and
+# test (90-100%).
 #
 #   OMP_NUM_THREADS=1 bash scripts/dmt_projection_study.sh [OUT_DIR] [SEEDS]   # study/dmt_projection 9
 #   ONLY="base tp4_d16_nobias tp4_d32_skip" bash scripts/dmt_projection_study.sh study/gap 0-26
@@ -48,6 +49,8 @@ configs=(
   --config tp8_d32_skip "$(tp 8 32 true model.tower.skip_square=true)"
   --config tp4_d16_nobias "$(tp 4 16 false)" --config tp4_d32_nobias "$(tp 4 32 false)"
   --config tp8_d16_nobias "$(tp 8 16 false)" --config tp8_d32_nobias "$(tp 8 32 false)"
+  --config tp4_d16_nobias_iso "$(tp 4 16 false model.tower.init=isometric)"
+  --config tp8_d16_nobias_iso "$(tp 8 16 false model.tower.init=isometric)"
   --config tp4_d16_lr0.1 "$(tp 4 16 true optim.tower_lr_scale=0.1)"
   --config tp4_d16_lr0.3 "$(tp 4 16 true optim.tower_lr_scale=0.3)"
   --config tp4_d16_lr3 "$(tp 4 16 true optim.tower_lr_scale=3)"
@@ -93,6 +96,7 @@ pairs=()
 for ((i = 3; i < ${#configs[@]}; i += 3)); do pairs+=(--pair "${configs[i + 1]}" base); done
 pairs+=(--pair tp4_d32 tp4_d16 --pair tp8_d32 tp8_d16 --pair tp4_d16_iso tp4_d16 --pair tp8_d16_iso tp8_d16 --pair tp4_d32_skip tp4_d32 --pair tp8_d32_skip tp8_d32)
 for c in tp4_d16 tp4_d32 tp8_d16 tp8_d32; do pairs+=(--pair "${c}_nobias" "$c"); done
+for c in tp4_d16_nobias tp8_d16_nobias; do pairs+=(--pair "${c}_iso" "$c"); done
 for c in lr0.1 lr0.3 lr3 lr0iso; do pairs+=(--pair "tp4_d16_$c" tp4_d16); done
 pairs+=(--pair tp8_d16_lr0iso tp8_d16 --pair tp4_d32_nobias_lr0iso tp4_d32_skip)
 for c in tp4_d16_nobias tp8_d16_nobias; do pairs+=(--pair "$c" tp4_d32_skip); done
