@@ -9,8 +9,8 @@
 # isometric init (optim.tower_lr_scale=0: a fixed random orthogonal projection). Every row sets
 # model.tower.bias (criteo_forward_dmt_dlrm's default is false since 2026-12-02; the rows
 # without "nobias" in their name keep the bias, as before); the *_nobias_iso rows are those
-# without the bias with an isometric init. K seeds each (default 9), AUC on validation (rows 80-90%) and
-# test (90-100%).
+# without the bias with an isometric init. K seeds each (default 9), AUC on validation (rows
+# 80-90%) and test (90-100%).
 #
 #   OMP_NUM_THREADS=1 bash scripts/dmt_projection_study.sh [OUT_DIR] [SEEDS]   # study/dmt_projection 9
 #   ONLY="base tp4_d16_nobias tp4_d32_skip" bash scripts/dmt_projection_study.sh study/gap 0-26
