@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import IO, Any
+
+from dmt.results import write_atomic
 
 HISTORY_FILE = "history.jsonl"
 CURVES_FILE = "curves.png"
@@ -175,16 +176,13 @@ def curves_figure(records: list[dict[str, Any]]) -> Any:
 
 
 def save_figure(fig: Any, path: Path, dpi: int = 100) -> None:
-    """Write a matplotlib figure as PNG through a temporary file and a rename."""
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-    fig.savefig(tmp, format="png", dpi=dpi)
-    os.replace(tmp, path)
+    """Write a matplotlib figure as PNG through a temporary file and a rename
+    (:func:`dmt.results.write_atomic`)."""
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi), replace=True)
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), replace=True)
 
 
 def _finite(values: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Results files of benchmarks and reports: never over an earlier run's, never half-written,
-standard JSON.
+standard JSON (and arrays, ``.npz``).
 
 A benchmark runs for minutes to hours, so an existing results file is refused when the command
 starts (:func:`existing_output`), not when it ends, and the file is written through a temporary
@@ -13,8 +13,11 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import numpy as np
 
 
 def existing_output(
@@ -55,16 +58,37 @@ def write_json(
     atomically: a reader sees the old file or the new one, never a part. ``replace=False``:
     raise ``FileExistsError`` if ``path`` exists, checked as the file is put in place (a file
     another process wrote since the caller looked is not replaced)."""
+    text = (
+        json.dumps(strict(data), indent=indent, allow_nan=False)
+        if standard
+        else json.dumps(data, indent=indent)
+    )
+    return write_atomic(path, lambda tmp: tmp.write_text(text + "\n"), replace)
+
+
+def write_npz(
+    path: str | os.PathLike[str], arrays: dict[str, np.ndarray], *, replace: bool = True
+) -> Path:
+    """Write ``arrays`` as an uncompressed ``.npz`` (``numpy.load(path)[name]``) to ``path``,
+    atomically and with ``replace`` as :func:`write_json`."""
+
+    def write(tmp: Path) -> None:
+        with tmp.open("wb") as f:  # a file object: savez would append ".npz" to a name
+            np.savez(f, **cast(dict[str, Any], arrays))
+
+    return write_atomic(path, write, replace)
+
+
+def write_atomic(
+    path: str | os.PathLike[str], write: Callable[[Path], object], replace: bool = True
+) -> Path:
+    """``write`` a temporary file beside ``path``, then put it in place (:func:`os.replace`, or
+    :func:`_put_new` when not ``replace``); the temporary file never outlives a failure."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        text = (
-            json.dumps(strict(data), indent=indent, allow_nan=False)
-            if standard
-            else json.dumps(data, indent=indent)
-        )
-        tmp.write_text(text + "\n")
+        write(tmp)
         if replace:
             os.replace(tmp, path)
         else:

@@ -15,6 +15,7 @@ goes on from its latest checkpoint (``trainer.resume_from=auto``, unless its ove
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -103,6 +104,12 @@ def study(
     unknown = sorted({n for pair in pairs for n in pair} - set(names))
     if unknown:
         raise ValueError(f"--pair names unknown config(s) {unknown}; the configs are {names}")
+    if not seeds:
+        raise ValueError("no seeds to run")
+    if len(seeds) < 2 and (pairs or len(names) > 1):  # before any training, not after it
+        raise ValueError(
+            f"seeds {list(seeds)}: comparing configs (Mann-Whitney U) needs at least 2 seeds"
+        )
     from dmt.train import compose_config, train  # noqa: PLC0415  (keeps --help fast)
 
     results: dict[str, Any] = {}
@@ -212,11 +219,43 @@ def box_plot(report: dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
+def seeds_option(text: str) -> list[int]:
+    """:func:`parse_seeds` as an ``argparse`` type: its message in the usage error."""
+    try:
+        return parse_seeds(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parse_seeds(text: str) -> list[int]:
-    """``9`` (seeds 0..8), ``3-7`` (3..7) or ``0,4,5``."""
-    if "," in text:
-        return [int(s) for s in text.split(",")]
-    if "-" in text:
-        lo, hi = (int(s) for s in text.split("-"))
-        return list(range(lo, hi + 1))
-    return list(range(int(text)))
+    """``9`` (seeds 0..8), ``3-7`` (3..7), ``0,4,5``, or a list of both (``0-8,18-26``).
+
+    Raises:
+        ValueError: an empty set, a range that ends before it starts, a negative seed, or a
+            seed given twice (its run would be counted twice in the median and the test).
+    """
+    try:
+        if "," not in text and "-" not in text:
+            count = int(text)
+            if count < 1:
+                raise ValueError(f"--seeds {text}: give at least 1 seed")
+            return list(range(count))
+        seeds: list[int] = []
+        for part in text.split(","):
+            lo, sep, hi = part.partition("-")
+            first, last = (int(lo), int(hi)) if sep else (int(part), int(part))
+            if first < 0 or last < first:
+                raise ValueError(
+                    f"--seeds {text}: {part!r} is not a seed or a range LO-HI with 0 <= LO <= HI"
+                )
+            seeds.extend(range(first, last + 1))
+    except ValueError as e:
+        if str(e).startswith("--seeds"):
+            raise
+        raise ValueError(
+            f"--seeds {text}: expected K, LO-HI, a comma list, or a list of both"
+        ) from None
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        raise ValueError(f"--seeds {text}: seed(s) {twice} given twice")
+    return seeds

@@ -212,10 +212,13 @@ def check_sweep_metric(conf: Config) -> None:
             )
 
 
-def sweep_value(metrics: dict[str, float], name: str) -> float:
+def sweep_value(metrics: dict[str, float], name: str, *, fail_diverged: bool = False) -> float:
     """``metrics[name]``, the number a Hydra sweeper optimizes; a missing or NaN value is a
     ``ValueError`` naming the metric (a sweeper would rank points by nothing), except NaN from a
-    run that diverged (its last training loss not finite): that trial failed, the sweep goes on."""
+    run that diverged (its last training loss not finite): that trial failed, the sweep goes on.
+    A diverged trial returns its NaN (Hydra's basic sweeper: the trials table says "failed"), or
+    with ``fail_diverged`` raises :class:`DivergedTrial` (the Optuna sweeper records a job that
+    raised as a failed trial and goes on; the NaN it refuses, and the refusal stopped the sweep)."""
     value = metrics.get(name)
     if value is None:
         raise ValueError(
@@ -223,13 +226,13 @@ def sweep_value(metrics: dict[str, float], name: str) -> float:
             f"choose one of {sorted(metrics)}"
         )
     if math.isnan(value) and not math.isfinite(metrics.get("train_loss_last", 0.0)):
-        # the trial diverged: a failed point, not a reason to stop the sweep (Optuna marks a
-        # NaN objective as a failed trial; dmt's trials table says "failed")
-        log.warning(
-            "trainer.optimize_metric=%r is NaN: this run diverged (train_loss_last=%s)",
-            name,
-            metrics.get("train_loss_last"),
+        message = (
+            f"trainer.optimize_metric={name!r} is NaN: this run diverged "
+            f"(train_loss_last={metrics.get('train_loss_last')})"
         )
+        if fail_diverged:
+            raise DivergedTrial(f"{message}; the sweeper records this trial as failed")
+        log.warning("%s", message)
         return value
     if math.isnan(value):
         raise ValueError(
@@ -238,6 +241,10 @@ def sweep_value(metrics: dict[str, float], name: str) -> float:
             f"this data defines, e.g. trainer.optimize_metric=test_auc"
         )
     return value
+
+
+class DivergedTrial(RuntimeError):
+    """A sweep's trial whose training diverged (:func:`sweep_value`)."""
 
 
 @hydra.main(version_base="1.3", config_path=CONF_PATH, config_name="config")
@@ -251,7 +258,8 @@ def main(cfg: DictConfig) -> float | None:
     metrics = train(cfg)
     name = conf.trainer.optimize_metric
     if multirun:
-        return sweep_value(metrics, name)
+        sweeper = str(HydraConfig.get().sweeper.get("_target_", ""))
+        return sweep_value(metrics, name, fail_diverged="optuna" in sweeper.lower())
     return metrics.get(name)
 
 

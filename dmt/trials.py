@@ -3,15 +3,19 @@
 A Hydra multirun (``dmt-train -m ...``, e.g. ``hparams_search=criteo_forward_dlrm``, an Optuna
 sweep) leaves one run directory per trial in its sweep directory, each with ``metrics.json`` and
 ``.hydra/overrides.yaml``. :class:`TrialsTable` (a Hydra callback, ``conf/config.yaml``) reads
-them when the multirun ends and writes, into the sweep directory:
+them after every job and when the multirun ends (a sweep the Optuna sweeper stops early, e.g.
+when every trial failed, keeps its table) and writes, into the sweep directory:
 
 - ``trials.csv``: one row per trial, in trial order: ``trial`` (``hydra.job.num``: Optuna's
-  trial number in a new study), ``status`` (``ok``, or ``failed``: no ``metrics.json`` or no finite value of the
-  metric), the metric the sweep optimizes (``trainer.optimize_metric``), ``best_so_far``, the
-  overrides that differ between trials (the sampled settings; the sweep's own command line is the
-  same in every trial and left out), then the trial's other validation metrics (logloss, NE,
-  calibration) and its training throughput. Test metrics are left out on purpose: settings are chosen on validation rows only
-  (each trial's ``metrics.json`` still has them).
+  trial number in a new study), ``status`` (``ok``, or ``failed``: no ``metrics.json`` or no
+  finite value of the metric), the metric the sweep optimizes (``trainer.optimize_metric``),
+  ``best_so_far``, the sampled settings (the keys the sweep sweeps, and any other override that
+  differs between trials; the sweep's fixed command line is the same in every trial and left
+  out), then the trial's other validation metrics (logloss, NE, calibration) and its training
+  throughput. Test metrics are left out on purpose: settings are chosen on validation rows only
+  (each trial's ``metrics.json`` still has them). Two multiruns in one sweep directory (seeds
+  added by a second one) number their jobs alike: a ``run`` column then names each trial's
+  directory.
 - ``trials.md``: the same table in Markdown, under a line naming the best trial and its settings.
 - ``trials.png``: the metric per trial and the best so far.
 
@@ -24,14 +28,19 @@ import csv
 import json
 import logging
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from dmt.history import save_figure
+from dmt.results import write_atomic
 from dmt.run_dir import METRICS_FILE, launch_rank
 
 log = logging.getLogger(__name__)
@@ -88,24 +97,60 @@ def read_trials(sweep_dir: str | Path) -> list[Trial]:
     return sorted(trials, key=lambda t: (t.number, str(t.directory)))
 
 
-def varying_overrides(trials: list[Trial]) -> list[str]:
-    """The override keys whose values differ between ``trials`` (or that some trials lack), in
-    the order they first appear."""
+def varying_overrides(trials: list[Trial], swept: Collection[str] = ()) -> list[str]:
+    """The override keys whose values differ between ``trials`` (or that some trials lack), and
+    the ``swept`` ones (the sweep's search space, :func:`swept_keys`: a setting every trial drew
+    alike, or the only trial's, is still a sampled setting), in the order they first appear."""
     keys: dict[str, None] = {}
     for t in trials:
         keys.update(dict.fromkeys(t.overrides))
-    return [k for k in keys if len({t.overrides.get(k) for t in trials}) > 1]
+    return [k for k in keys if k in swept or len({t.overrides.get(k) for t in trials}) > 1]
+
+
+def swept_keys(config: DictConfig) -> list[str]:
+    """The keys a multirun sweeps: its sweeper's search space (``hydra.sweeper.params``, e.g.
+    Optuna's) and the sweep overrides of its command line (``key=a,b``, ``key=choice(...)``: a
+    multirun's ``hydra.overrides.task``; a job's holds its own single values)."""
+    keys = [str(k) for k in OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}]
+    task = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=None) or []]
+    try:
+        parsed = OverridesParser.create().parse_overrides(task)
+    except Exception as e:  # noqa: BLE001 - a table without those columns, not a failed sweep
+        log.warning("could not read the sweep's overrides %s: %s", task, e)
+        parsed = []
+    keys += [o.get_key_element() for o in parsed if o.is_sweep_override()]
+    return list(dict.fromkeys(keys))
+
+
+def trial_names(trials: list[Trial], sweep_dir: str | Path) -> list[str]:
+    """A name per trial: ``trial<N>``, or, when two trials share a number (two multiruns wrote
+    into one sweep directory, e.g. seeds added by a second one), its directory under
+    ``sweep_dir`` (``/`` as ``_``) for every trial."""
+    numbers = [t.number for t in trials]
+    if len(set(numbers)) == len(numbers):
+        return [f"trial{n}" for n in numbers]
+    root = Path(sweep_dir).resolve()
+    return [str(t.directory.resolve().relative_to(root)).replace("/", "_") for t in trials]
 
 
 def trials_table(
-    trials: list[Trial], metric: str, *, maximize: bool = True
+    trials: list[Trial],
+    metric: str,
+    *,
+    maximize: bool = True,
+    swept: Collection[str] = (),
+    sweep_dir: str | Path | None = None,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """The table's columns and rows (one per trial, in the order of ``trials``).
 
     ``best_so_far`` is the best ``metric`` of this trial and those before it (None until a trial
-    succeeds); failed trials have None for every metric.
+    succeeds); failed trials have None for every metric. When two trials share a number (two
+    multiruns in one sweep directory, :func:`trial_names`), a ``run`` column names each trial's
+    directory under ``sweep_dir``.
     """
-    params = varying_overrides(trials)
+    params = varying_overrides(trials, swept)
+    shared = sweep_dir is not None and len({t.number for t in trials}) < len(trials)
+    runs = trial_names(trials, sweep_dir) if sweep_dir is not None and shared else None
     others = sorted(
         {
             k
@@ -115,15 +160,18 @@ def trials_table(
             and ((k.startswith("val_") and not k.endswith("num_samples")) or k in EXTRA_METRICS)
         }
     )
-    columns = ["trial", "status", metric, "best_so_far", *params, *others]
+    columns = ["trial", *(["run"] if runs else []), "status", metric, "best_so_far"]
+    columns += [*params, *others]
     rows = []
     best: float | None = None
-    for t in trials:
+    for i, t in enumerate(trials):
         value = t.value(metric)
         if value is not None and (best is None or (value > best if maximize else value < best)):
             best = value
-        row: dict[str, Any] = {
-            "trial": t.number,
+        row: dict[str, Any] = {"trial": t.number}
+        if runs:
+            row["run"] = runs[i]
+        row |= {
             "status": "ok" if value is not None else "failed",
             metric: value,
             "best_so_far": best,
@@ -174,15 +222,23 @@ def override_list(trial: Trial) -> list[str]:
 
 
 def write_trials(
-    sweep_dir: str | Path, metric: str, *, maximize: bool = True, title: str | None = None
+    sweep_dir: str | Path,
+    metric: str,
+    *,
+    maximize: bool = True,
+    title: str | None = None,
+    swept: Collection[str] = (),
 ) -> list[Path]:
-    """Write ``trials.csv``, ``trials.md`` and ``trials.png`` into ``sweep_dir``.
+    """Write ``trials.csv``, ``trials.md`` and ``trials.png`` into ``sweep_dir``, each whole or
+    not at all (a temporary file, then a rename: a job's table and the multirun's may overlap).
 
     Args:
         sweep_dir: the sweep directory (``hydra.sweep.dir``).
         metric: the metric the sweep optimizes (``trainer.optimize_metric``).
         maximize: whether higher values of ``metric`` are better.
         title: the plot's title (default: the sweep directory's path).
+        swept: the sweep's swept keys (:func:`swept_keys`), columns even where every trial has
+            the same value.
 
     Returns:
         list[Path]: the files written; none when ``sweep_dir`` holds no trial.
@@ -192,21 +248,23 @@ def write_trials(
     if not trials:
         log.warning("no trials (run directories with %s) in %s", OVERRIDES_FILE, sweep_dir)
         return []
-    columns, rows = trials_table(trials, metric, maximize=maximize)
+    columns, rows = trials_table(
+        trials, metric, maximize=maximize, swept=swept, sweep_dir=sweep_dir
+    )
 
-    csv_path = sweep_dir / TRIALS_CSV
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
+    def write_csv(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
 
-    md_path = sweep_dir / TRIALS_MD
-    params = varying_overrides(trials)
-    md_path.write_text(_markdown(columns, rows, metric, params, maximize=maximize))
-
-    png_path = sweep_dir / TRIALS_PNG
-    _plot(rows, metric, png_path, title=title or str(sweep_dir))
-    return [csv_path, md_path, png_path]
+    params = varying_overrides(trials, swept)
+    markdown = _markdown(columns, rows, metric, params, maximize=maximize)
+    return [
+        write_atomic(sweep_dir / TRIALS_CSV, write_csv),
+        write_atomic(sweep_dir / TRIALS_MD, lambda tmp: tmp.write_text(markdown)),
+        _plot(rows, metric, sweep_dir / TRIALS_PNG, title=title or str(sweep_dir)),
+    ]
 
 
 def _cell(value: Any) -> str:
@@ -245,7 +303,7 @@ def _markdown(
     return "\n".join(lines) + "\n"
 
 
-def _plot(rows: list[dict[str, Any]], metric: str, path: Path, *, title: str) -> None:
+def _plot(rows: list[dict[str, Any]], metric: str, path: Path, *, title: str) -> Path:
     from matplotlib.figure import Figure  # noqa: PLC0415 - only when a multirun ends
     from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
@@ -270,7 +328,8 @@ def _plot(rows: list[dict[str, Any]], metric: str, path: Path, *, title: str) ->
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
+    return path
 
 
 def _maximize(config: DictConfig) -> bool:
@@ -283,17 +342,31 @@ def _maximize(config: DictConfig) -> bool:
 
 
 class TrialsTable(Callback):
-    """Hydra callback: when a multirun ends, write its ``trials.csv``, ``trials.md`` and
-    ``trials.png`` into the sweep directory (:func:`write_trials`), for
-    ``trainer.optimize_metric``, in the sweeper's direction (maximize when it has none)."""
+    """Hydra callback: after every job of a multirun and when the multirun ends, write its
+    ``trials.csv``, ``trials.md`` and ``trials.png`` into the sweep directory
+    (:func:`write_trials`), for ``trainer.optimize_metric``, in the sweeper's direction (maximize
+    when it has none). After every job too: a sweep that stops before its end (the Optuna
+    sweeper raises when every trial failed, or too many did) keeps the table of its trials."""
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        mode = OmegaConf.select(config, "hydra.mode", default=None)
+        if getattr(mode, "name", mode) != RunMode.MULTIRUN.name:  # an enum, or its name
+            return
+        self._write(config, announce=False)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._write(config, announce=True)
+
+    @staticmethod
+    def _write(config: DictConfig, *, announce: bool) -> None:
         if launch_rank() != 0:
             # every rank of a multi-process sweep runs the callback; rank 0 alone writes the
             # table, after the last trial's metrics.json, which it writes itself
             return
         sweep_dir = Path(str(config.hydra.sweep.dir))
         metric = str(OmegaConf.select(config, "trainer.optimize_metric", default="val_auc"))
-        written = write_trials(sweep_dir, metric, maximize=_maximize(config))
-        if written:
+        written = write_trials(
+            sweep_dir, metric, maximize=_maximize(config), swept=swept_keys(config)
+        )
+        if written and announce:
             log.info("trials of the sweep: %s", ", ".join(str(p) for p in written))

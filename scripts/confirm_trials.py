@@ -8,14 +8,17 @@ the ``--top`` trials of a sweep directory again (their own overrides, ``trainer.
 ``--seeds``, which must not include the seed the sweep ran them with), ranks them by the median
 of the metric, and writes::
 
-    OUT/trial<N>/seed_<S>/   each run (read back, not rerun, when its metrics.json exists)
+    OUT/trial<N>/seed_<S>/   each run (read back, not rerun, when its metrics.json exists);
+                             <trial's directory>/ instead of trial<N>/ when two multiruns
+                             in the sweep directory share trial numbers
     OUT/seeds.json, seeds.png  dmt.seeds' table and box plot of the metric
     OUT/confirm.json           ranking (trial, sweep value, median, std, overrides) and the choice
 
 The metric is a validation metric (default ``val_auc``): settings are chosen on validation rows,
-never on test rows. Runs already in OUT are read back without checking their settings (as
-``scripts/seeds.py`` does): give each sweep its own OUT (the default is inside the sweep);
-``--overwrite`` replaces only ``confirm.json``. Example, after ``dmt-train -m
+never on test rows. Runs already in OUT are read back when they trained with the same settings
+(``dmt.seeds`` checks each against its ``seed_run.json``, and refuses one that did not): give each
+sweep its own OUT (the default is inside the sweep); ``--overwrite`` replaces only
+``confirm.json``. Example, after ``dmt-train -m
 hparams_search=criteo_forward_dcn``::
 
     OMP_NUM_THREADS=1 python scripts/confirm_trials.py multirun/2026-11-24/09-00-00-123 --top 5 \\
@@ -34,8 +37,8 @@ from typing import Any
 import yaml
 
 from dmt.results import write_json
-from dmt.seeds import box_plot, format_report, parse_seeds, study
-from dmt.trials import Trial, override_list, read_trials, top_trials
+from dmt.seeds import box_plot, format_report, parse_seeds, seeds_option, study
+from dmt.trials import Trial, override_list, read_trials, top_trials, trial_names
 
 CONFIRM_FILE = "confirm.json"
 
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--top", type=int, default=5, help="trials to confirm (default 5)")
     parser.add_argument(
         "--seeds",
-        type=parse_seeds,
+        type=seeds_option,
         default=parse_seeds("1-3"),
         help="seeds: K (0..K-1), LO-HI or a comma list; at least 2, none the sweep's (default 1-3)",
     )
@@ -123,8 +126,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"--seeds {args.seeds} include the seed(s) {used} the sweep scored its trials with; "
             "confirm with other seeds"
         )
-    configs = {f"trial{t.number}": override_list(t) for t in best}
-    sweep_values = {f"trial{t.number}": t.value(args.metric) for t in best}
+    # trial<N>, or each trial's directory when two multiruns in the sweep share numbers (named
+    # by number, one trial would replace the other)
+    names_of = dict(
+        zip((t.directory for t in trials), trial_names(trials, args.sweep_dir), strict=True)
+    )
+    configs = {names_of[t.directory]: override_list(t) for t in best}
+    sweep_values = {names_of[t.directory]: t.value(args.metric) for t in best}
     names = list(configs)
     report = study(
         configs,

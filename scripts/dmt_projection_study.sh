@@ -88,10 +88,18 @@ for ((i = 0; i < ${#configs[@]}; i += 3)); do
   if (( (i / 3) % 2 == 0 )); then half+=("${configs[@]:i:3}"); else other+=("${configs[@]:i:3}"); fi
 done
 "$PY" scripts/seeds.py "${common[@]}" "${half[@]}" > "$OUT/train_a.log" 2>&1 &
+pids=("$!")
 if (( ${#other[@]} )); then
   "$PY" scripts/seeds.py "${common[@]}" "${other[@]}" > "$OUT/train_b.log" 2>&1 &
+  pids+=("$!")
 fi
-wait
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # a bare wait returns 0 whatever failed
+if (( failed )); then
+  echo "training failed: see $OUT/train_a.log and $OUT/train_b.log" >&2
+  tail -5 "$OUT"/train_*.log >&2
+  exit 1
+fi
 pairs=()
 for ((i = 3; i < ${#configs[@]}; i += 3)); do pairs+=(--pair "${configs[i + 1]}" base); done
 pairs+=(--pair tp4_d32 tp4_d16 --pair tp8_d32 tp8_d16 --pair tp4_d16_iso tp4_d16 --pair tp8_d16_iso tp8_d16 --pair tp4_d32_skip tp4_d32 --pair tp8_d32_skip tp8_d32)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from dmt.results import write_json
-from dmt.seeds import ALTERNATIVES, box_plot, format_report, parse_seeds, study
+from dmt.seeds import ALTERNATIVES, box_plot, format_report, parse_seeds, seeds_option, study
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument(
         "--seeds",
-        type=parse_seeds,
+        type=seeds_option,
         default=parse_seeds("9"),
         help="K (seeds 0..K-1), LO-HI or a comma list (default 9, as the paper)",
     )

@@ -66,6 +66,30 @@ def test_summary_and_mann_whitney(tmp_path):
     assert seed_lib.parse_seeds("0,5") == [0, 5]
 
 
+def test_each_seed_once_and_enough_seeds_for_a_comparison(tmp_path, capsys):
+    """Reproduced bugs: ``--seeds 3,3,3,0`` read seed 3's run three times (n = 4, the median and
+    the test over copies); ``--seeds 1`` with two configs trained every run, then failed in the
+    test without a report; ``--seeds 0`` and ``5-3`` were empty and failed after the study."""
+    assert seed_lib.parse_seeds("0-2,7,18-19") == [0, 1, 2, 7, 18, 19]
+    for text, message in [
+        ("3,3,3,0", "--seeds 3,3,3,0: seed(s) [3] given twice"),
+        ("0-3,2", "--seeds 0-3,2: seed(s) [2] given twice"),
+        ("0", "--seeds 0: give at least 1 seed"),
+        ("5-3", "--seeds 5-3: '5-3' is not a seed or a range LO-HI with 0 <= LO <= HI"),
+        ("x", "--seeds x: expected K, LO-HI, a comma list, or a list of both"),
+    ]:
+        with pytest.raises(ValueError) as e:
+            seed_lib.parse_seeds(text)
+        assert str(e.value) == message
+    with pytest.raises(ValueError) as one:
+        seed_lib.study({"a": ["optim.lr=0.1"], "b": ["optim.lr=0.2"]}, [0], tmp_path / "one")
+    assert str(one.value) == "seeds [0]: comparing configs (Mann-Whitney U) needs at least 2 seeds"
+    assert not (tmp_path / "one").exists()  # refused before anything trained
+    with pytest.raises(SystemExit):
+        seeds.main(["--seeds", "3,3", "--out", str(tmp_path), "--config", "a", "optim.lr=0.1"])
+    assert "argument --seeds: --seeds 3,3: seed(s) [3] given twice" in capsys.readouterr().err
+
+
 def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

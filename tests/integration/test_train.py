@@ -228,6 +228,36 @@ def test_cli_run_and_multirun_sweep(tmp_path):
         assert float(r["val_auc"]) == metrics["val_auc"]
 
 
+def test_an_optuna_sweep_goes_on_past_a_diverged_trial(tmp_path):
+    """A reproduced bug: a diverged trial returned NaN, which Optuna refuses ("the objective
+    function returned nan"); the sweeper's own fallback then failed too, and the multirun stopped
+    there without its other trials, its trials table or optimization_results.yaml. And a sweep
+    whose every trial fails, which the sweeper ends with an error, keeps its trials table."""
+    optuna = [*TINY, "trainer=smoke", "hydra/sweeper=optuna", "hydra.sweeper.direction=maximize",
+              "hydra.sweeper.max_failure_rate=1.0", "hydra.sweeper.sampler.seed=1234"]  # fmt: skip
+    sweep = _cli(
+        "dmt-train", "-m", *optuna, "hydra.sweeper.n_trials=3", "optim.lr=choice(0.001,1e9)",
+        f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path,
+    )  # fmt: skip
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    with open(tmp_path / "sweep" / "trials.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 and {r["optim.lr"] for r in rows} == {"0.001", "1000000000.0"}
+    for r in rows:
+        assert r["status"] == ("ok" if r["optim.lr"] == "0.001" else "failed"), rows
+    best = (tmp_path / "sweep" / "optimization_results.yaml").read_text()
+    assert "optim.lr: 0.001" in best
+    assert "this run diverged" in sweep.stderr + sweep.stdout
+    failed = _cli(
+        "dmt-train", "-m", *optuna, "hydra.sweeper.n_trials=2", "optim.lr=choice(1e9)",
+        f"hydra.sweep.dir={tmp_path}/failed", cwd=tmp_path,
+    )  # fmt: skip
+    assert failed.returncode != 0 and "No trials are completed yet" in failed.stderr
+    table = (tmp_path / "failed" / "trials.md").read_text()
+    assert table.startswith("no trial has a value of 'val_auc': every trial failed")
+    assert table.count("| failed |") == 2
+
+
 def test_inspect_cli_writes_inspect_json(tmp_path):
     res = _cli("dmt-inspect", "experiment=paper_dlrm", f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]

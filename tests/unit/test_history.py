@@ -13,7 +13,14 @@ from omegaconf import open_dict
 
 from dmt.history import RunHistory, curves_figure, read_history
 from dmt.tracking import wandb_name, wandb_values
-from dmt.train import CONF_MODULE, _hydra_info, check_sweep_metric, sweep_value, to_config
+from dmt.train import (
+    CONF_MODULE,
+    DivergedTrial,
+    _hydra_info,
+    check_sweep_metric,
+    sweep_value,
+    to_config,
+)
 from tests.conftest import compose_config
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -113,6 +120,14 @@ def test_the_sweep_metric_must_exist_and_be_a_number():
     # the message above; its NaN is a failed trial (Optuna fails a NaN objective)
     diverged = {"val_auc": math.nan, "train_loss_last": math.nan}
     assert math.isnan(sweep_value(diverged, "val_auc"))
+    # ... but the Optuna sweeper refuses a NaN and stopped the sweep at it: there the trial
+    # raises, which it records as a failed trial (the sweep itself: test_train.py)
+    with pytest.raises(DivergedTrial) as failed:
+        sweep_value(diverged, "val_auc", fail_diverged=True)
+    assert str(failed.value) == (
+        "trainer.optimize_metric='val_auc' is NaN: this run diverged (train_loss_last=nan); "
+        "the sweeper records this trial as failed"
+    )
 
 
 def test_a_sweeps_metric_is_checked_before_its_jobs_train(tmp_path):

@@ -319,3 +319,93 @@ def test_hparams_search_composes_with_the_optuna_sweeper(name: str) -> None:
         if model.startswith("dmt_"):  # the dense vector joins the towers' D-sized vectors
             assert conf.model.tower is not None
             assert conf.model.bottom_mlp[-1] == conf.model.tower.dim
+
+
+def _trial(root: Path, directory: str, number: int, overrides: list[str], auc: float) -> None:
+    run = root / directory
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": number}}}))
+    (run / "metrics.json").write_text(json.dumps({"val_auc": auc}))
+
+
+def test_sampled_settings_are_columns_even_when_every_trial_drew_them_alike(
+    tmp_path: Path,
+) -> None:
+    """A reproduced bug: the columns were the overrides that differ between trials, so a sweep
+    of one trial (or whose trials all drew a setting alike) named no settings at all."""
+    sweep = tmp_path / "sweep"
+    _trial(sweep, "0", 0, ["data.batch_size=256", "model.embedding_dim=8", "optim.lr=0.0021"], 0.7)
+    config = OmegaConf.create(
+        {
+            "hydra": {
+                "mode": "MULTIRUN",
+                "sweep": {"dir": str(sweep)},
+                "sweeper": {"params": {"model.embedding_dim": "choice(8,16)"}},
+                "overrides": {"task": ["data.batch_size=256", "optim.lr=interval(0.001,0.01)"]},
+            },
+            "trainer": {"optimize_metric": "val_auc"},
+        }
+    )
+    TrialsTable().on_multirun_end(config)
+    with open(sweep / TRIALS_CSV, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["trial", "status", "val_auc", "best_so_far", "model.embedding_dim",
+                             "optim.lr"]  # fmt: skip
+    assert (sweep / TRIALS_MD).read_text().splitlines()[0] == (
+        "Best of 1 trials (0 failed): trial 0, val_auc 0.7000: `model.embedding_dim=8`, "
+        "`optim.lr=0.0021`"
+    )
+
+
+def test_the_table_is_written_after_every_job_of_a_multirun(tmp_path: Path) -> None:
+    """A sweep the Optuna sweeper stops (every trial failed: 'No trials are completed yet') never
+    reaches on_multirun_end; the table of its trials is there from the jobs' ends."""
+    sweep = fake_sweep(tmp_path / "sweep")
+    job = {"sweep": {"dir": str(sweep)}, "sweeper": {"params": {"optim.lr": "choice(1,2)"}}}
+    config = OmegaConf.create({"hydra": {**job, "mode": "RUN"}})
+    TrialsTable().on_job_end(config, job_return=None)
+    assert not (sweep / TRIALS_MD).exists()  # a single run: no sweep, no table
+    config = OmegaConf.create({"hydra": {**job, "mode": "MULTIRUN"}})
+    TrialsTable().on_job_end(config, job_return=None)
+    assert (sweep / TRIALS_MD).read_text().startswith("Best of 7 trials (2 failed): trial 10,")
+    assert sorted(p.name for p in sweep.iterdir() if p.name.startswith(".")) == []  # no temporary
+
+
+def test_two_multiruns_in_one_sweep_directory_are_told_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reproduced bug: a second multirun into a sweep directory (seeds added with
+    ``hydra.sweep.subdir=seed_${trainer.seed}``) numbers its jobs from 0 again; the table showed
+    two trials of each number, and confirm_trials named configs by number, so one trial replaced
+    another (--top 4 confirmed 3)."""
+    sweep = tmp_path / "sweep"
+    for directory, number, lr, auc in [
+        ("seed_1", 0, "0.001", 0.72),
+        ("seed_2", 1, "0.002", 0.71),
+        ("seed_3", 0, "0.003", 0.74),
+        ("seed_4", 1, "0.004", 0.73),
+    ]:
+        _trial(sweep, directory, number, [f"optim.lr={lr}", f"trainer.seed={directory[-1]}"], auc)
+    columns, rows = trials_table(read_trials(sweep), "val_auc", sweep_dir=sweep)
+    assert columns[:3] == ["trial", "run", "status"]
+    assert [(r["trial"], r["run"]) for r in rows] == [
+        (0, "seed_1"), (0, "seed_3"), (1, "seed_2"), (1, "seed_4")
+    ]  # fmt: skip
+    # without shared numbers, no run column
+    assert "run" not in trials_table(read_trials(fake_sweep(tmp_path / "one")), "val_auc",
+                                     sweep_dir=tmp_path / "one")[0]  # fmt: skip
+    out = tmp_path / "confirm"
+    for name in ("seed_1", "seed_2", "seed_3", "seed_4"):
+        for seed in (5, 6):
+            run = out / name / f"seed_{seed}"
+            run.mkdir(parents=True)
+            (run / "metrics.json").write_text(json.dumps({"val_auc": 0.7 + int(name[-1]) / 100}))
+    result = _confirm_driver().main([str(sweep), "--top", "4", "--seeds", "5,6", "--out", str(out)])
+    assert sorted(r["config"] for r in result["ranking"]) == [
+        "seed_1",
+        "seed_2",
+        "seed_3",
+        "seed_4",
+    ]
+    capsys.readouterr()
