@@ -190,7 +190,8 @@ def choose_kernels(
 
     CUDA: every table in HBM (:data:`FUSED`) if they fit in ``hbm_bytes``; otherwise the largest
     tables (ties: first listed) are UVM-cached (:data:`FUSED_UVM_CACHING`) one by one until the
-    rest plus the caches fit, and the cached tables must fit in ``ddr_bytes``. A table whose
+    rest plus the caches fit, and the cached tables must fit in ``ddr_bytes``: a table whose
+    caching would overflow it is passed over for the next smaller one. A table whose
     cache (:meth:`MemoryBudget.cached_hbm_bytes`) would take as much HBM as the table itself
     (narrow tables: FBGEMM's bookkeeping is per row) stays in HBM. CPU: every table
     is :data:`FUSED` and all must fit in ``ddr_bytes``.
@@ -225,24 +226,29 @@ def choose_kernels(
     kernels = [FUSED] * len(tables)
     stays = list(resident) or [0] * len(tables)
     hbm, ddr = total, 0
+    no_host_room: list[int] = []  # tables whose caching would overflow host memory
     for i in largest_first:
         if hbm <= budget.hbm_bytes:
             break
         cache = budget.cached_hbm_bytes(sizes[i], tables[i][2], stays[i])
         if cache >= sizes[i]:
             continue  # a narrow table's bookkeeping outweighs what caching saves
+        if ddr + sizes[i] - stays[i] > budget.ddr_bytes:
+            no_host_room.append(i)  # a smaller table may still fit in host memory: try it
+            continue
         kernels[i] = FUSED_UVM_CACHING
         hbm += cache - sizes[i]
         ddr += sizes[i] - stays[i]
-        if ddr > budget.ddr_bytes:
-            raise ValueError(
-                _no_room(tables, i, rank, total)
-                + f"; it would be UVM-cached, but the budget is sharding.hbm_gb = "
-                f"{_gib(budget.hbm_bytes)} of HBM and sharding.ddr_gb = {_gib(budget.ddr_bytes)}"
-                f" of host memory per rank, and the UVM-cached tables would take "
-                f"{_gib(ddr)} of host memory: raise sharding.ddr_gb or sharding.hbm_gb, or use "
-                "more ranks"
-            )
+    if hbm > budget.hbm_bytes and no_host_room:
+        i = no_host_room[0]
+        raise ValueError(
+            _no_room(tables, i, rank, total)
+            + f"; it would be UVM-cached, but the budget is sharding.hbm_gb = "
+            f"{_gib(budget.hbm_bytes)} of HBM and sharding.ddr_gb = {_gib(budget.ddr_bytes)}"
+            f" of host memory per rank, and the UVM-cached tables would take "
+            f"{_gib(ddr + sizes[i] - stays[i])} of host memory (without it, "
+            f"{_gib(hbm)} of HBM): raise sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
+        )
     if hbm > budget.hbm_bytes:
         i = largest_first[0]
         raise ValueError(

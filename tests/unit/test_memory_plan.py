@@ -120,15 +120,26 @@ def test_tables_that_caching_would_not_shrink_stay_in_hbm():
 
 
 def test_cached_tables_must_fit_in_host_memory():
+    # b cached (1000 bytes of host memory); d would take 2000 > 1999, so a and c are cached
+    # instead, and HBM still holds 1528 > 1100
     with pytest.raises(ValueError) as err:
         choose_kernels(TABLES, _cuda(1100, 1999), rank=5)
     assert str(err.value) == (
         "table 'd' (1000 bytes with its optimizer state) does not fit on rank 5, whose 4 "
         "table(s) take 2.54 KiB (2600 bytes); it would be UVM-cached, but the budget is "
         "sharding.hbm_gb = 1.07 KiB (1100 bytes) of HBM and sharding.ddr_gb = 1.95 KiB "
-        "(1999 bytes) of host memory per rank, and the UVM-cached tables would take 1.95 KiB "
-        "(2000 bytes) of host memory: raise sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
+        "(1999 bytes) of host memory per rank, and the UVM-cached tables would take 2.54 KiB "
+        "(2600 bytes) of host memory (without it, 1.49 KiB (1528 bytes) of HBM): raise "
+        "sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
     )
+
+
+def test_a_table_that_host_memory_cannot_cache_gives_way_to_a_smaller_one():
+    """A reproduced bug: the largest table's cache overflowed sharding.ddr_gb and the plan was
+    refused, though caching a smaller table fitted both budgets (the flat planner found it)."""
+    tables = [("big", 1000, 10), ("mid", 300, 3)]
+    # caching big: 1000 bytes of host memory > 800; caching mid: HBM 1000 + 75 + 24 <= 1200
+    assert choose_kernels(tables, _cuda(1200, 800), rank=0) == (FUSED, FUSED_UVM_CACHING)
 
 
 def test_caches_alone_can_exceed_hbm():
