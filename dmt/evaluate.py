@@ -7,7 +7,9 @@ Examples::
     dmt-eval --checkpoint outputs/.../checkpoints --data data_cache/criteo_sample/val --max-rows 5000
 
 Prints AUC, NE, logloss, calibration (mean predicted / observed click rate), the observed click
-rate and the number of rows, and writes them as JSON (``--out``, atomically).
+rate and the number of rows, and writes them as JSON (``--out``, atomically). ``--predictions
+FILE.npz`` also writes every row's click probability and label, in the data's order: several
+models scored on the same rows can then be compared row by row (``scripts/row_bootstrap.py``).
 
 How a checkpoint is read:
 
@@ -506,6 +508,8 @@ def evaluate(
     skip_bad_rows: bool | None = None,
     device: str = "cpu",
     progress: bool = False,
+    predictions: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Score a checkpoint on ``data``; returns the report ``dmt-eval`` prints and writes.
 
@@ -519,15 +523,22 @@ def evaluate(
         skip_bad_rows: raw TSV: drop malformed rows (default: the run's ``skip_bad_rows``).
         device: ``cpu`` or ``cuda``.
         progress: progress bars.
+        predictions: also write every scored row's click probability and label here, in the
+            data's order (:func:`write_predictions`); an existing file is refused unless
+            ``overwrite``.
 
     Returns:
         ``checkpoint``, ``step``, ``data`` and :func:`metrics_of`'s metrics (``bad_rows`` too
-        when malformed rows were skipped).
+        when malformed rows were skipped; ``predictions``, the file, when written).
     """
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1; got {batch_size}")
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"--max-rows must be >= 1; got {max_rows}")
+    if predictions is not None and (
+        error := results.existing_output(predictions, "--predictions", overwrite)
+    ):
+        raise ValueError(error)
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"--device {device}: no CUDA device here (torch {torch.__version__}, "
@@ -547,13 +558,37 @@ def evaluate(
     )
     if labels.numel() == 0:
         raise ValueError(f"--data {data!r} has no rows to evaluate")
-    return {
+    report = {
         "checkpoint": str(ckpt.path.resolve()),
         "step": ckpt.step,
         "data": target.name,
         **metrics_of(probs, labels),
         **target.info,
     }
+    if predictions is not None:
+        path = write_predictions(predictions, probs, labels, replace=overwrite)
+        report["predictions"] = str(path)
+    return report
+
+
+def write_predictions(
+    path: str | os.PathLike[str],
+    probs: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    replace: bool = False,
+) -> Path:
+    """Per-row scores as an ``.npz`` (:func:`dmt.results.write_npz`): ``prob`` (float32, the
+    click probability) and ``label`` (int8, 0 or 1), one entry per scored row in the data's
+    order, so that files of several models on the same rows line up (``scripts/row_bootstrap.py``)."""
+    return results.write_npz(
+        path,
+        {
+            "prob": probs.detach().cpu().float().numpy(),
+            "label": labels.detach().cpu().round().to(torch.int8).numpy(),
+        },
+        replace=replace,
+    )
 
 
 # -- output -----------------------------------------------------------------------------------
@@ -596,7 +631,14 @@ def build_parser() -> argparse.ArgumentParser:
         "preprocessed split directory",
     )
     p.add_argument("--out", default="eval.json", help="JSON report (default: eval.json)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.add_argument(
+        "--predictions",
+        help="also write each row's click probability and label (.npz: prob, label), in the "
+        "data's order",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --out (and --predictions)"
+    )
     p.add_argument(
         "--batch-size",
         type=int,
@@ -630,6 +672,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    if error := results.existing_output(args.predictions, "--predictions", args.overwrite):
+        print(f"dmt-eval: error: {error}", file=sys.stderr)
+        return 1
     try:
         report = evaluate(
             args.checkpoint,
@@ -640,6 +685,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             skip_bad_rows=args.skip_bad_rows,
             device=args.device,
             progress=not args.no_progress,
+            predictions=args.predictions,
+            overwrite=args.overwrite,
         )
     except ValueError as e:
         print(f"dmt-eval: error: {e}", file=sys.stderr)

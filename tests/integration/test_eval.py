@@ -25,7 +25,7 @@ from torchrec.datasets.utils import Batch
 from dmt.data.criteo_config import CriteoConfig
 from dmt.data.criteo_preprocess import preprocess_criteo
 from dmt.data.source import make_kjt
-from dmt.evaluate import evaluate, main
+from dmt.evaluate import evaluate, main, open_checkpoint, open_data
 from dmt.metrics import binary_entropy
 from dmt.partitioner.cli import checkpoint_affinity
 from dmt.runtime import Runtime, close_runtime, init_runtime
@@ -654,6 +654,43 @@ def test_a_report_is_never_replaced_unless_asked(
     assert out.read_text() == "an earlier report\n"
     assert main([*argv, "--no-progress", "--overwrite"]) == 0
     assert json.loads(out.read_text())["rows"] > 0
+
+
+def test_predictions_are_the_scored_rows_in_the_datas_order(
+    synthetic_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    pred, out = tmp_path / "pred.npz", tmp_path / "eval.json"
+    argv = ["--checkpoint", str(synthetic_run / "checkpoints"), "--data", "test", "--no-progress"]
+    assert main([*argv, "--out", str(out), "--predictions", str(pred)]) == 0
+    report = json.loads(out.read_text())
+    assert report["predictions"] == str(pred)
+    with np.load(pred) as f:
+        prob, label = f["prob"], f["label"]
+    assert (
+        prob.dtype == np.float32 and label.dtype == np.int8 and len(prob) == report["rows"] == 900
+    )
+    # the file's rows are the ones the report scored: its metrics computed again from the file
+    # (the report's in float32 arithmetic)
+    assert roc_auc_score(label, prob) == pytest.approx(report["auc"], abs=1e-6)
+    assert log_loss(label, prob.astype(np.float64)) == pytest.approx(report["logloss"], rel=1e-5)
+    # ... in the split's order: the labels are the test split's, row by row
+    ckpt = open_checkpoint(synthetic_run / "checkpoints")
+    source = open_data(ckpt, "test", batch_size=256).source
+    expected = torch.cat([b.labels for b in source.batches(0)]).numpy()
+    np.testing.assert_array_equal(label, expected.astype(np.int8))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json", "pred.npz"]  # no temporary
+    # an earlier file is refused before any scoring (no report written), kept, then replaced
+    pred.write_bytes(b"an earlier file")
+    other = tmp_path / "other.json"
+    assert main([*argv, "--out", str(other), "--predictions", str(pred)]) == 1
+    assert capsys.readouterr().err == (
+        f"dmt-eval: error: --predictions {pred} exists already (an earlier run's results); "
+        "choose another file, or pass --overwrite to replace it\n"
+    )
+    assert pred.read_bytes() == b"an earlier file" and not other.exists()
+    assert main([*argv, "--out", str(other), "--predictions", str(pred), "--overwrite"]) == 0
+    with np.load(pred) as f:
+        np.testing.assert_array_equal(f["prob"], prob)
 
 
 def test_an_export_gets_the_mode_a_new_file_gets_under_the_umask(tmp_path: Path) -> None:

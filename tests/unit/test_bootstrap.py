@@ -1,0 +1,206 @@
+"""The paired bootstrap over evaluation rows (dmt.bootstrap, scripts/row_bootstrap.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from dmt.bootstrap import auc, format_report, load_predictions, row_bootstrap
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _world(rng: np.random.Generator, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of a planted click model: a true logit per row and its 0/1 label."""
+    logit = rng.normal(-1.0, 1.5, rows)
+    return logit, (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.int8)
+
+
+def _runs(rng: np.random.Generator, logit: np.ndarray, noise: float, count: int) -> list:
+    """``count`` runs of a model that sees the true logit through ``noise``: its seeds."""
+    return [1 / (1 + np.exp(-(logit + rng.normal(0, noise, len(logit))))) for _ in range(count)]
+
+
+def test_auc_is_sklearns_with_ties_and_weights() -> None:
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 500)
+    probs = np.round(rng.random(500) * 0.5 + 0.3 * labels, 2)  # two decimals: many ties
+    weights = rng.integers(0, 4, 500).astype(float)
+    assert auc(probs, labels) == pytest.approx(roc_auc_score(labels, probs), abs=1e-12)
+    assert auc(probs, labels, weights) == pytest.approx(
+        roc_auc_score(labels, probs, sample_weight=weights), abs=1e-12
+    )
+    # a weight of k is the row k times
+    repeated = np.repeat(np.arange(500), weights.astype(int))
+    assert auc(probs, labels, weights) == pytest.approx(
+        auc(probs[repeated], labels[repeated]), abs=1e-12
+    )
+    assert np.isnan(auc(probs, np.zeros(500)))
+
+
+def test_one_model_against_itself_differs_by_nothing() -> None:
+    rng = np.random.default_rng(1)
+    logit, labels = _world(rng, 2000)
+    runs = _runs(rng, logit, 1.0, 3)
+    r = row_bootstrap(runs, runs, labels, resamples=200)
+    assert r["difference"] == 0 and r["interval"] == [0.0, 0.0] and r["rows_std"] == 0
+    assert r["p_two_sided"] == 1.0 and r["within_a_std"] == 1.0
+    assert r["a"]["auc"] == [auc(p, labels) for p in runs] == r["b"]["auc"]
+    assert r["a"]["median"] == statistics.median(r["a"]["auc"])
+
+
+def test_a_planted_better_model_is_found_and_the_rows_spread_is_the_blocks() -> None:
+    """Model b sees the true logit through less noise than a. The bootstrap's interval excludes
+    0, and its rows' standard deviation, from one block of rows, is the spread of the difference
+    over independent blocks of the same world (within 35%), and shrinks as 1/sqrt(rows)."""
+    rng = np.random.default_rng(2)
+    rows = 3000
+
+    def block() -> tuple[np.ndarray, list, list]:
+        logit, labels = _world(rng, rows)
+        return labels, _runs(rng, logit, 1.2, 2), _runs(rng, logit, 0.9, 2)
+
+    labels, a, b = block()
+    r = row_bootstrap(a, b, labels, resamples=400, seed=3)
+    assert r["difference"] > 0 and r["interval"][0] > 0 and r["p_two_sided"] < 0.01
+    assert r["interval"][0] < r["difference"] < r["interval"][1]
+    # the gap is many of a's seeds' standard deviations, on every resample
+    assert r["within_a_std"] < 0.05 and 0 < r["a_std_resampled"] < r["difference"] / 3
+    one = row_bootstrap(a[:1], b, labels, resamples=20)
+    assert math.isnan(one["within_a_std"]) and math.isnan(one["a_std_resampled"])
+    over_blocks = []
+    for _ in range(40):
+        labels_k, a_k, b_k = block()
+        over_blocks.append(
+            statistics.median(auc(p, labels_k) for p in b_k)
+            - statistics.median(auc(p, labels_k) for p in a_k)
+        )
+    spread = statistics.stdev(over_blocks)
+    assert 0.65 * spread < r["rows_std"] < 1.35 * spread, (r["rows_std"], spread)
+    # four times the rows: about half the spread
+    logit, labels = _world(rng, 4 * rows)
+    big = row_bootstrap(_runs(rng, logit, 1.2, 2), _runs(rng, logit, 0.9, 2), labels, resamples=200)
+    assert 0.35 < big["rows_std"] / r["rows_std"] < 0.7
+
+
+def test_the_resampling_is_seeded() -> None:
+    rng = np.random.default_rng(4)
+    logit, labels = _world(rng, 1000)
+    a, b = _runs(rng, logit, 1.0, 2), _runs(rng, logit, 1.1, 2)
+    one = row_bootstrap(a, b, labels, resamples=50, seed=7)
+    assert one == row_bootstrap(a, b, labels, resamples=50, seed=7)
+    assert one["interval"] != row_bootstrap(a, b, labels, resamples=50, seed=8)["interval"]
+
+
+def _save(path: Path, prob: np.ndarray, label: np.ndarray) -> Path:
+    np.savez(path, prob=prob.astype(np.float32), label=label.astype(np.int8))
+    return path
+
+
+def test_predictions_files_must_hold_the_same_rows(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    label = rng.integers(0, 2, 100)
+    good = _save(tmp_path / "a.npz", rng.random(100), label)
+    labels, runs = load_predictions({"a": [good], "b": [good]})
+    assert np.array_equal(labels, label) and len(runs["a"]) == len(runs["b"]) == 1
+    flipped = label.copy()
+    flipped[17] = 1 - flipped[17]
+    other = _save(tmp_path / "b.npz", rng.random(100), flipped)
+    with pytest.raises(ValueError) as e:
+        load_predictions({"a": [good], "b": [other]})
+    assert str(e.value) == (
+        f"{other}: not the rows of {good}: row 17 has label {flipped[17]} where {good} has "
+        f"{label[17]} (score every run on the same data, in the same order)"
+    )
+    short = _save(tmp_path / "c.npz", rng.random(99), label[:99])
+    with pytest.raises(ValueError, match=r"c\.npz: not the rows of .*: 99 rows where .* has 100"):
+        load_predictions({"a": [good, short]})
+    prob = rng.random(100)
+    prob[3] = np.nan
+    with pytest.raises(ValueError, match=r"nan\.npz: row 3: score nan is not finite"):
+        load_predictions({"a": [_save(tmp_path / "nan.npz", prob, label)]})
+    with pytest.raises(ValueError, match=r"one\.npz: every label is 1: AUC needs both classes"):
+        load_predictions({"a": [_save(tmp_path / "one.npz", rng.random(100), np.ones(100))]})
+    np.savez(tmp_path / "bad.npz", scores=rng.random(100))
+    with pytest.raises(ValueError, match=r"bad\.npz: not a predictions file"):
+        load_predictions({"a": [tmp_path / "bad.npz"]})
+
+
+def test_the_command_compares_groups_and_keeps_earlier_results(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    logit, labels = _world(rng, 1500)
+    for name, noise in (("base", 1.2), ("better", 0.8), ("same", 1.2)):
+        for seed, prob in enumerate(_runs(rng, logit, noise, 3)):
+            _save(tmp_path / f"{name}_{seed}.npz", prob, labels)
+    out = tmp_path / "boot.json"
+    argv = [
+        sys.executable,
+        str(ROOT / "scripts" / "row_bootstrap.py"),
+        "--group",
+        "base",
+        str(tmp_path / "base_*.npz"),
+        "--group",
+        "better",
+        str(tmp_path / "better_*.npz"),
+        "--group",
+        "same",
+        str(tmp_path / "same_*.npz"),
+        "--resamples",
+        "200",
+        "--out",
+        str(out),
+    ]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    reports = json.loads(out.read_text())
+    assert list(reports) == ["better vs base", "same vs base"]
+    better, same = reports["better vs base"], reports["same vs base"]
+    assert better["interval"][0] > 0 and same["interval"][0] < 0 < same["interval"][1]
+    assert better["a_files"] == [str(tmp_path / f"base_{i}.npz") for i in range(3)]
+    assert "| better vs base |" in res.stdout and "| same vs base |" in res.stdout
+    # a second run does not replace the first's results
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and f"--out {out} exists already" in again.stderr
+    assert json.loads(out.read_text()) == reports
+    missing = subprocess.run(
+        [*argv[:2], "--group", "x", str(tmp_path / "nothing_*.npz"), "--group", "y", "z"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode == 2 and "--group x: no file matches" in missing.stderr
+
+
+def test_format_report_names_each_comparison() -> None:
+    rng = np.random.default_rng(8)
+    logit, labels = _world(rng, 800)
+    r = row_bootstrap(_runs(rng, logit, 1, 2), _runs(rng, logit, 1, 1), labels, resamples=20)
+    text = format_report({"b vs a": r})
+    row = text.splitlines()[2]
+    assert row.startswith(f"| b vs a | {r['a']['median']:.4f} | {r['b']['median']:.4f} | ")
+    assert f"{r['a']['std']:.4f} / -" in row  # one run of b: no seeds' std
+
+
+def test_blocks_of_consecutive_rows() -> None:
+    """One block of every row (circular) draws each row once: no spread at all; a block longer
+    than the rows is refused."""
+    rng = np.random.default_rng(9)
+    logit, labels = _world(rng, 600)
+    a, b = _runs(rng, logit, 1.0, 2), _runs(rng, logit, 1.3, 2)
+    whole = row_bootstrap(a, b, labels, resamples=30, block=600)
+    assert whole["rows_std"] == 0 and whole["interval"] == [whole["difference"]] * 2
+    assert whole["block"] == 600
+    some = row_bootstrap(a, b, labels, resamples=100, block=50)
+    assert some["rows_std"] > 0 and some["interval"][0] < some["interval"][1]
+    with pytest.raises(
+        ValueError, match=r"^row_bootstrap: block=601 must be between 1 and the 600"
+    ):
+        row_bootstrap(a, b, labels, block=601)
