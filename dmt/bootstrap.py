@@ -5,8 +5,8 @@ Seeds (:mod:`dmt.seeds`) measure how a model's AUC varies with its training rand
 fixed block of evaluation rows. They say nothing of the rows: another block of the same period
 would give other AUCs, and the two models' difference would move too. Resampling the rows with
 replacement, the same rows for every run of both models (paired), and recomputing each run's AUC
-and each model's median over its runs, gives that difference's spread over the rows: a
-percentile interval and a two-sided bootstrap p-value.
+and each model's mean over its runs, gives that difference's spread over the rows: a percentile
+interval and a two-sided bootstrap p-value.
 
 The inputs are per-row scores of every run on the same rows in the same order
 (``dmt-eval --predictions``: ``prob`` and ``label`` arrays). ``scripts/row_bootstrap.py`` is the
@@ -16,7 +16,7 @@ Example::
 
     labels, runs = load_predictions({"dlrm": dlrm_files, "dmt": dmt_files})
     report = row_bootstrap(runs["dlrm"], runs["dmt"], labels, resamples=2000)
-    report["difference"], report["interval"]  # median AUC of dmt minus dlrm's, and its interval
+    report["difference"], report["interval"]  # mean AUC of dmt minus dlrm's, and its interval
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from dmt.seeds import summarize
+
 
 def _ranked(probs: np.ndarray) -> tuple[np.ndarray, int]:
     """Each row's rank among the distinct scores (ascending; equal scores share one), and the
@@ -38,12 +40,13 @@ def _ranked(probs: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def _auc_of_ranked(
-    inverse: np.ndarray, distinct: int, labels: np.ndarray, weights: np.ndarray
+    inverse: np.ndarray, distinct: int, positive: np.ndarray, negative: np.ndarray
 ) -> float:
     """The weighted AUC: the probability that a positive row scores above a negative one, ties
-    counting one half, every row counted ``weights`` times."""
-    pos = np.bincount(inverse, weights=weights * labels, minlength=distinct)
-    neg = np.bincount(inverse, weights=weights * (1.0 - labels), minlength=distinct)
+    counting one half; ``positive`` and ``negative``: each row's weight as a positive and as a
+    negative (its weight times its label, and times one minus it)."""
+    pos = np.bincount(inverse, weights=positive, minlength=distinct)
+    neg = np.bincount(inverse, weights=negative, minlength=distinct)
     total_pos, total_neg = pos.sum(), neg.sum()
     if total_pos == 0 or total_neg == 0:
         return float("nan")
@@ -58,7 +61,7 @@ def auc(probs: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None
     inverse, distinct = _ranked(np.asarray(probs))
     y = np.asarray(labels, dtype=np.float64)
     w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=np.float64)
-    return _auc_of_ranked(inverse, distinct, y, w)
+    return _auc_of_ranked(inverse, distinct, w * y, w * (1.0 - y))
 
 
 def load_predictions(
@@ -72,23 +75,26 @@ def load_predictions(
     labels: np.ndarray | None = None
     first: Path | None = None
     runs: dict[str, list[np.ndarray]] = {}
+    group_of: dict[Path, str] = {}
     for name, paths in groups.items():
         if not paths:
             raise ValueError(f"{name}: no predictions files")
         runs[name] = []
         for path in map(Path, paths):
+            if (other := group_of.setdefault(path.resolve(), name)) != name:
+                raise ValueError(f"{path} is a run of both {other} and {name}")
             try:
                 with np.load(path) as f:
                     prob, label = f["prob"], f["label"]
-            except (OSError, KeyError, ValueError) as e:
+            except (OSError, KeyError, ValueError, EOFError, TypeError, AttributeError) as e:
                 raise ValueError(
-                    f"{path}: not a predictions file (dmt-eval --predictions: arrays 'prob' "
-                    f"and 'label'): {e}"
+                    f"{path}: not a predictions file (dmt-eval --predictions: an .npz of arrays "
+                    f"'prob' and 'label'): {e!r}"
                 ) from e
-            if prob.shape != label.shape or prob.ndim != 1:
+            if prob.shape != label.shape or prob.ndim != 1 or len(prob) == 0:
                 raise ValueError(
                     f"{path}: 'prob' {prob.shape} and 'label' {label.shape} must be two "
-                    "vectors of one length"
+                    "non-empty vectors of one length"
                 )
             bad = np.flatnonzero(~np.isfinite(prob))
             if len(bad):
@@ -126,27 +132,35 @@ def row_bootstrap(
     level: float = 0.95,
     block: int = 1,
 ) -> dict[str, Any]:
-    """The difference of median AUCs, model ``b``'s runs against model ``a``'s, and its spread
+    """The difference of mean AUCs over runs, model ``b``'s against model ``a``'s, and its spread
     over the rows.
 
     Each resample draws ``len(labels)`` rows with replacement (one draw for all runs of both
-    models: paired), recomputes every run's AUC on them and each model's median over its runs.
+    models: paired), recomputes every run's AUC on them and each model's mean over its runs.
     ``block > 1`` draws runs of ``block`` consecutive rows instead of single rows (a circular
     moving-block bootstrap): rows close in time are alike (the same hour's traffic), and single
     rows drawn apart take them for independent, which narrows the interval.
 
+    The mean, not the median the seeds' tables report: the resampled rows add noise to every
+    run's AUC, which moves the median of a few runs that fall in two clusters towards their mean,
+    so a bootstrap of the median difference centres away from the median difference itself
+    (by about its rows' std on the sample's validation block). The median difference is
+    reported beside it, not resampled.
+
     Returns:
-        ``rows``, ``positives``, ``resamples``, ``seed``, ``level``, ``block``; ``a`` and ``b``: each run's
-        AUC on the rows as given (``auc``), their ``median`` and ``std`` (over runs: the seeds'
-        spread); ``difference``: median of ``b`` minus median of ``a``; ``rows_std``: the
-        difference's standard deviation over resamples (the rows' spread); ``interval``: its
-        central ``level`` percentile interval; ``p_two_sided``: twice the smaller share of
-        resamples on either side of 0 (at most 1; a share of 0 is reported as below
-        ``1 / resamples``); ``a_std_resampled``: the median over resamples of ``a``'s standard
-        deviation over its runs, and ``within_a_std``: the share of resamples where the
-        difference is within that resample's standard deviation of ``a`` (a criterion such as
-        "within one standard deviation of the base" seen over the rows; NaN with one run of
-        ``a``). Resampling repeats rows, which widens the runs' spread somewhat.
+        ``rows``, ``positives``, ``resamples``, ``seed``, ``level``, ``block``; ``a`` and ``b``:
+        :func:`dmt.seeds.summarize` of each run's AUC on the rows as given (``values``,
+        ``median``, ``std`` over runs: the seeds' spread, ``mean``, ...); ``difference``: mean of
+        ``b`` minus mean of ``a``; ``median_difference``: median of ``b`` minus median of ``a``;
+        ``rows_std``: the mean difference's standard deviation over resamples (the rows'
+        spread); ``interval``: its central ``level`` percentile interval; ``p_two_sided``: twice
+        the smaller share of resamples on either side of 0, each share counted as
+        ``(k + 1) / (resamples + 1)`` (never 0; at most 1); ``a_std_resampled``: the median over
+        resamples of ``a``'s standard deviation over its runs, and ``within_a_std``: the share of
+        resamples where the mean difference is within that resample's standard deviation of
+        ``a`` (a criterion such as "within one standard deviation of the base" seen over the
+        rows; NaN with one run of ``a``). Resampling repeats rows, which widens the runs' spread
+        somewhat.
     """
     if not a or not b:
         raise ValueError("row_bootstrap: both models need at least one run")
@@ -162,14 +176,13 @@ def row_bootstrap(
         if len(p) != n:
             raise ValueError(f"row_bootstrap: a run has {len(p)} scores for {n} labels")
     ranked = [_ranked(np.asarray(p)) for p in (*a, *b)]
-    ones = np.ones(n)
 
-    def medians(weights: np.ndarray) -> tuple[list[float], list[float]]:
-        aucs = [_auc_of_ranked(inv, d, y, weights) for inv, d in ranked]
-        return aucs[: len(a)], aucs[len(a) :]
+    def aucs(weights: np.ndarray) -> tuple[list[float], list[float]]:
+        positive, negative = weights * y, weights * (1.0 - y)
+        values = [_auc_of_ranked(inv, d, positive, negative) for inv, d in ranked]
+        return values[: len(a)], values[len(a) :]
 
-    auc_a, auc_b = medians(ones)
-    difference = statistics.median(auc_b) - statistics.median(auc_a)
+    auc_a, auc_b = aucs(np.ones(n))
     rng = np.random.default_rng(seed)
     diffs = np.empty(resamples)
     a_stds = np.full(resamples, np.nan)
@@ -177,23 +190,14 @@ def row_bootstrap(
     for i in range(resamples):
         starts = rng.integers(0, n, -(-n // block))  # enough blocks for n rows, cut to n
         rows = ((starts[:, None] + offsets) % n).reshape(-1)[:n]
-        weights = np.bincount(rows, minlength=n).astype(np.float64)
-        ra, rb = medians(weights)
-        diffs[i] = statistics.median(rb) - statistics.median(ra)
+        ra, rb = aucs(np.bincount(rows, minlength=n).astype(np.float64))
+        diffs[i] = statistics.fmean(rb) - statistics.fmean(ra)
         if len(ra) > 1:
             a_stds[i] = statistics.stdev(ra)
     tail = (1 - level) / 2
     low, high = np.quantile(diffs, [tail, 1 - tail])
-    below, above = float(np.mean(diffs <= 0)), float(np.mean(diffs >= 0))
-
-    def summary(aucs: list[float]) -> dict[str, Any]:
-        return {
-            "n": len(aucs),
-            "auc": aucs,
-            "median": statistics.median(aucs),
-            "std": statistics.stdev(aucs) if len(aucs) > 1 else float("nan"),
-        }
-
+    below, above = int(np.sum(diffs <= 0)), int(np.sum(diffs >= 0))
+    summary_a, summary_b = summarize(auc_a), summarize(auc_b)
     return {
         "rows": n,
         "positives": int(y.sum()),
@@ -201,37 +205,36 @@ def row_bootstrap(
         "seed": seed,
         "level": level,
         "block": block,
-        "a": summary(auc_a),
-        "b": summary(auc_b),
-        "difference": difference,
+        "a": summary_a,
+        "b": summary_b,
+        "difference": summary_b["mean"] - summary_a["mean"],
+        "median_difference": summary_b["median"] - summary_a["median"],
         "rows_std": float(np.std(diffs, ddof=1)) if resamples > 1 else float("nan"),
         "interval": [float(low), float(high)],
-        "p_two_sided": min(1.0, 2 * min(below, above)),
+        "p_two_sided": min(1.0, 2 * (min(below, above) + 1) / (resamples + 1)),
         "a_std_resampled": float(np.median(a_stds)) if len(a) > 1 else float("nan"),
         "within_a_std": float(np.mean(np.abs(diffs) <= a_stds)) if len(a) > 1 else float("nan"),
     }
 
 
 def format_report(comparisons: Mapping[str, Mapping[str, Any]]) -> str:
-    """One line per comparison (``"B vs A"``: :func:`row_bootstrap`'s report): the medians, the
-    difference, the seeds' and the rows' standard deviations, the interval, the p-value and the
-    share of resamples within A's standard deviation."""
+    """One line per comparison (``"B vs A"``: :func:`row_bootstrap`'s report): the means and
+    medians, the mean difference, the seeds' and the rows' standard deviations, the interval,
+    the p-value and the share of resamples within A's standard deviation."""
     lines = [
-        "| comparison | median A | median B | B - A | seeds' std A / B | rows' std | interval | p "
-        "| within A's std |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| comparison | mean A | mean B | B - A (means) | B - A (medians) | seeds' std A / B "
+        "| rows' std | interval | p | within A's std |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in comparisons.items():
-        p = r["p_two_sided"]
-        p_text = f"< {1 / r['resamples']:.0e}" if p == 0 else f"{p:.3g}"
         std_a, std_b = r["a"]["std"], r["b"]["std"]
         stds = " / ".join("-" if math.isnan(s) else f"{s:.4f}" for s in (std_a, std_b))
         lo, hi = r["interval"]
+        within = "-" if math.isnan(r["within_a_std"]) else f"{r['within_a_std']:.0%}"
         lines.append(
-            f"| {name} | {r['a']['median']:.4f} | {r['b']['median']:.4f} | "
-            f"{r['difference']:+.4f} | {stds} | {r['rows_std']:.4f} | "
-            f"[{lo:+.4f}, {hi:+.4f}] ({r['level']:.0%}) | {p_text} | "
-            + ("-" if math.isnan(r["within_a_std"]) else f"{r['within_a_std']:.0%}")
-            + " |"
+            f"| {name} | {r['a']['mean']:.4f} | {r['b']['mean']:.4f} | "
+            f"{r['difference']:+.4f} | {r['median_difference']:+.4f} | {stds} | "
+            f"{r['rows_std']:.4f} | [{lo:+.4f}, {hi:+.4f}] ({r['level']:.0%}) | "
+            f"{r['p_two_sided']:.3g} | {within} |"
         )
     return "\n".join(lines)

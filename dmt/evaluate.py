@@ -672,8 +672,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    if error := results.existing_output(args.predictions, "--predictions", args.overwrite):
-        print(f"dmt-eval: error: {error}", file=sys.stderr)
+    if (
+        args.predictions is not None
+        and Path(args.predictions).resolve() == Path(args.out).resolve()
+    ):
+        print(
+            f"dmt-eval: error: --predictions {args.predictions} is the --out report's file; give "
+            "each its own",
+            file=sys.stderr,
+        )
         return 1
     try:
         report = evaluate(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,10 @@ def choose_kernels(
     CUDA: every table in HBM (:data:`FUSED`) if they fit in ``hbm_bytes``; otherwise the largest
     tables (ties: first listed) are UVM-cached (:data:`FUSED_UVM_CACHING`) one by one until the
     rest plus the caches fit, and the cached tables must fit in ``ddr_bytes``: a table whose
-    caching would overflow it is passed over for the next smaller one. A table whose
+    caching would overflow it is passed over for the next smaller one. Greedy: it never returns
+    a choice over either budget, but may refuse one that a different set of cached tables would
+    meet (where it fails, the error says the ``ddr_bytes`` its largest-first choice needs). A
+    table whose
     cache (:meth:`MemoryBudget.cached_hbm_bytes`) would take as much HBM as the table itself
     (narrow tables: FBGEMM's bookkeeping is per row) stays in HBM. CPU: every table
     is :data:`FUSED` and all must fit in ``ddr_bytes``.
@@ -240,14 +243,21 @@ def choose_kernels(
         hbm += cache - sizes[i]
         ddr += sizes[i] - stays[i]
     if hbm > budget.hbm_bytes and no_host_room:
-        i = no_host_room[0]
+        # what the same choice needs with host memory unbounded: the ddr_gb that would do
+        unbounded = replace(budget, ddr_bytes=sum(sizes))
+        need = sum(
+            sizes[j] - stays[j]
+            for j, kernel in enumerate(
+                choose_kernels(tables, unbounded, rank=rank, resident=resident)
+            )
+            if kernel == FUSED_UVM_CACHING
+        )
         raise ValueError(
-            _no_room(tables, i, rank, total)
+            _no_room(tables, no_host_room[0], rank, total)
             + f"; it would be UVM-cached, but the budget is sharding.hbm_gb = "
             f"{_gib(budget.hbm_bytes)} of HBM and sharding.ddr_gb = {_gib(budget.ddr_bytes)}"
-            f" of host memory per rank, and the UVM-cached tables would take "
-            f"{_gib(ddr + sizes[i] - stays[i])} of host memory (without it, "
-            f"{_gib(hbm)} of HBM): raise sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
+            f" of host memory per rank, and the UVM-cached tables would take {_gib(need)} of "
+            f"host memory: raise sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
         )
     if hbm > budget.hbm_bytes:
         i = largest_first[0]

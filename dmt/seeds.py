@@ -20,6 +20,7 @@ import json
 import math
 import statistics
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -223,8 +224,8 @@ def seeds_option(text: str) -> list[int]:
     """:func:`parse_seeds` as an ``argparse`` type: its message in the usage error."""
     try:
         return parse_seeds(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    except ValueError as e:  # argparse names the option itself
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--seeds ")) from None
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -255,7 +256,7 @@ def parse_seeds(text: str) -> list[int]:
         raise ValueError(
             f"--seeds {text}: expected K, LO-HI, a comma list, or a list of both"
         ) from None
-    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    twice = sorted(s for s, count in Counter(seeds).items() if count > 1)
     if twice:
         raise ValueError(f"--seeds {text}: seed(s) {twice} given twice")
     return seeds

@@ -231,7 +231,10 @@ def sweep_value(metrics: dict[str, float], name: str, *, fail_diverged: bool = F
             f"(train_loss_last={metrics.get('train_loss_last')})"
         )
         if fail_diverged:
-            raise DivergedTrial(f"{message}; the sweeper records this trial as failed")
+            raise DivergedTrial(
+                f"{message}; the sweeper records this trial as failed, and goes on while "
+                "hydra.sweeper.max_failure_rate allows (the hparams_search configs set 1.0)"
+            )
         log.warning("%s", message)
         return value
     if math.isnan(value):

@@ -149,8 +149,9 @@ def trials_table(
     directory under ``sweep_dir``.
     """
     params = varying_overrides(trials, swept)
-    shared = sweep_dir is not None and len({t.number for t in trials}) < len(trials)
-    runs = trial_names(trials, sweep_dir) if sweep_dir is not None and shared else None
+    runs = None
+    if sweep_dir is not None and len({t.number for t in trials}) < len(trials):
+        runs = trial_names(trials, sweep_dir)
     others = sorted(
         {
             k
@@ -287,8 +288,9 @@ def _markdown(
     try:
         best = best_row(rows, metric, maximize=maximize)
         settings = ", ".join(f"`{k}={best[k]}`" for k in params)
+        which = f"trial {best['trial']}" + (f" ({best['run']})" if "run" in best else "")
         summary = (
-            f"Best of {len(rows)} trials ({failed} failed): trial {best['trial']}, "
+            f"Best of {len(rows)} trials ({failed} failed): {which}, "
             f"{metric} {best[metric]:.4f}" + (f": {settings}" if settings else "")
         )
     except ValueError as e:
@@ -348,6 +350,14 @@ class TrialsTable(Callback):
     when it has none). After every job too: a sweep that stops before its end (the Optuna
     sweeper raises when every trial failed, or too many did) keeps the table of its trials."""
 
+    def __init__(self) -> None:
+        #: the multirun's swept keys, from its own config (a job's config holds only the job's
+        #: values of keys swept on the command line); travels with the callback to the jobs
+        self.swept: list[str] | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.swept = swept_keys(config)
+
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         mode = OmegaConf.select(config, "hydra.mode", default=None)
         if getattr(mode, "name", mode) != RunMode.MULTIRUN.name:  # an enum, or its name
@@ -357,16 +367,14 @@ class TrialsTable(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._write(config, announce=True)
 
-    @staticmethod
-    def _write(config: DictConfig, *, announce: bool) -> None:
+    def _write(self, config: DictConfig, *, announce: bool) -> None:
         if launch_rank() != 0:
             # every rank of a multi-process sweep runs the callback; rank 0 alone writes the
             # table, after the last trial's metrics.json, which it writes itself
             return
         sweep_dir = Path(str(config.hydra.sweep.dir))
         metric = str(OmegaConf.select(config, "trainer.optimize_metric", default="val_auc"))
-        written = write_trials(
-            sweep_dir, metric, maximize=_maximize(config), swept=swept_keys(config)
-        )
+        swept = [*(self.swept or []), *swept_keys(config)]
+        written = write_trials(sweep_dir, metric, maximize=_maximize(config), swept=swept)
         if written and announce:
             log.info("trials of the sweep: %s", ", ".join(str(p) for p in written))

@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--seeds",
         type=seeds_option,
         default=parse_seeds("1-3"),
-        help="seeds: K (0..K-1), LO-HI or a comma list; at least 2, none the sweep's (default 1-3)",
+        help="seeds: K (0..K-1), LO-HI, a comma list, or a list of both; at least 2, none the "
+        "sweep's (default 1-3)",
     )
     parser.add_argument("--metric", default="val_auc", help="metric (default val_auc)")
     parser.add_argument("--minimize", action="store_true", help="lower metric is better")

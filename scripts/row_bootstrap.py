@@ -14,8 +14,10 @@ Score each run on the same rows with ``dmt-eval --predictions``, e.g. the runs o
 
 Each ``--group NAME PATTERN`` is a model: the files its pattern matches (a glob, quoted), one per
 run. The first group is compared with every other one, or the pairs given with ``--pair A B``
-(B against A). Prints a table and writes every comparison's report (``--out``, JSON; an existing
-file is refused unless ``--overwrite``).
+(B against A): the difference of their mean AUCs over runs, resampled over the rows (the
+difference of their medians, as the seeds' tables report them, beside it). Prints a table and
+writes every comparison's report (``--out``, JSON; an existing file is refused unless
+``--overwrite``).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, pattern in args.group:
         if name in files:
             parser.error(f"--group {name} is given twice")
-        files[name] = sorted(glob.glob(pattern))
+        files[name] = sorted(glob.glob(pattern, recursive=True))
         if not files[name]:
             parser.error(f"--group {name}: no file matches {pattern!r}")
     names = list(files)
@@ -82,26 +84,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 parser.error(f"--pair {a} {b}: no --group {name}")
     try:
         labels, runs = load_predictions(files)
-    except ValueError as e:
-        parser.error(str(e))
-    reports = {
-        f"{b} vs {a}": {
-            "a_name": a,
-            "b_name": b,
-            "a_files": files[a],
-            "b_files": files[b],
-            **row_bootstrap(
-                runs[a],
-                runs[b],
-                labels,
-                resamples=args.resamples,
-                seed=args.seed,
-                level=args.level,
-                block=args.block,
-            ),
+        reports = {
+            f"{b} vs {a}": {
+                "a_name": a,
+                "b_name": b,
+                "a_files": files[a],
+                "b_files": files[b],
+                **row_bootstrap(
+                    runs[a],
+                    runs[b],
+                    labels,
+                    resamples=args.resamples,
+                    seed=args.seed,
+                    level=args.level,
+                    block=args.block,
+                ),
+            }
+            for a, b in pairs
         }
-        for a, b in pairs
-    }
+    except ValueError as e:  # a bad file, or --resamples/--level/--block out of range
+        parser.error(str(e))
     print(format_report(reports))
     if args.out is not None:
         print(f"written to {write_json(args.out, reports, replace=args.overwrite)}")

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--seeds",
         type=seeds_option,
         default=parse_seeds("9"),
-        help="K (seeds 0..K-1), LO-HI or a comma list (default 9, as the paper)",
+        help="K (seeds 0..K-1), LO-HI, a comma list, or a list of both (0-8,18-26) (default 9, as the paper)",
     )
     parser.add_argument("--out", type=Path, required=True, help="study directory")
     parser.add_argument(

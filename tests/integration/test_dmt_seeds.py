@@ -87,7 +87,7 @@ def test_each_seed_once_and_enough_seeds_for_a_comparison(tmp_path, capsys):
     assert not (tmp_path / "one").exists()  # refused before anything trained
     with pytest.raises(SystemExit):
         seeds.main(["--seeds", "3,3", "--out", str(tmp_path), "--config", "a", "optim.lr=0.1"])
-    assert "argument --seeds: --seeds 3,3: seed(s) [3] given twice" in capsys.readouterr().err
+    assert "argument --seeds: 3,3: seed(s) [3] given twice" in capsys.readouterr().err
 
 
 def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):

@@ -425,6 +425,18 @@ def test_raw_tsv_matches_a_reference_from_the_models_own_predictions(criteo_run,
     torch.testing.assert_close(report["calibration"], probs.mean() / ctr, rtol=1e-6, atol=1e-7)
 
 
+def test_predictions_of_a_raw_tsv_are_its_rows_in_file_order(criteo_run, tmp_path) -> None:
+    """Row by row against the trained model's own predictions of the file's rows (computed
+    without dmt-eval's data path)."""
+    root, probs, labels = criteo_run
+    tsv = write(tmp_path / "eval.tsv.gz", EVAL_ROWS)
+    pred = tmp_path / "pred.npz"
+    evaluate(root / "run" / "checkpoints", str(tsv), batch_size=32, predictions=pred)
+    with np.load(pred) as f:
+        np.testing.assert_allclose(f["prob"], probs, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(f["label"], labels.astype(np.int8))
+
+
 def test_criteo_splits_and_preprocessed_directories(criteo_run, tmp_path) -> None:
     root, _, _ = criteo_run
     trained = json.loads((root / "run" / "metrics.json").read_text())
@@ -691,6 +703,10 @@ def test_predictions_are_the_scored_rows_in_the_datas_order(
     assert main([*argv, "--out", str(other), "--predictions", str(pred), "--overwrite"]) == 0
     with np.load(pred) as f:
         np.testing.assert_array_equal(f["prob"], prob)
+    assert main([*argv, "--out", str(other), "--predictions", str(other), "--overwrite"]) == 1
+    assert capsys.readouterr().err == (
+        f"dmt-eval: error: --predictions {other} is the --out report's file; give each its own\n"
+    )
 
 
 def test_an_export_gets_the_mode_a_new_file_gets_under_the_umask(tmp_path: Path) -> None:

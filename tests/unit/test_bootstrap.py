@@ -53,8 +53,9 @@ def test_one_model_against_itself_differs_by_nothing() -> None:
     r = row_bootstrap(runs, runs, labels, resamples=200)
     assert r["difference"] == 0 and r["interval"] == [0.0, 0.0] and r["rows_std"] == 0
     assert r["p_two_sided"] == 1.0 and r["within_a_std"] == 1.0
-    assert r["a"]["auc"] == [auc(p, labels) for p in runs] == r["b"]["auc"]
-    assert r["a"]["median"] == statistics.median(r["a"]["auc"])
+    assert r["a"]["values"] == [auc(p, labels) for p in runs] == r["b"]["values"]
+    assert r["a"]["median"] == statistics.median(r["a"]["values"])
+    assert r["median_difference"] == 0
 
 
 def test_a_planted_better_model_is_found_and_the_rows_spread_is_the_blocks() -> None:
@@ -74,14 +75,16 @@ def test_a_planted_better_model_is_found_and_the_rows_spread_is_the_blocks() -> 
     assert r["interval"][0] < r["difference"] < r["interval"][1]
     # the gap is many of a's seeds' standard deviations, on every resample
     assert r["within_a_std"] < 0.05 and 0 < r["a_std_resampled"] < r["difference"] / 3
+    # every resample on one side: p is its floor, 2 / (resamples + 1), never 0
+    assert row_bootstrap(a, b, labels, resamples=50)["p_two_sided"] == 2 / 51
     one = row_bootstrap(a[:1], b, labels, resamples=20)
     assert math.isnan(one["within_a_std"]) and math.isnan(one["a_std_resampled"])
     over_blocks = []
     for _ in range(40):
         labels_k, a_k, b_k = block()
         over_blocks.append(
-            statistics.median(auc(p, labels_k) for p in b_k)
-            - statistics.median(auc(p, labels_k) for p in a_k)
+            statistics.fmean(auc(p, labels_k) for p in b_k)
+            - statistics.fmean(auc(p, labels_k) for p in a_k)
         )
     spread = statistics.stdev(over_blocks)
     assert 0.65 * spread < r["rows_std"] < 1.35 * spread, (r["rows_std"], spread)
@@ -109,7 +112,8 @@ def test_predictions_files_must_hold_the_same_rows(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     label = rng.integers(0, 2, 100)
     good = _save(tmp_path / "a.npz", rng.random(100), label)
-    labels, runs = load_predictions({"a": [good], "b": [good]})
+    same = _save(tmp_path / "same.npz", rng.random(100), label)
+    labels, runs = load_predictions({"a": [good], "b": [same]})
     assert np.array_equal(labels, label) and len(runs["a"]) == len(runs["b"]) == 1
     flipped = label.copy()
     flipped[17] = 1 - flipped[17]
@@ -130,8 +134,15 @@ def test_predictions_files_must_hold_the_same_rows(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"one\.npz: every label is 1: AUC needs both classes"):
         load_predictions({"a": [_save(tmp_path / "one.npz", rng.random(100), np.ones(100))]})
     np.savez(tmp_path / "bad.npz", scores=rng.random(100))
-    with pytest.raises(ValueError, match=r"bad\.npz: not a predictions file"):
-        load_predictions({"a": [tmp_path / "bad.npz"]})
+    (tmp_path / "empty.npz").write_bytes(b"")
+    np.save(tmp_path / "plain.npy", rng.random(100))
+    for name in ("bad.npz", "empty.npz", "plain.npy"):
+        with pytest.raises(ValueError, match=rf"{name}: not a predictions file"):
+            load_predictions({"a": [tmp_path / name]})
+    with pytest.raises(ValueError, match=r"none\.npz: 'prob' \(0,\) and 'label' \(0,\) must be"):
+        load_predictions({"a": [_save(tmp_path / "none.npz", np.zeros(0), np.zeros(0))]})
+    with pytest.raises(ValueError, match=r"a\.npz is a run of both a and b"):
+        load_predictions({"a": [good], "b": [tmp_path / "x" / ".." / "a.npz"]})
 
 
 def test_the_command_compares_groups_and_keeps_earlier_results(tmp_path: Path) -> None:
@@ -177,6 +188,11 @@ def test_the_command_compares_groups_and_keeps_earlier_results(tmp_path: Path) -
         timeout=120,
     )
     assert missing.returncode == 2 and "--group x: no file matches" in missing.stderr
+    bad_block = subprocess.run(
+        [*argv[:8], "--block", "0"], capture_output=True, text=True, timeout=120
+    )
+    assert bad_block.returncode == 2
+    assert "row_bootstrap: block=0 must be between 1 and the 1500 rows" in bad_block.stderr
 
 
 def test_format_report_names_each_comparison() -> None:
@@ -185,7 +201,7 @@ def test_format_report_names_each_comparison() -> None:
     r = row_bootstrap(_runs(rng, logit, 1, 2), _runs(rng, logit, 1, 1), labels, resamples=20)
     text = format_report({"b vs a": r})
     row = text.splitlines()[2]
-    assert row.startswith(f"| b vs a | {r['a']['median']:.4f} | {r['b']['median']:.4f} | ")
+    assert row.startswith(f"| b vs a | {r['a']['mean']:.4f} | {r['b']['mean']:.4f} | ")
     assert f"{r['a']['std']:.4f} / -" in row  # one run of b: no seeds' std
 
 

@@ -128,9 +128,15 @@ def test_cached_tables_must_fit_in_host_memory():
         "table 'd' (1000 bytes with its optimizer state) does not fit on rank 5, whose 4 "
         "table(s) take 2.54 KiB (2600 bytes); it would be UVM-cached, but the budget is "
         "sharding.hbm_gb = 1.07 KiB (1100 bytes) of HBM and sharding.ddr_gb = 1.95 KiB "
-        "(1999 bytes) of host memory per rank, and the UVM-cached tables would take 2.54 KiB "
-        "(2600 bytes) of host memory (without it, 1.49 KiB (1528 bytes) of HBM): raise "
-        "sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
+        "(1999 bytes) of host memory per rank, and the UVM-cached tables would take 2.34 KiB "
+        "(2400 bytes) of host memory: raise sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
+    )
+    # ... and that much host memory does: b, d and a cached, 992 bytes of HBM
+    assert choose_kernels(TABLES, _cuda(1100, 2400), rank=5) == (
+        FUSED_UVM_CACHING,
+        FUSED_UVM_CACHING,
+        FUSED,
+        FUSED_UVM_CACHING,
     )
 
 

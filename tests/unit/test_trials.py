@@ -369,6 +369,20 @@ def test_the_table_is_written_after_every_job_of_a_multirun(tmp_path: Path) -> N
     config = OmegaConf.create({"hydra": {**job, "mode": "MULTIRUN"}})
     TrialsTable().on_job_end(config, job_return=None)
     assert (sweep / TRIALS_MD).read_text().startswith("Best of 7 trials (2 failed): trial 10,")
+    # a key swept on the command line is in the multirun's config, not the job's (the job has
+    # its own value): the callback keeps it from the multirun's start for the jobs' tables
+    one = tmp_path / "one"
+    _trial(one, "0", 0, ["data.batch_size=256", "optim.lr=1"], 0.7)
+    table = TrialsTable()
+    multirun = {"sweep": {"dir": str(one)}, "mode": "MULTIRUN"}
+    table.on_multirun_start(
+        OmegaConf.create({"hydra": {**multirun, "overrides": {"task": ["optim.lr=choice(1,2)"]}}})
+    )
+    table.on_job_end(
+        OmegaConf.create({"hydra": {**multirun, "overrides": {"task": ["optim.lr=1"]}}}),
+        job_return=None,
+    )
+    assert (one / TRIALS_MD).read_text().splitlines()[0].endswith(": `optim.lr=1`")
     assert sorted(p.name for p in sweep.iterdir() if p.name.startswith(".")) == []  # no temporary
 
 
@@ -389,6 +403,10 @@ def test_two_multiruns_in_one_sweep_directory_are_told_apart(
         _trial(sweep, directory, number, [f"optim.lr={lr}", f"trainer.seed={directory[-1]}"], auc)
     columns, rows = trials_table(read_trials(sweep), "val_auc", sweep_dir=sweep)
     assert columns[:3] == ["trial", "run", "status"]
+    write_trials(sweep, "val_auc")
+    assert (
+        (sweep / TRIALS_MD).read_text().startswith("Best of 4 trials (0 failed): trial 0 (seed_3),")
+    )
     assert [(r["trial"], r["run"]) for r in rows] == [
         (0, "seed_1"), (0, "seed_3"), (1, "seed_2"), (1, "seed_4")
     ]  # fmt: skip
