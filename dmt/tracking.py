@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
 from dmt.config import LoggerConfig
+from dmt.results import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +165,7 @@ def _run_id(output_dir: Path) -> str:
         log.info("continuing wandb run %s (%s)", run_id, path)
         return run_id
     run_id = secrets.token_hex(6)  # wandb's ids are lowercase letters and digits
-    tmp = path.with_name(f".{RUN_ID_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(run_id + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, lambda tmp: tmp.write_text(run_id + "\n"))
     return run_id
 
 
