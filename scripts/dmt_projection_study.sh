@@ -23,6 +23,11 @@
 # 2. scripts/seeds.py, two processes on disjoint configs (2 cores), then the tables of val_auc
 #    (OUT/val_auc.txt) and test_auc (OUT/test_auc.txt, and OUT/seeds.json / seeds.png) with
 #    Mann-Whitney U against the base and between variants. Finished runs are read back.
+# 3. with ROWS=1: every run trains with trainer.checkpoint=true (the same AUCs; another OUT_DIR
+#    than a study without it), dmt-eval scores its checkpoint on val and test with --predictions
+#    (SEED_DIR/pred_{val,test}.npz), and scripts/row_bootstrap.py compares every config with the
+#    base over resampled rows (OUT/rows_{val,test}.json and .txt; README, Forward in time):
+#    ROWS=1 ONLY="base tp4_d16_nobias tp8_d16_nobias" bash scripts/dmt_projection_study.sh study/rows 9
 # Needs ../shared/data/criteo-kaggle-sample/train.tsv (preprocessed on first use into data_cache/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -81,7 +86,9 @@ for T in 4 8; do
       --batch-size 512 --num-towers "$T" --out "$OUT/tp$T"
   fi
 done
-common=(--seeds "$SEEDS" --out "$OUT" --common "logger=disabled trainer.progress_bar=false")
+quiet="logger=disabled trainer.progress_bar=false"
+[[ -n "${ROWS:-}" ]] && quiet+=" trainer.checkpoint=true"
+common=(--seeds "$SEEDS" --out "$OUT" --common "$quiet")
 # two processes, every other config each (their seeds.json is rewritten below)
 half=(); other=()
 for ((i = 0; i < ${#configs[@]}; i += 3)); do
@@ -118,3 +125,27 @@ done
 pairs=("${kept[@]}")
 "$PY" scripts/seeds.py "${common[@]}" --no-train --metric val_auc "${configs[@]}" "${pairs[@]}" | tee "$OUT/val_auc.txt"
 "$PY" scripts/seeds.py "${common[@]}" --no-train --metric test_auc "${configs[@]}" "${pairs[@]}" | tee "$OUT/test_auc.txt"
+if [[ -n "${ROWS:-}" ]]; then
+  names=()
+  for ((i = 0; i < ${#configs[@]}; i += 3)); do names+=("${configs[i + 1]}"); done
+  read -ra seeds <<< "$("$PY" -c "import sys; from dmt.seeds import parse_seeds; print(*parse_seeds(sys.argv[1]))" "$SEEDS")"
+  for name in "${names[@]}"; do
+    for seed in "${seeds[@]}"; do
+      run="$OUT/$name/seed_$seed"
+      for split in val test; do
+        [[ -f "$run/pred_$split.npz" ]] || .venv/bin/dmt-eval --checkpoint "$run/checkpoints" \
+          --data "$split" --out "$run/eval_$split.json" --predictions "$run/pred_$split.npz" \
+          --no-progress > /dev/null
+      done
+    done
+  done
+  for split in val test; do
+    groups=()
+    for name in "${names[@]}"; do
+      groups+=(--group "$name")
+      for seed in "${seeds[@]}"; do groups+=("$OUT/$name/seed_$seed/pred_$split.npz"); done
+    done
+    "$PY" scripts/row_bootstrap.py "${groups[@]}" --resamples 2000 --out "$OUT/rows_$split.json" \
+      --overwrite | tee "$OUT/rows_$split.txt"
+  done
+fi

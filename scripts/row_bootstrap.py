@@ -12,8 +12,8 @@ Score each run on the same rows with ``dmt-eval --predictions``, e.g. the runs o
     python scripts/row_bootstrap.py --group dlrm 'study/base/seed_*/pred_test.npz' \\
         --group dmt4 'study/tp4/seed_*/pred_test.npz' --out study/row_bootstrap_test.json
 
-Each ``--group NAME PATTERN`` is a model: the files its pattern matches (a glob, quoted), one per
-run. The first group is compared with every other one, or the pairs given with ``--pair A B``
+Each ``--group NAME FILE...`` is a model: its runs' predictions files, one per run (a quoted
+glob stands for the files it matches). The first group is compared with every other one, or the pairs given with ``--pair A B``
 (B against A): the difference of their mean AUCs over runs, resampled over the rows (the
 difference of their medians, as the seeds' tables report them, beside it). Prints a table and
 writes every comparison's report (``--out``, JSON; an existing file is refused unless
@@ -38,11 +38,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument(
         "--group",
-        nargs=2,
+        nargs="+",
         action="append",
         required=True,
-        metavar=("NAME", "PATTERN"),
-        help="a model: its name and a glob of its runs' predictions files (repeat)",
+        metavar="NAME FILE",
+        help="a model: its name, then its runs' predictions files, or globs of them in quotes "
+        "(repeat)",
     )
     parser.add_argument(
         "--pair",
@@ -68,12 +69,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if error := existing_output(args.out, "--out", args.overwrite):
         parser.error(error)
     files: dict[str, list[str]] = {}
-    for name, pattern in args.group:
+    for name, *patterns in args.group:
+        if not patterns:
+            parser.error(f"--group {name}: give its runs' predictions files after its name")
         if name in files:
             parser.error(f"--group {name} is given twice")
-        files[name] = sorted(glob.glob(pattern, recursive=True))
-        if not files[name]:
-            parser.error(f"--group {name}: no file matches {pattern!r}")
+        files[name] = []
+        for pattern in patterns:
+            matched = sorted(glob.glob(pattern, recursive=True))
+            if not matched:
+                parser.error(f"--group {name}: no file matches {pattern!r}")
+            files[name] += [f for f in matched if f not in files[name]]
     names = list(files)
     pairs = [tuple(p) for p in args.pair] or [(names[0], other) for other in names[1:]]
     if not pairs:

@@ -177,6 +177,15 @@ def test_the_command_compares_groups_and_keeps_earlier_results(tmp_path: Path) -
     assert better["interval"][0] > 0 and same["interval"][0] < 0 < same["interval"][1]
     assert better["a_files"] == [str(tmp_path / f"base_{i}.npz") for i in range(3)]
     assert "| better vs base |" in res.stdout and "| same vs base |" in res.stdout
+    # the files one by one (as a shell expands a glob) give the same report
+    listed = subprocess.run(
+        [*argv[:2], "--group", "base", *(str(tmp_path / f"base_{i}.npz") for i in range(3)),
+         "--group", "better", *(str(tmp_path / f"better_{i}.npz") for i in range(3)),
+         "--resamples", "200", "--out", str(tmp_path / "listed.json")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert json.loads((tmp_path / "listed.json").read_text()) == {"better vs base": better}
     # a second run does not replace the first's results
     again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and f"--out {out} exists already" in again.stderr
