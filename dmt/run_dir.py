@@ -29,7 +29,7 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
@@ -82,9 +82,29 @@ def agreed_stamp(store: Any, run_id: str, stamp: str) -> str:
     return store.compare_set(f"dmt/run_stamp/{run_id}", "", stamp).decode()
 
 
+def slurm_stamp(env: Mapping[str, str]) -> str | None:
+    """``slurm/<SLURM_JOB_ID>.<step>`` for a task of a SLURM job step of several tasks outside
+    torchrun (``srun dmt-train``), ``None`` otherwise: every task of the step computes the same
+    stamp without meeting (their clocks and pids differ, and there is no store before the run
+    directory), and a requeued job's step gets its directory again, where
+    ``trainer.resume_from=auto`` finds its checkpoints."""
+    from dmt.runtime import world_from_env  # noqa: PLC0415
+
+    try:
+        world = world_from_env(env)
+    except ValueError:
+        return None  # a launch the runtime refuses, with its message, when training starts
+    if world.launcher != "slurm" or world.world_size < 2:
+        return None
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", "0"))
+    return f"slurm/{env.get('SLURM_JOB_ID', 'job')}.{step}"
+
+
 def _resolve_run_stamp() -> str:
-    stamp = run_stamp(datetime.now(), os.getpid(), stamp_host())
     env = os.environ
+    if (shared := slurm_stamp(env)) is not None:
+        return shared
+    stamp = run_stamp(datetime.now(), os.getpid(), stamp_host())
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_PORT" not in env:
         return stamp
     import torch.distributed as dist  # noqa: PLC0415 - only under torchrun

@@ -325,12 +325,17 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0, job: str = "
             raise ValueError("trainer.device=cuda but no CUDA device is available")
         if use_cuda:
             dev = torch.device("cuda", cuda_index(world.local_rank, visible))
+            try:
+                torch.cuda.set_device(dev)
+            except RuntimeError as err:  # busy (exclusive mode), failed (ECC), out of memory
+                raise ValueError(
+                    f"{dev} (local rank {world.local_rank}) cannot be used: "
+                    f"{type(err).__name__}: {err}"
+                ) from err
     except ValueError as err:
         if world.master_addr is None or dist.is_initialized():
             raise
         problem = str(err)
-    if use_cuda and not problem:
-        torch.cuda.set_device(dev)
     if not dist.is_initialized():
         timeout = timedelta(seconds=timeout_s)
         if world.master_addr is None:
@@ -567,15 +572,28 @@ def _own_store(world: World, timeout: timedelta, job: str) -> dist.Store:
     if _own is None or _own[0] != key:
         _own = None  # a world of other settings: its own store (the old one closes when freed)
         _own_store_inits.clear()  # its peers count from 0 too
-        store = dist.TCPStore(
-            world.master_addr,
-            world.master_port,
-            world.world_size,
-            is_master=world.rank == 0,
-            timeout=timeout,
-            wait_for_workers=False,
-            multi_tenant=True,  # as env://: a later env:// group on this port shares the server
-        )
+        try:
+            store = dist.TCPStore(
+                world.master_addr,
+                world.master_port,
+                world.world_size,
+                is_master=world.rank == 0,
+                timeout=timeout,
+                wait_for_workers=False,
+                multi_tenant=True,  # as env://: a later env:// group on this port shares it
+            )
+        except dist.DistNetworkError as err:
+            if world.rank != 0:
+                raise
+            # rank 0 serves the store: a port another process holds (another job whose port
+            # formula gives the same, on a shared first node) fails here, naming neither
+            raise ValueError(
+                f"rank 0 cannot serve the rendezvous store on {world.master_addr}:"
+                f"{world.master_port} (MASTER_ADDR:MASTER_PORT; under SLURM without "
+                f"MASTER_PORT the port is {SLURM_PORT_BASE} + (SLURM_JOB_ID + "
+                f"{SLURM_PORT_STEP_STRIDE} x SLURM_STEP_ID) % {SLURM_PORT_RANGE}, which two jobs "
+                f"can share): {err}; set MASTER_PORT to a free port"
+            ) from err
         _own = (key, store)
     store = _own[1]
     store.set_timeout(timeout)

@@ -174,6 +174,47 @@ with open(f"{sys.argv[1]}/rank{rank}.txt", "w") as out:
 """
 
 
+DEVICE_BUSY = """
+import sys, time
+import torch
+from dmt.runtime import init_runtime, world_from_env
+import os
+
+rank = world_from_env(os.environ).rank
+if rank == 1:  # rank 1 sees two GPUs, and its own is busy (exclusive mode, held by another process)
+    torch.cuda.device_count = lambda: 2
+    def busy(device):
+        raise RuntimeError("CUDA error: CUDA-capable device(s) is/are busy or unavailable")
+    torch.cuda.set_device = busy
+start = time.monotonic()
+try:
+    init_runtime("cuda" if rank == 1 else "cpu", timeout_s=120, job="job")
+except ValueError as e:
+    line = f"{e} after {time.monotonic() - start:.0f} s"
+else:
+    line = "started"
+with open(f"{sys.argv[1]}/rank{rank}.txt", "w") as out:
+    out.write(line)
+"""
+
+
+def test_a_rank_whose_gpu_fails_to_start_fails_every_rank_at_once(tmp_path: Path) -> None:
+    """A reproduced bug: a GPU that failed when selected (torch.cuda.set_device raising a
+    RuntimeError: busy, ECC, no memory) failed its rank alone, and the other ranks waited for it
+    until the timeout (600 s by default) with a store timeout naming neither the rank nor the
+    error. Now it goes through the rendezvous store like a missing device."""
+    script = tmp_path / "busy.py"
+    script.write_text(DEVICE_BUSY)
+    out = "\n".join(_start_pair(tmp_path, script, "srun"))
+    message = (
+        "ranks [1] have no device to run on; rank 1: cuda:1 (local rank 1) cannot be used: "
+        "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable after "
+    )
+    for line in ((tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)):
+        assert line.startswith(message), out
+        assert float(line.removeprefix(message).removesuffix(" s")) < 60, out
+
+
 def test_a_rank_without_its_device_fails_every_rank_at_once(tmp_path: Path) -> None:
     """A rank that cannot take its device (``trainer.device=cuda`` without one, a local rank
     beyond the GPUs it sees) says so through the rendezvous store, and every rank raises its

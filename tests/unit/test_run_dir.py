@@ -22,6 +22,7 @@ from dmt.run_dir import (
     LOCK_FILE,
     STALE_LOCK_WAIT_S,
     RunDirGuard,
+    _resolve_run_stamp,
     agreed_stamp,
     check_outputs,
     claim_run_dir,
@@ -29,6 +30,7 @@ from dmt.run_dir import (
     lock_run_dir,
     rank_log_suffix,
     run_stamp,
+    slurm_stamp,
     stale_lock_wait,
     stamp_host,
 )
@@ -93,6 +95,36 @@ def test_the_ranks_of_a_job_adopt_the_first_ranks_stamp():
     stamps = [agreed_stamp(s, "job-a", run_stamp(SECOND, 100 + i)) for i, s in enumerate(ranks)]
     assert stamps == ["2025-01-31/14-03-59-100"] * 3
     assert agreed_stamp(ranks[0], "job-b", "other") == "other"  # another job, its own stamp
+
+
+SRUN_TASK = {"SLURM_JOB_ID": "4321", "SLURM_STEP_ID": "2", "SLURM_NTASKS": "2",
+             "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_NODELIST": "n[1-2]"}  # fmt: skip
+
+
+def test_the_tasks_of_an_srun_step_share_one_directory(monkeypatch):
+    """A reproduced bug: under plain ``srun dmt-train`` (no torchrun, so no store before the run
+    directory) every task stamped its own default directory from its clock and pid, which left
+    one directory of logs per rank, one sweep directory per rank with -m, and sent a requeued
+    job to a new directory where ``trainer.resume_from=auto`` found nothing."""
+    for key in (*TORCHRUN_VARS, "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(key, raising=False)
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(key, raising=False)
+    stamps = []
+    for rank in (0, 1):
+        task = {**SRUN_TASK, "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0",
+                "SLURM_NODEID": str(rank)}  # fmt: skip
+        assert slurm_stamp(task) == "slurm/4321.2"
+        for key, value in task.items():
+            monkeypatch.setenv(key, value)
+        stamps.append(_resolve_run_stamp())
+    assert stamps == ["slurm/4321.2"] * 2
+    # one task, or torchrun's world (its agent's store agrees on a stamp): the usual stamp
+    one = {**SRUN_TASK, "SLURM_NTASKS": "1", "SLURM_TASKS_PER_NODE": "1", "SLURM_PROCID": "0",
+           "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}  # fmt: skip
+    assert slurm_stamp(one) is None
+    assert slurm_stamp({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}) is None  # fmt: skip
 
 
 def _outputs_error(run_dir) -> str:

@@ -332,3 +332,27 @@ def test_a_restarted_attempt_starts_without_the_failed_attempts_nccl_dump_key(mo
     assert agent.check([_NCCL_DUMP_KEY])
     _elastic_store(2, 0, timedelta(seconds=10))
     assert not agent.check([_NCCL_DUMP_KEY])
+
+
+def test_a_busy_rendezvous_port_names_the_port_and_its_formula() -> None:
+    """A reproduced bug: rank 0 failing to serve the store on a port another process holds
+    (two jobs whose SLURM port formula agrees, on a shared first node) raised torch's bare
+    EADDRINUSE, naming neither MASTER_PORT nor where the port came from."""
+    import socket  # noqa: PLC0415
+    from datetime import timedelta  # noqa: PLC0415
+
+    from dmt.runtime import World, _own_store  # noqa: PLC0415
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        world = World(0, 2, 0, 2, "127.0.0.1", port, "slurm")
+        with pytest.raises(ValueError) as err:
+            _own_store(world, timedelta(seconds=5), "job")
+    assert str(err.value).startswith(
+        f"rank 0 cannot serve the rendezvous store on 127.0.0.1:{port} (MASTER_ADDR:MASTER_PORT; "
+        "under SLURM without MASTER_PORT the port is 12000 + (SLURM_JOB_ID + 7919 x "
+        "SLURM_STEP_ID) % 20000, which two jobs can share): "
+    )
+    assert str(err.value).endswith("; set MASTER_PORT to a free port")
