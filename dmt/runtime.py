@@ -350,6 +350,7 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0, job: str = "
                 store = _own_store(world, timeout, job)
             agree_on_devices(store, world.rank, world.world_size, problem)
             agree_on_backend(store, world.rank, world.world_size, backend)
+            agree_on_hosts(store, world.rank, world.world_size, world.local_world_size)
             dist.init_process_group(
                 backend, store=store, rank=world.rank, world_size=world.world_size, timeout=timeout
             )
@@ -382,18 +383,25 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0, job: str = "
     )
 
 
-def mixed_backends(backends: Sequence[str]) -> str | None:
-    """``None`` when every rank (``backends[rank]``: ``"<backend> on <host>"``) chose the same
-    backend; else a message naming the ranks of each choice."""
+def _disagreement(entries: Sequence[str], key: Callable[[str], int | str] = str) -> str | None:
+    """``None`` when every rank's entry (``entries[rank]``: ``"<value> on <host>"``) has the same
+    value; else each value (sorted by ``key``) with its ranks and its first rank's host."""
     ranks: dict[str, list[int]] = {}
-    for rank, entry in enumerate(backends):
+    for rank, entry in enumerate(entries):
         ranks.setdefault(entry.split(" ", 1)[0], []).append(rank)
     if len(ranks) < 2:
         return None
-    chosen = "; ".join(
-        f"{name} on ranks {r} ({backends[r[0]].split(' on ', 1)[-1]}{', ...' if len(r) > 1 else ''})"
-        for name, r in sorted(ranks.items())
+    return "; ".join(
+        f"{value} on ranks {r} ({entries[r[0]].split(' on ', 1)[-1]}{', ...' if len(r) > 1 else ''})"
+        for value, r in sorted(ranks.items(), key=lambda item: key(item[0]))
     )
+
+
+def mixed_backends(backends: Sequence[str]) -> str | None:
+    """``None`` when every rank (``backends[rank]``: ``"<backend> on <host>"``) chose the same
+    backend; else a message naming the ranks of each choice."""
+    if (chosen := _disagreement(backends)) is None:
+        return None
     return (
         f"the ranks chose different backends ({chosen}): with trainer.device=auto a rank picks "
         "nccl only where it sees a GPU; make every rank see its GPU (CUDA_VISIBLE_DEVICES, "
@@ -415,6 +423,33 @@ def agree_on_devices(store: dist.Store, rank: int, world_size: int, problem: str
     ``ValueError`` naming the ranks without one, before the group starts: the others would
     otherwise wait in the rendezvous for a rank that has already failed, until the timeout."""
     _judge_through_store(store, rank, world_size, "dmt/runtime/device", problem, device_problems)
+
+
+def uneven_hosts(layouts: Sequence[str]) -> str | None:
+    """``None`` when every rank (``layouts[rank]``: ``"<local world size> on <host>"``) counts
+    the same number of ranks on its host; else a message naming the ranks of each count."""
+    if (counts := _disagreement(layouts, key=int)) is None:
+        return None
+    return (
+        f"the ranks count different numbers of ranks per host (local world size {counts}): "
+        "TorchRec's plans and SPTT's towers need the same number on every host; launch as many "
+        "tasks on each node (SLURM --ntasks-per-node, torchrun --nproc-per-node, "
+        "LOCAL_WORLD_SIZE)"
+    )
+
+
+def agree_on_hosts(store: dist.Store, rank: int, world_size: int, local_world_size: int) -> None:
+    """Every rank has as many ranks on its host as the others, or every rank raises the same
+    ``ValueError`` before the group starts (uneven hosts, e.g. SLURM's ``2(x3),1``, would fail
+    on some ranks only, in the plans, while the others went on until the timeout)."""
+    _judge_through_store(
+        store,
+        rank,
+        world_size,
+        "dmt/runtime/hosts",
+        f"{local_world_size} on {socket.gethostname()}",
+        uneven_hosts,
+    )
 
 
 def agree_on_backend(store: dist.Store, rank: int, world_size: int, backend: str) -> None:

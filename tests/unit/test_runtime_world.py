@@ -356,3 +356,25 @@ def test_a_busy_rendezvous_port_names_the_port_and_its_formula() -> None:
         "SLURM_STEP_ID) % 20000, which two jobs can share): "
     )
     assert str(err.value).endswith("; set MASTER_PORT to a free port")
+
+
+def test_uneven_hosts_are_refused_on_every_rank_before_the_group() -> None:
+    """SLURM's ``--ntasks 7`` on 4 nodes gives ``2(x3),1``: ranks 0-5 count 2 ranks on their
+    host, rank 6 counts 1. SPTT's topology refused it on ranks 0-5 only, and rank 6 went on
+    alone until the timeout; now every rank stops before the group, with one message."""
+    from dmt.runtime import agree_on_hosts, uneven_hosts  # noqa: PLC0415
+
+    store = dist.HashStore()
+    for rank in range(1, 6):
+        store.set(f"dmt/runtime/hosts/{rank}", f"2 on n{rank // 2 + 1}")
+    store.set("dmt/runtime/hosts/6", "1 on n4")
+    with pytest.raises(ValueError) as err:
+        agree_on_hosts(store, 0, 7, 2)
+    host = socket.gethostname()
+    assert str(err.value) == (
+        f"the ranks count different numbers of ranks per host (local world size 1 on ranks [6] "
+        f"(n4); 2 on ranks [0, 1, 2, 3, 4, 5] ({host}, ...)): TorchRec's plans and SPTT's towers "
+        "need the same number on every host; launch as many tasks on each node (SLURM "
+        "--ntasks-per-node, torchrun --nproc-per-node, LOCAL_WORLD_SIZE)"
+    )
+    assert uneven_hosts(["2 on a", "2 on a", "2 on b", "2 on b"]) is None
