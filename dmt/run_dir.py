@@ -88,10 +88,12 @@ def slurm_stamp(env: Mapping[str, str]) -> str | None:
     stamp without meeting (their clocks and pids differ, and there is no store before the run
     directory), and a requeued job's step gets its directory again, where
     ``trainer.resume_from=auto`` finds its checkpoints."""
-    from dmt.runtime import world_from_env  # noqa: PLC0415
+    from dmt.runtime import launcher_env, world_from_env  # noqa: PLC0415
 
     try:
-        world = world_from_env(env)
+        # the launcher's variables only: a multirun's later jobs resolve the sweep directory
+        # again after the first job's init_runtime exported torchrun's variables
+        world = world_from_env(launcher_env(env))
     except ValueError:
         return None  # a launch the runtime refuses, with its message, when training starts
     if world.launcher != "slurm" or world.world_size < 2:

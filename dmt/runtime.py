@@ -314,7 +314,7 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0, job: str = "
     # the devices CUDA_VISIBLE_DEVICES shows now, which can differ from is_available()'s answer
     visible = torch.cuda.device_count() if device != "cpu" else 0
     use_cuda = device == "cuda" or (device == "auto" and visible > 0)
-    world = world_from_env(_launcher_env(os.environ))
+    world = world_from_env(launcher_env(os.environ))
     backend = "nccl" if use_cuda else "gloo"
     # a rank without its device says so through the rendezvous store, so that every rank fails
     # with its message at once rather than waiting for it until the timeout
@@ -536,7 +536,7 @@ def _export(world: World, environ: MutableMapping[str, str]) -> None:
             environ[key] = _exported[key] = value
 
 
-def _launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
+def launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` without the variables :func:`_export` set: the next job of a multirun under
     ``srun`` must see SLURM's world, not come up as a torchrun world of dmt's making."""
     return {k: v for k, v in environ.items() if _exported.get(k) != v}

@@ -119,6 +119,19 @@ def test_the_tasks_of_an_srun_step_share_one_directory(monkeypatch):
             monkeypatch.setenv(key, value)
         stamps.append(_resolve_run_stamp())
     assert stamps == ["slurm/4321.2"] * 2
+    # a multirun's later jobs resolve it again after init_runtime exported torchrun's variables
+    # (RANK, WORLD_SIZE, MASTER_ADDR, ...) into the process: still the step's stamp
+    from dmt.runtime import _export, _exported, world_from_env  # noqa: PLC0415
+
+    saved = dict(_exported)
+    _export(world_from_env(os.environ), os.environ)
+    try:
+        assert "RANK" in os.environ and _resolve_run_stamp() == "slurm/4321.2"
+    finally:
+        for key in TORCHRUN_VARS:
+            os.environ.pop(key, None)
+        _exported.clear()
+        _exported.update(saved)
     # one task, or torchrun's world (its agent's store agrees on a stamp): the usual stamp
     one = {**SRUN_TASK, "SLURM_NTASKS": "1", "SLURM_TASKS_PER_NODE": "1", "SLURM_PROCID": "0",
            "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}  # fmt: skip
