@@ -7,8 +7,10 @@ The launcher decides the world (:func:`world_from_env`, a pure function of the e
   ``sbatch`` allocation works as it does anywhere.
 - Otherwise, a task of a SLURM job step (``srun``, or hydra-submitit-launcher's ``hydra/launcher=slurm``,
   which runs one ``srun`` step per sweep point) forms one world of all the step's tasks from SLURM's
-  own variables: ``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``/``SLURM_NTASKS``, ``SLURM_LOCALID``, the
-  step's tasks on this node, and the first host of the step's node list as the rendezvous host, on
+  own variables: ``SLURM_STEP_NUM_TASKS``/``SLURM_NTASKS``, the ranks numbered node by node
+  (``SLURM_NODEID``, ``SLURM_LOCALID`` and the step's tasks per node: ``SLURM_PROCID`` under the
+  default block distribution, and hosts of consecutive ranks under any ``--distribution``), and
+  the first host of the step's node list (node 0's, rank 0's) as the rendezvous host, on
   port ``12000 + (SLURM_JOB_ID + 7919 * SLURM_STEP_ID) % 20000`` (:func:`slurm_port`: below Linux's
   ephemeral ports, and different for steps of one job that run at once) unless
   ``MASTER_ADDR``/``MASTER_PORT`` are set.
@@ -84,6 +86,11 @@ class World:
     master_addr: str | None
     master_port: int | None
     launcher: str  # "torchrun", "slurm" or "none"
+    #: SLURM's number of this task (``SLURM_PROCID``) and of its node in the step
+    #: (``SLURM_NODEID``), for a SLURM world: ``rank`` numbers the tasks node by node whatever
+    #: ``srun --distribution`` placed where (:func:`_slurm_world`)
+    slurm_task: int | None = None
+    slurm_node: int | None = None
 
     def torchrun_env(self) -> dict[str, str]:
         """The torchrun variables of this world (what ``init_process_group``'s ``env://`` reads)."""
@@ -161,6 +168,10 @@ def _torchrun_world(env: Mapping[str, str]) -> World:
             f"missing ({_seen(env)})"
         )
     world_size = _int(env, "WORLD_SIZE")
+    rank = _int(env, "RANK")
+    # without them, every rank on one host, numbered as torchrun numbers them (agree_on_hosts
+    # refuses a world whose ranks run elsewhere than these say)
+    local_world_size = _int(env, "LOCAL_WORLD_SIZE", world_size)
     rendezvous = world_size > 1 or "MASTER_ADDR" in env
     if rendezvous and not ("MASTER_ADDR" in env and "MASTER_PORT" in env):
         raise ValueError(
@@ -168,10 +179,10 @@ def _torchrun_world(env: Mapping[str, str]) -> World:
             f"({_seen(env)})"
         )
     return World(
-        rank=_int(env, "RANK"),
+        rank=rank,
         world_size=world_size,
-        local_rank=_int(env, "LOCAL_RANK", 0),
-        local_world_size=_int(env, "LOCAL_WORLD_SIZE", world_size),
+        local_rank=_int(env, "LOCAL_RANK", rank % max(local_world_size, 1)),
+        local_world_size=local_world_size,
         master_addr=env["MASTER_ADDR"] if rendezvous else None,
         master_port=_int(env, "MASTER_PORT") if rendezvous else None,
         launcher="torchrun",
@@ -179,27 +190,44 @@ def _torchrun_world(env: Mapping[str, str]) -> World:
 
 
 def _slurm_world(env: Mapping[str, str]) -> World:
+    """A SLURM step's world. Ranks are numbered node by node, in the order of the step's node
+    list (``SLURM_NODEID``), then by ``SLURM_LOCALID``: under ``srun``'s default block
+    distribution that is ``SLURM_PROCID``; under ``--distribution=cyclic`` or ``plane`` (task 1 on
+    the second node) or ``arbitrary`` (``SLURM_HOSTFILE``: task 0 on any node) it is not, and
+    ``SLURM_PROCID`` would give TorchRec's plans and SPTT's towers hosts whose ranks sit on
+    several nodes, and under ``arbitrary`` a rank 0 away from the rendezvous host (the first host
+    of the node list), where the others would wait for it until the timeout."""
     world_size = _int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1))
     if world_size == 1:
         return World(0, 1, 0, 1, None, None, "slurm")
+    task = _int(env, "SLURM_PROCID")
+    node = _int(env, "SLURM_NODEID", 0)
+    local_rank = _int(env, "SLURM_LOCALID")
     per_node_spec = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE"))
     if per_node_spec is not None:
         per_node = tasks_per_node(per_node_spec)
-        node = _int(env, "SLURM_NODEID", 0)
         if node >= len(per_node):
             raise ValueError(f"SLURM_NODEID={node} is outside the tasks per node {per_node_spec!r}")
         local_world_size = per_node[node]
+        rank = sum(per_node[:node]) + local_rank
     elif "SLURM_NTASKS_PER_NODE" in env:
         local_world_size = _int(env, "SLURM_NTASKS_PER_NODE")
+        rank = node * local_world_size + local_rank
     else:
         local_world_size = world_size
+        rank = task
+    if local_rank >= local_world_size or rank >= world_size:
+        raise ValueError(
+            f"SLURM_LOCALID={local_rank} on node SLURM_NODEID={node} does not fit the step's "
+            f"{world_size} tasks, {local_world_size} on this node ({_seen(env)})"
+        )
     nodelist = env.get(
         "SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST"))
     )
     if "MASTER_ADDR" in env:
         master_addr = env["MASTER_ADDR"]
     elif nodelist:
-        master_addr = first_host(nodelist)
+        master_addr = first_host(nodelist)  # node 0's, where rank 0 runs
     else:
         raise ValueError(f"SLURM step of {world_size} tasks without a node list ({_seen(env)})")
     if "MASTER_PORT" in env:
@@ -210,13 +238,15 @@ def _slurm_world(env: Mapping[str, str]) -> World:
     else:
         raise ValueError(f"SLURM step of {world_size} tasks without SLURM_JOB_ID ({_seen(env)})")
     return World(
-        rank=_int(env, "SLURM_PROCID"),
+        rank=rank,
         world_size=world_size,
-        local_rank=_int(env, "SLURM_LOCALID"),
+        local_rank=local_rank,
         local_world_size=local_world_size,
         master_addr=master_addr,
         master_port=master_port,
         launcher="slurm",
+        slurm_task=task,
+        slurm_node=node,
     )
 
 
@@ -232,7 +262,7 @@ def world_from_env(env: Mapping[str, str]) -> World:
         >>> world_from_env({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1",
         ...                 "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
         ...                 "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_NODELIST": "n[1-2]"})
-        World(rank=1, world_size=2, local_rank=0, local_world_size=1, master_addr='n1', master_port=12007, launcher='slurm')
+        World(rank=1, world_size=2, local_rank=0, local_world_size=1, master_addr='n1', master_port=12007, launcher='slurm', slurm_task=1, slurm_node=1)
     """
     if "RANK" in env or "WORLD_SIZE" in env:
         world = _torchrun_world(env)
@@ -350,7 +380,9 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0, job: str = "
                 store = _own_store(world, timeout, job)
             agree_on_devices(store, world.rank, world.world_size, problem)
             agree_on_backend(store, world.rank, world.world_size, backend)
-            agree_on_hosts(store, world.rank, world.world_size, world.local_world_size)
+            agree_on_hosts(
+                store, world.rank, world.world_size, world.local_world_size, world.local_rank
+            )
             dist.init_process_group(
                 backend, store=store, rank=world.rank, world_size=world.world_size, timeout=timeout
             )
@@ -367,13 +399,16 @@ def init_runtime(device: str = "auto", *, timeout_s: float = 600.0, job: str = "
         if world.master_addr is None
         else f"{world.master_addr}:{world.master_port}"
     )
+    launcher = world.launcher
+    if world.slurm_task is not None:
+        launcher += f" task {world.slurm_task} on node {world.slurm_node}"
     log.info(
         "rank %d of %d (local rank %d of %d, launcher %s, rendezvous %s, %s on %s)",
         world.rank,
         world.world_size,
         world.local_rank,
         world.local_world_size,
-        world.launcher,
+        launcher,
         rendezvous,
         backend,
         dev,
@@ -438,17 +473,59 @@ def uneven_hosts(layouts: Sequence[str]) -> str | None:
     )
 
 
-def agree_on_hosts(store: dist.Store, rank: int, world_size: int, local_world_size: int) -> None:
-    """Every rank has as many ranks on its host as the others, or every rank raises the same
-    ``ValueError`` before the group starts (uneven hosts, e.g. SLURM's ``2(x3),1``, would fail
-    on some ranks only, in the plans, while the others went on until the timeout)."""
+def misplaced_ranks(layouts: Sequence[str]) -> str | None:
+    """``None`` when the ranks are numbered host by host: with ``L`` ranks per host, ranks
+    ``kL .. kL + L - 1`` are local ranks ``0 .. L - 1`` of one host (``layouts[rank]``:
+    ``"<local world size> <local rank> on <host>"``, the same local world size on every rank);
+    else a message naming the first group of ranks that is not. TorchRec's plans and SPTT's
+    towers take ranks ``kL .. kL + L - 1`` for host ``k``: numbered otherwise, a "host" would
+    span several machines and its intra-host traffic would cross the network. Ranks of different
+    groups may share a host name (hosts emulated on one machine)."""
+    entries = [entry.split(" on ", 1) for entry in layouts]
+    counts = [head.split() for head, _ in entries]
+    per_host = int(counts[0][0])
+    if len(layouts) % per_host:
+        return (
+            f"a world of {len(layouts)} ranks is not a whole number of hosts of "
+            f"{per_host} ranks (LOCAL_WORLD_SIZE={per_host})"
+        )
+    for first in range(0, len(layouts), per_host):
+        group = range(first, first + per_host)
+        hosts = {entries[r][1] for r in group}
+        if len(hosts) == 1 and [int(counts[r][1]) for r in group] == list(range(per_host)):
+            continue
+        seen = ", ".join(f"rank {r} is local rank {counts[r][1]} on {entries[r][1]}" for r in group)
+        return (
+            f"ranks {first}-{first + per_host - 1} should be local ranks 0-{per_host - 1} of one "
+            f"host ({per_host} ranks per host, numbered host by host: TorchRec's plans and SPTT's "
+            f"towers assume it), but {seen}; launch with torchrun or srun, which number them so, "
+            "or, setting the variables by hand, give every process LOCAL_WORLD_SIZE (the ranks "
+            "on its host), LOCAL_RANK, and RANK = host index x LOCAL_WORLD_SIZE + LOCAL_RANK"
+        )
+    return None
+
+
+def host_layout(layouts: Sequence[str]) -> str | None:
+    """:func:`uneven_hosts`, then :func:`misplaced_ranks`."""
+    return uneven_hosts(layouts) or misplaced_ranks(layouts)
+
+
+def agree_on_hosts(
+    store: dist.Store, rank: int, world_size: int, local_world_size: int, local_rank: int
+) -> None:
+    """Every rank has as many ranks on its host as the others, and the ranks are numbered host
+    by host (:func:`host_layout`), or every rank raises the same ``ValueError`` before the group
+    starts (uneven hosts, e.g. SLURM's ``2(x3),1``, would fail on some ranks only, in the plans,
+    while the others went on until the timeout; ranks numbered across hosts, e.g. a hand-set
+    world without ``LOCAL_WORLD_SIZE`` on several machines, would train with towers that span
+    them)."""
     _judge_through_store(
         store,
         rank,
         world_size,
         "dmt/runtime/hosts",
-        f"{local_world_size} on {socket.gethostname()}",
-        uneven_hosts,
+        f"{local_world_size} {local_rank} on {socket.gethostname()}",
+        host_layout,
     )
 
 

@@ -26,6 +26,9 @@
 #   3. Preemption: SIGUSR2 to a job once its first checkpoint is complete; submitit requeues it,
 #      it resumes (trainer.resume_from=auto) and ends with the metrics of the same run without
 #      preemption.
+#   4. Placement: `srun --distribution=cyclic` (task 1 on the second node) with 2 or more tasks
+#      per node trains as one world whose ranks are numbered node by node: rank r on node
+#      r / tasks-per-node, whatever SLURM_PROCID it has.
 # With GPUs on several nodes check 2 runs last: if TorchRec's planner shards a table
 # table-row-wise there, dmt refuses the later points (TorchRec caches those groups for the whole
 # process: a known gap, README "Multi-process and multi-host").
@@ -104,7 +107,8 @@ submit_sweep() {
     BG=$!
 }
 
-# `srun dmt-train` on NODES x TASKS tasks (arguments: dmt-train's), in the background (BG)
+# `srun dmt-train` on NODES x TASKS tasks (arguments: dmt-train's; srun's own before them in
+# SRUN_PLACEMENT, e.g. --ntasks-per-node=2 --distribution=cyclic), in the background (BG)
 srun_train() {
     local gpus=()
     [[ "$GPUS" == 0 ]] || gpus=(--gpus-per-task=1)
@@ -112,6 +116,7 @@ srun_train() {
         cd "$WORK"
         exec timeout "$TIMEOUT_S" srun --job-name="$NAME" --nodes="$NODES" \
             --ntasks-per-node="$TASKS" --cpus-per-task="$CPUS" ${gpus[@]+"${gpus[@]}"} --kill-on-bad-exit=1 \
+            ${SRUN_PLACEMENT[@]+"${SRUN_PLACEMENT[@]}"} \
             ${SRUN_EXTRA[@]+"${SRUN_EXTRA[@]}"} "$TRAIN" "$@"
     ) &
     BG=$!
@@ -244,7 +249,42 @@ EOF
 log "OK: a preempted job was requeued, resumed from its checkpoint and ended as the uninterrupted run"
 }
 
+# 4. Placement: under srun's cyclic distribution task t runs on node t % NODES, so SLURM_PROCID
+#    as the rank would give each "host" of TorchRec's plans and SPTT's towers ranks on several
+#    nodes. dmt numbers the ranks node by node (SLURM_NODEID, SLURM_LOCALID); each rank's log line
+#    names its task and node.
+check_placement() {
+local per_node world rank task node log dir
+if [[ "$GPUS" == 0 ]]; then per_node=2; else per_node="$TASKS"; fi
+if [[ "$per_node" -lt 2 || "$NODES" -lt 2 ]]; then
+    log "4. placement: skipped (needs 2 nodes and 2 tasks per node; GPUS_PER_NODE=$GPUS, NODES=$NODES)"
+    return
+fi
+world=$((NODES * per_node))
+dir="$WORK/cyclic"
+log "4. srun --distribution=cyclic, $per_node tasks per node: one world of $world (output in $dir)"
+start=$SECONDS
+SRUN_PLACEMENT=(--ntasks-per-node="$per_node" --distribution=cyclic)
+srun_train hydra.run.dir="$dir" trainer=smoke "trainer.device=$DEVICE" logger=disabled \
+    "data.batch_size=$(( (512 + world - 1) / world * world ))" >"$WORK/log/cyclic.log" 2>&1
+SRUN_PLACEMENT=()
+finish "$WORK/log/cyclic.log" "srun --distribution=cyclic dmt-train failed"
+[[ -f "$dir/metrics.json" ]] || fail "placement: no $dir/metrics.json"
+for rank in $(seq 0 $((world - 1))); do
+    node=$((rank / per_node))
+    task=$(( (rank % per_node) * NODES + node ))  # where cyclic placed it
+    log="$dir/train.log"
+    [[ $rank == 0 ]] || log="$dir/train.rank$rank.log"
+    grep -aq "rank $rank of $world (local rank $((rank % per_node)) of $per_node, launcher slurm task $task on node $node," "$log" ||
+        fail "placement: rank $rank is not local rank $((rank % per_node)) of SLURM task $task on node $node: $(grep -ah "rank [0-9]* of $world (" "$log")"
+done
+grep -ah "rank [0-9]* of $world (" "$dir"/train*.log | sed "s/^/[cyclic] /"
+log "OK: cyclic placement, ranks numbered node by node in one world of $world ($((SECONDS - start)) s)"
+}
+
+SRUN_PLACEMENT=()
 check_sweep
+check_placement
 if [[ "$GPUS" != 0 && "$NODES" -gt 1 ]]; then
     check_preemption
     check_step_sweep

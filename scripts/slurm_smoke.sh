@@ -15,6 +15,8 @@
 #    - a Hydra sweep of 2 points through hydra-submitit-launcher, each a SLURM job of 2 tasks on 2
 #      nodes: each point one world of 2 (dmt's "rank 0 of 2" and "rank 1 of 2" lines in its log),
 #      its own rendezvous, exactly one metrics.json;
+#    - `srun -N 2 --ntasks-per-node=2 --distribution=cyclic dmt-train`: one world of 4 whose
+#      ranks are numbered node by node (task 1, on the second node, is rank 2);
 #    - `srun -N 2 dmt-train -m trainer.seed=0,1,2`: 3 points in turn in the same 2 tasks of one
 #      job step, each one world of 2;
 #    - preemption: SIGUSR2 after a job's first checkpoint; submitit requeues it, it resumes

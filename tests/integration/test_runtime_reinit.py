@@ -105,8 +105,12 @@ def test_workers_of_one_step_run_three_groups_in_turn(tmp_path: Path, launcher: 
     _check(tmp_path, "\n".join(outs))
     name = {"srun": "slurm", "env": "torchrun"}[launcher]  # torchrun's variables, set by hand
     for rank, rank_out in enumerate(outs):
-        seen = re.findall(rf"rank {rank} of 2 \(local rank {rank} of 2, launcher (\w+),", rank_out)
-        assert seen == [name] * 3, rank_out  # not "torchrun" from dmt's own exported variables
+        seen = re.findall(
+            rf"rank {rank} of 2 \(local rank {rank} of 2, launcher ([\w ]+),", rank_out
+        )
+        # not "torchrun" from dmt's own exported variables
+        want = name if launcher == "env" else f"slurm task {rank} on node 0"
+        assert seen == [want] * 3, rank_out
 
 
 SKIPPER = """

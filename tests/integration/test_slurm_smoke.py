@@ -4,7 +4,8 @@
 slurmctld and two slurmd nodes in a temp directory, and runs ``scripts/slurm_acceptance.sh`` on
 them (CPU): ``dmt-train -m hydra/launcher=slurm`` over 2 sweep points of 2 tasks each, then
 ``srun -N 2 dmt-train -m`` over 3 points in turn in one job step, checking that every point
-trained as one world of 2; then a preempted job (SIGUSR2 after its first checkpoint) that must be
+trained as one world of 2; ``srun --distribution=cyclic`` with 2 tasks per node, whose ranks
+must be numbered node by node; then a preempted job (SIGUSR2 after its first checkpoint) that must be
 requeued, resume and end as the uninterrupted run. It stops its daemons. Needs root:
 ``pytest -m cluster``.
 """
@@ -37,8 +38,12 @@ def test_slurm_sweep_points_are_worlds_of_two() -> None:
     assert "OK: 2 sweep points, each one world of 2 ranks" in proc.stdout
     assert "OK: 3 points in turn in one srun step, each one world of 2 ranks" in proc.stdout
     assert "ended as the uninterrupted run" in proc.stdout  # preempted, requeued, resumed
+    assert "OK: cyclic placement, ranks numbered node by node in one world of 4" in proc.stdout
     assert "OK: all checks passed on SLURM nodes 127.0.0.1 127.0.0.2" in proc.stdout
     for point in (0, 1):
         for rank in (0, 1):
-            line = rf"^\[point {point}\] .*\brank {rank} of 2 \(local rank 0 of 1, launcher slurm, "
+            line = (
+                rf"^\[point {point}\] .*\brank {rank} of 2 \(local rank 0 of 1, "
+                rf"launcher slurm task {rank} on node {rank}, "
+            )
             assert re.search(line, proc.stdout, re.MULTILINE), (point, rank, proc.stdout[-3000:])

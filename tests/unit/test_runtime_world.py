@@ -100,6 +100,8 @@ def test_slurm_multi_node_step() -> None:
         master_addr="n1",
         master_port=12012,
         launcher="slurm",
+        slurm_task=1,
+        slurm_node=1,
     )
 
 
@@ -366,10 +368,10 @@ def test_uneven_hosts_are_refused_on_every_rank_before_the_group() -> None:
 
     store = dist.HashStore()
     for rank in range(1, 6):
-        store.set(f"dmt/runtime/hosts/{rank}", f"2 on n{rank // 2 + 1}")
-    store.set("dmt/runtime/hosts/6", "1 on n4")
+        store.set(f"dmt/runtime/hosts/{rank}", f"2 {rank % 2} on n{rank // 2 + 1}")
+    store.set("dmt/runtime/hosts/6", "1 0 on n4")
     with pytest.raises(ValueError) as err:
-        agree_on_hosts(store, 0, 7, 2)
+        agree_on_hosts(store, 0, 7, 2, 0)
     host = socket.gethostname()
     assert str(err.value) == (
         f"the ranks count different numbers of ranks per host (local world size 1 on ranks [6] "
@@ -377,4 +379,121 @@ def test_uneven_hosts_are_refused_on_every_rank_before_the_group() -> None:
         "need the same number on every host; launch as many tasks on each node (SLURM "
         "--ntasks-per-node, torchrun --nproc-per-node, LOCAL_WORLD_SIZE)"
     )
-    assert uneven_hosts(["2 on a", "2 on a", "2 on b", "2 on b"]) is None
+    assert uneven_hosts(["2 0 on a", "2 1 on a", "2 0 on b", "2 1 on b"]) is None
+
+
+# The tasks of `srun -N2 -n4 --distribution=cyclic` and of `--distribution=arbitrary` with
+# SLURM_HOSTFILE listing 127.0.0.2, 127.0.0.1, 127.0.0.1, 127.0.0.2 (SLURM 22.05 on the cluster of
+# scripts/slurm_smoke.sh, job 3): (SLURM_PROCID, SLURM_NODEID, SLURM_LOCALID) of each task.
+# SLURM_NODEID counts the step's node list in order (127.0.0.2 is node 1 in both).
+SLURM_CYCLIC = [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)]
+SLURM_ARBITRARY = [(0, 1, 0), (1, 0, 0), (2, 0, 1), (3, 1, 1)]
+
+
+def _two_by_two_task(task: int, node: int, local: int) -> dict[str, str]:
+    return {
+        **SLURM_STEP_TASK,
+        "SLURM_JOB_ID": "3",
+        "SLURM_PROCID": str(task),
+        "SLURM_NODEID": str(node),
+        "SLURM_LOCALID": str(local),
+        "SLURM_NTASKS": "4",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        "SLURM_TASKS_PER_NODE": "2(x2)",
+        "SLURM_STEP_NODELIST": "127.0.0.[1-2]",
+        "SLURM_JOB_NODELIST": "127.0.0.[1-2]",
+    }
+
+
+@pytest.mark.parametrize("tasks", [SLURM_CYCLIC, SLURM_ARBITRARY], ids=["cyclic", "arbitrary"])
+def test_slurm_ranks_are_numbered_node_by_node_whatever_the_distribution(
+    tasks: list[tuple[int, int, int]],
+) -> None:
+    """Under cyclic placement SLURM_PROCID 1 runs on the second node: as the rank it made
+    ranks 0 and 1 one "host" on two nodes. Under arbitrary placement task 0 runs on node 1, away
+    from the rendezvous host (the first of the node list), where the others waited for it."""
+    worlds = {
+        task: world_from_env(_two_by_two_task(task, node, local)) for task, node, local in tasks
+    }
+    by_rank = sorted(worlds.values(), key=lambda w: w.rank)
+    assert [w.rank for w in by_rank] == [0, 1, 2, 3]
+    for world in by_rank:
+        assert world.slurm_node == world.rank // 2  # consecutive ranks share a node
+        assert world.local_rank == world.rank % 2
+        assert (world.world_size, world.local_world_size) == (4, 2)
+        assert world.master_addr == "127.0.0.1"  # node 0's, where rank 0 runs
+    assert by_rank[0].slurm_node == 0
+    assert [w.slurm_task for w in by_rank] == (
+        [0, 2, 1, 3] if tasks is SLURM_CYCLIC else [1, 2, 0, 3]
+    )
+
+
+def test_slurm_block_distribution_keeps_slurm_procid_as_the_rank() -> None:
+    for task in range(4):
+        world = world_from_env(_two_by_two_task(task, task // 2, task % 2))
+        assert (world.rank, world.slurm_task) == (task, task)
+    # 7 tasks laid out 2,2,2,1 by blocks: node 3's task is task 6
+    world = world_from_env(
+        {
+            **_two_by_two_task(6, 3, 0),
+            "SLURM_STEP_TASKS_PER_NODE": "2(x3),1",
+            "SLURM_NTASKS": "7",
+            "SLURM_STEP_NUM_TASKS": "7",
+        }  # fmt: skip
+    )
+    assert (world.rank, world.local_world_size) == (6, 1)
+
+
+def test_slurm_local_id_outside_its_node_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"^SLURM_LOCALID=2 on node SLURM_NODEID=1 does not fit "
+                       r"the step's 4 tasks, 2 on this node \("):  # fmt: skip
+        world_from_env(_two_by_two_task(3, 1, 2))
+
+
+def test_hand_set_world_without_local_variables_counts_one_host_numbered_by_rank() -> None:
+    env = {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    world = world_from_env(env)
+    assert (world.local_rank, world.local_world_size) == (3, 4)
+    # LOCAL_WORLD_SIZE without LOCAL_RANK: its place on its host as torchrun would number it
+    world = world_from_env({**env, "LOCAL_WORLD_SIZE": "2"})
+    assert (world.local_rank, world.local_world_size) == (1, 2)
+
+
+def test_ranks_numbered_across_hosts_are_refused_on_every_rank_before_the_group() -> None:
+    """A hand-set world of 4 (RANK, WORLD_SIZE, MASTER_*) on two machines without
+    LOCAL_WORLD_SIZE: every rank took all 4 for its host, and SPTT's towers spanned both
+    machines. Now every rank stops before the group with one message."""
+    from dmt.runtime import agree_on_hosts, misplaced_ranks  # noqa: PLC0415
+
+    store = dist.HashStore()
+    host = socket.gethostname()
+    for rank in range(1, 4):
+        store.set(f"dmt/runtime/hosts/{rank}", f"4 {rank} on {host if rank < 2 else 'other'}")
+    with pytest.raises(ValueError) as err:
+        agree_on_hosts(store, 0, 4, 4, 0)
+    assert str(err.value) == (
+        f"ranks 0-3 should be local ranks 0-3 of one host (4 ranks per host, numbered host by "
+        f"host: TorchRec's plans and SPTT's towers assume it), but rank 0 is local rank 0 on "
+        f"{host}, rank 1 is local rank 1 on {host}, rank 2 is local rank 2 on other, rank 3 is "
+        "local rank 3 on other; launch with torchrun or srun, which number them so, or, setting "
+        "the variables by hand, give every process LOCAL_WORLD_SIZE (the ranks on its host), "
+        "LOCAL_RANK, and RANK = host index x LOCAL_WORLD_SIZE + LOCAL_RANK"
+    )
+    # torchrun's numbering; hosts emulated on one machine share its name
+    assert misplaced_ranks(["2 0 on a", "2 1 on a", "2 0 on b", "2 1 on b"]) is None
+    assert misplaced_ranks(["2 0 on a", "2 1 on a", "2 0 on a", "2 1 on a"]) is None
+    # cyclic numbering: ranks 0 and 1 on two machines
+    assert misplaced_ranks(["2 0 on a", "2 0 on b", "2 1 on a", "2 1 on b"]) == (
+        "ranks 0-1 should be local ranks 0-1 of one host (2 ranks per host, numbered host by "
+        "host: TorchRec's plans and SPTT's towers assume it), but rank 0 is local rank 0 on a, "
+        "rank 1 is local rank 0 on b; launch with torchrun or srun, which number them so, or, "
+        "setting the variables by hand, give every process LOCAL_WORLD_SIZE (the ranks on its "
+        "host), LOCAL_RANK, and RANK = host index x LOCAL_WORLD_SIZE + LOCAL_RANK"
+    )
+    # local ranks out of order on one machine (LOCAL_RANK set by hand)
+    assert misplaced_ranks(["2 1 on a", "2 0 on a"]) is not None
+    assert misplaced_ranks(["2 0 on a", "2 1 on a", "2 0 on b"]) == (
+        "a world of 3 ranks is not a whole number of hosts of 2 ranks (LOCAL_WORLD_SIZE=2)"
+    )
