@@ -80,7 +80,11 @@ def load_predictions(
         if not paths:
             raise ValueError(f"{name}: no predictions files")
         runs[name] = []
+        seen: set[Path] = set()
         for path in map(Path, paths):
+            if path.resolve() in seen:  # one run counted twice would move the mean and median
+                raise ValueError(f"{path} is given twice in {name}")
+            seen.add(path.resolve())
             if (other := group_of.setdefault(path.resolve(), name)) != name:
                 raise ValueError(f"{path} is a run of both {other} and {name}")
             try:
@@ -190,7 +194,14 @@ def row_bootstrap(
     for i in range(resamples):
         starts = rng.integers(0, n, -(-n // block))  # enough blocks for n rows, cut to n
         rows = ((starts[:, None] + offsets) % n).reshape(-1)[:n]
-        ra, rb = aucs(np.bincount(rows, minlength=n).astype(np.float64))
+        drawn = np.bincount(rows, minlength=n).astype(np.float64)
+        if not 0 < drawn @ y < n:  # no AUC: its difference would be NaN
+            raise ValueError(
+                f"row_bootstrap: resample {i} drew rows of one class only ({n} rows, "
+                f"{int(y.sum())} positive, block={block}); every resample needs both classes: "
+                "use more rows or a smaller block"
+            )
+        ra, rb = aucs(drawn)
         diffs[i] = statistics.fmean(rb) - statistics.fmean(ra)
         if len(ra) > 1:
             a_stds[i] = statistics.stdev(ra)

@@ -536,7 +536,7 @@ def evaluate(
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"--max-rows must be >= 1; got {max_rows}")
     if predictions is not None and (
-        error := results.existing_output(predictions, "--predictions", overwrite)
+        error := results.existing_output(predictions, "--predictions", overwrite, kind="npz")
     ):
         raise ValueError(error)
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
@@ -608,10 +608,12 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: str | os.PathLike[str], report: dict[str, Any]) -> Path:
+def write_json(
+    path: str | os.PathLike[str], report: dict[str, Any], *, replace: bool = True
+) -> Path:
     """Write ``report`` atomically (temporary file, then rename); NaN (AUC of a one-class set)
-    becomes null."""
-    return results.write_json(path, report)
+    becomes null. ``replace=False``: ``FileExistsError`` if ``path`` exists by then."""
+    return results.write_json(path, report, replace=replace)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -665,12 +667,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dmt-eval``; returns the exit status (0 success, 1 bad input, 2 bad usage)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if Path(args.out).exists() and not args.overwrite:  # before minutes of scoring
-        print(
-            f"dmt-eval: error: --out {args.out} exists already (an earlier report); choose "
-            "another --out, or pass --overwrite to replace it",
-            file=sys.stderr,
-        )
+    if error := results.existing_output(args.out, "--out", args.overwrite):  # before scoring
+        print(f"dmt-eval: error: {error}", file=sys.stderr)
         return 1
     if (
         args.predictions is not None
@@ -699,7 +697,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dmt-eval: error: {e}", file=sys.stderr)
         return 1
     print(format_report(report))
-    print(f"written to {write_json(args.out, report)}")
+    try:  # a report that another process wrote there while this one scored is kept
+        print(f"written to {write_json(args.out, report, replace=args.overwrite)}")
+    except FileExistsError as e:
+        print(
+            f"dmt-eval: error: --out {args.out}: {e} (it appeared while scoring)", file=sys.stderr
+        )
+        return 1
     return 0
 
 

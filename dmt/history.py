@@ -175,10 +175,10 @@ def curves_figure(records: list[dict[str, Any]]) -> Any:
     return fig
 
 
-def save_figure(fig: Any, path: Path, dpi: int = 100) -> None:
+def save_figure(fig: Any, path: Path, dpi: int = 100, *, replace: bool = True) -> None:
     """Write a matplotlib figure as PNG through a temporary file and a rename
-    (:func:`dmt.results.write_atomic`)."""
-    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi), replace=True)
+    (:func:`dmt.results.write_atomic`; ``replace=False``: never over an existing file)."""
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi), replace=replace)
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -13,7 +13,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,16 +21,59 @@ import numpy as np
 
 
 def existing_output(
-    path: str | os.PathLike[str] | None, option: str, overwrite: bool
+    path: str | os.PathLike[str] | None,
+    option: str,
+    overwrite: bool,
+    *,
+    kind: str = "json",
+    inputs: Sequence[str | os.PathLike[str]] = (),
 ) -> str | None:
-    """The error for a command about to write ``path`` (given as ``option``) if an earlier run's
-    file is there and ``overwrite`` was not asked for; ``None`` if it may be written."""
-    if path is None or overwrite or not Path(path).exists():
+    """The error for a command about to write ``path`` (given as ``option``), or ``None`` if it
+    may be written: an earlier run's file is refused unless ``overwrite``; even with it, a file
+    that is one of the command's ``inputs``, or that is not a file of the ``kind`` the command
+    writes (``"json"``, or ``"npz"``: a NumPy archive), is refused. dmt replaces only what it
+    could have written there, never a user's notes or data that happen to have the name."""
+    if path is None:
         return None
-    return (
-        f"{option} {path} exists already (an earlier run's results); choose another file, or "
-        "pass --overwrite to replace it"
-    )
+    target = Path(path)
+    if any(target.resolve() == Path(p).resolve() for p in inputs):
+        return f"{option} {path} is one of the command's input files; write elsewhere"
+    if not target.exists() and not target.is_symlink():
+        return None
+    if not overwrite:
+        return (
+            f"{option} {path} exists already (an earlier run's results); choose another file, or "
+            "pass --overwrite to replace it"
+        )
+    if kind not in _KINDS:
+        raise ValueError(f"kind={kind!r} is not one of {list(_KINDS)}")
+    if (why := _not_of_kind(target, kind)) is not None:
+        return (
+            f"{option} {path} exists and is not {_KINDS[kind]}, as dmt writes there ({why}): "
+            "not replaced, even with --overwrite; choose another file"
+        )
+    return None
+
+
+_KINDS = {"json": "a JSON file", "npz": "a NumPy .npz archive"}
+
+
+def _not_of_kind(path: Path, kind: str) -> str | None:
+    """Why ``path`` is not a regular file of ``kind`` (``"json"`` or ``"npz"``); ``None`` if
+    it is one."""
+    if path.is_symlink() or not path.is_file():
+        return "not a regular file"
+    try:
+        if kind == "json":
+            json.loads(path.read_text(encoding="utf-8"))
+        else:
+            loaded = np.load(path, allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):
+                return "a single array, not an archive"
+            loaded.close()
+    except (OSError, ValueError, EOFError) as e:  # JSONDecodeError, UnicodeDecodeError too
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def strict(data: Any) -> Any:

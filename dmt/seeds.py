@@ -62,8 +62,9 @@ def compare(
 ) -> dict[str, Any]:
     """Mann-Whitney U test of ``a`` against ``b`` (``greater``: ``a`` tends to be larger).
 
-    ``method`` is SciPy's: ``auto`` (its default) is exact below 8 runs a config without ties and
-    the normal approximation with continuity correction otherwise; ``exact`` forces the former.
+    ``method`` is SciPy's: ``auto`` (its default) is exact when either config has at most 8 runs
+    and no value is tied, and the normal approximation with continuity correction otherwise (9
+    seeds against 9: the approximation); ``exact`` forces the former.
     """
     if alternative not in ALTERNATIVES:
         raise ValueError(f"alternative={alternative!r}; expected one of {list(ALTERNATIVES)}")
@@ -200,9 +201,10 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def box_plot(report: dict[str, Any], path: Path) -> None:
+def box_plot(report: dict[str, Any], path: Path, *, replace: bool = True) -> None:
     """A box plot of the metric per config (median, quartiles, whiskers to 1.5 IQR), every run
-    a point over it; written to ``path`` through a temporary file."""
+    a point over it; written to ``path`` through a temporary file (``replace=False``: never over
+    an existing file)."""
     from matplotlib.figure import Figure  # noqa: PLC0415 (slow import; no pyplot)
 
     from dmt.history import save_figure  # noqa: PLC0415
@@ -217,7 +219,7 @@ def box_plot(report: dict[str, Any], path: Path) -> None:
     ax.set_ylabel(report["metric"])
     ax.set_title(f"{report['metric']} per config, {len(report['seeds'])} seeds")
     ax.grid(axis="y", alpha=0.3)
-    save_figure(fig, path)
+    save_figure(fig, path, replace=replace)
 
 
 def seeds_option(text: str) -> list[int]:

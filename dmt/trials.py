@@ -86,11 +86,18 @@ def read_trials(sweep_dir: str | Path) -> list[Trial]:
             key, _, value = str(item).partition("=")
             overrides[key] = value
         hydra_file = run_dir / HYDRA_FILE
-        number = (
-            int(yaml.safe_load(hydra_file.read_text())["hydra"]["job"]["num"])
-            if hydra_file.is_file()
-            else int(run_dir.name)
-        )
+        try:
+            number = (
+                int(yaml.safe_load(hydra_file.read_text())["hydra"]["job"]["num"])
+                if hydra_file.is_file()
+                else int(run_dir.name)
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(
+                f"{run_dir}: holds {OVERRIDES_FILE} but no trial number (expected hydra.job.num "
+                f"in {HYDRA_FILE}, or a directory named by the number): {type(e).__name__}: {e}; "
+                "move what is not a trial of the sweep out of its directory"
+            ) from e
         metrics_file = run_dir / METRICS_FILE
         metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else None
         trials.append(Trial(number, run_dir, overrides, metrics))

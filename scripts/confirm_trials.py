@@ -18,7 +18,7 @@ The metric is a validation metric (default ``val_auc``): settings are chosen on 
 never on test rows. Runs already in OUT are read back when they trained with the same settings
 (``dmt.seeds`` checks each against its ``seed_run.json``, and refuses one that did not): give each
 sweep its own OUT (the default is inside the sweep); ``--overwrite`` replaces only
-``confirm.json``. Example, after ``dmt-train -m
+``confirm.json``, ``seeds.json`` and ``seeds.png`` (refused without it, before any training). Example, after ``dmt-train -m
 hparams_search=criteo_forward_dcn``::
 
     OMP_NUM_THREADS=1 python scripts/confirm_trials.py multirun/2026-11-24/09-00-00-123 --top 5 \\
@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--common", default="", help="Hydra overrides for every run (one quoted string)"
     )
     parser.add_argument(
-        "--overwrite", action="store_true", help=f"replace an existing OUT/{CONFIRM_FILE}"
+        "--overwrite",
+        action="store_true",
+        help=f"replace an existing OUT/{CONFIRM_FILE}, seeds.json and seeds.png",
     )
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
@@ -109,8 +111,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if len(args.seeds) < 2:
         parser.error(f"--seeds {args.seeds}: a median and a comparison need at least 2 seeds")
     out = args.out or args.sweep_dir / "confirm"
-    if (out / CONFIRM_FILE).exists() and not args.overwrite:
-        parser.error(f"{out / CONFIRM_FILE} exists (--overwrite to replace it)")
+    for name in (CONFIRM_FILE, "seeds.json", "seeds.png"):
+        if (out / name).exists() and not args.overwrite:
+            parser.error(f"{out / name} exists (--overwrite to replace it)")
     trials = read_trials(args.sweep_dir)
     if not trials:
         parser.error(
@@ -152,9 +155,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "chosen": ranking[0],
     }
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "seeds.json", report)
-    box_plot(report, out / "seeds.png")
-    write_json(out / CONFIRM_FILE, result)
+    write_json(out / "seeds.json", report, replace=args.overwrite)
+    box_plot(report, out / "seeds.png", replace=args.overwrite)
+    write_json(out / CONFIRM_FILE, result, replace=args.overwrite)
     print(format_report(report))
     print(f"\nranked by median {args.metric} over seeds {list(args.seeds)}:")
     for r in ranking:

@@ -46,7 +46,9 @@ for T in 2 4 8; do
 done
 
 DMT="experiment=${EXP}_dmt_dlrm $DATA"
-args=(--seeds "$SEEDS" --out "$OUT" --common "logger=disabled trainer.progress_bar=false")
+# --overwrite: seeds.json and seeds.png summarize every run in OUT (finished runs are read back,
+# not rerun), so a rerun that adds seeds writes them again
+args=(--seeds "$SEEDS" --out "$OUT" --common "logger=disabled trainer.progress_bar=false" --overwrite)
 args+=(--config base "experiment=${EXP}_dlrm $DATA" --config dcn "experiment=${EXP}_dcn $DATA")
 for T in 2 4 8; do
   args+=(--config "tp${T}" "$DMT partition=tp model.partition.path=$OUT/tp$T/partition.yaml model.partition.num_towers=$T")

@@ -21,7 +21,8 @@
 # 1. trains the base DLRM once (seed 0) with a checkpoint and partitions its embeddings' affinity
 #    into 4 and 8 towers (as scripts/criteo_sample_study.sh does);
 # 2. scripts/seeds.py, two processes on disjoint configs (2 cores), then the tables of val_auc
-#    (OUT/val_auc.txt) and test_auc (OUT/test_auc.txt, and OUT/seeds.json / seeds.png) with
+#    (OUT/val_auc.txt, OUT/seeds_val_auc.json / .png) and test_auc (OUT/test_auc.txt, and
+#    OUT/seeds.json / seeds.png) with
 #    Mann-Whitney U against the base and between variants. Finished runs are read back.
 # 3. with ROWS=1: every run trains with trainer.checkpoint=true (the same AUCs; another OUT_DIR
 #    than a study without it), dmt-eval scores its checkpoint on val and test with --predictions
@@ -88,16 +89,19 @@ for T in 4 8; do
 done
 quiet="logger=disabled trainer.progress_bar=false"
 [[ -n "${ROWS:-}" ]] && quiet+=" trainer.checkpoint=true"
-common=(--seeds "$SEEDS" --out "$OUT" --common "$quiet")
-# two processes, every other config each (their seeds.json is rewritten below)
+# --overwrite: the summaries below are of every run in OUT, read back; a rerun that adds seeds
+# or configs writes them again
+common=(--seeds "$SEEDS" --out "$OUT" --common "$quiet" --overwrite)
+# two processes, every other config each, each with its own summary (train_a/b.json); the
+# tables of every config follow below
 half=(); other=()
 for ((i = 0; i < ${#configs[@]}; i += 3)); do
   if (( (i / 3) % 2 == 0 )); then half+=("${configs[@]:i:3}"); else other+=("${configs[@]:i:3}"); fi
 done
-"$PY" scripts/seeds.py "${common[@]}" "${half[@]}" > "$OUT/train_a.log" 2>&1 &
+"$PY" scripts/seeds.py "${common[@]}" --name train_a "${half[@]}" > "$OUT/train_a.log" 2>&1 &
 pids=("$!")
 if (( ${#other[@]} )); then
-  "$PY" scripts/seeds.py "${common[@]}" "${other[@]}" > "$OUT/train_b.log" 2>&1 &
+  "$PY" scripts/seeds.py "${common[@]}" --name train_b "${other[@]}" > "$OUT/train_b.log" 2>&1 &
   pids+=("$!")
 fi
 failed=0

@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if not matched:
                 parser.error(f"--group {name}: no file matches {pattern!r}")
             files[name] += [f for f in matched if f not in files[name]]
+    inputs = [f for group in files.values() for f in group]
+    if error := existing_output(args.out, "--out", args.overwrite, inputs=inputs):
+        parser.error(error)  # checked again with the files the patterns matched
     names = list(files)
     pairs = [tuple(p) for p in args.pair] or [(names[0], other) for other in names[1:]]
     if not pairs:

@@ -19,7 +19,10 @@ DMT-DLRM; ``tp.yaml`` from ``dmt-partition``)::
         --config naive "experiment=dmt_4t_dlrm"
 
 prints a table and writes ``study/seeds.json`` and ``study/seeds.png`` (a box plot of the metric
-per config, every run a point).
+per config, every run a point); with another ``--metric`` than ``test_auc``,
+``seeds_<metric>.json`` and ``.png`` (``--name`` chooses the stem), so that the tables of two
+metrics of one study sit side by side. An earlier summary of that name is refused, before any
+training, unless ``--overwrite`` (the runs themselves are read back, never replaced).
 """
 
 from __future__ import annotations
@@ -77,12 +80,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--method",
         choices=("auto", "exact", "asymptotic"),
         default="auto",
-        help="SciPy's Mann-Whitney method (default auto: exact only below 8 runs)",
+        help="SciPy's Mann-Whitney method (default auto: exact when a config has at most 8 runs "
+        "and there are no ties)",
     )
     parser.add_argument(
         "--no-train", action="store_true", help="only read existing metrics.json files"
     )
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="stem of the summary files in OUT (default seeds for test_auc, else seeds_<metric>)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier summary of that name in OUT"
+    )
     args = parser.parse_args(argv)
+    stem = args.name or ("seeds" if args.metric == "test_auc" else f"seeds_{args.metric}")
+    table, plot = args.out / f"{stem}.json", args.out / f"{stem}.png"
+    for path in (table, plot):
+        if path.exists() and not args.overwrite:
+            parser.error(
+                f"{path} exists (an earlier summary): pass --overwrite to replace it, or --name "
+                "for another"
+            )
     configs = {name: shlex.split(overrides) for name, overrides in args.config}
     if len(configs) != len(args.config):
         parser.error("config names must be unique")
@@ -98,10 +118,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pairs=[tuple(pair) for pair in args.pair],
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "seeds.json", report)
-    box_plot(report, args.out / "seeds.png")
+    write_json(table, report, replace=args.overwrite)
+    box_plot(report, plot, replace=args.overwrite)
     print(format_report(report))
-    print(f"written to {args.out / 'seeds.json'} and {args.out / 'seeds.png'}")
+    print(f"written to {table} and {plot}")
     return report
 
 

@@ -134,12 +134,27 @@ def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
     image = matplotlib.image.imread(png)
     assert image.shape == (400, 480, 4) and image[..., :3].std() > 0.05
-    # A second call reads the runs back instead of training them again.
+    # A second call may not replace the first one's summary unless asked, and says so before
+    # any run; with --overwrite it reads the runs back instead of training them again.
+    before = (tmp_path / "seeds.json").read_bytes()
+    with pytest.raises(SystemExit):
+        seeds.main(argv)
+    assert f"error: {tmp_path / 'seeds.json'} exists (an earlier summary): pass --overwrite " in (
+        capsys.readouterr().err
+    )
+    assert (tmp_path / "seeds.json").read_bytes() == before
+    argv = [*argv, "--overwrite"]
     assert seeds.main([*argv, "--no-train"])["configs"] == report["configs"]
+    # another metric's summary goes beside it, not over it
+    val = seeds.main([*argv[:-1], "--no-train", "--metric", "val_auc"])
+    assert json.loads((tmp_path / "seeds_val_auc.json").read_text())["metric"] == "val_auc"
+    assert val["configs"]["base"]["values"] != report["configs"]["base"]["values"]
+    assert (tmp_path / "seeds_val_auc.png").exists()
+    assert json.loads((tmp_path / "seeds.json").read_text())["metric"] == "test_auc"
     with pytest.raises(FileNotFoundError, match="seed_2"):
         seeds.main([*argv[2:], "--seeds", "3", "--no-train"])
     # a config given other settings is refused, not reported with the earlier runs' figures
-    other = [*argv[:-2], "base", "model=dlrm optim.lr=0.5"]
+    other = [*argv[:-3], "base", "model=dlrm optim.lr=0.5", "--overwrite"]
     with pytest.raises(ValueError, match=rf"^{tmp_path / 'base' / 'seed_0'} trained with .*"
                        r"'model=dlrm', 'trainer.seed=0'\], but config 'base' is now "):  # fmt: skip
         seeds.main(other)
@@ -158,7 +173,7 @@ def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
     run = kept / "base" / "seed_0"
     (run / "metrics.json").unlink()
     saved = {p: p.stat().st_mtime_ns for p in (run / "checkpoints").rglob("*")}
-    again = seeds.main(argv_kept)
+    again = seeds.main([*argv_kept, "--overwrite"])
     assert again["configs"]["base"]["values"] == first["configs"]["base"]["values"]
     assert "trainer.resume_from=auto" in capsys.readouterr().out
     # resumed, not trained again: the checkpoint is the first call's, untouched

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -660,12 +661,46 @@ def test_a_report_is_never_replaced_unless_asked(
     argv = ["--checkpoint", str(synthetic_run / "checkpoints"), "--data", "test", "--out", str(out)]
     assert main([*argv, "--no-progress"]) == 1
     assert capsys.readouterr().err == (
-        f"dmt-eval: error: --out {out} exists already (an earlier report); choose another --out, "
-        "or pass --overwrite to replace it\n"
+        f"dmt-eval: error: --out {out} exists already (an earlier run's results); choose another "
+        "file, or pass --overwrite to replace it\n"
     )
     assert out.read_text() == "an earlier report\n"
+    # not a report dmt could have written (a user's notes): kept even with --overwrite
+    assert main([*argv, "--no-progress", "--overwrite"]) == 1
+    assert capsys.readouterr().err.startswith(
+        f"dmt-eval: error: --out {out} exists and is not a JSON file, as dmt writes there "
+        "(JSONDecodeError: "
+    )
+    assert out.read_text() == "an earlier report\n"
+    out.write_text('{"rows": 0}\n')
     assert main([*argv, "--no-progress", "--overwrite"]) == 0
     assert json.loads(out.read_text())["rows"] > 0
+
+
+def test_a_report_that_appears_while_scoring_is_kept(
+    synthetic_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch
+) -> None:
+    """The check before scoring does not cover the minutes of scoring: another dmt-eval's
+    report written meanwhile was replaced."""
+    import dmt.evaluate as ev  # noqa: PLC0415
+
+    out = tmp_path / "eval.json"
+    scored = ev.evaluate
+
+    def evaluate_while_another_writes(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        report = scored(*args, **kwargs)
+        out.write_text('{"other": 1}\n')
+        return report
+
+    monkeypatch.setattr(ev, "evaluate", evaluate_while_another_writes)
+    argv = ["--checkpoint", str(synthetic_run / "checkpoints"), "--data", "test", "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == 1
+    assert capsys.readouterr().err == (
+        f"dmt-eval: error: --out {out}: {out} already exists: not replaced (it appeared while "
+        "scoring)\n"
+    )
+    assert json.loads(out.read_text()) == {"other": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json"]  # no temporary
 
 
 def test_predictions_are_the_scored_rows_in_the_datas_order(
@@ -700,6 +735,14 @@ def test_predictions_are_the_scored_rows_in_the_datas_order(
         "choose another file, or pass --overwrite to replace it\n"
     )
     assert pred.read_bytes() == b"an earlier file" and not other.exists()
+    # not an archive dmt could have written: kept even with --overwrite
+    assert main([*argv, "--out", str(other), "--predictions", str(pred), "--overwrite"]) == 1
+    assert capsys.readouterr().err.startswith(
+        f"dmt-eval: error: --predictions {pred} exists and is not a NumPy .npz archive, as dmt "
+        "writes there ("
+    )
+    assert pred.read_bytes() == b"an earlier file" and not other.exists()
+    np.savez(pred, prob=np.zeros(3), label=np.zeros(3))
     assert main([*argv, "--out", str(other), "--predictions", str(pred), "--overwrite"]) == 0
     with np.load(pred) as f:
         np.testing.assert_array_equal(f["prob"], prob)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
@@ -143,6 +144,26 @@ def test_predictions_files_must_hold_the_same_rows(tmp_path: Path) -> None:
         load_predictions({"a": [_save(tmp_path / "none.npz", np.zeros(0), np.zeros(0))]})
     with pytest.raises(ValueError, match=r"a\.npz is a run of both a and b"):
         load_predictions({"a": [good], "b": [tmp_path / "x" / ".." / "a.npz"]})
+    # one run given twice in a group (a glob and its own path) would count as two seeds
+    with pytest.raises(ValueError, match=r"^.*x/\.\./a\.npz is given twice in a$"):
+        load_predictions({"a": [good, same, tmp_path / "x" / ".." / "a.npz"], "b": [other]})
+
+
+def test_a_resample_of_one_class_is_refused_not_reported() -> None:
+    """60 rows with 2 positives: about one resample in eight draws neither. Its AUCs were NaN,
+    which made a p-value that counted them on neither side (too small: "significant"), or a
+    crash in the seeds' std with several runs."""
+    rng = np.random.default_rng(0)
+    labels = np.zeros(60, dtype=np.int8)
+    labels[[10, 40]] = 1
+    a, b = _runs(rng, np.zeros(60), 1.0, 2), _runs(rng, np.zeros(60), 1.0, 2)
+    with pytest.raises(ValueError) as e:
+        row_bootstrap(a, b, labels, resamples=200)
+    assert re.fullmatch(
+        r"row_bootstrap: resample \d+ drew rows of one class only \(60 rows, 2 positive, "
+        r"block=1\); every resample needs both classes: use more rows or a smaller block",
+        str(e.value),
+    )
 
 
 def test_the_command_compares_groups_and_keeps_earlier_results(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from dmt.results import existing_output, write_json
@@ -20,6 +21,44 @@ def test_an_existing_results_file_is_refused_unless_overwrite(tmp_path):
         "--overwrite to replace it"
     )
     assert existing_output(path, "--json", overwrite=True) is None
+
+
+def test_overwrite_replaces_only_what_dmt_could_have_written(tmp_path):
+    """--overwrite replaced any file: a user's notes, a directory's entry, even the command's
+    own input."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    assert existing_output(notes, "--out", overwrite=True) == (
+        f"--out {notes} exists and is not a JSON file, as dmt writes there (JSONDecodeError: "
+        "Expecting value: line 1 column 1 (char 0)): not replaced, even with --overwrite; choose "
+        "another file"
+    )
+    assert existing_output(tmp_path, "--out", overwrite=True).startswith(  # a directory
+        f"--out {tmp_path} exists and is not a JSON file, as dmt writes there (not a regular file)"
+    )
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "elsewhere.json")  # dangling: writing would go through it
+    assert "(not a regular file)" in existing_output(link, "--out", overwrite=True)
+    archive, array = tmp_path / "p.npz", tmp_path / "a.npy"
+    np.savez(archive, prob=np.zeros(2), label=np.zeros(2))
+    np.save(array, np.zeros(2))
+    assert existing_output(archive, "--predictions", overwrite=True, kind="npz") is None
+    assert "(a single array, not an archive)" in existing_output(
+        array, "--predictions", overwrite=True, kind="npz"
+    )
+    assert "is not a NumPy .npz archive" in existing_output(
+        notes, "--predictions", overwrite=True, kind="npz"
+    )
+    # the command's own input, whatever the spelling, with or without --overwrite
+    report = tmp_path / "in.json"
+    report.write_text("{}")
+    for overwrite in (False, True):
+        assert existing_output(
+            tmp_path / "x" / ".." / "in.json", "--out", overwrite, inputs=[str(report)]
+        ) == (f"--out {tmp_path / 'x' / '..' / 'in.json'} is one of the command's input files; "
+              "write elsewhere")  # fmt: skip
+    with pytest.raises(ValueError, match=r"^kind='csv' is not one of \['json', 'npz'\]$"):
+        existing_output(report, "--out", overwrite=True, kind="csv")
 
 
 def test_write_json_replaces_whole_and_leaves_no_temporary(tmp_path):

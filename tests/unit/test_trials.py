@@ -230,6 +230,13 @@ def test_confirm_trials_chooses_on_the_median_over_seeds(
     assert f"{out / 'confirm.json'} exists (--overwrite to replace it)" in capsys.readouterr().err
     again = confirm.main([str(sweep), "--top", "2", "--out", str(out), "--overwrite"])
     assert again == result
+    # nor the table and plot of its seeds, which an earlier study in OUT may have left alone
+    (out / "confirm.json").unlink()
+    table = (out / "seeds.json").read_bytes()
+    with pytest.raises(SystemExit):
+        confirm.main([str(sweep), "--top", "2", "--out", str(out)])
+    assert f"{out / 'seeds.json'} exists (--overwrite to replace it)" in capsys.readouterr().err
+    assert (out / "seeds.json").read_bytes() == table and not (out / "confirm.json").exists()
 
 
 def test_confirm_trials_refuses_the_sweeps_seed_and_a_single_seed(
@@ -427,3 +434,19 @@ def test_two_multiruns_in_one_sweep_directory_are_told_apart(
         "seed_4",
     ]
     capsys.readouterr()
+
+
+def test_a_run_without_a_trial_number_is_named(tmp_path: Path) -> None:
+    """A directory of the sweep with Hydra's overrides but neither hydra.yaml nor a numeric
+    name failed with a bare "invalid literal for int() with base 10: 'run'"."""
+    sweep = fake_sweep(tmp_path / "sweep")
+    stray = sweep / "extra" / "run"
+    (stray / ".hydra").mkdir(parents=True)
+    (stray / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["optim.lr=1"]))
+    with pytest.raises(ValueError) as e:
+        read_trials(sweep)
+    assert str(e.value) == (
+        f"{stray}: holds .hydra/overrides.yaml but no trial number (expected hydra.job.num in "
+        ".hydra/hydra.yaml, or a directory named by the number): ValueError: invalid literal for "
+        "int() with base 10: 'run'; move what is not a trial of the sweep out of its directory"
+    )
