@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             "records": records,
             "summary": rows,
         }
-        write_json(args.json, payload, indent=1)
+        write_json(args.json, payload, indent=1, replace=args.overwrite)
     return 0
 
 

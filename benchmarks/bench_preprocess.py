@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = summary["torchrec"]["wall_s"] / summary["dmt"]["wall_s"]
         report["speedup_dmt_vs_torchrec"] = ratio
         print(f"  dmt is {ratio:.1f}x faster than TorchRec (median wall time)")
-    write_json(json_path, report)
+    write_json(json_path, report, replace=args.overwrite)
     print(f"results: {json_path}")
     if args.smoke:
         print("WARNING: --smoke run: not a result", file=sys.stderr)

@@ -58,7 +58,8 @@ To put every emulated host in its own network namespace, with 1 Gbit/s between h
     torchrun --nproc-per-node 8 benchmarks/bench_sptt.py ...
 
 (``--local-world-size`` defaults to torchrun's ``LOCAL_WORLD_SIZE`` there, 2 otherwise; a value
-other than torchrun's emulates hosts of that size.)
+other than torchrun's emulates hosts of that size. With ``--nnodes`` above 1 each launcher's
+ranks are one host, and another value is refused.)
 
 CPU timings with more ranks than cores mostly measure contention; the byte counts are exact.
 """
@@ -97,7 +98,13 @@ from dmt.memory import MemoryBudget
 from dmt.models import build_dmt_model, build_model, embedding_parameters, naive_partition
 from dmt.models.accounting import compression_ratio
 from dmt.optim import apply_sparse_optimizer, build_optimizer
-from dmt.results import existing_output, write_json
+from dmt.results import (
+    add_runs_options,
+    check_counts,
+    check_runs,
+    existing_output,
+    write_json,
+)
 from dmt.runtime import Runtime, cuda_index
 from dmt.sharding import (
     flat_planner,
@@ -160,7 +167,7 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--iters", type=int, default=10, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before each run")
-    p.add_argument("--runs", type=int, default=3, help="runs per mode (modes interleaved)")
+    add_runs_options(p, "runs per mode (modes interleaved)")
     p.add_argument(
         "--trace-steps", type=int, default=2, help="untimed steps whose bytes are measured"
     )
@@ -191,17 +198,24 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.comm_precision.split(",")) - set(COMM_PRECISIONS)
     if unknown:
         p.error(f"unknown --comm-precision {sorted(unknown)}; choose from {tuple(COMM_PRECISIONS)}")
-    for flag in ("trace_steps", "iters", "runs"):
-        if getattr(args, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} must be at least 1")
-    if args.warmup < 0:
-        p.error("--warmup must be at least 0")
-    if args.local_world_size is None:
+    check_runs(p, args.runs, args.smoke)
+    check_counts(p, args, ("trace_steps", "iters"), ("warmup",))
+    if args.world_size % args.nnodes:
+        p.error("--world-size must be a multiple of --nnodes")
+    if args.nnodes > 1:  # each launcher's ranks are one host (netns_throttle.sh's namespace)
+        per_node = args.world_size // args.nnodes
+        if args.local_world_size not in (None, per_node):
+            p.error(
+                f"--local-world-size {args.local_world_size} with --nnodes {args.nnodes}: each "
+                f"launcher's {per_node} ranks are one host (its own network namespace), so "
+                f"hosts of another size would count loopback traffic as crossing hosts; leave "
+                f"it unset or give {per_node}"
+            )
+        args.local_world_size = per_node
+    elif args.local_world_size is None:
         args.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 2))
     if args.local_world_size < 1:
         p.error("--local-world-size must be at least 1")
-    if args.world_size % args.nnodes:
-        p.error("--world-size must be a multiple of --nnodes")
     if args.nnodes > 1 and not args.init_file:
         p.error("--nnodes > 1 needs --init-file (a file every launcher can reach)")
     return args
@@ -669,8 +683,8 @@ def _run(args: argparse.Namespace) -> None:
     if records is not None:
         _add_best_flat(records)
         print(_report(args, records), flush=True)
-        if args.json:
-            write_json(args.json, records)
+        if args.json:  # never over a file that appeared since the check at the start
+            write_json(args.json, records, replace=args.overwrite)
 
 
 def _spawned(local: int, args: argparse.Namespace, init_file: str) -> None:

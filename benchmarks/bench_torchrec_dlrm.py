@@ -67,7 +67,13 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from dmt.config import Config
 from dmt.data import DataBundle, build_data
 from dmt.models.factory import table_name
-from dmt.results import existing_output, write_json
+from dmt.results import (
+    add_runs_options,
+    check_counts,
+    check_runs,
+    existing_output,
+    write_json,
+)
 from dmt.runtime import Runtime, close_runtime, init_runtime
 from dmt.train import compose_config, to_config
 from dmt.trainer import Trainer
@@ -263,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--steps", type=int, default=100, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps before them")
-    p.add_argument("--runs", type=int, default=3, help="runs, each of every variant")
+    add_runs_options(p, "runs, each of every variant")
     p.add_argument("--block", type=int, default=10, help="steps per variant before the next")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -276,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         help="a further dmt config override for every variant (e.g. data.criteo.raw_path=...)",
     )
     args = p.parse_args(argv)
+    check_runs(p, args.runs, args.smoke)
+    check_counts(p, args, ("steps", "block"), ("warmup",))
     if (error := existing_output(args.json, "--json", args.overwrite)) is not None:
         p.error(error)
     if args.threads > 0:
@@ -348,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             "ratios": ratios,
             "ratios_per_run": per_run,
         }
-        write_json(args.json, result)
+        write_json(args.json, result, replace=args.overwrite)
     return 0
 
 

@@ -817,6 +817,13 @@ def validate(cfg: Config) -> None:
         if sp.local_world_size is not None:
             _positive("sptt.local_world_size", sp.local_world_size)
         _choice("sptt.sharding_type", sp.sharding_type, ("table_wise", "column_wise", "row_wise"))
+        if sp.sharding_type == "row_wise" and cfg.model.pooling != "sum":
+            raise ValueError(
+                f"sptt.sharding_type=row_wise needs model.pooling=sum, got model.pooling="
+                f"{cfg.model.pooling}: step d adds each row shard's partial sums, and partial "
+                "means do not add up to the mean; use sptt.sharding_type=table_wise or "
+                "column_wise for mean pooling"
+            )
         _choice("sptt.peer_permute", sp.peer_permute, ("output", "input", "auto", "skip"))
 
 

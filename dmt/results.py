@@ -192,3 +192,17 @@ def check_runs(parser: argparse.ArgumentParser, runs: int, smoke: bool, what: st
             file=sys.stderr,
             flush=True,
         )
+
+
+def check_counts(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    at_least_one: Sequence[str],
+    at_least_zero: Sequence[str] = (),
+) -> None:
+    """Refuse (``parser.error``) an option of ``args`` (by its attribute name, e.g.
+    ``"trace_steps"`` for ``--trace-steps``) below 1, or below 0 for ``at_least_zero``."""
+    for least, names in ((1, at_least_one), (0, at_least_zero)):
+        for name in names:
+            if getattr(args, name) < least:
+                parser.error(f"--{name.replace('_', '-')} must be at least {least}")

@@ -59,6 +59,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
 
 leftover_netns() { ip netns list 2>/dev/null | awk '/^dmt[0-9]+(sw|h[0-9]+)/ {print $1}' | tr '\n' ' '; }
 
+failed=0 # a cell that failed makes the exit status 1, once the others ran
 for cell in $CELLS; do
     IFS=: read -r G RATE BATCH <<<"$cell"
     [[ "$G" =~ ^[0-9]+$ && "$BATCH" =~ ^[0-9]+$ && $((G % LOCAL)) -eq 0 ]] || {
@@ -84,10 +85,15 @@ for cell in $CELLS; do
     date_utc="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "[$date_utc] $name: load $load_before" >&2
     start=$(date +%s)
-    if ! "${cmd[@]}" >"$tmp/log" 2>&1; then
-        echo "$name failed; last lines:" >&2
+    rc=0
+    "${cmd[@]}" >"$tmp/log" 2>&1 || rc=$?
+    if ((rc != 0)); then
+        echo "$name failed (exit status $rc); last lines:" >&2
         tail -20 "$tmp/log" >&2
         rm -rf "$tmp"
+        # interrupted (Ctrl-C, kill): stop here rather than go on to the next cell
+        ((rc != 130 && rc != 143)) || exit "$rc"
+        failed=1
         continue
     fi
     wall=$(($(date +%s) - start))
@@ -128,8 +134,10 @@ out = {
     "command": """${cmd[*]}""",
     "netns_left": "$left".split(),
 }
-json.dump(out, open(sys.argv[2], "w"), indent=1)
+from dmt.results import write_json  # whole or not at all: a later run skips what exists
+write_json(sys.argv[2], out, indent=1, replace=False)
 print(f"{sys.argv[2]}: " + ", ".join(f"{k} {v['ms_per_step_median']:.1f} ms" for k, v in modes.items()))
 EOF
     rm -rf "$tmp"
 done
+exit "$failed"

@@ -98,14 +98,20 @@ half=(); other=()
 for ((i = 0; i < ${#configs[@]}; i += 3)); do
   if (( (i / 3) % 2 == 0 )); then half+=("${configs[@]:i:3}"); else other+=("${configs[@]:i:3}"); fi
 done
+pids=()
+# background jobs of a script ignore Ctrl-C: end them with the script, however it ends
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 "$PY" scripts/seeds.py "${common[@]}" --name train_a "${half[@]}" > "$OUT/train_a.log" 2>&1 &
-pids=("$!")
+pids+=("$!")
 if (( ${#other[@]} )); then
   "$PY" scripts/seeds.py "${common[@]}" --name train_b "${other[@]}" > "$OUT/train_b.log" 2>&1 &
   pids+=("$!")
 fi
 failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # a bare wait returns 0 whatever failed
+pids=()
 if (( failed )); then
   echo "training failed: see $OUT/train_a.log and $OUT/train_b.log" >&2
   tail -5 "$OUT"/train_*.log >&2

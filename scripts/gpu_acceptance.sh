@@ -2,7 +2,7 @@
 # First checks for a machine with 1-8 NVIDIA GPUs (dmt's CI has none; run this after
 # `DMT_VARIANT=gpu bash scripts/setup.sh`). Every step prints PASS, FAIL or SKIP (with the
 # reason); the exit status is the number of failures, or 125 when there is nothing to check (no
-# GPU, or a CPU build of torch or FBGEMM). Logs and the benchmarks' JSON are kept in
+# GPU, or a CPU build of torch or FBGEMM), or 1 when nvidia-smi lists GPUs that torch cannot use. Logs and the benchmarks' JSON are kept in
 # $DMT_ACCEPTANCE_OUT (default gpu_acceptance_out/<date>-<time>); the runs' directories go to a
 # temporary directory, removed at the end.
 #   bash scripts/gpu_acceptance.sh
@@ -34,7 +34,18 @@ PYEOF
   exit 125
 fi
 GPUS="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')"
-if [[ "$GPUS" -lt 1 ]]; then echo "no CUDA device ($STACK): nothing to check" >&2; exit 125; fi
+if [[ "$GPUS" -lt 1 ]]; then
+  # GPUs the driver lists that torch cannot use (a driver older than the wheels' CUDA, a broken
+  # install) are a failure, not a machine without GPUs
+  if LISTED="$(nvidia-smi -L 2>/dev/null)" && [[ -n "$LISTED" ]]; then
+    echo "FAIL: nvidia-smi lists GPUs but torch sees none ($STACK):" >&2
+    echo "$LISTED" >&2
+    "$PY" -c 'import torch; torch.cuda.init()' 2>&1 | tail -3 >&2
+    exit 1
+  fi
+  echo "no CUDA device ($STACK): nothing to check" >&2
+  exit 125
+fi
 OUT="${DMT_ACCEPTANCE_OUT:-$ROOT/gpu_acceptance_out/$(date +%Y%m%d-%H%M%S)}"
 if [[ -e "$OUT" && -n "$(ls -A "$OUT" 2>/dev/null)" ]]; then
   echo "$OUT exists and is not empty: set DMT_ACCEPTANCE_OUT to a new directory" >&2; exit 125
@@ -65,7 +76,7 @@ pytest_step sptt_direct_lookup_cuda tests/unit/test_sptt_lookup.py -k cuda
 # DLRM interaction: its own backward (one batched product) equals autograd's on the GPU too
 pytest_step dot_interaction_backward_cuda tests/unit/test_models.py -k "backward_is and cuda"
 # memory budget: tables that miss sharding.hbm_gb are UVM-cached (flat and SPTT), same training
-pytest_step uvm_caching tests/integration/test_sharding_plan.py -k cuda
+pytest_step uvm_caching tests/integration/test_sharding_plan.py -k cuda_uvm  # not the CPU one
 # a resumed run draws the GPU's dropout masks of an uninterrupted one (the CUDA generator is saved)
 pytest_step resume_dropout_cuda \
   "tests/integration/test_train.py::test_resume_with_dropout_draws_the_masks_of_an_uninterrupted_run_cpu_and_cuda[cuda]"

@@ -35,11 +35,16 @@ done
 [[ "$HOSTS" =~ ^[0-9]+$ && "$HOSTS" -ge 1 && "$HOSTS" -le 200 ]] || { echo "--hosts must be 1..200" >&2; exit 2; }
 [[ $(id -u) -eq 0 ]] || { echo "$0 needs root (ip netns, tc)" >&2; exit 1; }
 
-TAG="dmt$$"                     # unique per invocation: parallel runs do not collide
+# unique per invocation: parallel runs do not collide, and the namespaces a killed run (SIGKILL:
+# no cleanup) left under a process id now reused are neither taken nor removed
+ours() { ip netns list 2>/dev/null | awk '{print $1}' | grep -qE "^$1(sw|h[0-9]+)$"; }
+TAG="dmt$$"
+while ours "$TAG"; do TAG="dmt$$$RANDOM"; done
 SWITCH="${TAG}sw"
 RUNDIR="$(mktemp -d /tmp/${TAG}.XXXX)"
 INIT_FILE="$RUNDIR/rendezvous"
 PIDS=()
+MADE=() # the namespaces this run created: the only ones it removes
 
 # every process left in the host namespaces (a command's own children too: the ranks a
 # benchmark spawns outlive their parent; ip netns del would leave them a nameless namespace)
@@ -59,24 +64,30 @@ cleanup() {
     left="$(host_pids)"
     [[ -z "$left" ]] || kill -KILL $left 2>/dev/null || true
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    for ((h = 0; h < HOSTS; h++)); do ip netns del "${TAG}h$h" 2>/dev/null || true; done
-    ip netns del "$SWITCH" 2>/dev/null || true   # removes the bridge and the switch-side links
+    # the switch's removes the bridge and the switch-side links
+    for ns in "${MADE[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
     rm -rf "$RUNDIR"
 }
 trap cleanup EXIT
-trap 'cleanup; exit 130' INT
-trap 'cleanup; exit 143' TERM
+# after cleaning up, end by the signal itself (not exit 130): a calling script then stops too,
+# where a plain exit status would read as a failed command and its loop would go on
+trap 'cleanup; kill -INT $$' INT
+trap 'cleanup; kill -TERM $$' TERM
 
 ip netns add "$SWITCH"
+MADE+=("$SWITCH")
 ip -n "$SWITCH" link set lo up
 ip -n "$SWITCH" link add br0 type bridge
 ip -n "$SWITCH" link set br0 up
 for ((h = 0; h < HOSTS; h++)); do
     ns="${TAG}h$h"
     ip netns add "$ns"
+    MADE+=("$ns")
     ip -n "$ns" link set lo up
-    # host side "eth0" in the host's namespace, switch side in the switch's, created in place
-    ip link add "eth$h" netns "$ns" type veth peer name "sw$h" netns "$SWITCH"
+    # host side "eth<h>" in the host's namespace, switch side in the switch's, created from the
+    # switch's namespace: kernels before 6.14 check a new link's name in the namespace the
+    # command runs in, where this machine's own eth0 would make "File exists"
+    ip -n "$SWITCH" link add "sw$h" type veth peer name "eth$h" netns "$ns"
     ip -n "$ns" addr add "10.213.$((h / 250)).$((h % 250 + 1))/16" dev "eth$h"
     ip -n "$ns" link set "eth$h" up
     ip -n "$SWITCH" link set "sw$h" master br0

@@ -41,7 +41,15 @@ HASH="$(cat "$ROOT/pyproject.toml" "$ROOT/requirements/"*.txt | sha256sum | cut 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" ]] && "$VENV/bin/python" -c "import dmt, torchrec" 2>/dev/null; then
   exit 0
 fi
-[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+# a venv without pip (python3 -m venv fails at ensurepip without Debian's python3-venv, after
+# making bin/python) is made again, not taken for a working one on every later run
+if ! [[ -x "$VENV/bin/python" ]] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+  if ! "$PY" -m venv --clear "$VENV"; then
+    echo "cannot create $VENV with $PY (on Debian/Ubuntu: apt-get install python3-venv, or" \
+      "python3.X-venv for PYTHON=python3.X)" >&2
+    exit 1
+  fi
+fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" --upgrade pip
 # pip keeps torch 2.13.0+cpu for a "torch==2.13.0" requirement and would put fbgemm-gpu beside

@@ -382,7 +382,14 @@ class SPTTDataflow(nn.Module):
         return self._input_dist(kjt)
 
     def check_received(self, received: KeyedJaggedTensor, local_batch: int) -> None:
-        """Raise ``ValueError`` unless step a brought ``G B`` samples (``B = local_batch``)."""
+        """Raise ``ValueError`` unless step a brought ``G B`` samples (``B = local_batch``).
+
+        Only a rank whose batch differs from the mean of all ranks' can tell (it sees its own
+        batch and the sum): with uneven batches, a rank whose batch is the mean goes on and
+        waits in step d until the group's timeout (``trainer.collective_timeout_s``). The
+        trainer never gives uneven batches here (``even_batches``: the loaders drop the last,
+        partial one); code that calls the dataflow itself must keep every rank's batch the
+        same size, or pad through ``ShardedDMT(even_batches=False)``."""
         expected = local_batch * self.plan.topology.world_size
         if received.stride() != expected:
             raise ValueError(

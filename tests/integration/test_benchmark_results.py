@@ -92,6 +92,8 @@ def test_ns3_crosscheck_writes_the_repositorys_file_by_default_from_anywhere():
         "benchmarks/bench_checkpoint.py",
         "benchmarks/bench_synthetic.py",
         "benchmarks/bench_preprocess.py",
+        "benchmarks/bench_sptt.py",
+        "benchmarks/bench_torchrec_dlrm.py",
         "scripts/bench_partitioner.py",
     ],
 )
@@ -110,11 +112,34 @@ def test_a_benchmark_refuses_fewer_than_three_runs_unless_a_smoke_run(script, ca
     )
 
 
+def test_bench_sptt_takes_each_launchers_ranks_as_one_host(capsys, monkeypatch):
+    """Under netns_throttle.sh (--nnodes H, one namespace per launcher) --local-world-size
+    defaulted to 2 whatever the namespaces held: with 4 ranks per namespace, traffic on a
+    namespace's loopback was counted as crossing hosts."""
+    bench = _load(REPO / "benchmarks" / "bench_sptt.py")
+    common = ["--world-size", "8", "--nnodes", "2", "--init-file", "/tmp/x"]
+    assert bench._parse(common).local_world_size == 4
+    assert bench._parse([*common, "--local-world-size", "4"]).local_world_size == 4
+    monkeypatch.setattr(sys, "argv", ["bench_sptt.py"])
+    with pytest.raises(SystemExit):
+        bench._parse([*common, "--local-world-size", "2"])
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            "bench_sptt.py: error: --local-world-size 2 with --nnodes 2: each launcher's 4 ranks are "
+            "one host (its own network namespace), so hosts of another size would count loopback "
+            "traffic as crossing hosts; leave it unset or give 4"
+        )
+    )
+
+
 def _load(path: Path) -> Any:
     """A benchmark script as a module (in this process: no interpreter start per script)."""
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -133,3 +158,21 @@ def test_bench_pipeline_leaves_the_first_log_interval_out(tmp_path):
     assert bench.post_warmup_rate(tmp_path) == pytest.approx(100 / (50 / 200 + 50 / 400))
     (tmp_path / "history.jsonl").write_text(json.dumps(records[0]) + "\n")
     assert bench.post_warmup_rate(tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "message"),
+    [
+        ("benchmarks/bench_sptt.py", ["--iters", "0"], "--iters must be at least 1"),
+        ("benchmarks/bench_sptt.py", ["--trace-steps", "0"], "--trace-steps must be at least 1"),
+        ("benchmarks/bench_torchrec_dlrm.py", ["--warmup", "-1"], "--warmup must be at least 0"),
+        ("benchmarks/bench_torchrec_dlrm.py", ["--block", "0"], "--block must be at least 1"),
+    ],
+)
+def test_a_benchmark_refuses_counts_out_of_range(script, argv, message, capsys, monkeypatch):
+    """bench_torchrec_dlrm took --steps 0 or --block 0 and failed later (a median of nothing,
+    or a loop that never ends its rounds)."""
+    monkeypatch.setattr(sys, "argv", [script])
+    with pytest.raises(SystemExit):
+        _load(REPO / script).main(argv)
+    assert capsys.readouterr().err.strip().endswith(f"{Path(script).name}: error: {message}")

@@ -128,6 +128,16 @@ def test_paper_configs_match_the_paper_accounting():
             ["+tower=dlrm"],
             r"pick a partition \(\+partition=naive\|tp\|per_feature\)$",
         ),
+        (  # failed in ShardedDMT, after the process groups, naming neither setting
+            [
+                "experiment=dmt_4t_dlrm",
+                "sptt=on",
+                "sptt.sharding_type=row_wise",
+                "model.pooling=mean",
+            ],
+            r"^sptt.sharding_type=row_wise needs model.pooling=sum, got model.pooling=mean: step d "
+            r"adds each row shard's partial sums",
+        ),
         (  # read by the flat baseline too, so checked with sptt=off
             ["sptt.comm_precision=int8"],
             r"^sptt.comm_precision='int8' is not supported; expected one of "
