@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
-import time
+import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -494,7 +494,7 @@ def test_peer_permute_variants_train_like_single_process(name: str, backend: str
 # ---- failures --------------------------------------------------------------------------------
 
 
-def _failing_rank_worker(rank: int, world_size: int) -> tuple[str, float]:
+def _failing_rank_worker(rank: int, world_size: int) -> tuple[str, str]:
     case = CASES["G4-2hosts"]
     topo = Topology(world_size, 2)
     groups = create_process_groups(topo, timeout=timedelta(seconds=2))
@@ -507,23 +507,22 @@ def _failing_rank_worker(rank: int, world_size: int) -> tuple[str, float]:
         groups=groups,
         optim_cfg=_optim_cfg(variant),
     )
-    outcome, elapsed = "ok", 0.0
+    outcome, message = "ok", ""
     if rank != 3:  # rank 3 "fails" and never joins the forward's collectives
-        start = time.monotonic()
         try:
             task(_batch(case, 0, rank * B, (rank + 1) * B))
         except RuntimeError as e:
-            outcome = type(e).__name__
-        elapsed = time.monotonic() - start
+            outcome, message = type(e).__name__, str(e)
     dist.barrier()
-    return outcome, elapsed
+    return outcome, message
 
 
 def test_a_failing_rank_fails_the_others_by_timeout() -> None:
+    """By the SPTT groups' own timeout (2 s), which gloo names, not the default group's."""
     results = run_on_ranks(_failing_rank_worker, 4, timeout_s=60)
-    for rank, (outcome, elapsed) in enumerate(results[:3]):
+    for rank, (outcome, message) in enumerate(results[:3]):
         assert outcome == "RuntimeError", (rank, outcome)
-        assert elapsed < 15, (rank, elapsed)
+        assert re.search(r"\bTimed out waiting 2000ms\b", message), (rank, message)
 
 
 # ---- the flat TorchRec baseline --------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import re
 from datetime import timedelta
 
 import pytest
@@ -52,18 +52,18 @@ def test_world_size_mismatch() -> None:
         assert "world_size=4" in message
 
 
-def _timeout_worker(rank: int, world_size: int) -> float:
+def _timeout_worker(rank: int, world_size: int) -> str:
     groups = create_process_groups(Topology(world_size, 1), timeout=timedelta(seconds=1))
-    elapsed = 0.0
+    message = ""
     if rank == 0:  # rank 1 never joins this all-reduce
-        start = time.monotonic()
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError) as e:
             dist.all_reduce(torch.ones(1), group=groups.peer)
-        elapsed = time.monotonic() - start
+        message = str(e.value)
     dist.barrier()
-    return elapsed
+    return message
 
 
 def test_missing_rank_times_out() -> None:
-    elapsed = run_on_ranks(_timeout_worker, 2)[0]
-    assert 0.5 < elapsed < 10.0
+    """The groups' own timeout, not the default group's (gloo names the one it waited)."""
+    message = run_on_ranks(_timeout_worker, 2)[0]
+    assert re.search(r"\bTimed out waiting 1000ms\b", message), message

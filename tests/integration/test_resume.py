@@ -156,12 +156,26 @@ def test_another_sparse_optimizer_starts_its_state_fresh_when_allowed(tmp_path: 
         _train(tmp_path / "refused", *exact, *SGD, f"trainer.resume_from={step_4}")
     m = _train(
         tmp_path / "exact",
-        *exact,
+        "optim.sparse._target_=torch.optim.Adagrad",
+        "trainer.max_steps=5",
+        "trainer.checkpoint=true",
         *SGD,
         "trainer.resume_allow_config_change=true",
         f"trainer.resume_from={step_4}",
     )
-    assert m["num_steps"] == 8
+    assert m["num_steps"] == 5
+    # fresh: Adagrad's first step from an empty accumulator moves every element it touches by
+    # lr g / (|g| + eps), i.e. by the learning rate (0.1) but where |g| is near eps; an
+    # accumulator carried over from the row-wise one's 4 steps would make the steps smaller
+    before = checkpoint.load_model_state(step_4, ema=False)
+    after = checkpoint.load_model_state(tmp_path / "exact" / "checkpoints" / "step_5", ema=False)
+    tables = [k for k in before if ".embedding_bags." in k]
+    assert tables
+    for key in tables:
+        moved = (after[key] - before[key]).abs()
+        moved = moved[moved > 0]
+        assert moved.numel() > 0 and float(moved.max()) <= 0.1 + 1e-6, key
+        assert float(moved.median()) == pytest.approx(0.1, abs=1e-4), key
 
 
 def test_an_unreadable_saved_config_is_a_clear_error(tmp_path: Path) -> None:
@@ -407,3 +421,9 @@ def test_another_optimizer_on_two_ranks_starts_its_state_fresh(tmp_path: Path) -
         assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     meta = json.loads((tmp_path / "b" / "checkpoints" / "step_6" / "meta.json").read_text())
     assert meta["step"] == 6 and meta["world_size"] == 2
+    # the dense state is SGD's with momentum, none of Adam's left
+    saved = tmp_path / "b.pt"
+    dcp_to_torch_save(tmp_path / "b" / "checkpoints" / "step_6", saved)
+    optim = torch.load(saved, weights_only=False)["optim"]
+    dense = {k: v for k, v in optim.items() if isinstance(v, dict) and "momentum_buffer" in v}
+    assert dense and not [k for k, v in optim.items() if isinstance(v, dict) and "exp_avg" in v]

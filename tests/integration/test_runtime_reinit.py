@@ -87,7 +87,11 @@ def _start_pair(tmp_path: Path, script: Path, launcher: str, *args: str) -> list
                 text=True,
             )  # fmt: skip
         )
-    outs = [p.communicate(timeout=240)[0] for p in procs]
+    try:  # a rank that waits for its peers' timeout fails the test here
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
     return outs
 
@@ -167,10 +171,11 @@ import os
 rank = world_from_env(os.environ).rank
 start = time.monotonic()
 try:
-    # rank 1 asks for a GPU it does not have (e.g. SLURM binding too few GPUs to some tasks)
-    init_runtime("cuda" if rank == 1 else "cpu", timeout_s=120, job="job")
+    # rank 1 asks for a GPU it does not have (e.g. SLURM binding too few GPUs to some tasks);
+    # a timeout beyond the test's wait for the processes: a rank that waited for it fails the test
+    init_runtime("cuda" if rank == 1 else "cpu", timeout_s=900, job="job")
 except ValueError as e:
-    line = f"{e} after {time.monotonic() - start:.0f} s"
+    line = str(e)
 else:
     line = "started"
 with open(f"{sys.argv[1]}/rank{rank}.txt", "w") as out:
@@ -201,26 +206,24 @@ def test_a_rank_whose_gpu_fails_to_start_fails_every_rank_at_once(tmp_path: Path
     out = "\n".join(_start_pair(tmp_path, script, "srun"))
     message = (
         "ranks [1] have no device to run on; rank 1: cuda:1 (local rank 1) cannot be used: "
-        "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable after "
+        "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable"
     )
     for line in ((tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)):
-        assert line.startswith(message), out
-        assert float(line.removeprefix(message).removesuffix(" s")) < 60, out
+        assert line == message, out
 
 
 def test_a_rank_without_its_device_fails_every_rank_at_once(tmp_path: Path) -> None:
     """A rank that cannot take its device (``trainer.device=cuda`` without one, a local rank
     beyond the GPUs it sees) says so through the rendezvous store, and every rank raises its
     message at once. Before, it raised alone before the rendezvous and the others waited for it
-    until the timeout (here 120 s; 600 by default) and then failed with a bare store timeout."""
+    until the timeout (600 s by default) and then failed with a bare store timeout."""
     script = tmp_path / "deviceless.py"
     script.write_text(DEVICELESS)
     out = "\n".join(_start_pair(tmp_path, script, "srun"))
     got = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
     message = (
         "ranks [1] have no device to run on; rank 1: trainer.device=cuda but no CUDA device is "
-        "available after "
+        "available"
     )
     for line in got:
-        assert line.startswith(message), out
-        assert float(line.removeprefix(message).removesuffix(" s")) < 60, out
+        assert line == message, out

@@ -14,6 +14,7 @@ import weakref
 
 import pytest
 import torch
+import yaml
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.train_pipeline import EvalPipelineSparseDist, TrainPipelineSparseDist
 
@@ -262,7 +263,17 @@ def test_inspect_cli_writes_inspect_json(tmp_path):
     res = _cli("dmt-inspect", "experiment=paper_dlrm", f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads((tmp_path / "inspect.json").read_text())
-    assert report["num_parameters"] == 22_779_236_097
+    cards = yaml.safe_load((REPO / "dmt/conf/data/criteo_1tb_synthetic.yaml").read_text())
+    cards = cards["synthetic"]["cardinalities"]
+
+    def mlp(inputs: int, sizes: list[int]) -> int:  # weights and biases
+        return sum((i + 1) * o for i, o in zip([inputs, *sizes[:-1]], sizes, strict=True))
+
+    # the paper's DLRM, counted by hand: 26 tables of dim 128, bottom 512-256-128 over 13 dense
+    # inputs, top 1024-1024-512-256-1 over the dense vector and the 27 vectors' 351 pairs
+    tables = 128 * sum(cards)
+    dense = mlp(13, [512, 256, 128]) + mlp(128 + 27 * 26 // 2, [1024, 1024, 512, 256, 1])
+    assert len(cards) == 26 and report["num_parameters"] == tables + dense == 22_779_236_097
     assert abs(report["train_mflops_per_sample"] - 14.74) < 0.01
 
 

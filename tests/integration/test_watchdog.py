@@ -82,13 +82,11 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout(tmp_path) -> None:
         workers = _children(job.pid)
         stopped = next(p for p in workers if _rank_of(p) == 1)
         os.kill(stopped, signal.SIGSTOP)
-        start = time.monotonic()
+        # a hang fails here: the watchdog's timeout and a margin
         returncode = job.wait(timeout=TIMEOUT_S + MARGIN_S)
-        elapsed = time.monotonic() - start
         out = log_path.read_text()
         assert returncode != 0
         assert "rank 0: rank 1 stopped answering (no heartbeat for" in out, out[-3000:]
-        assert elapsed < TIMEOUT_S + MARGIN_S
         assert not [p for p in workers if _alive(p)]
         run_dirs = list((tmp_path / "outputs").glob("*/*"))
         assert len(run_dirs) == 1, run_dirs  # the ranks agreed on one default directory

@@ -123,11 +123,14 @@ def test_shuffle_windows_stay_local(split: Path) -> None:
 
 def test_mmap_and_in_memory_agree(split: Path) -> None:
     kw = dict(batch_size=64, shuffle=True, seed=5, shuffle_window_rows=300)
-    for x, y in zip(
-        CriteoSource(split, **kw).batches(0), CriteoSource(split, in_memory=True, **kw).batches(0)
-    ):
+    mapped = list(CriteoSource(split, **kw).batches(0))
+    loaded = list(CriteoSource(split, in_memory=True, **kw).batches(0))
+    assert len(mapped) == len(loaded) > 1
+    for x, y in zip(mapped, loaded, strict=True):
         torch.testing.assert_close(x.dense_features, y.dense_features)
         torch.testing.assert_close(x.sparse_features.values(), y.sparse_features.values())
+        torch.testing.assert_close(x.sparse_features.lengths(), y.sparse_features.lengths())
+        torch.testing.assert_close(x.labels, y.labels)
 
 
 def test_prefetch_stops_early_and_reraises(split: Path) -> None:

@@ -133,8 +133,12 @@ def test_a_cgroup_holds_the_copies_of_the_ranks_inside_it_only():
         "100 GiB free under their memory cgroup's limit"
     )
     # the node runs short before the pods' limits do
+    # (8 x 60 = 480 GiB on the node's 400, each pod's 60 within its own 80)
     crowded = [_rank("m", f"pod-{i}", 60, 400, **{f"pod{i}": 80}) for i in range(8)]
-    assert staging_shortfall(crowded) is not None
+    assert staging_shortfall(crowded) == (
+        "host pod-0 / pod-1 / pod-2 / pod-3 / pod-4 / pod-5 / pod-6 / pod-7 (ranks 0, 1, 2, 3, 4, "
+        "5, 6, 7) would stage 480 GiB of checkpoint state in host memory with 400 GiB free"
+    )
 
 
 def test_a_rank_that_cannot_read_its_memory_is_judged_by_its_neighbours_only():

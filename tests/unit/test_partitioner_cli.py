@@ -63,30 +63,31 @@ def test_cli_end_to_end(saved_affinity, tmp_path, capsys):
     assert "12 features -> 3 towers" in printed and "stress" in printed
 
 
-def test_cli_diverse_with_pre_groups(saved_affinity, tmp_path):
-    path, _, _, names = saved_affinity
+@pytest.mark.parametrize("strategy", ["diverse", "coherent"])
+def test_cli_pre_groups_and_strategy(tmp_path, strategy):
+    """Pre-groups item = planted blocks 0 and 1, user = block 2, into 3 towers: the item group
+    gets 2 towers. ``diverse`` spreads alike features over towers (each item tower holds
+    features of both its blocks); ``coherent`` keeps each block together (one block a tower).
+    Before, the test passed with either strategy."""
+    affinity, blocks = planted_affinity([4, 4, 4], shuffle=False, seed=0)
+    names = [f"cat_{i}" for i in range(12)]
+    path = tmp_path / "affinity.npy"
+    save_affinity(path, affinity, names)
     groups_file = tmp_path / "groups.yaml"
     groups_file.write_text(yaml.safe_dump({"item": names[:8], "user": list(range(8, 12))}))
     out = tmp_path / "out"
-    main(
-        [
-            "--affinity",
-            str(path),
-            "--num-towers",
-            "3",
-            "--strategy",
-            "diverse",
-            "--pre-groups",
-            str(groups_file),
-            "--out",
-            str(out),
-        ]
-    )
+    argv = ["--affinity", str(path), "--num-towers", "3", "--strategy", strategy]
+    assert main([*argv, "--pre-groups", str(groups_file), "--out", str(out)]) == 0
     document = yaml.safe_load((out / "partition.yaml").read_text())
+    assert document["strategy"] == strategy
     assert document["pre_groups"] == [names[:8], names[8:]]
     assert sorted(len(tower) for tower in document["towers"]) == [4, 4, 4]
-    for tower in document["towers"]:
-        assert set(tower) <= set(names[:8]) or set(tower) <= set(names[8:])
+    item = [t for t in document["towers"] if set(t) <= set(names[:8])]
+    user = [t for t in document["towers"] if set(t) <= set(names[8:])]
+    assert len(item) == 2 and len(user) == 1  # no tower crosses the pre-groups
+    for tower in item:
+        planted = sorted(int(blocks[names.index(name)]) for name in tower)
+        assert planted == ([0, 0, 1, 1] if strategy == "diverse" else [planted[0]] * 4)
 
 
 def test_cli_reports_user_errors(saved_affinity, tmp_path, capsys):

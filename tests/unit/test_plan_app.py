@@ -174,9 +174,14 @@ def test_dense_memory_counts_the_dense_optimizers_state() -> None:
     def dense(*overrides: str) -> int:
         return int(plan(_conf(*overrides))["modes"]["dmt"]["memory"]["dense_bytes"])
 
+    def mlp(inputs: int, sizes: list[int]) -> int:  # weights and biases
+        return sum((i + 1) * o for i, o in zip([inputs, *sizes[:-1]], sizes, strict=True))
+
+    # SMALL's DLRM, counted by hand: 13 dense inputs, bottom 64-16, 8 tables of dim 16, and the
+    # top MLP 256-128-1 over the dense vector and the 9 vectors' 36 pairwise dots; fp32
+    params = 4 * (mlp(13, [64, 16]) + mlp(16 + 9 * 8 // 2, [256, 128, 1]))
     adam = dense()
-    assert adam % 4 == 0
-    params = adam // 4
+    assert adam == 4 * params  # weights, gradients, Adam's two moments
     assert dense("optim.dense._target_=torch.optim.RMSprop") == 3 * params
     centered = ["optim.dense._target_=torch.optim.RMSprop", "+optim.dense.centered=true"]
     assert dense(*centered, "+optim.dense.momentum=0.9") == 5 * params

@@ -55,11 +55,28 @@ def test_paper_table1_figures() -> None:
     [("v100", 15.7), ("a100", 19.5), ("h100", 67.0)],  # NVIDIA datasheets, FP32 (no tensor core)
 )
 def test_dense_throughput_is_the_fp32_peak_dmt_trains_at(preset: str, fp32_tflops: float) -> None:
-    # dmt trains its dense part in plain fp32: no autocast, and torch's float32 matmul precision
-    # "highest" (TF32 off), so the tensor-core TF32/BF16 peaks of the paper's Table 1 do not apply
-    assert torch.get_float32_matmul_precision() == "highest"
-    assert not torch.backends.cuda.matmul.allow_tf32
+    # dmt trains its dense part in plain fp32 (below), so the tensor-core TF32/BF16 peaks of the
+    # paper's Table 1 do not apply
     assert _compose(f"+cluster={preset}").dense_tflops == fp32_tflops
+
+
+def test_training_leaves_the_dense_part_in_plain_fp32(tmp_path) -> None:
+    """What the presets' FP32 peaks assume: after a training run in this process, torch's
+    float32 matmul precision is still "highest" (TF32 off) and its outputs are fp32 (no
+    autocast)."""
+    from dmt.train import train  # noqa: PLC0415
+    from tests.conftest import compose_config  # noqa: PLC0415
+
+    small = [
+        "trainer=smoke",
+        "logger=disabled",
+        "trainer.progress_bar=false",
+        "trainer.max_steps=2",
+    ]
+    train(compose_config(*small, "trainer.checkpoint=true"), tmp_path)
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert not torch.backends.cuda.matmul.allow_tf32  # (cuDNN's is for convolutions: none here)
+    assert not torch.is_autocast_enabled()
 
 
 @pytest.mark.parametrize(
