@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
@@ -191,13 +191,13 @@ def choose_kernels(
     CUDA: every table in HBM (:data:`FUSED`) if they fit in ``hbm_bytes``; otherwise the largest
     tables (ties: first listed) are UVM-cached (:data:`FUSED_UVM_CACHING`) one by one until the
     rest plus the caches fit, and the cached tables must fit in ``ddr_bytes``: a table whose
-    caching would overflow it is passed over for the next smaller one. Greedy: it never returns
-    a choice over either budget, but may refuse one that a different set of cached tables would
-    meet (where it fails, the error says the ``ddr_bytes`` its largest-first choice needs). A
-    table whose
-    cache (:meth:`MemoryBudget.cached_hbm_bytes`) would take as much HBM as the table itself
-    (narrow tables: FBGEMM's bookkeeping is per row) stays in HBM. CPU: every table
-    is :data:`FUSED` and all must fit in ``ddr_bytes``.
+    caching would overflow it is passed over for the next smaller one. Where that largest-first
+    choice runs out of host memory, the set of cached tables that needs the least host memory
+    is searched exactly (:func:`least_host_memory`): a layout is refused only when no set of
+    cached tables meets both budgets, and the error says the least ``ddr_bytes`` one needs. A
+    table whose cache (:meth:`MemoryBudget.cached_hbm_bytes`) would take as much HBM as the
+    table itself (narrow tables: FBGEMM's bookkeeping is per row) stays in HBM. CPU: every
+    table is :data:`FUSED` and all must fit in ``ddr_bytes``.
 
     Args:
         tables: ``(name, bytes of the table plus its optimizer state, rows)`` of the rank's
@@ -243,20 +243,31 @@ def choose_kernels(
         hbm += cache - sizes[i]
         ddr += sizes[i] - stays[i]
     if hbm > budget.hbm_bytes and no_host_room:
-        # what the same choice needs with host memory unbounded: the ddr_gb that would do
-        unbounded = replace(budget, ddr_bytes=sum(sizes))
-        need = sum(
-            sizes[j] - stays[j]
-            for j, kernel in enumerate(
-                choose_kernels(tables, unbounded, rank=rank, resident=resident)
+        # the largest-first choice ran out of host memory: the set of cached tables that needs
+        # the least host memory, searched exactly, may fit both budgets
+        saves = {
+            i: sizes[i] - budget.cached_hbm_bytes(sizes[i], tables[i][2], stays[i])
+            for i in largest_first
+        }
+        cacheable = [i for i in largest_first if saves[i] > 0]
+        least = least_host_memory(
+            [(saves[i], sizes[i] - stays[i]) for i in cacheable], total - budget.hbm_bytes
+        )
+        if least is not None and least[0] <= budget.ddr_bytes:
+            return tuple(
+                FUSED_UVM_CACHING if j in {cacheable[k] for k in least[1]} else FUSED
+                for j in range(len(tables))
             )
-            if kernel == FUSED_UVM_CACHING
+        need = (
+            _gib(least[0])
+            if least is not None
+            else f"more than {_gib(budget.ddr_bytes)} (the search for the least gave up)"
         )
         raise ValueError(
             _no_room(tables, no_host_room[0], rank, total)
             + f"; it would be UVM-cached, but the budget is sharding.hbm_gb = "
             f"{_gib(budget.hbm_bytes)} of HBM and sharding.ddr_gb = {_gib(budget.ddr_bytes)}"
-            f" of host memory per rank, and the UVM-cached tables would take {_gib(need)} of "
+            f" of host memory per rank, and the UVM-cached tables would take {need} of "
             f"host memory: raise sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
         )
     if hbm > budget.hbm_bytes:
@@ -270,6 +281,41 @@ def choose_kernels(
             "sharding.uvm_cache_load_factor, or use more ranks"
         )
     return tuple(kernels)
+
+
+#: the most partial choices :func:`least_host_memory` keeps before it gives up
+MAX_CHOICES = 100_000
+
+
+def least_host_memory(
+    items: Sequence[tuple[int, int]], need: int, *, max_choices: int = MAX_CHOICES
+) -> tuple[int, tuple[int, ...]] | None:
+    """The least host memory of a set of tables to cache that saves at least ``need`` bytes of
+    HBM, and that set (indices into ``items``, ascending); ``items[k]``: ``(HBM saved, host
+    memory taken)`` by caching table ``k``. Exact: the Pareto front of (host memory, HBM saved)
+    over the tables, one table at a time, choices that another beats on both dropped. ``(0,
+    ())`` when ``need <= 0``; ``None`` when no set saves enough, or when the front grows past
+    ``max_choices`` (the search gives up)."""
+    if need <= 0:
+        return 0, ()
+    # (host memory, saved) -> the tables; sorted by host memory, saved strictly rising
+    front: list[tuple[int, int, tuple[int, ...]]] = [(0, 0, ())]
+    best: tuple[int, tuple[int, ...]] | None = None
+    for k, (saved, host) in enumerate(items):
+        grown = [(h + host, s + saved, chosen + (k,)) for h, s, chosen in front]
+        for h, s, chosen in grown:
+            if s >= need and (best is None or h < best[0]):
+                best = (h, chosen)
+        merged = sorted(front + grown, key=lambda c: (c[0], -c[1]))
+        front = []
+        for h, s, chosen in merged:
+            if best is not None and h >= best[0]:
+                break  # no cheaper set can follow
+            if not front or s > front[-1][1]:
+                front.append((h, s, chosen))
+        if len(front) > max_choices:
+            return None
+    return best
 
 
 def _no_room(tables: Sequence[tuple[str, int, int]], i: int, rank: int, total: int) -> str:

@@ -14,6 +14,7 @@ from dmt.memory import (
     FUSED_UVM_CACHING,
     MemoryBudget,
     choose_kernels,
+    least_host_memory,
     optimizer_state_bytes,
     resident_state_bytes,
     table_bytes,
@@ -146,6 +147,45 @@ def test_a_table_that_host_memory_cannot_cache_gives_way_to_a_smaller_one():
     tables = [("big", 1000, 10), ("mid", 300, 3)]
     # caching big: 1000 bytes of host memory > 800; caching mid: HBM 1000 + 75 + 24 <= 1200
     assert choose_kernels(tables, _cuda(1200, 800), rank=0) == (FUSED, FUSED_UVM_CACHING)
+
+
+def test_a_set_of_smaller_tables_is_cached_where_the_largest_first_choice_fails():
+    """The largest-first choice caches "big" (host memory 1000 of 1200), then neither "mid"
+    fits in host memory beside it, and HBM stays over: refused before, though caching both
+    "mid" tables instead fits both budgets."""
+    tables = [("big", 1000, 10), ("mid1", 600, 6), ("mid2", 600, 6)]  # 2200 bytes
+    # caching saves 670 (big) and 402 (each mid) of HBM; 1400 needs 800 saved
+    assert choose_kernels(tables, _cuda(1400, 1200), rank=0) == (
+        FUSED,
+        FUSED_UVM_CACHING,
+        FUSED_UVM_CACHING,
+    )
+    # one byte less host memory: no set fits, and the error says the least that would do
+    with pytest.raises(ValueError, match=r"the UVM-cached tables would take 1.17 KiB \(1200 "):
+        choose_kernels(tables, _cuda(1400, 1199), rank=0)
+
+
+def test_least_host_memory_is_the_brute_force_optimum():
+    rng = random.Random(3)
+    for _ in range(300):
+        items = [(rng.randint(1, 50), rng.randint(1, 60)) for _ in range(rng.randint(1, 9))]
+        need = rng.randint(-5, sum(s for s, _ in items) + 10)
+        subsets = [
+            tuple(k for k in range(len(items)) if mask >> k & 1) for mask in range(1 << len(items))
+        ]
+        feasible = [c for c in subsets if sum(items[k][0] for k in c) >= need]
+        got = least_host_memory(items, need)
+        if not feasible:
+            assert got is None
+            continue
+        assert got is not None
+        host, chosen = got
+        assert host == min(sum(items[k][1] for k in c) for c in feasible)
+        assert host == sum(items[k][1] for k in chosen)
+        assert sum(items[k][0] for k in chosen) >= need and list(chosen) == sorted(set(chosen))
+    # a front too large to search: it gives up rather than run on
+    many = [(1000 + k, 1000 + 2 * k) for k in range(20)]
+    assert least_host_memory(many, 10_000, max_choices=50) is None
 
 
 def test_caches_alone_can_exceed_hbm():
