@@ -194,7 +194,10 @@ def choose_kernels(
     caching would overflow it is passed over for the next smaller one. Where that largest-first
     choice runs out of host memory, the set of cached tables that needs the least host memory
     is searched exactly (:func:`least_host_memory`): a layout is refused only when no set of
-    cached tables meets both budgets, and the error says the least ``ddr_bytes`` one needs. A
+    cached tables meets both budgets, and the error says the least ``ddr_bytes`` one needs.
+    For more tables than that search takes (about 25 on one rank, all short of HBM), the tables
+    are taken by HBM saved per byte of host memory instead, which may refuse a layout that
+    another set would fit. A
     table whose cache (:meth:`MemoryBudget.cached_hbm_bytes`) would take as much HBM as the
     table itself (narrow tables: FBGEMM's bookkeeping is per row) stays in HBM. CPU: every
     table is :data:`FUSED` and all must fit in ``ddr_bytes``.
@@ -250,26 +253,34 @@ def choose_kernels(
             for i in largest_first
         }
         cacheable = [i for i in largest_first if saves[i] > 0]
-        least = least_host_memory(
-            [(saves[i], sizes[i] - stays[i]) for i in cacheable], total - budget.hbm_bytes
-        )
-        if least is not None and least[0] <= budget.ddr_bytes:
-            return tuple(
-                FUSED_UVM_CACHING if j in {cacheable[k] for k in least[1]} else FUSED
-                for j in range(len(tables))
+        need = total - budget.hbm_bytes
+        if sum(saves[i] for i in cacheable) < need:
+            hbm = total - sum(saves[i] for i in cacheable)  # HBM rules it out (below)
+        else:
+            items = [(saves[i], sizes[i] - stays[i]) for i in cacheable]
+            least = least_host_memory(items, need)
+            if least is None:  # too many tables to search: by HBM saved per byte of host memory
+                chosen = _by_saving_per_byte(items, need, budget.ddr_bytes)
+            else:
+                chosen = least[1] if least[0] <= budget.ddr_bytes else None
+            if chosen is not None:
+                cached = {cacheable[k] for k in chosen}
+                return tuple(
+                    FUSED_UVM_CACHING if j in cached else FUSED for j in range(len(tables))
+                )
+            host = (
+                f"would take {_gib(least[0])} of host memory"
+                if least is not None
+                else "do not fit in it, taken by HBM saved per byte of host memory (the set "
+                f"that needs the least was not searched: {len(cacheable)} tables, too many)"
             )
-        need = (
-            _gib(least[0])
-            if least is not None
-            else f"more than {_gib(budget.ddr_bytes)} (the search for the least gave up)"
-        )
-        raise ValueError(
-            _no_room(tables, no_host_room[0], rank, total)
-            + f"; it would be UVM-cached, but the budget is sharding.hbm_gb = "
-            f"{_gib(budget.hbm_bytes)} of HBM and sharding.ddr_gb = {_gib(budget.ddr_bytes)}"
-            f" of host memory per rank, and the UVM-cached tables would take {need} of "
-            f"host memory: raise sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
-        )
+            raise ValueError(
+                _no_room(tables, no_host_room[0], rank, total)
+                + f"; it would be UVM-cached, but the budget is sharding.hbm_gb = "
+                f"{_gib(budget.hbm_bytes)} of HBM and sharding.ddr_gb = "
+                f"{_gib(budget.ddr_bytes)} of host memory per rank, and the UVM-cached tables "
+                f"{host}: raise sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
+            )
     if hbm > budget.hbm_bytes:
         i = largest_first[0]
         raise ValueError(
@@ -288,17 +299,22 @@ MAX_CHOICES = 100_000
 
 
 def least_host_memory(
-    items: Sequence[tuple[int, int]], need: int, *, max_choices: int = MAX_CHOICES
+    items: Sequence[tuple[int, int]], need: int, *, max_choices: int | None = None
 ) -> tuple[int, tuple[int, ...]] | None:
     """The least host memory of a set of tables to cache that saves at least ``need`` bytes of
     HBM, and that set (indices into ``items``, ascending); ``items[k]``: ``(HBM saved, host
-    memory taken)`` by caching table ``k``. Exact: the Pareto front of (host memory, HBM saved)
-    over the tables, one table at a time, choices that another beats on both dropped. ``(0,
-    ())`` when ``need <= 0``; ``None`` when no set saves enough, or when the front grows past
-    ``max_choices`` (the search gives up)."""
+    memory taken)`` by caching table ``k`` (both positive). Exact: the Pareto front of (host
+    memory, HBM saved) over the tables, one table at a time, without the choices that another
+    beats on both or that cannot reach ``need`` with every table still to come. ``(0, ())``
+    when ``need <= 0``; ``None`` when no set saves enough, or when the front grows past
+    ``max_choices`` (default :data:`MAX_CHOICES`; the search gives up: with savings about
+    proportional to host memory, as caching's are, at 20 to 30 tables)."""
     if need <= 0:
         return 0, ()
-    # (host memory, saved) -> the tables; sorted by host memory, saved strictly rising
+    limit = MAX_CHOICES if max_choices is None else max_choices
+    # still to come after table k: what the remaining tables could save at most
+    rest = [sum(saved for saved, _ in items[k + 1 :]) for k in range(len(items))]
+    # (host memory, saved, tables); sorted by host memory, saved strictly rising
     front: list[tuple[int, int, tuple[int, ...]]] = [(0, 0, ())]
     best: tuple[int, tuple[int, ...]] | None = None
     for k, (saved, host) in enumerate(items):
@@ -311,11 +327,32 @@ def least_host_memory(
         for h, s, chosen in merged:
             if best is not None and h >= best[0]:
                 break  # no cheaper set can follow
+            if s + rest[k] < need:
+                continue  # cannot save enough with every table still to come
             if not front or s > front[-1][1]:
                 front.append((h, s, chosen))
-        if len(front) > max_choices:
+        if len(front) > limit:
             return None
     return best
+
+
+def _by_saving_per_byte(
+    items: Sequence[tuple[int, int]], need: int, host_bytes: int
+) -> tuple[int, ...] | None:
+    """A set of tables (indices into ``items``: ``(HBM saved, host memory)``) that saves at
+    least ``need`` within ``host_bytes``, taken by HBM saved per byte of host memory, each
+    table that fits; ``None`` if they do not save enough. Not the least host memory: for rank
+    sizes :func:`least_host_memory` cannot search."""
+    order = sorted(range(len(items)), key=lambda k: (-items[k][0] / items[k][1], k))
+    chosen: list[int] = []
+    saved = host = 0
+    for k in order:
+        if saved >= need:
+            break
+        if host + items[k][1] <= host_bytes:
+            chosen.append(k)
+            saved, host = saved + items[k][0], host + items[k][1]
+    return tuple(sorted(chosen)) if saved >= need else None
 
 
 def _no_room(tables: Sequence[tuple[str, int, int]], i: int, rank: int, total: int) -> str:

@@ -201,11 +201,14 @@ def _slurm_world(env: Mapping[str, str]) -> World:
     if world_size == 1:
         return World(0, 1, 0, 1, None, None, "slurm")
     task = _int(env, "SLURM_PROCID")
-    node = _int(env, "SLURM_NODEID", 0)
     local_rank = _int(env, "SLURM_LOCALID")
     per_node_spec = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE"))
-    if per_node_spec is not None:
-        per_node = tasks_per_node(per_node_spec)
+    per_node = tasks_per_node(per_node_spec) if per_node_spec is not None else None
+    # the node decides the rank: no default where there are several (two "rank 0"s would each
+    # serve a store); srun always sets it
+    decides = len(per_node) > 1 if per_node is not None else "SLURM_NTASKS_PER_NODE" in env
+    node = _int(env, "SLURM_NODEID") if decides else _int(env, "SLURM_NODEID", 0)
+    if per_node is not None:
         if node >= len(per_node):
             raise ValueError(f"SLURM_NODEID={node} is outside the tasks per node {per_node_spec!r}")
         local_world_size = per_node[node]

@@ -100,7 +100,7 @@ for ((i = 0; i < ${#configs[@]}; i += 3)); do
 done
 pids=()
 # background jobs of a script ignore Ctrl-C: end them with the script, however it ends
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+trap '((${#pids[@]} == 0)) || kill "${pids[@]}" 2>/dev/null || true' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 "$PY" scripts/seeds.py "${common[@]}" --name train_a "${half[@]}" > "$OUT/train_a.log" 2>&1 &

@@ -37,6 +37,11 @@ GPUS="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is
 if [[ "$GPUS" -lt 1 ]]; then
   # GPUs the driver lists that torch cannot use (a driver older than the wheels' CUDA, a broken
   # install) are a failure, not a machine without GPUs
+  # (unless they are hidden on purpose: CUDA_VISIBLE_DEVICES set and empty)
+  if [[ -z "${CUDA_VISIBLE_DEVICES-unset}" ]]; then
+    echo "CUDA_VISIBLE_DEVICES is empty: no GPU to check" >&2
+    exit 125
+  fi
   if LISTED="$(nvidia-smi -L 2>/dev/null)" && [[ -n "$LISTED" ]]; then
     echo "FAIL: nvidia-smi lists GPUs but torch sees none ($STACK):" >&2
     echo "$LISTED" >&2

@@ -53,7 +53,7 @@ host_pids() {
 }
 cleanup() {
     trap - EXIT INT TERM
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in ${PIDS[@]+"${PIDS[@]}"}; do kill "$pid" 2>/dev/null || true; done
     local left
     left="$(host_pids)"
     [[ -z "$left" ]] || kill $left 2>/dev/null || true
@@ -63,9 +63,9 @@ cleanup() {
     done
     left="$(host_pids)"
     [[ -z "$left" ]] || kill -KILL $left 2>/dev/null || true
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    for pid in ${PIDS[@]+"${PIDS[@]}"}; do wait "$pid" 2>/dev/null || true; done
     # the switch's removes the bridge and the switch-side links
-    for ns in "${MADE[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+    for ns in ${MADE[@]+"${MADE[@]}"}; do ip netns del "$ns" 2>/dev/null || true; done
     rm -rf "$RUNDIR"
 }
 trap cleanup EXIT
@@ -104,6 +104,6 @@ for ((h = 0; h < HOSTS; h++)); do
     PIDS+=("$!")
 done
 status=0
-for pid in "${PIDS[@]}"; do wait "$pid" || status=$?; done
+for pid in ${PIDS[@]+"${PIDS[@]}"}; do wait "$pid" || status=$?; done
 PIDS=()
 exit "$status"

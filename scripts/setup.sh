@@ -43,7 +43,12 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" ]] && "$VENV/bin/python" -c "i
 fi
 # a venv without pip (python3 -m venv fails at ensurepip without Debian's python3-venv, after
 # making bin/python) is made again, not taken for a working one on every later run
-if ! [[ -x "$VENV/bin/python" ]] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+has_pip() { "$VENV/bin/python" -m pip --version >/dev/null 2>&1; }
+# (a working venv without pip, e.g. uv's, gets it from ensurepip rather than made again)
+if [[ -x "$VENV/bin/python" ]] && ! has_pip; then
+  "$VENV/bin/python" -m ensurepip --upgrade >/dev/null 2>&1 || true
+fi
+if ! [[ -x "$VENV/bin/python" ]] || ! has_pip; then
   if ! "$PY" -m venv --clear "$VENV"; then
     echo "cannot create $VENV with $PY (on Debian/Ubuntu: apt-get install python3-venv, or" \
       "python3.X-venv for PYTHON=python3.X)" >&2

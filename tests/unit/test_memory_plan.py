@@ -8,11 +8,13 @@ import re
 import pytest
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 
+import dmt.memory
 from dmt.config import ShardingConfig, validate_sharding
 from dmt.memory import (
     FUSED,
     FUSED_UVM_CACHING,
     MemoryBudget,
+    _by_saving_per_byte,
     choose_kernels,
     least_host_memory,
     optimizer_state_bytes,
@@ -163,6 +165,42 @@ def test_a_set_of_smaller_tables_is_cached_where_the_largest_first_choice_fails(
     # one byte less host memory: no set fits, and the error says the least that would do
     with pytest.raises(ValueError, match=r"the UVM-cached tables would take 1.17 KiB \(1200 "):
         choose_kernels(tables, _cuda(1400, 1199), rank=0)
+
+
+def test_hbm_too_small_for_any_caching_says_so_whatever_the_host_memory():
+    """Caching both tables still leaves 544 bytes of HBM over 100: the error is HBM's, not a
+    search for host memory that "gave up"."""
+    tables = [("a", 1000, 10), ("b", 1000, 10)]
+    with pytest.raises(ValueError, match=r"even with every table that caching shrinks UVM-cached"
+                       r" .* take 544 bytes of HBM, more than sharding.hbm_gb = 100 bytes"):  # fmt: skip
+        choose_kernels(tables, _cuda(100, 1000, 0.2), rank=0)
+
+
+def test_tables_too_many_to_search_are_taken_by_saving_per_byte(monkeypatch):
+    """Where the exact search gives up (its bound here 1 choice, about 25 tables in use), the
+    tables are taken by HBM saved per byte of host memory, each that fits."""
+    # saved per byte: a 0.6, b 0.5, c 0.9, d 0.4; 100 needed within 150 bytes of host memory
+    items = [(60, 100), (50, 100), (45, 50), (20, 50)]
+    assert _by_saving_per_byte(items, 100, 150) == (0, 2)  # c, then a: 105 saved, 150 bytes
+    assert _by_saving_per_byte(items, 106, 150) is None  # b does not fit beside them
+    assert _by_saving_per_byte(items, 106, 200) == (0, 2, 3)  # d does: 125 saved
+    monkeypatch.setattr(dmt.memory, "MAX_CHOICES", 1)
+    tables = [("big", 1000, 10), ("mid1", 600, 6), ("mid2", 600, 6)]
+    assert least_host_memory([(670, 1000), (402, 600), (402, 600)], 800) is None
+    # the same saving per byte: big first, then neither mid fits beside it
+    with pytest.raises(ValueError) as err:
+        choose_kernels(tables, _cuda(1400, 1200), rank=0)
+    assert str(err.value).endswith(
+        "and the UVM-cached tables do not fit in it, taken by HBM saved per byte of host memory "
+        "(the set that needs the least was not searched: 3 tables, too many): raise "
+        "sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
+    )
+    # with room for big and a mid: cached by saving per byte
+    assert choose_kernels(tables, _cuda(1400, 1600), rank=0) == (
+        FUSED_UVM_CACHING,
+        FUSED_UVM_CACHING,
+        FUSED,
+    )
 
 
 def test_least_host_memory_is_the_brute_force_optimum():

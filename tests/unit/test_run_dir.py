@@ -286,10 +286,10 @@ def test_the_callback_knows_its_rank_from_the_launcher(monkeypatch, env, rank):
     assert rank_log_suffix() == ("" if rank == 0 else f".rank{rank}")
 
 
-HOLD_FOR = (
+HOLD_FOR = (  # holds the lock, then marks its end (<run>.held) just before it exits
     "import sys, time, pathlib; from dmt.run_dir import lock_run_dir; "
-    "lock_run_dir(pathlib.Path(sys.argv[1])); print('locked', flush=True); "
-    "time.sleep(float(sys.argv[2]))"
+    "run = pathlib.Path(sys.argv[1]); lock_run_dir(run); print('locked', flush=True); "
+    "time.sleep(float(sys.argv[2])); run.with_suffix('.held').touch()"
 )
 _JOB_VARS = (
     "SLURM_JOB_ID",
@@ -362,7 +362,8 @@ def test_a_restarted_job_waits_for_its_earlier_attempts_lock(
             with caplog.at_level(logging.WARNING, logger="dmt.run_dir"):
                 lock, taken = lock_run_dir(run, stale_wait_s=60)
             # taken only once the holder let go, at its end: it waited for it
-            assert taken and holder.wait(timeout=30) == 0
+            assert taken and run.with_suffix(".held").exists()
+            assert holder.wait(timeout=30) == 0
             lock.release()
             assert (
                 f"run directory {run} is locked by an earlier attempt of this job (pid "

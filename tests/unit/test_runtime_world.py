@@ -446,6 +446,18 @@ def test_slurm_block_distribution_keeps_slurm_procid_as_the_rank() -> None:
     assert (world.rank, world.local_world_size) == (6, 1)
 
 
+def test_slurm_node_id_is_needed_where_it_decides_the_rank() -> None:
+    """It numbers the ranks: without it every node's tasks took the first node's ranks."""
+    env = _two_by_two_task(2, 1, 0)
+    del env["SLURM_NODEID"]
+    with pytest.raises(ValueError, match=r"^environment variable SLURM_NODEID is not set \("):
+        world_from_env(env)
+    # one node: node 0
+    one = {**env, "SLURM_STEP_TASKS_PER_NODE": "4", "SLURM_NTASKS_PER_NODE": "4",
+           "SLURM_PROCID": "3", "SLURM_LOCALID": "3"}  # fmt: skip
+    assert world_from_env(one).rank == 3
+
+
 def test_slurm_local_id_outside_its_node_is_refused() -> None:
     with pytest.raises(ValueError, match=r"^SLURM_LOCALID=2 on node SLURM_NODEID=1 does not fit "
                        r"the step's 4 tasks, 2 on this node \("):  # fmt: skip
