@@ -110,3 +110,35 @@ def test_a_stopped_run_leaves_no_namespace_and_no_process(
     assert not _namespaces(tag)
     assert not _alive(f"sleep {marker}")
     assert not list(Path("/tmp").glob(f"{tag}.*"))  # its rendezvous directory
+
+
+def test_ctrl_c_stops_a_calibration_study_not_only_its_cell(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group) during the first cell of
+    ``scripts/calibration_runs.sh``: the study stops there. Before, the throttle script ended
+    with a plain exit status of 130, which the study took for a failed cell, and it went on to
+    build the next cell's namespaces and benchmark."""
+    out = tmp_path / "cells"
+    proc = subprocess.Popen(
+        ["bash", str(REPO / "scripts" / "calibration_runs.sh"), "--out", str(out), "--cells",
+         "4:1gbit:256 4:1gbit:512", "--runs", "3", "--iters", "50", "--warmup", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's job
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not _namespaces("dmt"):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(2)  # the benchmark's ranks are up
+        os.killpg(proc.pid, signal.SIGINT)
+        log, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0, log
+    assert "G4_1gbit_B256" in log and "G4_1gbit_B512" not in log, log  # no second cell
+    assert not list(out.glob("*.json")), log
+    assert not _namespaces("dmt")
