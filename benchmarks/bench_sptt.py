@@ -94,6 +94,7 @@ from dmt.config import (
     PassThroughTowerConfig,
     ShardingConfig,
 )
+from dmt.host_malloc import reuse_host_memory
 from dmt.memory import MemoryBudget
 from dmt.models import build_dmt_model, build_model, embedding_parameters, naive_partition
 from dmt.models.accounting import compression_ratio
@@ -173,6 +174,12 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--json", default=None, help="write the results here (rank 0)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
+    p.add_argument(
+        "--glibc-malloc",
+        action="store_true",
+        help="keep glibc's adapting malloc thresholds (as trainer.reuse_host_memory=false); "
+        "default: every rank keeps freed host memory for reuse, as dmt-train does",
+    )
     env = os.environ  # scripts/netns_throttle.sh sets DMT_NNODES, DMT_NODE_RANK, DMT_INIT_FILE
     p.add_argument(
         "--nnodes", type=int, default=int(env.get("DMT_NNODES", 1)), help="launchers (hosts)"
@@ -482,6 +489,7 @@ def _build(
 
 def _main_on_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    reuse = not args.glibc_malloc and reuse_host_memory()  # for every mode, as dmt-train
     cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
     local_rank = rank % args.local_world_size  # of the emulated host
     # the GPU torchrun's LOCAL_RANK chose (main), not the emulated host's index: with
@@ -533,6 +541,7 @@ def _main_on_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
             "ms_per_step_max": max(run_medians[v.name]) * 1e3,
             "ms_steps": [[t * 1e3 for t in r] for r in run_steps[v.name]],
             "load_avg": load_avg,
+            "reuse_host_memory": reuse,
             "cross_host_mb": traced["all/bytes_cross_host"] * per_step / 1e6,
             "total_mb": traced["all/bytes_sent"] * per_step / 1e6,
             "traced_bytes_per_step": {k: x * per_step for k, x in traced.items()},

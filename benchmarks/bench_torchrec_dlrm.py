@@ -28,11 +28,15 @@ Every run builds a fresh model per variant, runs ``--warmup`` untimed steps of e
 every round and every run: on a shared machine, every variant sees the same load. On a machine
 whose cores other processes share, ``--threads 1`` keeps torch's thread pool from being
 oversubscribed (with 2 threads on 2 busy cores every variant ran about 8x slower, and erratically).
+Every variant runs with freed host memory kept for reuse, as ``dmt-train`` runs
+(``dmt.host_malloc``; ``--glibc-malloc``: glibc's defaults). ``--variants`` runs some of the
+variants; one alone times it in a process of its own (alternate such invocations).
 
     .venv/bin/python benchmarks/bench_torchrec_dlrm.py --runs 5 --threads 1
     .venv/bin/python benchmarks/bench_torchrec_dlrm.py --steps 200 --runs 5 --json out.json
     .venv/bin/python benchmarks/bench_torchrec_dlrm.py --device cuda --steps 200 --warmup 20 --runs 5
     .venv/bin/python benchmarks/bench_torchrec_dlrm.py --device cuda --override data.batch_size=4096
+    .venv/bin/python benchmarks/bench_torchrec_dlrm.py --runs 3 --threads 1 --variants reference
 
 Prints samples/s per run, the median and range of each variant, the ratios dmt / reference,
 pipelined / plain (the default) and no-sync / sync, and the load average at start and end.
@@ -66,6 +70,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from dmt.config import Config
 from dmt.data import DataBundle, build_data
+from dmt.host_malloc import reuse_host_memory
 from dmt.models.factory import table_name
 from dmt.results import (
     add_runs_options,
@@ -229,6 +234,7 @@ def run(
     block: int,
     first: int,
     extra: tuple[str, ...] = (),
+    variants: tuple[str, ...] = tuple(VARIANTS),
 ) -> dict[str, tuple[float, float]]:
     """One run: a fresh model per variant, ``warmup`` untimed steps each, then the timed steps
     in rounds of ``block`` steps per variant, the order rotating every round (round ``r``
@@ -237,16 +243,17 @@ def run(
     after the clock stops, so the timing adds no host sync."""
     steps = len(batches) - warmup
     batch_size = len(batches[0].labels)
-    elapsed = dict.fromkeys(VARIANTS, 0.0)
-    losses: dict[str, list[torch.Tensor]] = {v: [] for v in VARIANTS}
+    order = list(variants)
+    elapsed = dict.fromkeys(order, 0.0)
+    losses: dict[str, list[torch.Tensor]] = {v: [] for v in order}
     with TemporaryDirectory() as out:
-        its = {v: variant_steps(v, rt, data, batches, Path(out), extra) for v in VARIANTS}
+        its = {v: variant_steps(v, rt, data, batches, Path(out), extra) for v in order}
         for it in its.values():
             for _ in range(warmup):
                 next(it)
         for r, start in enumerate(range(0, steps, block)):
-            k = (first + r) % len(VARIANTS)
-            for v in VARIANTS[k:] + VARIANTS[:k]:
+            k = (first + r) % len(order)
+            for v in order[k:] + order[:k]:
                 _sync(rt.device)
                 tick = time.perf_counter()
                 for _ in range(min(block, steps - start)):
@@ -259,7 +266,7 @@ def run(
         del its
     gc.collect()
     return {
-        v: (batch_size * steps / elapsed[v], float(torch.stack(losses[v]).mean())) for v in VARIANTS
+        v: (batch_size * steps / elapsed[v], float(torch.stack(losses[v]).mean())) for v in order
     }
 
 
@@ -276,22 +283,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="one CPU or one GPU")
     p.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="comma-separated, of those above (default: all); one alone, in separate "
+        "invocations, times each variant in a process of its own",
+    )
+    p.add_argument(
+        "--glibc-malloc",
+        action="store_true",
+        help="keep glibc's adapting malloc thresholds (as trainer.reuse_host_memory=false); "
+        "default: freed host memory kept for reuse in this process, for every variant, as "
+        "dmt-train does (dmt.host_malloc)",
+    )
+    p.add_argument(
         "--override",
         action="append",
         default=[],
         help="a further dmt config override for every variant (e.g. data.criteo.raw_path=...)",
     )
     args = p.parse_args(argv)
+    variants = tuple(v.strip() for v in args.variants.split(","))
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        p.error(f"--variants: {', '.join(map(repr, unknown))} not among {VARIANTS}")
+    if len(set(variants)) < len(variants):
+        p.error(f"--variants {args.variants!r} names a variant twice")
     check_runs(p, args.runs, args.smoke)
     check_counts(p, args, ("steps", "block"), ("warmup",))
     if (error := existing_output(args.json, "--json", args.overwrite)) is not None:
         p.error(error)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    reuse = not args.glibc_malloc and reuse_host_memory()
     load_start = os.getloadavg()
     print(
         f"load average at start {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}; "
-        f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads",
+        f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads; host memory "
+        f"{'kept for reuse' if reuse else 'as the C library manages it'} (every variant)",
         flush=True,
     )
     rt = init_runtime(args.device)
@@ -300,11 +327,18 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dmt_config("dmt default", args.device, extra)
         data = build_data(cfg.data, rank=0, world_size=1, seed=cfg.trainer.seed)
         batches = training_batches(data, args.warmup + args.steps)
-        rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
-        losses: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        rates: dict[str, list[float]] = {v: [] for v in variants}
+        losses: dict[str, list[float]] = {v: [] for v in variants}
         for i in range(args.runs):
             result = run(
-                rt, data, batches, warmup=args.warmup, block=args.block, first=i, extra=extra
+                rt,
+                data,
+                batches,
+                warmup=args.warmup,
+                block=args.block,
+                first=i,
+                extra=extra,
+                variants=variants,
             )
             for variant, (rate, loss) in result.items():
                 rates[variant].append(rate)
@@ -327,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         "pipelined / plain": ("dmt pipelined", "dmt default"),
         "no sync / sync": ("dmt default", "dmt sync"),
     }
+    pairs = {name: (a, b) for name, (a, b) in pairs.items() if a in rates and b in rates}
     ratios = {name: median[a] / median[b] for name, (a, b) in pairs.items()}
     # the same ratios within each run (the variants of a run share the machine's load)
     per_run = {name: [x / y for x, y in zip(rates[a], rates[b])] for name, (a, b) in pairs.items()}
@@ -344,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             "block": args.block,
             "batch_size": cfg.data.batch_size,
             "torch_threads": torch.get_num_threads(),
+            "reuse_host_memory": reuse,
             "device": str(rt.device),
             "device_name": torch.cuda.get_device_name(rt.device)
             if rt.device.type == "cuda"

@@ -92,6 +92,7 @@ _FREE_KEYS = (
     "trainer.collective_timeout_s",
     "trainer.pipeline",  # pipelined and plain loops compute the same (tests/distributed/test_pipeline.py)
     "trainer.pipeline_world_of_one",
+    "trainer.reuse_host_memory",  # where freed host memory goes; the numbers are the same
     "sptt.local_world_size",
     "sptt.hosts_per_tower",
     "sptt.sharding_type",

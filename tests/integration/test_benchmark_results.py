@@ -167,6 +167,16 @@ def test_bench_pipeline_leaves_the_first_log_interval_out(tmp_path):
         ("benchmarks/bench_sptt.py", ["--trace-steps", "0"], "--trace-steps must be at least 1"),
         ("benchmarks/bench_torchrec_dlrm.py", ["--warmup", "-1"], "--warmup must be at least 0"),
         ("benchmarks/bench_torchrec_dlrm.py", ["--block", "0"], "--block must be at least 1"),
+        (
+            "benchmarks/bench_torchrec_dlrm.py",
+            ["--variants", "reference,dmt"],
+            "--variants: 'dmt' not among ['reference', 'dmt default', 'dmt pipelined', 'dmt sync']",
+        ),
+        (
+            "benchmarks/bench_torchrec_dlrm.py",
+            ["--variants", "dmt default, dmt default"],
+            "--variants 'dmt default, dmt default' names a variant twice",
+        ),
     ],
 )
 def test_a_benchmark_refuses_counts_out_of_range(script, argv, message, capsys, monkeypatch):

@@ -254,6 +254,7 @@ def test_config_differences_free_and_strict_keys() -> None:
             "log_every": 10,
             "pipeline": False,
             "pipeline_world_of_one": True,
+            "reuse_host_memory": False,  # the allocator's thresholds; absent from older configs
         },
         "optim": {"lr": 0.1},
         "logger": {"mode": "online"},
