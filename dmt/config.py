@@ -411,7 +411,7 @@ class TrainerConfig:
     ema_decay: float | None = (
         None  # evaluate an exponential moving average of the dense weights (MLPs, interaction, tower modules; not the tables), avg = decay * avg + (1 - decay) * w after every step, e.g. 0.999; training goes on from the raw weights (None: off)
     )
-    reuse_host_memory: bool = True  # keep host memory freed between steps for the next step (glibc: mallopt's M_MMAP_THRESHOLD 32 MiB and M_TRIM_THRESHOLD 256 MiB for the process, dmt.host_malloc): glibc's adapting defaults return a step's temporaries to the system and page-fault them back every step (DLRM at batch 512 on a CPU: about 1.1x the samples/s); the process keeps about its peak host memory; false: glibc's defaults. No effect with another C library or a preloaded allocator
+    reuse_host_memory: bool = True  # keep host memory freed between steps for the next step (glibc: mallopt's M_MMAP_THRESHOLD 32 MiB and M_TRIM_THRESHOLD 256 MiB for the process, dmt.host_malloc): glibc's adapting defaults can return a step's temporaries to the system and page-fault them back every step (dmt-train, DLRM at batch 512 on a CPU: 1.12x; how much depends on what the process allocated before); the process keeps about its peak host memory, and the setting lasts as long as the process (a multirun's later jobs too); false: glibc's defaults. Nothing changes where the environment sets malloc (MALLOC_*_, GLIBC_TUNABLES=glibc.malloc.*), with another C library or a preloaded allocator
     collective_timeout_s: float = 600.0  # timeout of every process group dmt creates (flat and SPTT; TorchRec's own table-row-wise groups keep torch's default); a rank silent this long ends the job
 
 

@@ -3,26 +3,32 @@
 A training step allocates the same tensors every step and frees them at its end. glibc's
 ``malloc`` adapts two thresholds as it goes: allocations above ``M_MMAP_THRESHOLD`` get their own
 mapping, returned at ``free``, and free memory above ``M_TRIM_THRESHOLD`` at the top of the heap
-goes back to the system. Both start small (128 KiB) and rise with the largest chunk freed so far
-(the trim threshold to twice it), so a step whose temporaries add up to more than twice its
-largest one returns memory every step and takes it back in the next, page fault by page fault,
-each page zeroed by the kernel. Measured on dmt's DLRM at batch 512 on one CPU thread (the
-configuration of ``benchmarks/bench_torchrec_dlrm.py``): about 1,200-1,900 minor page faults
-per step, and 8 with :func:`reuse_host_memory`, whose step is about 1.1x as fast.
+goes back to the system. Both start at 128 KiB and rise with the largest mapped chunk freed so
+far (up to 32 MiB; the trim threshold to twice it), so a step whose temporaries add up to more
+than twice its largest one can return memory every step and take it back in the next, page
+fault by page fault, each page zeroed by the kernel. Measured on dmt's DLRM at batch 512 on one
+CPU thread (the configuration of ``benchmarks/bench_torchrec_dlrm.py``), in a process of its
+own: 1,200-1,900 minor page faults per step, 8 with :func:`reuse_host_memory`; ``dmt-train``
+ran 1.12x as fast. How much it gives depends on what the process allocated before, as glibc's
+adaptation does.
 
 :func:`reuse_host_memory` fixes both thresholds (``mallopt``, which also stops their adaptation):
 allocations below :data:`MMAP_THRESHOLD` come from the heap, and up to :data:`TRIM_THRESHOLD` of
-free memory stays there. The process then keeps about its peak host memory until it ends. The
-setting is the process's, as ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` in the
-environment would make it; ``dmt-train`` applies it unless ``trainer.reuse_host_memory=false``.
-Another C library (macOS, musl) or another allocator preloaded (jemalloc, tcmalloc: they keep
-freed memory themselves) is left as it is.
+free memory stays there. The process then keeps about its peak host memory until it ends: the
+setting is the process's, for the rest of it (``mallopt`` cannot restore glibc's adaptation), as
+``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` in the environment would make it.
+``dmt-train`` applies it unless ``trainer.reuse_host_memory=false``. It leaves the process as it
+is where the user chose malloc's settings (:data:`USER_SETTINGS` in the environment), where the C
+library is not glibc (macOS, musl), and where another allocator is preloaded (jemalloc,
+tcmalloc: ``malloc`` is not glibc's).
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
+from collections.abc import Callable, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -35,29 +41,85 @@ TRIM_THRESHOLD = 256 * MIB
 #: glibc's ``mallopt`` parameters (``malloc.h``)
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
+#: environment variables through which a user sets glibc's malloc (dmt then leaves it alone)
+USER_SETTINGS = (
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "MALLOC_MMAP_MAX_",
+    "MALLOC_ARENA_MAX",
+    "GLIBC_TUNABLES",  # only its glibc.malloc.* entries
+)
+
+_applied = False
 
 
-def reuse_host_memory() -> bool:
-    """Fix glibc's ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` at :data:`MMAP_THRESHOLD` and
-    :data:`TRIM_THRESHOLD` for this process (see the module). Returns whether glibc took both;
-    ``False`` where the C library has no ``mallopt`` (nothing changes)."""
+def applied() -> bool:
+    """Whether :func:`reuse_host_memory` changed this process's malloc (it stays so)."""
+    return _applied
+
+
+def user_settings(env: Mapping[str, str]) -> list[str]:
+    """The malloc settings ``env`` makes itself (``NAME=value``), which dmt does not override."""
+    found = []
+    for name in USER_SETTINGS:
+        value = env.get(name)
+        if value is None:
+            continue
+        if name == "GLIBC_TUNABLES":
+            entries = [t for t in value.split(":") if t.startswith("glibc.malloc.")]
+            if entries:
+                found.append(f"GLIBC_TUNABLES={':'.join(entries)}")
+        else:
+            found.append(f"{name}={value}")
+    return found
+
+
+def _glibc_mallopt() -> Callable[[int, int], int] | None:
+    """glibc's ``mallopt``, when glibc's ``malloc`` is the one this process uses; else ``None``."""
     try:
-        mallopt = ctypes.CDLL(None).mallopt
+        process = ctypes.CDLL(None)
+        if not hasattr(process, "gnu_get_libc_version"):
+            return None  # not glibc
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
     except (OSError, AttributeError):
-        log.debug("no mallopt in this process's C library: host memory is managed as it is")
-        return False
+        return None
+    address = ctypes.cast(process.malloc, ctypes.c_void_p).value
+    if address != ctypes.cast(libc.malloc, ctypes.c_void_p).value:
+        return None  # a preloaded allocator's malloc: glibc's settings would not reach it
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    # the trim threshold first: setting either stops glibc adapting both
-    taken = mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
-    taken = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and taken
-    if taken:
-        log.info(
-            "host memory: freed memory is kept for reuse (glibc M_MMAP_THRESHOLD %d MiB, "
-            "M_TRIM_THRESHOLD %d MiB; trainer.reuse_host_memory=false keeps glibc's defaults)",
-            MMAP_THRESHOLD // MIB,
-            TRIM_THRESHOLD // MIB,
-        )
-    else:
-        log.warning("host memory: the C library's mallopt refused dmt's thresholds; left as is")
-    return taken
+    return mallopt
+
+
+def reuse_host_memory(env: Mapping[str, str] | None = None) -> bool:
+    """Fix glibc's ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` at :data:`MMAP_THRESHOLD` and
+    :data:`TRIM_THRESHOLD` for the rest of this process (see the module). Returns whether it
+    did; ``False``, with nothing changed, where the environment (``env``, default
+    ``os.environ``) sets malloc itself, or the process's ``malloc`` is not glibc's."""
+    global _applied
+    own = user_settings(os.environ if env is None else env)
+    if own:
+        log.info("host memory: malloc as the environment sets it (%s)", ", ".join(own))
+        return False
+    mallopt = _glibc_mallopt()
+    if mallopt is None:
+        log.debug("host memory: malloc is not glibc's; left as it is")
+        return False
+    # the mmap threshold first: a refused value changes nothing, while setting either threshold
+    # stops glibc adapting both
+    if mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
+        log.warning("host memory: glibc refused M_MMAP_THRESHOLD %d; left as it is", MMAP_THRESHOLD)
+        return False
+    if mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:  # glibc takes any value
+        log.warning("host memory: glibc refused M_TRIM_THRESHOLD %d", TRIM_THRESHOLD)
+    _applied = True
+    log.info(
+        "host memory: freed memory is kept for reuse (glibc M_MMAP_THRESHOLD %d MiB, "
+        "M_TRIM_THRESHOLD %d MiB, for the rest of the process; trainer.reuse_host_memory=false "
+        "before: glibc's defaults)",
+        MMAP_THRESHOLD // MIB,
+        TRIM_THRESHOLD // MIB,
+    )
+    return True

@@ -23,8 +23,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from dmt import host_malloc
 from dmt.config import Config, register_configs, validate
-from dmt.host_malloc import reuse_host_memory
 from dmt.metrics import CLICK_METRICS
 from dmt.run_dir import agree_on_run_dir, claim_run_dir, stale_lock_wait
 from dmt.runtime import close_runtime, init_runtime
@@ -96,7 +96,12 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
     t = conf.trainer
     out = Path(output_dir) if output_dir is not None else Path(HydraConfig.get().runtime.output_dir)
     if t.reuse_host_memory:
-        reuse_host_memory()
+        host_malloc.reuse_host_memory()
+    elif host_malloc.applied():
+        log.warning(
+            "trainer.reuse_host_memory=false, but an earlier run in this process kept freed host "
+            "memory for reuse, which lasts as long as the process: this run does too"
+        )
     runtime = init_runtime(
         t.device, timeout_s=t.collective_timeout_s, job=hydra_job() if output_dir is None else "run"
     )
