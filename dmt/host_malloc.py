@@ -116,9 +116,9 @@ def reuse_host_memory(env: Mapping[str, str] | None = None) -> bool:
         log.warning("host memory: glibc refused M_TRIM_THRESHOLD %d", TRIM_THRESHOLD)
     _applied = True
     log.info(
-        "host memory: freed memory is kept for reuse (glibc M_MMAP_THRESHOLD %d MiB, "
-        "M_TRIM_THRESHOLD %d MiB, for the rest of the process; trainer.reuse_host_memory=false "
-        "before: glibc's defaults)",
+        "host memory: freed memory is kept for reuse for the rest of the process (glibc "
+        "M_MMAP_THRESHOLD %d MiB, M_TRIM_THRESHOLD %d MiB; glibc's defaults: "
+        "trainer.reuse_host_memory=false in a process of its own)",
         MMAP_THRESHOLD // MIB,
         TRIM_THRESHOLD // MIB,
     )
