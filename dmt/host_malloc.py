@@ -8,8 +8,8 @@ far (up to 32 MiB; the trim threshold to twice it), so a step whose temporaries 
 than twice its largest one can return memory every step and take it back in the next, page
 fault by page fault, each page zeroed by the kernel. Measured on dmt's DLRM at batch 512 on one
 CPU thread (the configuration of ``benchmarks/bench_torchrec_dlrm.py``), in a process of its
-own: 1,200-1,900 minor page faults per step, 8 with :func:`reuse_host_memory`; ``dmt-train``
-ran 1.12x as fast. How much it gives depends on what the process allocated before, as glibc's
+own: 1,200-1,900 minor page faults per step, 8-11 with the same thresholds; ``dmt-train``
+ran 1.12x as fast with :func:`reuse_host_memory`. How much it gives depends on what the process allocated before, as glibc's
 adaptation does.
 
 :func:`reuse_host_memory` fixes both thresholds (``mallopt``, which also stops their adaptation):
@@ -18,9 +18,9 @@ free memory stays there. The process then keeps about its peak host memory until
 setting is the process's, for the rest of it (``mallopt`` cannot restore glibc's adaptation), as
 ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` in the environment would make it.
 ``dmt-train`` applies it unless ``trainer.reuse_host_memory=false``. It leaves the process as it
-is where the user chose malloc's settings (:data:`USER_SETTINGS` in the environment), where the C
-library is not glibc (macOS, musl), and where another allocator is preloaded (jemalloc,
-tcmalloc: ``malloc`` is not glibc's).
+is where the user set those thresholds (:data:`USER_SETTINGS`, :data:`USER_TUNABLES` in the
+environment the process started with), where the C library is not glibc (macOS, musl), and where
+another allocator serves ``malloc`` (jemalloc or tcmalloc preloaded).
 """
 
 from __future__ import annotations
@@ -41,14 +41,17 @@ TRIM_THRESHOLD = 256 * MIB
 #: glibc's ``mallopt`` parameters (``malloc.h``)
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-#: environment variables through which a user sets glibc's malloc (dmt then leaves it alone)
+#: environment variables through which a user sets the thresholds that dmt sets (any of them
+#: also stops glibc adapting them); dmt then leaves malloc alone
 USER_SETTINGS = (
     "MALLOC_MMAP_THRESHOLD_",
     "MALLOC_TRIM_THRESHOLD_",
     "MALLOC_TOP_PAD_",
     "MALLOC_MMAP_MAX_",
-    "MALLOC_ARENA_MAX",
-    "GLIBC_TUNABLES",  # only its glibc.malloc.* entries
+)
+#: the same settings as ``GLIBC_TUNABLES`` entries
+USER_TUNABLES = tuple(
+    f"glibc.malloc.{name}" for name in ("mmap_threshold", "trim_threshold", "top_pad", "mmap_max")
 )
 
 _applied = False
@@ -60,34 +63,66 @@ def applied() -> bool:
 
 
 def user_settings(env: Mapping[str, str]) -> list[str]:
-    """The malloc settings ``env`` makes itself (``NAME=value``), which dmt does not override."""
-    found = []
-    for name in USER_SETTINGS:
-        value = env.get(name)
-        if value is None:
-            continue
-        if name == "GLIBC_TUNABLES":
-            entries = [t for t in value.split(":") if t.startswith("glibc.malloc.")]
-            if entries:
-                found.append(f"GLIBC_TUNABLES={':'.join(entries)}")
-        else:
-            found.append(f"{name}={value}")
+    """The thresholds ``env`` sets itself (``NAME=value``), which dmt does not override."""
+    found = [f"{name}={env[name]}" for name in USER_SETTINGS if name in env]
+    tunables = [
+        entry
+        for entry in env.get("GLIBC_TUNABLES", "").split(":")
+        if entry.split("=", 1)[0] in USER_TUNABLES
+    ]
+    if tunables:
+        found.append(f"GLIBC_TUNABLES={':'.join(tunables)}")
     return found
 
 
+def startup_environ() -> Mapping[str, str]:
+    """The environment this process started with, which glibc read (``/proc/self/environ``;
+    ``os.environ`` where there is none): a variable set later from Python does not reach it."""
+    try:
+        raw = open("/proc/self/environ", "rb").read()  # noqa: SIM115
+    except OSError:
+        return os.environ
+    pairs = (entry.split(b"=", 1) for entry in raw.split(b"\0") if b"=" in entry)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+class _MallInfo(ctypes.Structure):
+    """glibc's ``struct mallinfo`` (``int`` fields; ``mallinfo2`` has ``size_t``)."""
+
+    _fields_ = [
+        (name, ctypes.c_int)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks")
+        + ("uordblks", "fordblks", "keepcost")
+    ]
+
+
 def _glibc_mallopt() -> Callable[[int, int], int] | None:
-    """glibc's ``mallopt``, when glibc's ``malloc`` is the one this process uses; else ``None``."""
+    """glibc's ``mallopt``, when glibc's allocator serves this process's ``malloc``; else
+    ``None`` (another C library, or a preloaded allocator such as jemalloc or tcmalloc, whose
+    memory glibc's settings would not reach)."""
     try:
         process = ctypes.CDLL(None)
         if not hasattr(process, "gnu_get_libc_version"):
             return None  # not glibc
         libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
+        mallopt, mallinfo = libc.mallopt, libc.mallinfo
     except (OSError, AttributeError):
         return None
-    address = ctypes.cast(process.malloc, ctypes.c_void_p).value
-    if address != ctypes.cast(libc.malloc, ctypes.c_void_p).value:
-        return None  # a preloaded allocator's malloc: glibc's settings would not reach it
+    # whether glibc's own counters see a block that the process's malloc hands out (the
+    # process's malloc may be another allocator's, preloaded; an address comparison would
+    # also refuse a non-PIE executable's PLT entry for glibc's malloc)
+    mallinfo.restype = _MallInfo
+    process.malloc.restype, process.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    process.free.restype, process.free.argtypes = None, [ctypes.c_void_p]
+    size = 64 * 1024  # below glibc's mmap threshold: counted in uordblks
+    before = mallinfo().uordblks
+    block = process.malloc(size)
+    if not block:
+        return None
+    served = (mallinfo().uordblks - before) % 2**32 >= size  # int fields wrap
+    process.free(block)
+    if not served:
+        return None
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return mallopt
@@ -96,12 +131,15 @@ def _glibc_mallopt() -> Callable[[int, int], int] | None:
 def reuse_host_memory(env: Mapping[str, str] | None = None) -> bool:
     """Fix glibc's ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` at :data:`MMAP_THRESHOLD` and
     :data:`TRIM_THRESHOLD` for the rest of this process (see the module). Returns whether it
-    did; ``False``, with nothing changed, where the environment (``env``, default
-    ``os.environ``) sets malloc itself, or the process's ``malloc`` is not glibc's."""
+    did; ``False``, with nothing changed, where the environment (``env``, default: the one
+    the process started with, :func:`startup_environ`) sets those thresholds itself, or the
+    process's ``malloc`` is not glibc's."""
     global _applied
-    own = user_settings(os.environ if env is None else env)
+    own = user_settings(startup_environ() if env is None else env)
     if own:
-        log.info("host memory: malloc as the environment sets it (%s)", ", ".join(own))
+        log.info(
+            "host memory: malloc's thresholds as the environment sets them (%s)", ", ".join(own)
+        )
         return False
     mallopt = _glibc_mallopt()
     if mallopt is None:
