@@ -541,7 +541,8 @@ def damage(path: Path) -> str | None:
     for name, size in meta.get("files", {}).items():
         f = Path(path) / name
         if not f.is_file():
-            return f"{f} is missing"
+            copy = "; a copy that skips dotfiles (cp dir/*) leaves it behind"
+            return f"{f} is missing{copy if name.startswith('.') else ''}"
         if f.stat().st_size != size:
             return f"{f} has {f.stat().st_size} bytes, {META_FILE} says {size}"
     if "files" not in meta:
@@ -609,11 +610,13 @@ def resolve(path: Path, *, setting: str = "trainer.resume_from") -> Path:
     found = latest(path)
     if found is None:
         inner = path / "checkpoints"  # a run directory given for its checkpoint directory
-        hint = (
-            f" (a run directory? its checkpoints are in {inner})"
-            if inner.is_dir() and latest(inner) is not None
-            else ""
-        )
+        steps = step_dirs(path)
+        if steps:  # only damaged or incomplete ones: the newest one's reason
+            hint = f" (the newest, {steps[0][1].name}: {damage(steps[0][1])})"
+        elif inner.is_dir() and latest(inner) is not None:
+            hint = f" (a run directory? its checkpoints are in {inner})"
+        else:
+            hint = ""
         raise ValueError(
             f"{setting}={str(path)!r}: no complete checkpoint (step_N/{META_FILE}) there{hint}"
         )

@@ -153,8 +153,12 @@ def study(
     return {"metric": metric, "seeds": list(seeds), "configs": results, "comparisons": comparisons}
 
 
+class StaleRun(ValueError):
+    """A run directory of the study holds a run of other settings than its config's now."""
+
+
 def _check_same_run(run_dir: Path, name: str, settings: list[str]) -> None:
-    """Raise ``ValueError`` unless the run in ``run_dir`` trained with ``settings``."""
+    """Raise :class:`StaleRun` unless the run in ``run_dir`` trained with ``settings``."""
     record = run_dir / RUN_FILE
     if not record.exists():
         warnings.warn(
@@ -165,7 +169,7 @@ def _check_same_run(run_dir: Path, name: str, settings: list[str]) -> None:
         return
     ran = json.loads(record.read_text()).get("overrides")
     if ran != settings:
-        raise ValueError(
+        raise StaleRun(
             f"{run_dir} trained with {ran}, but config {name!r} is now {settings}: its metrics "
             "are not this config's; choose another --out (or another config name)"
         )

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from dmt.results import write_json
-from dmt.seeds import box_plot, format_report, parse_seeds, seeds_option, study
+from dmt.seeds import StaleRun, box_plot, format_report, parse_seeds, seeds_option, study
 from dmt.trials import Trial, override_list, read_trials, top_trials, trial_names
 
 CONFIRM_FILE = "confirm.json"
@@ -138,14 +138,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     configs = {names_of[t.directory]: override_list(t) for t in best}
     sweep_values = {names_of[t.directory]: t.value(args.metric) for t in best}
     names = list(configs)
-    report = study(
-        configs,
-        args.seeds,
-        out,
-        metric=args.metric,
-        common=shlex.split(args.common),
-        pairs=[(names[0], n) for n in names[1:]],
-    )
+    try:
+        report = study(
+            configs,
+            args.seeds,
+            out,
+            metric=args.metric,
+            common=shlex.split(args.common),
+            pairs=[(names[0], n) for n in names[1:]],
+        )
+    except StaleRun as err:  # a mistake of the command line, not of dmt: no traceback
+        parser.error(str(err))
     ranking = rank(report, sweep_values, maximize=maximize)
     result = {
         "sweep_dir": str(args.sweep_dir),

@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from dmt.results import write_json
-from dmt.seeds import ALTERNATIVES, box_plot, format_report, parse_seeds, seeds_option, study
+from dmt.seeds import (
+    ALTERNATIVES,
+    StaleRun,
+    box_plot,
+    format_report,
+    parse_seeds,
+    seeds_option,
+    study,
+)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -106,17 +114,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     configs = {name: shlex.split(overrides) for name, overrides in args.config}
     if len(configs) != len(args.config):
         parser.error("config names must be unique")
-    report = study(
-        configs,
-        args.seeds,
-        args.out,
-        metric=args.metric,
-        common=shlex.split(args.common),
-        train_missing=not args.no_train,
-        alternative=args.alternative,
-        method=args.method,
-        pairs=[tuple(pair) for pair in args.pair],
-    )
+    try:
+        report = study(
+            configs,
+            args.seeds,
+            args.out,
+            metric=args.metric,
+            common=shlex.split(args.common),
+            train_missing=not args.no_train,
+            alternative=args.alternative,
+            method=args.method,
+            pairs=[tuple(pair) for pair in args.pair],
+        )
+    except StaleRun as err:  # a mistake of the command line, not of dmt: no traceback
+        parser.error(str(err))
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(table, report, replace=args.overwrite)
     box_plot(report, plot, replace=args.overwrite)

@@ -472,8 +472,10 @@ def _preprocess_once(c: CriteoConfig, *, rank: int, world_size: int) -> None:
     except ValueError as exc:  # the same on every rank
         raise ValueError(
             f"preprocessing data.criteo.raw_path={c.raw_path!r} into "
-            f"data.criteo.preprocessed_dir={c.preprocessed_dir!r} failed: {exc} "
-            "(set data.criteo.auto_preprocess=false to use an existing directory as is)"
+            f"data.criteo.preprocessed_dir={c.preprocessed_dir!r} failed: {exc} (dmt-train "
+            "never replaces a preprocessed directory: set data.criteo.preprocessed_dir to another "
+            "one, rebuild this one with dmt-preprocess --overwrite, or set "
+            "data.criteo.auto_preprocess=false to use an existing directory as is)"
         ) from exc
 
 

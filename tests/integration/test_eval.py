@@ -215,6 +215,20 @@ def test_checkpoint_errors(
     )
     (run / "checkpoints" / "step_9").mkdir()  # incomplete: ignored, the latest complete is used
     assert evaluate(run / "checkpoints", "test")["step"] == 3
+    # copied with `cp step_3/* copy/step_3/` (no dotfiles): the parent's error says why (it
+    # said only "no complete checkpoint", the reason in a warning above it)
+    copy = tmp_path / "copy" / "step_3"
+    copy.mkdir(parents=True)
+    for f in (run / "checkpoints" / "step_3").iterdir():
+        if not f.name.startswith("."):
+            shutil.copy(f, copy / f.name)
+    with pytest.raises(ValueError) as e:
+        evaluate(tmp_path / "copy", "test")
+    assert str(e.value) == (
+        f"--checkpoint={str(tmp_path / 'copy')!r}: no complete checkpoint (step_N/meta.json) "
+        f"there (the newest, step_3: {copy / '.metadata'} is missing; a copy that skips "
+        "dotfiles (cp dir/*) leaves it behind)"
+    )
     # A truncated data file (a crash during the write, a full disk): named, never read.
     data_file = run / "checkpoints" / "step_3" / "__0_0.distcp"
     size = data_file.stat().st_size

@@ -367,7 +367,10 @@ def test_resume_auto_takes_the_newest_complete_checkpoint_and_skips_a_damaged_on
     # DCP's index is a dotfile that a copy with `cp step_N/*` leaves behind: listed and checked
     assert ".metadata" in json.loads((ckpts / "step_4" / checkpoint.META_FILE).read_text())["files"]
     (ckpts / "step_2" / ".metadata").unlink()
-    assert checkpoint.damage(ckpts / "step_2") == f"{ckpts / 'step_2' / '.metadata'} is missing"
+    assert checkpoint.damage(ckpts / "step_2") == (
+        f"{ckpts / 'step_2' / '.metadata'} is missing; a copy that skips dotfiles (cp dir/*) "
+        "leaves it behind"
+    )
 
     # the newest is damaged (truncated data file): reported by path, the previous one is used
     data_file = next((ckpts / "step_6").glob("*.distcp"))
