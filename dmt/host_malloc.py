@@ -9,8 +9,8 @@ than twice its largest one can return memory every step and take it back in the 
 fault by page fault, each page zeroed by the kernel. Measured on dmt's DLRM at batch 512 on one
 CPU thread (the configuration of ``benchmarks/bench_torchrec_dlrm.py``), in a process of its
 own: 1,200-1,900 minor page faults per step, 8-11 with the same thresholds; ``dmt-train``
-ran 1.12x as fast with :func:`reuse_host_memory`. How much it gives depends on what the process allocated before, as glibc's
-adaptation does.
+ran 1.12x as fast with :func:`reuse_host_memory`. How much it gives depends on what the
+process allocated before, as glibc's adaptation does.
 
 :func:`reuse_host_memory` fixes both thresholds (``mallopt``, which also stops their adaptation):
 allocations below :data:`MMAP_THRESHOLD` come from the heap, and up to :data:`TRIM_THRESHOLD` of
@@ -29,6 +29,7 @@ import ctypes
 import logging
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def startup_environ() -> Mapping[str, str]:
     """The environment this process started with, which glibc read (``/proc/self/environ``;
     ``os.environ`` where there is none): a variable set later from Python does not reach it."""
     try:
-        raw = open("/proc/self/environ", "rb").read()  # noqa: SIM115
+        raw = Path("/proc/self/environ").read_bytes()
     except OSError:
         return os.environ
     pairs = (entry.split(b"=", 1) for entry in raw.split(b"\0") if b"=" in entry)
