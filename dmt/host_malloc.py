@@ -142,6 +142,8 @@ def reuse_host_memory(env: Mapping[str, str] | None = None) -> bool:
             "host memory: malloc's thresholds as the environment sets them (%s)", ", ".join(own)
         )
         return False
+    if _applied:  # a multirun's later job: nothing to probe or set again
+        return True
     mallopt = _glibc_mallopt()
     if mallopt is None:
         log.debug("host memory: malloc is not glibc's; left as it is")
