@@ -18,6 +18,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 GIB = 1024**3
@@ -195,9 +197,11 @@ def choose_kernels(
     choice runs out of host memory, the set of cached tables that needs the least host memory
     is searched exactly (:func:`least_host_memory`): a layout is refused only when no set of
     cached tables meets both budgets, and the error says the least ``ddr_bytes`` one needs.
-    For more tables than that search takes (about 25 on one rank, all short of HBM), the tables
-    are taken by HBM saved per byte of host memory instead, which may refuse a layout that
-    another set would fit. A
+    For more tables than that search takes (about 25 on one rank, all short of HBM), host memory
+    is counted on a grid (:func:`least_host_memory_on_grid`): a layout is then refused only when
+    no set of cached tables fits, or when the least host memory a set needs lies within the
+    grid's error of ``ddr_bytes`` (one cell per table: 0.24% of the tables' host memory at 200
+    tables), and the error says between what bounds that least host memory lies. A
     table whose cache (:meth:`MemoryBudget.cached_hbm_bytes`) would take as much HBM as the
     table itself (narrow tables: FBGEMM's bookkeeping is per row) stays in HBM. CPU: every
     table is :data:`FUSED` and all must fit in ``ddr_bytes``.
@@ -259,8 +263,12 @@ def choose_kernels(
         else:
             items = [(saves[i], sizes[i] - stays[i]) for i in cacheable]
             least = least_host_memory(items, need)
-            if least is None:  # too many tables to search: by HBM saved per byte of host memory
-                chosen = _by_saving_per_byte(items, need, budget.ddr_bytes)
+            gridded = None
+            if least is None:  # too many tables to search exactly: host memory on a grid
+                gridded = least_host_memory_on_grid(items, need)
+                assert gridded is not None  # every cacheable table together saves enough
+                fits = gridded.host <= budget.ddr_bytes
+                chosen: tuple[int, ...] | None = gridded.chosen if fits else None
             else:
                 chosen = least[1] if least[0] <= budget.ddr_bytes else None
             if chosen is not None:
@@ -268,12 +276,18 @@ def choose_kernels(
                 return tuple(
                     FUSED_UVM_CACHING if j in cached else FUSED for j in range(len(tables))
                 )
-            host = (
-                f"would take {_gib(least[0])} of host memory"
-                if least is not None
-                else "do not fit in it, taken by HBM saved per byte of host memory (the set "
-                f"that needs the least was not searched: {len(cacheable)} tables, too many)"
-            )
+            if least is not None:
+                host = f"would take {_gib(least[0])} of host memory"
+            else:
+                assert gridded is not None
+                host = (
+                    f"would take {_gib(gridded.lower)} to {_gib(gridded.host)} of host memory "
+                    f"(counted on a grid of {gridded.cell:,} bytes: {len(cacheable)} tables, "
+                    "too many to search exactly)"
+                    if gridded.lower <= budget.ddr_bytes
+                    else f"would take at least {_gib(gridded.lower)} of host memory (counted on a "
+                    f"grid: {len(cacheable)} tables, too many to search exactly)"
+                )
             raise ValueError(
                 _no_room(tables, no_host_room[0], rank, total)
                 + f"; it would be UVM-cached, but the budget is sharding.hbm_gb = "
@@ -336,23 +350,72 @@ def least_host_memory(
     return best
 
 
-def _by_saving_per_byte(
-    items: Sequence[tuple[int, int]], need: int, host_bytes: int
-) -> tuple[int, ...] | None:
-    """A set of tables (indices into ``items``: ``(HBM saved, host memory)``) that saves at
-    least ``need`` within ``host_bytes``, taken by HBM saved per byte of host memory, each
-    table that fits; ``None`` if they do not save enough. Not the least host memory: for rank
-    sizes :func:`least_host_memory` cannot search."""
-    order = sorted(range(len(items)), key=lambda k: (-items[k][0] / items[k][1], k))
-    chosen: list[int] = []
-    saved = host = 0
-    for k in order:
-        if saved >= need:
-            break
-        if host + items[k][1] <= host_bytes:
+#: the most cells times tables of :func:`least_host_memory_on_grid` (one byte each)
+GRID_ENTRIES = 1 << 24
+
+
+@dataclass(frozen=True)
+class GriddedChoice:
+    """What :func:`least_host_memory_on_grid` found: ``chosen`` saves enough and takes ``host``
+    bytes of host memory; no set that saves enough takes less than ``lower``
+    (``host - lower < cell * len(items)``)."""
+
+    chosen: tuple[int, ...]
+    host: int
+    lower: int
+    cell: int
+
+
+def least_host_memory_on_grid(
+    items: Sequence[tuple[int, int]], need: int, *, entries: int | None = None
+) -> GriddedChoice | None:
+    """For more tables than :func:`least_host_memory` can search: a set of tables (indices into
+    ``items``: ``(HBM saved, host memory taken)``, both positive) that saves at least ``need``
+    bytes of HBM, with host memory counted in cells of ``cell`` bytes, and a lower bound on
+    the least host memory of any such set; ``None`` when no set saves enough.
+
+    Two knapsack dynamic programs over the cells (``entries`` bounds cells times tables,
+    default :data:`GRID_ENTRIES`): each table's host memory rounded up to whole cells gives
+    a set whose true host memory is at most its cells' (so a set that fits on the grid fits),
+    rounded down a bound that the least set cannot beat. The two differ by at most one cell
+    per table: with 200 tables, 0.24% of their host memory together."""
+    if need <= 0:
+        return GriddedChoice((), 0, 0, 1)
+    if sum(saved for saved, _ in items) < need:
+        return None
+    n = len(items)
+    total = sum(host for _, host in items)
+    cells = max(1, (GRID_ENTRIES if entries is None else entries) // n)
+    cell = max(1, -(-total // cells))
+    saved = np.array([s for s, _ in items], dtype=np.int64)
+    up = [-(-host // cell) for _, host in items]
+    down = [host // cell for _, host in items]
+
+    def most_saved(weights: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The most HBM saved within each count of cells, and which table the best set at each
+        count took last (per table, whether it is in the best set of that count)."""
+        width = sum(weights) + 1
+        best = np.zeros(width, dtype=np.int64)
+        took = np.zeros((n, width), dtype=bool)
+        for k, w in enumerate(weights):
+            candidate = best[: width - w] + saved[k]
+            better = candidate > best[w:]
+            took[k, w:] = better
+            best[w:] = np.where(better, candidate, best[w:])
+        return best, took
+
+    best_down, _ = most_saved(down)
+    lower = int(np.argmax(best_down >= need)) * cell  # the first count that saves enough
+    best_up, took = most_saved(up)
+    count = int(np.argmax(best_up >= need))
+    chosen = []
+    for k in range(n - 1, -1, -1):  # back through the tables: was k in the set of `count`?
+        if took[k, count]:
             chosen.append(k)
-            saved, host = saved + items[k][0], host + items[k][1]
-    return tuple(sorted(chosen)) if saved >= need else None
+            count -= up[k]
+    chosen.reverse()
+    host = sum(items[k][1] for k in chosen)
+    return GriddedChoice(tuple(chosen), host, min(lower, host), cell)
 
 
 def _no_room(tables: Sequence[tuple[str, int, int]], i: int, rank: int, total: int) -> str:

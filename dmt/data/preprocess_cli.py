@@ -147,25 +147,46 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _ignored(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], str]:
-    """The options given that this input and mode would not read, and what the input is."""
+def _ignored(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> list[tuple[list[str], str]]:
+    """The options given that this input and mode would not read, grouped by reason:
+    ``(options, what they apply to)``."""
 
-    def given(name: str) -> bool:
-        default = parser.get_default(name)
-        return getattr(args, name) != (_days(default) if name == "train_days" else default)
+    def given(names: list[str]) -> list[str]:
+        def one(name: str) -> bool:
+            default = parser.get_default(name)
+            return getattr(args, name) != (_days(default) if name == "train_days" else default)
+
+        return ["--" + n.replace("_", "-") for n in names if one(n)]
+
+    def clause(names: list[str], reason: str) -> list[tuple[list[str], str]]:
+        options = given(names)
+        return [(options, reason)] if options else []
 
     if args.vocab_from is not None:
-        what = "--vocab-from (its vocabularies and settings are the directory's)"
         names = ["split_fractions", "train_days", "eval_day", "val_day", "no_val"]
         names += ["categorical_mode", "frequency_threshold", "missing_id", "hash_sizes"]
+        return clause(
+            names, "only without --vocab-from (its vocabularies and settings are the directory's)"
+        )
+    days = os.path.isdir(args.raw)
+    clauses = (
+        clause(["split_fractions"], "only to one input file, not to a directory of days")
+        if days
+        else clause(
+            ["train_days", "eval_day", "val_day"],
+            "only to a directory of days, not to one input file",
+        )
+    )
+    if args.categorical_mode == "hash":
+        clauses += clause(
+            ["frequency_threshold", "missing_id"],
+            "only to --categorical-mode vocab, not to hash",
+        )
     else:
-        days = os.path.isdir(args.raw)
-        what = f"{'a directory of days' if days else 'one input file'} with --categorical-mode "
-        what += args.categorical_mode
-        names = ["split_fractions"] if days else ["train_days", "eval_day", "val_day"]
-        hashed = args.categorical_mode == "hash"
-        names += ["frequency_threshold", "missing_id"] if hashed else ["hash_sizes"]
-    return ["--" + n.replace("_", "-") for n in names if given(n)], what
+        clauses += clause(["hash_sizes"], "only to --categorical-mode hash, not to vocab")
+    return clauses
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,11 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if os.path.exists(args.raw):  # else the missing input is the error
-        ignored, what = _ignored(parser, args)
-        if ignored:
+        if ignored := _ignored(parser, args):
+            one = sum(len(options) for options, _ in ignored) == 1
             parser.error(
-                f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to "
-                f"{what} and would be ignored; leave {'it' if len(ignored) == 1 else 'them'} out"
+                "; ".join(
+                    f"{', '.join(options)} {'applies' if len(options) == 1 else 'apply'} {reason}"
+                    for options, reason in ignored
+                )
+                + f": {'it' if one else 'they'} would be ignored; leave {'it' if one else 'them'}"
+                " out"
             )
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True

@@ -400,16 +400,21 @@ def test_cli_truncated_array_is_damaged_not_up_to_date(
     ("layout", "extra", "message"),
     [
         ("file", ["--val-day", "5", "--hash-sizes", "1000"],
-         "--val-day, --hash-sizes do not apply to one input file with --categorical-mode vocab "
-         "and would be ignored; leave them out"),
+         "--val-day applies only to a directory of days, not to one input file; --hash-sizes "
+         "applies only to --categorical-mode hash, not to vocab: they would be ignored; leave "
+         "them out"),
+        ("file", ["--val-day", "5", "--eval-day", "6"],
+         "--eval-day, --val-day apply only to a directory of days, not to one input file: they "
+         "would be ignored; leave them out"),
         ("days", ["--split-fractions", "0.5", "0.25", "0.25"],
-         "--split-fractions does not apply to a directory of days with --categorical-mode vocab "
-         "and would be ignored; leave it out"),
+         "--split-fractions applies only to one input file, not to a directory of days: it would "
+         "be ignored; leave it out"),
         ("file", ["--categorical-mode", "hash", "--hash-sizes", "100", "--missing-id", "distinct"],
-         "--missing-id does not apply to one input file with --categorical-mode hash"),
+         "--missing-id applies only to --categorical-mode vocab, not to hash: it would be "
+         "ignored; leave it out"),
         ("vocab-from", ["--frequency-threshold", "10"],
-         "--frequency-threshold does not apply to --vocab-from (its vocabularies and settings "
-         "are the directory's)"),
+         "--frequency-threshold applies only without --vocab-from (its vocabularies and settings "
+         "are the directory's): it would be ignored; leave it out"),
     ],
 )  # fmt: skip
 def test_options_the_input_would_not_read_are_refused(
@@ -429,5 +434,5 @@ def test_options_the_input_would_not_read_are_refused(
     with pytest.raises(SystemExit) as refused:
         main([*args, str(tmp_path / "out"), *extra])
     assert refused.value.code == 2
-    assert message in capsys.readouterr().err
+    assert capsys.readouterr().err.endswith(f"dmt-preprocess: error: {message}\n")
     assert not (tmp_path / "out").exists()

@@ -14,9 +14,9 @@ from dmt.memory import (
     FUSED,
     FUSED_UVM_CACHING,
     MemoryBudget,
-    _by_saving_per_byte,
     choose_kernels,
     least_host_memory,
+    least_host_memory_on_grid,
     optimizer_state_bytes,
     resident_state_bytes,
     table_bytes,
@@ -176,31 +176,87 @@ def test_hbm_too_small_for_any_caching_says_so_whatever_the_host_memory():
         choose_kernels(tables, _cuda(100, 1000, 0.2), rank=0)
 
 
-def test_tables_too_many_to_search_are_taken_by_saving_per_byte(monkeypatch):
-    """Where the exact search gives up (its bound here 1 choice, about 25 tables in use), the
-    tables are taken by HBM saved per byte of host memory, each that fits."""
-    # saved per byte: a 0.6, b 0.5, c 0.9, d 0.4; 100 needed within 150 bytes of host memory
-    items = [(60, 100), (50, 100), (45, 50), (20, 50)]
-    assert _by_saving_per_byte(items, 100, 150) == (0, 2)  # c, then a: 105 saved, 150 bytes
-    assert _by_saving_per_byte(items, 106, 150) is None  # b does not fit beside them
-    assert _by_saving_per_byte(items, 106, 200) == (0, 2, 3)  # d does: 125 saved
+def test_tables_too_many_to_search_exactly_are_counted_on_a_grid(monkeypatch):
+    """Where the exact search gives up (its bound here 1 choice; about 25 tables in use), host
+    memory is counted on a grid. A reproduced gap: taking the tables by HBM saved per byte
+    of host memory, as before, cached "big" first (0.67 per byte against 0.67) and then found
+    no room for a "mid" beside it, refusing a layout that caching both "mid"s fits."""
     monkeypatch.setattr(dmt.memory, "MAX_CHOICES", 1)
     tables = [("big", 1000, 10), ("mid1", 600, 6), ("mid2", 600, 6)]
     assert least_host_memory([(670, 1000), (402, 600), (402, 600)], 800) is None
-    # the same saving per byte: big first, then neither mid fits beside it
-    with pytest.raises(ValueError) as err:
-        choose_kernels(tables, _cuda(1400, 1200), rank=0)
-    assert str(err.value).endswith(
-        "and the UVM-cached tables do not fit in it, taken by HBM saved per byte of host memory "
-        "(the set that needs the least was not searched: 3 tables, too many): raise "
-        "sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
+    assert choose_kernels(tables, _cuda(1400, 1200), rank=0) == (
+        FUSED,
+        FUSED_UVM_CACHING,
+        FUSED_UVM_CACHING,
     )
-    # with room for big and a mid: cached by saving per byte
+    # with room for big and a mid, the largest-first choice stands: no search
     assert choose_kernels(tables, _cuda(1400, 1600), rank=0) == (
         FUSED_UVM_CACHING,
         FUSED_UVM_CACHING,
         FUSED,
     )
+    # one byte less: on a grid of one byte (these sizes) the least is known, and said
+    with pytest.raises(ValueError) as err:
+        choose_kernels(tables, _cuda(1400, 1199), rank=0)
+    assert str(err.value).endswith(
+        "and the UVM-cached tables would take at least 1.17 KiB (1200 bytes) of host memory "
+        "(counted on a grid: 3 tables, too many to search exactly): raise sharding.ddr_gb or "
+        "sharding.hbm_gb, or use more ranks"
+    )
+    # a coarse grid (10 cells of 220 bytes): the least lies between the bounds, and is said so
+    monkeypatch.setattr(dmt.memory, "GRID_ENTRIES", 30)
+    assert choose_kernels(tables, _cuda(1400, 1200), rank=0) == (
+        FUSED,
+        FUSED_UVM_CACHING,
+        FUSED_UVM_CACHING,
+    )
+    with pytest.raises(ValueError) as err:
+        choose_kernels(tables, _cuda(1400, 1199), rank=0)
+    assert str(err.value).endswith(
+        "and the UVM-cached tables would take 880 bytes to 1.17 KiB (1200 bytes) of host memory "
+        "(counted on a grid of 220 bytes: 3 tables, too many to search exactly): raise "
+        "sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
+    )
+
+
+def test_the_grid_bounds_the_brute_force_optimum():
+    """The grid's set saves enough, takes at most one cell per table more than its lower bound,
+    and the true least host memory lies between them; with one-byte cells it is the least."""
+    rng = random.Random(5)
+    for trial in range(400):
+        items = [(rng.randint(1, 50), rng.randint(1, 60)) for _ in range(rng.randint(1, 8))]
+        need = rng.randint(-5, sum(s for s, _ in items) + 10)
+        entries = rng.choice([1, 8, 40, 10_000])
+        subsets = [
+            tuple(k for k in range(len(items)) if mask >> k & 1) for mask in range(1 << len(items))
+        ]
+        feasible = [c for c in subsets if sum(items[k][0] for k in c) >= need]
+        got = least_host_memory_on_grid(items, need, entries=entries)
+        if not feasible:
+            assert got is None
+            continue
+        assert got is not None, trial
+        least = min(sum(items[k][1] for k in c) for c in feasible)
+        assert got.lower <= least <= got.host <= got.lower + got.cell * len(items)
+        assert got.host == sum(items[k][1] for k in got.chosen)
+        assert sum(items[k][0] for k in got.chosen) >= need
+        assert list(got.chosen) == sorted(set(got.chosen))
+        if got.cell == 1:
+            assert got.host == got.lower == least
+
+
+def test_the_grid_takes_the_sizes_the_exact_search_gives_up_on():
+    """40 tables whose HBM saved is about 0.79 of their host memory, as caching's is: the exact
+    search gives up, the grid's set is within 0.01% of its lower bound."""
+    rng = random.Random(7)
+    host = [rng.randint(10**8, 4 * 10**9) for _ in range(40)]
+    items = [(int(h * 0.79) - rng.randint(0, 10**7), h) for h in host]
+    need = sum(s for s, _ in items) // 2
+    assert least_host_memory(items, need, max_choices=1000) is None
+    got = least_host_memory_on_grid(items, need)
+    assert got is not None
+    assert sum(items[k][0] for k in got.chosen) >= need
+    assert got.lower <= got.host <= got.lower * 1.0001
 
 
 def test_least_host_memory_is_the_brute_force_optimum():
