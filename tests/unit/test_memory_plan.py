@@ -184,11 +184,15 @@ def test_tables_too_many_to_search_exactly_are_counted_on_a_grid(monkeypatch):
     monkeypatch.setattr(dmt.memory, "MAX_CHOICES", 1)
     tables = [("big", 1000, 10), ("mid1", 600, 6), ("mid2", 600, 6)]
     assert least_host_memory([(670, 1000), (402, 600), (402, 600)], 800) is None
-    assert choose_kernels(tables, _cuda(1400, 1200), rank=0) == (
-        FUSED,
-        FUSED_UVM_CACHING,
-        FUSED_UVM_CACHING,
-    )
+    both_mids = (FUSED, FUSED_UVM_CACHING, FUSED_UVM_CACHING)
+
+    def refusal(ddr: int) -> str:
+        with pytest.raises(ValueError) as err:
+            choose_kernels(tables, _cuda(1400, ddr), rank=0)
+        return str(err.value).split("and the UVM-cached tables ")[1]
+
+    tail = ": raise sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
+    assert choose_kernels(tables, _cuda(1400, 1200), rank=0) == both_mids
     # with room for big and a mid, the largest-first choice stands: no search
     assert choose_kernels(tables, _cuda(1400, 1600), rank=0) == (
         FUSED_UVM_CACHING,
@@ -196,26 +200,16 @@ def test_tables_too_many_to_search_exactly_are_counted_on_a_grid(monkeypatch):
         FUSED,
     )
     # one byte less: on a grid of one byte (these sizes) the least is known, and said
-    with pytest.raises(ValueError) as err:
-        choose_kernels(tables, _cuda(1400, 1199), rank=0)
-    assert str(err.value).endswith(
-        "and the UVM-cached tables would take at least 1.17 KiB (1200 bytes) of host memory "
-        "(counted on a grid: 3 tables, too many to search exactly): raise sharding.ddr_gb or "
-        "sharding.hbm_gb, or use more ranks"
+    assert refusal(1199) == (
+        "would take at least 1.17 KiB (1200 bytes) of host memory (counted on a grid: 3 tables, "
+        "too many to search exactly)" + tail
     )
     # a coarse grid (10 cells of 220 bytes): the least lies between the bounds, and is said so
     monkeypatch.setattr(dmt.memory, "GRID_ENTRIES", 30)
-    assert choose_kernels(tables, _cuda(1400, 1200), rank=0) == (
-        FUSED,
-        FUSED_UVM_CACHING,
-        FUSED_UVM_CACHING,
-    )
-    with pytest.raises(ValueError) as err:
-        choose_kernels(tables, _cuda(1400, 1199), rank=0)
-    assert str(err.value).endswith(
-        "and the UVM-cached tables would take 880 bytes to 1.17 KiB (1200 bytes) of host memory "
-        "(counted on a grid of 220 bytes: 3 tables, too many to search exactly): raise "
-        "sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
+    assert choose_kernels(tables, _cuda(1400, 1200), rank=0) == both_mids
+    assert refusal(1199) == (
+        "would take 880 bytes to 1.17 KiB (1200 bytes) of host memory (counted on a grid of 220 "
+        "bytes: 3 tables, too many to search exactly)" + tail
     )
 
 
