@@ -125,13 +125,21 @@ def test_pipelined_training_equals_the_plain_loop(
         runs[False],
     )
     assert len(piped_losses[0]) == 24
-    # evaluation (EvalPipelineSparseDist for flat base models) scores the same predictions; on
-    # CUDA the metrics' float64 histograms are summed by atomic index_add_, in no fixed order
+    # on the CPU the two runs are equal bit for bit; on CUDA two runs of the same kernels may
+    # already sum in other orders (atomic additions: FBGEMM's, the metrics' float64
+    # histograms'), never yet measured here: a batch a step early or late would move the losses
+    # and metrics by far more than this
     exact = backend == "gloo"
+    tol = {"rtol": 0.0, "atol": 0.0} if exact else {"rtol": 1e-5, "atol": 1e-6}
+    # evaluation (EvalPipelineSparseDist for flat base models) scores the same predictions
     for key in ("val_auc", "val_logloss", "test_auc", "test_logloss", "test_calibration"):
-        expected = plain_metrics[key] if exact else pytest.approx(plain_metrics[key], rel=1e-12)
-        assert piped_metrics[key] == expected, key
-    assert piped_losses == plain_losses
+        expected = plain_metrics[key]
+        assert piped_metrics[key] == (expected if exact else pytest.approx(expected, 1e-5)), key
+    torch.testing.assert_close(
+        torch.tensor(piped_losses, dtype=torch.float64),
+        torch.tensor(plain_losses, dtype=torch.float64),
+        **tol,
+    )
     assert sorted(piped) == sorted(plain)
     for key, value in plain.items():
-        torch.testing.assert_close(piped[key], value, rtol=0, atol=0, msg=key)
+        torch.testing.assert_close(piped[key], value, **tol, msg=key)

@@ -100,6 +100,15 @@ CASES = {
             Variant("dlrm", "dlrm", dense="adam", tower_lr_scale=0.5, tower_bias=False),
         ),
     ),
+    # one table on two ranks: rank 1 holds none and sends empty pieces in steps d and f (on
+    # NCCL, zero-sized sends and receives; the smallest such case, for machines of 2-4 GPUs)
+    "G2-1host-one-table": Case(
+        world_size=2,
+        local_world_size=2,
+        hosts_per_tower=1,
+        partition=((0,),),
+        variants=(Variant("dlrm", "dlrm", dense="adam"), Variant("dcn", "passthrough")),
+    ),
     # two hosts of two ranks, a tower per host (the paper's example)
     "G4-2hosts": Case(
         world_size=4,
@@ -356,6 +365,7 @@ def _variant(case: Case, variant: Variant, rank: int, groups, runtime: Runtime) 
         forward_stats = stats.as_dict()
     _check_step_f(stats, topo, rank, ref)
     forward_stats["compression_ratio_x1e6"] = round(compression_ratio(ref) * 1e6)
+    forward_stats["holds_tables"] = int(sharded.dataflow.embedding_bag_collection is not None)
     return forward_stats
 
 
@@ -410,6 +420,8 @@ def test_sharded_dmt_trains_like_single_process(name: str, backend: str) -> None
                 assert total["tm/tower/backward/bytes_cross_host"] == 0
         if topo.num_towers > 1:
             assert total["f/peer/forward/bytes_cross_host"] > 0
+    if name == "G2-1host-one-table":
+        assert [[r[i]["holds_tables"] for r in results] for i in range(2)] == [[1, 0], [1, 0]]
     if name == "G4-2hosts":
         # same partition, pass-through vs DLRM tower modules: step f's cross-host bytes shrink by
         # exactly the compression ratio sum_t F_t N / sum_t O_t
