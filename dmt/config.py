@@ -795,6 +795,7 @@ def validate(cfg: Config) -> None:
         if getattr(t, key) < 0:
             raise ValueError(f"trainer.{key}={getattr(t, key)} must be >= 0 (0: only at the end)")
     _positive("trainer.collective_timeout_s", t.collective_timeout_s)
+    _check_checkpoint_dir(t.checkpoint_dir)
     if t.ema_decay is not None and not 0.0 <= t.ema_decay < 1.0:
         raise ValueError(
             f"trainer.ema_decay={t.ema_decay!r} must be in [0, 1) (the weight of the old average, "
@@ -809,15 +810,17 @@ def validate(cfg: Config) -> None:
             f"of every process group (flat and SPTT): set trainer.collective_timeout_s={sp.timeout_s} instead"
         )
     _choice("sptt.comm_precision", sp.comm_precision, ("fp32", "bf16", "fp16"))
+    # checked with sptt=off too: a mistyped value there is a mistake all the same
+    _positive("sptt.hosts_per_tower", sp.hosts_per_tower)
+    if sp.local_world_size is not None:
+        _positive("sptt.local_world_size", sp.local_world_size)
+    _choice("sptt.sharding_type", sp.sharding_type, ("table_wise", "column_wise", "row_wise"))
+    _choice("sptt.peer_permute", sp.peer_permute, ("output", "input", "auto", "skip"))
     if sp.enabled:
         if cfg.model.partition.kind == "none":
             raise ValueError(
                 "sptt=on needs a DMT model: set model.partition (e.g. +partition=naive model.partition.num_towers=T)"
             )
-        _positive("sptt.hosts_per_tower", sp.hosts_per_tower)
-        if sp.local_world_size is not None:
-            _positive("sptt.local_world_size", sp.local_world_size)
-        _choice("sptt.sharding_type", sp.sharding_type, ("table_wise", "column_wise", "row_wise"))
         if sp.sharding_type == "row_wise" and cfg.model.pooling != "sum":
             raise ValueError(
                 f"sptt.sharding_type=row_wise needs model.pooling=sum, got model.pooling="
@@ -825,7 +828,24 @@ def validate(cfg: Config) -> None:
                 "means do not add up to the mean; use sptt.sharding_type=table_wise or "
                 "column_wise for mean pooling"
             )
-        _choice("sptt.peer_permute", sp.peer_permute, ("output", "input", "auto", "skip"))
+
+
+def _check_checkpoint_dir(path: str) -> None:
+    """``trainer.checkpoint_dir`` must name a directory of the checkpoints' own: not the run
+    directory itself (an empty or ``.`` path) and not the file system's root."""
+    normal = os.path.normpath(path) if path else ""
+    if normal in ("", "."):
+        raise ValueError(
+            f"trainer.checkpoint_dir={path!r} is the run directory itself; it must name a "
+            "directory of the checkpoints' own, relative to the run directory (e.g. checkpoints, "
+            "the default) or absolute"
+        )
+    if os.path.isabs(normal) and os.path.dirname(normal) == normal:
+        raise ValueError(
+            f"trainer.checkpoint_dir={path!r} is the file system's root; it must name a "
+            "directory of the checkpoints' own, relative to the run directory (e.g. checkpoints, "
+            "the default) or absolute"
+        )
 
 
 # on import: every reader of a run's .hydra/config.yaml (dmt-eval, dmt-partition) resolves it

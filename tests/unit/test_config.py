@@ -138,6 +138,26 @@ def test_paper_configs_match_the_paper_accounting():
             r"^sptt.sharding_type=row_wise needs model.pooling=sum, got model.pooling=mean: step d "
             r"adds each row shard's partial sums",
         ),
+        (  # a reproduced bug: the run directory was said to hold another run's outputs ('./')
+            ["trainer.checkpoint_dir="],
+            r"^trainer.checkpoint_dir='' is the run directory itself; it must name a directory of "
+            r"the checkpoints' own, relative to the run directory \(e.g. checkpoints, the "
+            r"default\) or absolute$",
+        ),
+        (
+            ["trainer.checkpoint_dir=./"],
+            r"^trainer.checkpoint_dir='./' is the run directory itself",
+        ),
+        (["trainer.checkpoint_dir=/"], r"^trainer.checkpoint_dir='/' is the file system's root; "),
+        (["trainer.checkpoint_dir=//"], r"^trainer.checkpoint_dir='//' is the file system's root"),
+        (  # a reproduced bug: with sptt=off these were not checked, and the run trained
+            ["sptt.sharding_type=bogus"],
+            r"^sptt.sharding_type='bogus' is not supported; expected one of \['table_wise', "
+            r"'column_wise', 'row_wise'\]$",
+        ),
+        (["sptt.peer_permute=bogus"], r"^sptt.peer_permute='bogus' is not supported"),
+        (["sptt.hosts_per_tower=0"], r"^sptt.hosts_per_tower=0 must be positive"),
+        (["sptt.local_world_size=0"], r"^sptt.local_world_size=0 must be positive"),
         (  # read by the flat baseline too, so checked with sptt=off
             ["sptt.comm_precision=int8"],
             r"^sptt.comm_precision='int8' is not supported; expected one of "
