@@ -42,9 +42,14 @@ import torch
 from torch import nn
 
 from dmt.checkpoint import Checkpointer
-from dmt.results import add_runs_options, check_runs, existing_output, write_json
+from dmt.results import (
+    add_runs_options,
+    check_runs,
+    compose_or_exit,
+    existing_output,
+    write_json,
+)
 from dmt.runtime import close_runtime, init_runtime
-from dmt.train import compose_config, to_config
 from dmt.trainer import Trainer
 
 OVERRIDES = ["logger=disabled", "trainer.progress_bar=false"]
@@ -204,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--train-steps {args.train_steps}: must be 0 or more")
 
     overrides = [*OVERRIDES, *args.overrides]
-    conf = to_config(compose_config(*overrides))
+    conf = compose_or_exit(ap, overrides, args.overrides)
     tmp = Path(tempfile.mkdtemp(prefix="dmt_bench_ckpt_"))
     runtime = init_runtime("cpu")
     records: list[dict[str, Any]] = []

@@ -43,7 +43,7 @@ import torch
 from dmt.data import build_data
 from dmt.data.criteo_dataset import criteo_schema
 from dmt.data.criteo_preprocess import preprocess_criteo, read_manifest
-from dmt.results import add_runs_options, check_runs, load_average
+from dmt.results import add_runs_options, check_runs, compose_or_exit, load_average
 from dmt.train import compose_config, to_config, train
 
 COMMON = ["logger=disabled", "trainer.progress_bar=false"]
@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     memory = criteo_overrides(args.experiment, mmap=False)
-    data_cfg = to_config(compose_config(*memory)).data
+    given = {f"experiment={args.experiment}": f"--experiment {args.experiment}"}
+    data_cfg = compose_or_exit(ap, memory, given).data
     preprocess_criteo(data_cfg.criteo, progress=False)  # a no-op once data_cache/ is up to date
     _, cardinalities, _ = criteo_schema(data_cfg)
     batch = data_cfg.batch_size  # the experiment's, as the criteo modes train with it

@@ -5,6 +5,9 @@ so a single process is pipelined too) and ``false`` in turn, ``--runs`` times ea
 which goes first, single process or under ``torchrun --nproc-per-node``, and prints the median
 training samples/s of each with its range (min-max), the ratio of the medians and the machine's
 load (``os.getloadavg()``) before and after. Extra arguments are Hydra overrides for both sides.
+``dmt-train`` runs in the working directory the script was started from, as it would from the
+shell: relative paths in overrides (``model.partition.path=...``, ``data.criteo.*``) and in the
+configs (``data_cache/...``) mean paths from there; the configs themselves ship in the package.
 
 The figure compared is the rate after the first log interval (``trainer.log_every`` steps, 50 by
 default): ``history.jsonl``'s ``train/samples_per_s`` of every later interval, weighted by its
@@ -98,7 +101,8 @@ def run(pipeline: bool, nproc: int, overrides: list[str], out: Path) -> tuple[fl
     env = dict(
         os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(max(1, os.cpu_count() // nproc))
     )
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    # the caller's working directory, not REPO: relative paths mean what they do in dmt-train
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RunFailed(
             f"dmt-train (trainer.pipeline={str(pipeline).lower()}) failed with exit status "

@@ -40,6 +40,7 @@ import threading
 import time
 from pathlib import Path
 
+from dmt.data.criteo_parse import describe_row_problem, open_raw
 from dmt.results import add_runs_options, check_runs, existing_output, write_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,19 +56,37 @@ BinaryCriteoUtils.sparse_to_contiguous([out + "/day_0_sparse.npy"], out, frequen
 """
 
 
+def sample_problem(sample: Path) -> str | None:
+    """What makes ``sample`` no Criteo TSV, by its first line (dmt's own row check,
+    :func:`dmt.data.criteo_parse.describe_row_problem`), as ``--sample FILE:1: ...``; ``None``
+    if that line is a valid row."""
+    with open_raw(sample) as f:
+        first = f.readline()
+    if not first:
+        return f"--sample {sample}: the file is empty; expected rows of Criteo Kaggle TSV"
+    problem = describe_row_problem(first.rstrip(b"\n"))
+    return None if problem is None else f"--sample {sample}:1: {problem} (Criteo Kaggle TSV)"
+
+
 def build_raw(sample: Path, target: Path, size_bytes: int) -> tuple[Path, int]:
-    """Repeat ``sample`` until the file holds at least ``size_bytes``; returns (path, rows)."""
+    """Repeat ``sample`` until the file holds at least ``size_bytes``; returns (path, rows). A
+    file of that size already there is reused."""
     data = sample.read_bytes()
     if not data.endswith(b"\n"):
         data += b"\n"
     copies = max(1, -(-size_bytes // len(data)))
     rows = copies * data.count(b"\n")
-    if not (target.is_file() and target.stat().st_size == copies * len(data)):
-        tmp = target.with_suffix(".partial")
+    if target.is_file() and target.stat().st_size == copies * len(data):
+        return target, rows
+    tmp = target.with_suffix(".partial")
+    try:
         with open(tmp, "wb") as f:
             for _ in range(copies):
                 f.write(data)
         tmp.rename(target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return target, rows
 
 
@@ -161,14 +180,39 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--num-workers {args.num_workers}: must be 0 (one per core) or more")
     if not args.sample.is_file():
         p.error(f"--sample {args.sample}: no such file")
+    if (problem := sample_problem(args.sample)) is not None:
+        p.error(problem)
     if REPO in args.workdir.resolve().parents or args.workdir.resolve() == REPO:
         p.error(f"--workdir {args.workdir}: must be outside the repository (raw Criteo rows)")
+    created = [d for d in (args.workdir, *args.workdir.parents) if not d.exists()]
     args.workdir.mkdir(parents=True, exist_ok=True)
+    built: list[Path] = []
+    try:
+        return _run(args, json_path, built)
+    except BaseException:
+        # a failed run takes away what it made (--keep or not): the repeated file, the tools'
+        # outputs and logs, and the directories it created; never a file it found there
+        for path in built:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        for d in created:
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        raise
+
+
+def _run(args: argparse.Namespace, json_path: Path, built: list[Path]) -> int:
+    """The benchmark proper, in ``args.workdir``; every file or directory it makes is added to
+    ``built`` first (taken away by the caller if the run fails)."""
     load_start = os.getloadavg()
     print(f"load average before: {_load(load_start)}", flush=True)
-    raw, rows = build_raw(
-        args.sample, args.workdir / "kaggle_repeated.tsv", int(args.size_gb * 1e9)
-    )
+    target = args.workdir / "kaggle_repeated.tsv"
+    existed = target.exists()
+    raw, rows = build_raw(args.sample, target, int(args.size_gb * 1e9))
+    if not existed:
+        built.append(raw)
     size_gb = raw.stat().st_size / 1e9
     print(f"raw file: {raw} ({size_gb:.2f} GB, {rows:,} rows)")
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -196,10 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     for run in range(args.runs):
         for name in tools if run % 2 == 0 else reversed(list(tools)):
             out = args.workdir / f"out-{name}"
+            log = args.workdir / f"{name}-run{run + 1}.log"
+            built += [out, log]
             shutil.rmtree(out, ignore_errors=True)
             if name == "torchrec":
                 out.mkdir()
-            r = measure(tools[name](out), env=env, log=args.workdir / f"{name}-run{run + 1}.log")
+            r = measure(tools[name](out), env=env, log=log)
             r["rows_per_s"] = rows / r["wall_s"]
             results[name].append(r)
             print(

@@ -207,6 +207,8 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown --comm-precision {sorted(unknown)}; choose from {tuple(COMM_PRECISIONS)}")
     check_runs(p, args.runs, args.smoke)
     check_counts(p, args, ("trace_steps", "iters"), ("warmup",))
+    sizes = ("world_size", "nnodes", "hosts_per_tower", "features", "rows", "dim", "tower_dim")
+    check_counts(p, args, (*sizes, "batch", "hotness"))
     if args.world_size % args.nnodes:
         p.error("--world-size must be a multiple of --nnodes")
     if args.nnodes > 1:  # each launcher's ranks are one host (netns_throttle.sh's namespace)
@@ -223,6 +225,18 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 2))
     if args.local_world_size < 1:
         p.error("--local-world-size must be at least 1")
+    if "RANK" not in os.environ:  # this script starts the ranks (torchrun's WORLD_SIZE wins)
+        G, L, K = args.world_size, args.local_world_size, args.hosts_per_tower
+        if G % L:
+            p.error(
+                f"--world-size {G} must be a multiple of --local-world-size {L} (ranks per "
+                "emulated host)"
+            )
+        if G // L % K:
+            p.error(
+                f"--world-size {G} is {G // L} hosts of --local-world-size {L}: not a multiple "
+                f"of --hosts-per-tower {K} (every tower spans K whole hosts)"
+            )
     if args.nnodes > 1 and not args.init_file:
         p.error("--nnodes > 1 needs --init-file (a file every launcher can reach)")
     return args

@@ -76,6 +76,7 @@ from dmt.results import (
     add_runs_options,
     check_counts,
     check_runs,
+    compose_or_exit,
     existing_output,
     write_json,
 )
@@ -107,12 +108,15 @@ DMT_VARIANTS: dict[str, list[str]] = {
 VARIANTS = ["reference", *DMT_VARIANTS]
 
 
+def dmt_overrides(variant: str, device: str = "cpu", extra: tuple[str, ...] = ()) -> list[str]:
+    """The variant's overrides; ``extra`` (``--override``) before the variant's own settings and
+    the device (``--device``), which it cannot change."""
+    return [*OVERRIDES, *extra, *DMT_VARIANTS[variant], f"trainer.device={device}"]
+
+
 def dmt_config(variant: str, device: str = "cpu", extra: tuple[str, ...] = ()) -> Config:
-    """The variant's config; ``extra`` (``--override``) before the variant's own settings and the
-    device (``--device``), which it cannot change."""
-    return to_config(
-        compose_config(*OVERRIDES, *extra, *DMT_VARIANTS[variant], f"trainer.device={device}")
-    )
+    """The variant's config (:func:`dmt_overrides`)."""
+    return to_config(compose_config(*dmt_overrides(variant, device, extra)))
 
 
 def training_batches(data: DataBundle, count: int) -> list[Batch]:
@@ -311,6 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     check_counts(p, args, ("steps", "block"), ("warmup",))
     if (error := existing_output(args.json, "--json", args.overwrite)) is not None:
         p.error(error)
+    if args.threads < 0:
+        p.error(f"--threads {args.threads}: must be 0 (torch's default) or more")
+    extra = tuple(args.override)
+    for variant in dict.fromkeys(("dmt default", *variants)):  # "dmt default" gives the data
+        if variant in DMT_VARIANTS:  # each --override checked before any work, as each runs
+            compose_or_exit(p, dmt_overrides(variant, args.device, extra), extra)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     reuse = not args.glibc_malloc and reuse_host_memory()
@@ -322,7 +332,6 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     rt = init_runtime(args.device)
-    extra = tuple(args.override)
     try:
         cfg = dmt_config("dmt default", args.device, extra)
         data = build_data(cfg.data, rank=0, world_size=1, seed=cfg.trainer.seed)

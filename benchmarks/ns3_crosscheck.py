@@ -27,6 +27,8 @@ versions)::
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -149,10 +151,12 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if (error := existing_output(args.json, "--json", args.overwrite)) is not None:
         p.error(error)
-    if args.delay_us < 0:
-        p.error(f"--delay-us {args.delay_us}: must be 0 or more")
+    if not (math.isfinite(args.delay_us) and args.delay_us >= 0):
+        p.error(f"--delay-us {args.delay_us}: must be a finite number >= 0 (microseconds)")
     if not 576 <= args.mtu <= 65535:
         p.error(f"--mtu {args.mtu}: must be in 576..65535 (bytes)")
+    if importlib.util.find_spec("ns") is None:  # what dmt.planning.ns3_sim imports, first use
+        p.error("needs ns-3's Python bindings (the ns3 package): pip install 'dmt[sim]' (or ns3)")
     print(
         f"{'op':10s} {'case':12s} {'H':>3s} {'Gbit':>5s} {'MB':>9s} {'ns3 ms':>9s} "
         f"{'nominal':>9s} {'err':>8s} {'goodput':>9s} {'err':>8s} {'wall s':>6s}"
@@ -182,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
             "wall_s": time.perf_counter() - start,
         },
         indent=1,
+        replace=args.overwrite,  # never over a file that appeared since the check at the start
     )
     print(f"results: {args.json}")
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -35,7 +36,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dmt.results import write_json
+from dmt.results import config_options, write_json
+from dmt.sptt.plan import SHARDING_KINDS
 
 PAPER = {
     "fig10": "up to 1.9x (DLRM) and 1.8x (DCN) over the strong baseline across V100/A100/H100 at "
@@ -68,6 +70,95 @@ def towers_for(gpus: int) -> tuple[int, int]:
         return 26, 1
     towers = min(hosts, 16)
     return towers, hosts // towers
+
+
+OUTPUTS = (
+    "results.json",
+    "table.md",
+    "fig10_speedup_vs_gpus.png",
+    "fig11_tm_over_sptt.png",
+    "fig12_compression_ratio.png",
+    "fig13_components_64_h100.png",
+)
+"""What the study writes into ``--out``."""
+
+
+def _entries(parser: argparse.ArgumentParser, option: str, value: str) -> list[str]:
+    """The comma-separated entries of ``option``; an empty or repeated one is refused."""
+    entries = [e.strip() for e in value.split(",")]
+    if "" in entries:
+        parser.error(f"{option} {value!r}: an empty entry (expected comma-separated entries)")
+    if len(set(entries)) < len(entries):
+        parser.error(f"{option} {value!r} names an entry twice")
+    return entries
+
+
+def scale_points(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> list[tuple[str, str, int, str, int]]:
+    """The scale study's points, ``(preset, model, gpus, experiment, K)``, every entry of
+    ``--presets``, ``--models``, ``--gpus`` and ``--sptt-sharding`` checked against what exists
+    (``parser.error`` otherwise), before the first point is planned and before ``--out`` is
+    made: one typo would otherwise stop a study of hours midway, or fill it with errors."""
+    presets = _entries(parser, "--presets", args.presets)
+    have = config_options("cluster")
+    if unknown := [p for p in presets if p not in have]:
+        parser.error(
+            f"--presets {unknown[0]}: no dmt/conf/cluster/{unknown[0]}.yaml (have {', '.join(have)})"
+        )
+    for sharding in _entries(parser, "--sptt-sharding", args.sptt_sharding):
+        if sharding not in SHARDING_KINDS:
+            parser.error(
+                f"--sptt-sharding {sharding}: expected {', '.join(SHARDING_KINDS[:-1])} or "
+                f"{SHARDING_KINDS[-1]} (sptt.sharding_type)"
+            )
+    gpu_counts = []
+    for entry in _entries(parser, "--gpus", args.gpus):
+        try:
+            gpus = int(entry)
+        except ValueError:
+            parser.error(f"--gpus {entry}: expected comma-separated GPU counts, e.g. 16,32,64")
+        if gpus < GPUS_PER_HOST or gpus % GPUS_PER_HOST:
+            parser.error(
+                f"--gpus {gpus}: needs whole hosts of {GPUS_PER_HOST} GPUs (a multiple of "
+                f"{GPUS_PER_HOST}, at least one host)"
+            )
+        towers, hosts_per_tower = towers_for(gpus)
+        if towers * hosts_per_tower != gpus // GPUS_PER_HOST:
+            parser.error(
+                f"--gpus {gpus}: {gpus // GPUS_PER_HOST} hosts do not make {towers} towers of "
+                "equal whole hosts (the paper's tower counts: up to 16 hosts, one tower each; "
+                "then 16 towers)"
+            )
+        gpu_counts.append(gpus)
+    towers_of: dict[str, list[int]] = {}  # model: the tower counts of its paper experiments
+    for name in config_options("experiment"):
+        if match := re.fullmatch(r"paper_dmt_(\d+)t_([a-z]+)", name):
+            towers_of.setdefault(match[2], []).append(int(match[1]))
+    models = _entries(parser, "--models", args.models)
+    if unknown := [m for m in models if m not in towers_of]:
+        parser.error(
+            f"--models {unknown[0]}: no experiment paper_dmt_<T>t_{unknown[0]} in "
+            f"dmt/conf/experiment (models: {', '.join(sorted(towers_of))})"
+        )
+    points = []
+    for preset in presets:
+        for model in models:
+            for gpus in gpu_counts:
+                if preset == "v100" and gpus > 128:
+                    continue  # the paper's V100 cluster had 16 hosts
+                towers, hosts_per_tower = towers_for(gpus)
+                experiment = f"paper_dmt_{towers}t_{model}"
+                if towers not in towers_of[model]:
+                    counts = ", ".join(map(str, sorted(towers_of[model])))
+                    parser.error(
+                        f"--gpus {gpus} ({gpus // GPUS_PER_HOST} hosts of {GPUS_PER_HOST}): no "
+                        f"paper tower count (no experiment {experiment}); {model} has "
+                        f"{counts} towers (one host per tower up to 16 hosts, then 16 towers of "
+                        "whole hosts)"
+                    )
+                points.append((preset, model, gpus, experiment, hosts_per_tower))
+    return points
 
 
 def _plan(overrides: Sequence[str]) -> dict[str, Any]:
@@ -321,12 +412,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="TorchRec planner search for flat (dmt-plan's flat_search)",
     )
     args = parser.parse_args(argv)
+    if args.out.is_file() or (args.out.exists() and not args.out.is_dir()):
+        parser.error(f"--out {args.out} is a file: give a new directory")
     if args.out.exists() and any(args.out.iterdir()):
-        print(f"--out {args.out} exists and is not empty: give a new directory", file=sys.stderr)
-        return 2
+        parser.error(f"--out {args.out} exists and is not empty: give a new directory")
+    points_to_plan = scale_points(parser, args)
+    created = [d for d in (args.out, *args.out.parents) if not d.exists()]
     args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        _study(args, points_to_plan)
+    except BaseException:
+        # a study that fails takes away what it wrote, so that a rerun may use the same --out
+        for name in OUTPUTS:
+            (args.out / name).unlink(missing_ok=True)
+        for d in created:
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        print(f"(the failed study's outputs in {args.out} were removed)", file=sys.stderr)
+        raise
+    return 0
+
+
+def _study(args: argparse.Namespace, scale: list[tuple[str, str, int, str, int]]) -> None:
+    """Plan the ``scale`` points (:func:`scale_points`), then the compression-ratio and component
+    points, writing ``results.json`` after each and the table and figures at the end."""
     points: list[dict[str, Any]] = []
-    sharding = args.sptt_sharding.split(",")
+    sharding = [e.strip() for e in args.sptt_sharding.split(",")]
 
     def record(point: dict[str, Any], **tags: Any) -> None:
         point.update(tags)
@@ -337,16 +448,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{point['seconds']:6.1f}s] {tags} {point['gpus']} GPUs: {status}", flush=True)
         write_json(args.out / "results.json", points)
 
-    for preset in args.presets.split(","):
-        for model in args.models.split(","):
-            for gpus in (int(g) for g in args.gpus.split(",")):
-                if preset == "v100" and gpus > 128:
-                    continue  # the paper's V100 cluster had 16 hosts
-                towers, K = towers_for(gpus)
-                point = run_point(
-                    preset, f"paper_dmt_{towers}t_{model}", gpus, K, args.flat_search, sharding
-                )
-                record(point, study="scale", model=model)
+    for preset, model, gpus, experiment, hosts_per_tower in scale:
+        point = run_point(preset, experiment, gpus, hosts_per_tower, args.flat_search, sharding)
+        record(point, study="scale", model=model)
     for cr in (2, 4, 8, 16):
         experiment = f"paper_dmt_8t_dlrm_cr{cr}"
         point = run_point("h100", experiment, 64, 1, args.flat_search, sharding)
@@ -355,7 +459,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     record(point, study="components")
     print(write_outputs(points, args.out))
     print(f"written to {args.out}")
-    return 0
 
 
 if __name__ == "__main__":

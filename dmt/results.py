@@ -3,21 +3,28 @@ standard JSON (and arrays, ``.npz``).
 
 A benchmark runs for minutes to hours, so an existing results file is refused when the command
 starts (:func:`existing_output`), not when it ends, and the file is written through a temporary
-file and a rename (:func:`write_json`).
+file and a rename (:func:`write_json`). The other checks a benchmark's command line shares are
+here too (:func:`check_runs`, :func:`check_counts`, and :func:`compose_or_exit` for its Hydra
+overrides), so that every bad argument is a one-line error before any work starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.resources
 import json
 import math
 import os
+import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from dmt.config import Config
 
 
 def existing_output(
@@ -206,3 +213,60 @@ def check_counts(
         for name in names:
             if getattr(args, name) < least:
                 parser.error(f"--{name.replace('_', '-')} must be at least {least}")
+
+
+def config_options(group: str) -> list[str]:
+    """The options of the Hydra config group ``group`` (``dmt/conf/<group>/*.yaml``), sorted:
+    what a benchmark can check a list of names against before it starts."""
+    folder = importlib.resources.files("dmt.conf") / group
+    if not folder.is_dir():
+        raise ValueError(f"dmt.conf has no config group {group!r}")
+    return sorted(
+        e.name.removesuffix(".yaml") for e in folder.iterdir() if e.name.endswith(".yaml")
+    )
+
+
+def compose_or_exit(
+    parser: argparse.ArgumentParser,
+    overrides: Sequence[str],
+    given: Sequence[str] | Mapping[str, str] = (),
+) -> Config:
+    """The validated config of ``overrides`` (``dmt.train.to_config(compose_config(...))``), or
+    ``parser.error`` (exit 2, one line) with the library's own message, for a benchmark that
+    composes dmt's config before it starts its work.
+
+    ``given``: the overrides among ``overrides`` that the user gave, named in the error; as a
+    mapping, each with the way it was given (``{"data=foo": "--data foo"}``). The error names
+    those whose key the message mentions (Hydra's and ``validate``'s messages name the setting),
+    else all of them, instead of a traceback from deep inside Hydra."""
+    from hydra.errors import HydraException  # noqa: PLC0415  (Hydra and torch: only when used)
+    from omegaconf.errors import OmegaConfBaseException  # noqa: PLC0415
+
+    from dmt.train import compose_config, to_config  # noqa: PLC0415
+
+    try:
+        return to_config(compose_config(*overrides))
+    except (ValueError, TypeError, HydraException, OmegaConfBaseException) as e:
+        message = _one_line(e)
+    labels = dict(given) if isinstance(given, Mapping) else {o: f"override {o}" for o in given}
+    named = [
+        label
+        for override, label in labels.items()
+        if re.search(rf"(?<![\w.]){re.escape(_override_key(override))}(?![\w.])", message)
+    ] or list(labels.values())
+    parser.error(f"{', '.join(named)}: {message}" if named else message)
+
+
+def _override_key(override: str) -> str:
+    """The config key (or group) a Hydra override sets: ``+trainer.foo=1`` -> ``trainer.foo``."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def _one_line(error: BaseException) -> str:
+    """``error``'s message on one line, with its cause's where Hydra only says what it was doing
+    ("Error merging override ..."), without Hydra's search path."""
+    message = " ".join(str(error).split())  # Hydra's lists of options span lines
+    cause = error.__cause__
+    if cause is not None and str(cause) and str(cause) not in str(error):
+        message = f"{message}: {' '.join(str(cause).split())}"
+    return message.split(" Config search path:", 1)[0]

@@ -1,11 +1,13 @@
 """A benchmark refuses an earlier run's results file when it starts, before any work, and a
-median of fewer than 3 runs unless asked for a smoke run."""
+median of fewer than 3 runs unless asked for a smoke run; bad arguments and Hydra overrides are
+one-line errors (exit 2) before any work, and a failed run leaves nothing of its own behind."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -177,12 +179,259 @@ def test_bench_pipeline_leaves_the_first_log_interval_out(tmp_path):
             ["--variants", "dmt default, dmt default"],
             "--variants 'dmt default, dmt default' names a variant twice",
         ),
+        (
+            "benchmarks/bench_torchrec_dlrm.py",
+            ["--threads", "-3"],
+            "--threads -3: must be 0 (torch's default) or more",
+        ),
+        ("benchmarks/bench_sptt.py", ["--world-size", "0"], "--world-size must be at least 1"),
+        ("benchmarks/bench_sptt.py", ["--world-size", "-2"], "--world-size must be at least 1"),
+        ("benchmarks/bench_sptt.py", ["--nnodes", "0"], "--nnodes must be at least 1"),
+        ("benchmarks/bench_sptt.py", ["--batch", "0"], "--batch must be at least 1"),
+        (
+            "benchmarks/bench_sptt.py",
+            ["--world-size", "3", "--local-world-size", "2"],
+            "--world-size 3 must be a multiple of --local-world-size 2 (ranks per emulated host)",
+        ),
+        (
+            "benchmarks/bench_sptt.py",
+            ["--world-size", "4", "--local-world-size", "2", "--hosts-per-tower", "3"],
+            "--world-size 4 is 2 hosts of --local-world-size 2: not a multiple of "
+            "--hosts-per-tower 3 (every tower spans K whole hosts)",
+        ),
     ],
 )
 def test_a_benchmark_refuses_counts_out_of_range(script, argv, message, capsys, monkeypatch):
     """bench_torchrec_dlrm took --steps 0 or --block 0 and failed later (a median of nothing,
-    or a loop that never ends its rounds)."""
+    or a loop that never ends its rounds); bench_sptt --world-size 0 started no rank and exited
+    0, --world-size 3 failed inside the ranks, and --threads -3 was taken as torch's default."""
+    monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(sys, "argv", [script])
     with pytest.raises(SystemExit):
         _load(REPO / script).main(argv)
     assert capsys.readouterr().err.strip().endswith(f"{Path(script).name}: error: {message}")
+
+
+def _error(capsys: pytest.CaptureFixture[str]) -> str:
+    """The one ``prog: error: ...`` line a refused command printed last on stderr."""
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "message"),
+    [
+        (
+            "benchmarks/bench_checkpoint.py",
+            ["trainer.foo=1"],
+            "override trainer.foo=1: Could not override 'trainer.foo'. To append to your config "
+            "use +trainer.foo=1",
+        ),
+        ("benchmarks/bench_checkpoint.py", ["sharding.hbm_gb=-1"], "override sharding.hbm_gb=-1: "),
+        (  # of several overrides, the one the message is about
+            "benchmarks/bench_checkpoint.py",
+            ["trainer.seed=3", "sptt.comm_precision=fp8", "trainer.max_steps=2"],
+            "override sptt.comm_precision=fp8: sptt.comm_precision='fp8'",
+        ),
+        (
+            "benchmarks/bench_torchrec_dlrm.py",
+            ["--override", "data.batch_size=0"],
+            "override data.batch_size=0: data.batch_size=0",
+        ),
+        (
+            "benchmarks/bench_criteo_loader.py",
+            ["--experiment", "bogus"],
+            "--experiment bogus: In 'config': Could not find 'experiment/bogus' Available options "
+            "in 'experiment': criteo_forward_dcn",
+        ),
+    ],
+)
+def test_a_benchmark_names_a_bad_override_in_one_line(script, argv, message, capsys, monkeypatch):
+    """A bad Hydra override was a traceback of 10-30 lines (under torchrun-like ranks for
+    bench_torchrec_dlrm); now it is one line that names it, with Hydra's or dmt's message."""
+    monkeypatch.setattr(sys, "argv", [script])
+    with pytest.raises(SystemExit) as exit_:
+        _load(REPO / script).main(["--smoke", "--runs", "1", *argv])
+    assert exit_.value.code == 2
+    assert _error(capsys).startswith(f"{Path(script).name}: error: {message}")
+
+
+_SYNTHETIC_ONLY = (
+    "this benchmark times the synthetic generator: give a synthetic data config "
+    "(criteo_1tb_synthetic, synthetic, synthetic_random)"
+)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            "criteo_sample",
+            f"--data criteo_sample is a criteo data set (data.kind=criteo); {_SYNTHETIC_ONLY}",
+        ),
+        ("bogus", f"--data bogus: no such data config; {_SYNTHETIC_ONLY}"),
+    ],
+)
+def test_bench_synthetic_refuses_data_it_does_not_generate(data, message, capsys, monkeypatch):
+    """--data criteo_sample timed the synthetic section every data config carries and reported
+    it as criteo_sample; --data bogus was Hydra's traceback."""
+    monkeypatch.setattr(sys, "argv", ["bench_synthetic.py"])
+    bench = _load(REPO / "benchmarks" / "bench_synthetic.py")
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--smoke", "--runs", "1", "--rows", "10", "--data", data])
+    assert exit_.value.code == 2
+    assert _error(capsys) == f"bench_synthetic.py: error: {message}"
+
+
+def test_bench_pipeline_runs_dmt_train_in_the_callers_directory(tmp_path, monkeypatch):
+    """dmt-train ran in the repository, so a relative path in an override
+    (model.partition.path=mypart.yaml) was looked for there, not where the user ran the script.
+    A stand-in interpreter reports the directory it was started in."""
+    bench = _load(REPO / "benchmarks" / "bench_pipeline.py")
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\necho "cwd=$(pwd -P)" >&2\nexit 3\n')
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(bench.RunFailed) as failed:
+        bench.run(True, 1, ["model.partition.path=mypart.yaml"], tmp_path / "run")
+    assert f"cwd={tmp_path.resolve()}\n" in str(failed.value) + "\n"
+
+
+_ROW = "\t".join(["1", *["5"] * 13, *["68fd1e64"] * 26]) + "\n"  # a Criteo Kaggle row
+
+
+def test_bench_preprocess_checks_the_samples_first_line_before_building(tmp_path, capsys):
+    """A malformed --sample was found by dmt-preprocess only after the repeated file (1 GB by
+    default) was built, as a traceback naming that file; the file stayed in --workdir."""
+    bench = _load(REPO / "benchmarks" / "bench_preprocess.py")
+    sample, workdir = tmp_path / "bad.tsv", tmp_path / "wd"
+    sample.write_text("1\t2\n" + _ROW)
+    argv = ["--sample", str(sample), "--smoke", "--runs", "1", "--workdir", str(workdir)]
+    with pytest.raises(SystemExit) as exit_:
+        bench.main([*argv, "--size-gb", "0.000001", "--skip-torchrec"])
+    assert exit_.value.code == 2
+    assert _error(capsys).endswith(
+        f"error: --sample {sample}:1: found 2 tab-separated field(s); expected 40 tab-separated "
+        "fields (label, 13 integer features I1..I13, 26 hexadecimal categorical features "
+        "C1..C26) (Criteo Kaggle TSV)"
+    )
+    assert not workdir.exists()
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_bench_preprocess_takes_away_what_a_failed_run_made(tmp_path, existing, monkeypatch):
+    """A run that fails after building the repeated file removes it (and the --workdir it
+    created), never a file it found there. The tools fail at once: the interpreter is false."""
+    bench = _load(REPO / "benchmarks" / "bench_preprocess.py")
+    sample, workdir = tmp_path / "sample.tsv", tmp_path / "new" / "wd"
+    sample.write_text(_ROW * 3)
+    if existing:
+        workdir.mkdir(parents=True)
+        (workdir / "notes.txt").write_text("mine\n")
+    false = shutil.which("false")
+    assert false is not None
+    monkeypatch.setattr(sys, "executable", false)
+    argv = ["--sample", str(sample), "--smoke", "--runs", "1", "--workdir", str(workdir)]
+    with pytest.raises(subprocess.CalledProcessError):
+        bench.main([*argv, "--size-gb", "0.000001", "--skip-torchrec", "--keep"])
+    if existing:
+        assert sorted(p.name for p in workdir.iterdir()) == ["notes.txt"]
+    else:
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["sample.tsv"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--delay-us", "nan"], "--delay-us nan: must be a finite number >= 0 (microseconds)"),
+        (["--delay-us", "-1"], "--delay-us -1.0: must be a finite number >= 0 (microseconds)"),
+        pytest.param(
+            [],
+            "needs ns-3's Python bindings (the ns3 package): pip install 'dmt[sim]' (or ns3)",
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("ns") is not None, reason="ns-3 is installed"
+            ),
+        ),
+    ],
+)
+def test_ns3_crosscheck_refuses_before_any_output(tmp_path, argv, message, capsys, monkeypatch):
+    """Without ns-3 the table's header was printed and then came a traceback; a NaN delay passed
+    the check and failed inside NetworkSpec, naming its field, not --delay-us."""
+    monkeypatch.setattr(sys, "argv", ["ns3_crosscheck.py"])
+    out = tmp_path / "x.json"
+    with pytest.raises(SystemExit) as exit_:
+        _load(REPO / "benchmarks" / "ns3_crosscheck.py").main(
+            ["--quick", "--json", str(out), *argv]
+        )
+    assert exit_.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip().splitlines()[-1] == f"ns3_crosscheck.py: error: {message}"
+    assert not out.exists()
+
+
+_SMALL_STUDY = ["--flat-search", "uniform", "--presets", "h100", "--models", "dlrm"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--sptt-sharding", "foo"],
+            "--sptt-sharding foo: expected table_wise, column_wise or row_wise "
+            "(sptt.sharding_type)",
+        ),
+        (
+            ["--gpus", "16,24"],
+            "--gpus 24 (3 hosts of 8): no paper tower count (no experiment paper_dmt_3t_dlrm); "
+            "dlrm has 2, 4, 8, 16, 26 towers (one host per tower up to 16 hosts, then 16 towers "
+            "of whole hosts)",
+        ),
+        (
+            ["--gpus", "4"],
+            "--gpus 4: needs whole hosts of 8 GPUs (a multiple of 8, at least one host)",
+        ),
+        (["--gpus", "abc"], "--gpus abc: expected comma-separated GPU counts, e.g. 16,32,64"),
+        (
+            ["--gpus", "136"],
+            "--gpus 136: 17 hosts do not make 16 towers of equal whole hosts (the paper's tower "
+            "counts: up to 16 hosts, one tower each; then 16 towers)",
+        ),
+        (
+            ["--models", "foo"],
+            "--models foo: no experiment paper_dmt_<T>t_foo in dmt/conf/experiment "
+            "(models: dcn, dlrm)",
+        ),
+        (
+            ["--presets", "h200"],
+            "--presets h200: no dmt/conf/cluster/h200.yaml (have a100, cpu_emulated, h100, v100)",
+        ),
+        (["--gpus", "16,16"], "--gpus '16,16' names an entry twice"),
+    ],
+)
+def test_scale_study_checks_every_entry_before_the_first_point(
+    tmp_path, argv, message, capsys, monkeypatch
+):
+    """One bad entry made a study of errors that exited 0 (--sptt-sharding), or a traceback
+    midway that left a partial results.json, so the rerun refused the directory; --out is not
+    made."""
+    monkeypatch.setattr(sys, "argv", ["scale_study.py"])
+    out = tmp_path / "study"
+    with pytest.raises(SystemExit) as exit_:
+        _load(REPO / "benchmarks" / "scale_study.py").main(
+            ["--out", str(out), "--gpus", "16", *_SMALL_STUDY, *argv]
+        )
+    assert exit_.value.code == 2
+    assert _error(capsys) == f"scale_study.py: error: {message}"
+    assert not out.exists()
+
+
+def test_scale_study_refuses_an_out_that_is_a_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["scale_study.py"])
+    out = tmp_path / "bad.tsv"
+    out.write_text("mine\n")
+    with pytest.raises(SystemExit) as exit_:
+        _load(REPO / "benchmarks" / "scale_study.py").main(["--out", str(out), *_SMALL_STUDY])
+    assert exit_.value.code == 2
+    assert _error(capsys) == f"scale_study.py: error: --out {out} is a file: give a new directory"
+    assert out.read_text() == "mine\n"
