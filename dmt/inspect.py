@@ -2,27 +2,58 @@
 for DMT models also the towers' output sizes ``O_t`` and the compression ratio ``|F| N / sum_t O_t``.
 
 The model is built on the meta device, so paper-sized models (22G parameters) cost no memory.
-Writes ``inspect.json`` in the Hydra output directory.
+Writes ``inspect.json`` in the Hydra run directory. A run directory that holds a training run's
+outputs is refused, one that holds an earlier ``inspect.json`` too unless ``overwrite=true``, as
+``dmt-plan`` does (:mod:`dmt.planning.run_dir`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from dmt.config import Config, register_configs
 from dmt.data.synthetic import cardinalities
 from dmt.models import DMTModel, build_model
 from dmt.models.accounting import model_stats
-from dmt.results import write_json
+from dmt.planning.run_dir import PlanRunDirGuard, RunOutput, write_run_output
 from dmt.train import CONF_PATH, to_config
 
-register_configs()
+INSPECT = RunOutput("inspect.json", "report", "dmt-inspect")
+
+
+@dataclass
+class InspectConfig(Config):
+    """``dmt-inspect``'s root config: the training config, and whether to replace a report."""
+
+    overwrite: bool = False  # replace an earlier inspect.json in hydra.run.dir (a training run's directory is always refused: dmt.planning.run_dir)
+
+
+def register_inspect_configs() -> None:
+    """Register the training schemas and ``base_inspect_config``."""
+    register_configs()
+    ConfigStore.instance().store(name="base_inspect_config", node=InspectConfig)
+
+
+register_inspect_configs()
+
+
+class InspectRunDirGuard(PlanRunDirGuard):
+    """:class:`~dmt.planning.run_dir.PlanRunDirGuard` for ``inspect.json`` (``conf/inspect.yaml``):
+    a training run's directory, or an earlier report's unless ``overwrite=true``, is refused
+    before Hydra writes there."""
+
+    output = INSPECT
+
+    def check_config(self, conf: Any) -> None:
+        """The training config's checks (:func:`dmt.train.to_config`) and the data's schema."""
+        schema(to_config(conf))
 
 
 def schema(conf: Config) -> tuple[list[str], list[int], int]:
@@ -66,14 +97,22 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(version_base="1.3", config_path=CONF_PATH, config_name="config")
+@hydra.main(version_base="1.3", config_path=CONF_PATH, config_name="inspect")
 def main(cfg: DictConfig) -> None:
-    report = inspect_config(to_config(cfg))
+    conf = OmegaConf.to_object(cfg)
+    assert isinstance(conf, InspectConfig)
     out = Path(HydraConfig.get().runtime.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "inspect.json", report)
+    # InspectRunDirGuard checked a run's directory before Hydra wrote there; a sweep's job is
+    # checked here, and an earlier report replaced only by the new one (write_run_output)
+    report = write_run_output(
+        out,
+        lambda: inspect_config(to_config(conf)),
+        overwrite=conf.overwrite,
+        checkpoint_dir=conf.trainer.checkpoint_dir,
+        output=INSPECT,
+    )
     print(format_report(report))
-    print(f"written to {out / 'inspect.json'}")
+    print(f"written to {out / INSPECT.file}")
 
 
 if __name__ == "__main__":

@@ -77,12 +77,17 @@ class MemoryBudget:
         hbm_bytes: GPU memory per rank (0 on CPU, which has none).
         ddr_bytes: host memory per rank.
         uvm_cache_load_factor: fraction of a UVM-cached table's rows kept in HBM, in ``(0, 1)``.
+        hbm_source: the setting, with its value, whose :data:`AUTO_HBM_SHARE` ``hbm_bytes`` is
+            when ``sharding.hbm_gb`` is unset (``"cluster.gpu_memory_gb=80"``): errors name it
+            as what to change. ``None``: ``sharding.hbm_gb`` gave ``hbm_bytes`` (or the memory
+            of a real GPU, which no setting changes).
     """
 
     compute_device: str
     hbm_bytes: int
     ddr_bytes: int
     uvm_cache_load_factor: float = 0.2
+    hbm_source: str | None = None
 
     def __post_init__(self) -> None:
         if self.compute_device not in COMPUTE_DEVICES:
@@ -108,9 +113,12 @@ class MemoryBudget:
         ddr_gb: float,
         uvm_cache_load_factor: float,
         gpu_bytes: int | None = None,
+        gpu_setting: str | None = None,
     ) -> MemoryBudget:
         """The budget of the ``sharding`` config group (sizes in GiB). ``hbm_gb=None`` on CUDA:
-        :data:`AUTO_HBM_SHARE` of ``gpu_bytes`` (the smallest GPU of the job); on CPU, no HBM."""
+        :data:`AUTO_HBM_SHARE` of ``gpu_bytes`` (the smallest GPU of the job), which errors
+        attribute to ``gpu_setting`` when a setting gave it (``hbm_source``); on CPU, no HBM."""
+        source = None
         if hbm_gb is not None:
             hbm = int(hbm_gb * GIB)
         elif compute_device != "cuda":
@@ -121,12 +129,33 @@ class MemoryBudget:
             )
         else:
             hbm = int(AUTO_HBM_SHARE * gpu_bytes)
+            source = gpu_setting
         return cls(
             compute_device=compute_device,
             hbm_bytes=hbm,
             ddr_bytes=int(ddr_gb * GIB),
             uvm_cache_load_factor=uvm_cache_load_factor,
+            hbm_source=source,
         )
+
+    @property
+    def hbm_setting(self) -> str:
+        """The HBM budget as errors name it: ``sharding.hbm_gb = 2 GiB (...)``, or, unset,
+        ``sharding.hbm_gb (unset: 80% of cluster.gpu_memory_gb=1e-07 GiB = 85 bytes)``."""
+        if self.hbm_source is None:
+            return f"sharding.hbm_gb = {_gib(self.hbm_bytes)}"
+        return (
+            f"sharding.hbm_gb (unset: {AUTO_HBM_SHARE:.0%} of {self.hbm_source} GiB = "
+            f"{_gib(self.hbm_bytes)})"
+        )
+
+    @property
+    def hbm_remedy(self) -> str:
+        """What to change for more HBM: ``raise sharding.hbm_gb``, or, unset, the setting it is
+        a share of, or set it."""
+        if self.hbm_source is None:
+            return "raise sharding.hbm_gb"
+        return f"raise {self.hbm_source.partition('=')[0]} or set sharding.hbm_gb"
 
     def cached_hbm_bytes(self, nbytes: int, rows: int, resident: int = 0) -> int:
         """HBM a UVM-cached table (shard) of ``nbytes`` with its optimizer state and ``rows``
@@ -167,9 +196,14 @@ class MemoryBudget:
     def describe(self) -> str:
         if self.compute_device == "cpu":
             return f"cpu: host memory {_gib(self.ddr_bytes)} per rank (no HBM)"
+        share = (
+            f" ({AUTO_HBM_SHARE:.0%} of {self.hbm_source} GiB: sharding.hbm_gb unset)"
+            if self.hbm_source is not None
+            else ""
+        )
         return (
-            f"cuda: HBM {_gib(self.hbm_bytes)}, host memory {_gib(self.ddr_bytes)} per rank, "
-            f"UVM cache load factor {self.uvm_cache_load_factor}"
+            f"cuda: HBM {_gib(self.hbm_bytes)}{share}, host memory {_gib(self.ddr_bytes)} per "
+            f"rank, UVM cache load factor {self.uvm_cache_load_factor}"
         )
 
 
@@ -290,10 +324,10 @@ def choose_kernels(
                 )
             raise ValueError(
                 _no_room(tables, no_host_room[0], rank, total)
-                + f"; it would be UVM-cached, but the budget is sharding.hbm_gb = "
-                f"{_gib(budget.hbm_bytes)} of HBM and sharding.ddr_gb = "
-                f"{_gib(budget.ddr_bytes)} of host memory per rank, and the UVM-cached tables "
-                f"{host}: raise sharding.ddr_gb or sharding.hbm_gb, or use more ranks"
+                + f"; it would be UVM-cached, but the budget is {budget.hbm_setting} of HBM "
+                f"and sharding.ddr_gb = {_gib(budget.ddr_bytes)} of host memory per rank, and "
+                f"the UVM-cached tables {host}: raise sharding.ddr_gb or "
+                f"{budget.hbm_remedy.removeprefix('raise ')}, or use more ranks"
             )
     if hbm > budget.hbm_bytes:
         i = largest_first[0]
@@ -301,9 +335,8 @@ def choose_kernels(
             _no_room(tables, i, rank, total)
             + f"; even with every table that caching shrinks UVM-cached "
             f"(sharding.uvm_cache_load_factor = {budget.uvm_cache_load_factor}) the rank's "
-            f"tables and caches take {_gib(hbm)} of HBM, more than sharding.hbm_gb = "
-            f"{_gib(budget.hbm_bytes)} per rank: raise sharding.hbm_gb, lower "
-            "sharding.uvm_cache_load_factor, or use more ranks"
+            f"tables and caches take {_gib(hbm)} of HBM, more than {budget.hbm_setting} per "
+            f"rank: {budget.hbm_remedy}, lower sharding.uvm_cache_load_factor, or use more ranks"
         )
     return tuple(kernels)
 

@@ -39,21 +39,56 @@ usage() {
         "[--warmup N] [--modes M1,M2] [--local-world-size L]" >&2
     exit 2
 }
+# a bad argument: say which and what was expected, exit 2 before anything is made
+refuse() {
+    echo "$(basename "$0"): $*" >&2
+    exit 2
+}
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --out) OUT="$2"; shift 2 ;;
-        --cells) CELLS="$2"; shift 2 ;;
-        --runs) RUNS="$2"; shift 2 ;;
-        --iters) ITERS="$2"; shift 2 ;;
-        --warmup) WARMUP="$2"; shift 2 ;;
-        --modes) MODES="$2"; shift 2 ;;
-        --local-world-size) LOCAL="$2"; shift 2 ;;
+        --out | --cells | --runs | --iters | --warmup | --modes | --local-world-size)
+            [[ $# -ge 2 ]] || refuse "$1 needs a value"
+            case "$1" in
+                --out) OUT="$2" ;;
+                --cells) CELLS="$2" ;;
+                --runs) RUNS="$2" ;;
+                --iters) ITERS="$2" ;;
+                --warmup) WARMUP="$2" ;;
+                --modes) MODES="$2" ;;
+                --local-world-size) LOCAL="$2" ;;
+            esac
+            shift 2
+            ;;
         *) usage ;;
     esac
+done
+[[ -n "$OUT" ]] || refuse "--out must name a directory, got ''"
+[[ ! -e "$OUT" || -d "$OUT" ]] || refuse "--out $OUT exists and is not a directory"
+positive='^[1-9][0-9]*$'
+[[ "$LOCAL" =~ $positive ]] || refuse "--local-world-size must be a positive integer, got '$LOCAL'"
+[[ "$RUNS" =~ $positive && "$RUNS" -ge 3 ]] ||
+    refuse "--runs must be an integer of at least 3 (a median of fewer is not a result), got '$RUNS'"
+[[ "$ITERS" =~ $positive ]] || refuse "--iters must be a positive integer, got '$ITERS'"
+[[ "$WARMUP" =~ ^[0-9]+$ ]] || refuse "--warmup must be an integer of at least 0, got '$WARMUP'"
+[[ "$MODES" =~ ^(flat|sptt|dmt)(,(flat|sptt|dmt))*$ ]] ||
+    refuse "--modes must be a comma-separated list of flat, sptt, dmt, got '$MODES'"
+[[ -n "${CELLS//[[:space:]]/}" ]] || refuse "--cells must name at least one G:RATE:BATCH cell"
+for cell in $CELLS; do
+    IFS=: read -r G RATE BATCH <<<"$cell"
+    [[ "$G" =~ $positive && "$BATCH" =~ $positive && $((G % LOCAL)) -eq 0 &&
+        "$RATE" =~ ^(none|[0-9]+(\.[0-9]*)?[kmg]?bit)$ ]] ||
+        refuse "bad cell '$cell': want G:RATE:BATCH with G a multiple of L=$LOCAL, BATCH a" \
+            "positive integer and RATE none or tc's rate (1gbit, 2500mbit)"
 done
 [[ -x "$PYTHON" ]] || { echo "no python at $PYTHON (set PYTHON=...)" >&2; exit 1; }
 AS_ROOT=()
 [[ $(id -u) -eq 0 ]] || AS_ROOT=(sudo)
+# however the script ends: the running cell's temporary directory goes, and OUT if this run
+# made it and wrote nothing there
+tmp=""
+made_out=""
+[[ -d "$OUT" ]] || made_out=1
+trap '[[ -z "$tmp" ]] || rm -rf "$tmp"; [[ -z "$made_out" ]] || rmdir "$OUT" 2>/dev/null || true' EXIT
 mkdir -p "$OUT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
 
@@ -61,16 +96,12 @@ leftover_netns() { ip netns list 2>/dev/null | awk '/^dmt[0-9]+(sw|h[0-9]+)/ {pr
 
 failed=0 # a cell that failed makes the exit status 1, once the others ran
 for cell in $CELLS; do
-    IFS=: read -r G RATE BATCH <<<"$cell"
-    [[ "$G" =~ ^[0-9]+$ && "$BATCH" =~ ^[0-9]+$ && $((G % LOCAL)) -eq 0 ]] || {
-        echo "bad cell '$cell': want G:RATE:BATCH with G a multiple of L=$LOCAL" >&2
-        exit 2
-    }
+    IFS=: read -r G RATE BATCH <<<"$cell" # checked above
     HOSTS=$((G / LOCAL))
     name="G${G}_${RATE}_B${BATCH}"
     dest="$OUT/$name.json"
     if [[ -e "$dest" ]]; then echo "skip $name (exists)" >&2; continue; fi
-    tmp="$(mktemp -d /tmp/calib.XXXX)"
+    tmp="$(mktemp -d "${TMPDIR:-/tmp}/calib.XXXXXX")"
     bench=("$PYTHON" "$ROOT/benchmarks/bench_sptt.py" --world-size "$G" --local-world-size "$LOCAL"
         --modes "$MODES" --pipeline on --comm-precision fp32 --batch "$BATCH" --runs "$RUNS"
         --iters "$ITERS" --warmup "$WARMUP" --json "$tmp/bench.json"
@@ -91,6 +122,7 @@ for cell in $CELLS; do
         echo "$name failed (exit status $rc); last lines:" >&2
         tail -20 "$tmp/log" >&2
         rm -rf "$tmp"
+        tmp=""
         # interrupted (Ctrl-C, kill): stop here rather than go on to the next cell
         ((rc != 130 && rc != 143)) || exit "$rc"
         failed=1
@@ -139,5 +171,6 @@ write_json(sys.argv[2], out, indent=1, replace=False)
 print(f"{sys.argv[2]}: " + ", ".join(f"{k} {v['ms_per_step_median']:.1f} ms" for k, v in modes.items()))
 EOF
     rm -rf "$tmp"
+    tmp=""
 done
 exit "$failed"

@@ -87,10 +87,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pairs = [tuple(p) for p in args.pair] or [(names[0], other) for other in names[1:]]
     if not pairs:
         parser.error("give two --group (or more), or --pair")
+    seen: set[tuple[str, ...]] = set()
     for a, b in pairs:
         for name in (a, b):
             if name not in files:
                 parser.error(f"--pair {a} {b}: no --group {name}")
+        if a == b:
+            parser.error(f"--pair {a} {b} compares a group with itself: give two groups")
+        if (a, b) in seen:
+            parser.error(f"--pair {a} {b} is given twice")
+        seen.add((a, b))
     try:
         labels, runs = load_predictions(files)
         reports = {

@@ -79,9 +79,8 @@ from dmt.planning.memory import (
     flat_rank_memory,
     sptt_rank_memory,
 )
-from dmt.planning.run_dir import PLAN_FILE, check_plan_dir
+from dmt.planning.run_dir import PLAN_FILE, write_run_output
 from dmt.planning.timing import ComputeLoad, ModeWorkload, StepTime, compute_load, predict_modes
-from dmt.results import write_json
 from dmt.sharding import (
     flat_planner,
     flat_sharders,
@@ -218,31 +217,80 @@ def _dense_optimizer_states(conf: PlanConfig) -> int:
     return dense_optimizer_states(cls, {str(k): v for k, v in kwargs.items()})
 
 
-def plan(conf: PlanConfig) -> dict[str, Any]:
-    """The plan of every mode as ``plan.json`` holds it (see the module docstring).
+@dataclass(frozen=True)
+class PlanInputs:
+    """What :func:`plan` plans from, checked (:func:`check_plan_config`)."""
+
+    topo: Topology
+    local_batch: int
+    names: list[str]
+    cardinalities: list[int]
+    num_dense: int
+    gpu_bytes: int
+    budget: MemoryBudget
+    """The tables' budget per rank, as training computes it."""
+    dense_states: int
+    """State tensors per dense parameter of ``optim.dense``."""
+    sparse_spec: tuple[type, dict[str, Any]]
+    """``optim.sparse``'s class and kwargs."""
+    partition: list[list[str]]
+    flat_search: str
+    """``flat_search`` resolved: ``"full"`` or ``"uniform"``."""
+
+
+def check_plan_config(conf: PlanConfig) -> PlanInputs:
+    """Check every setting :func:`plan` reads, without planning (a fraction of a second): the
+    training part, the cluster, the tables' budget, the optimizers, the towers and
+    ``flat_search``. ``dmt-plan overwrite=true`` runs it before it touches an earlier plan.
 
     Raises:
         ValueError: a cluster whose GPUs or hosts do not divide as the topology needs, a tower
             count that does not match the cluster, a batch that does not split evenly, or a
-            rank that does not fit in the GPU's memory (naming the numbers), or a
-            ``sharding.hbm_gb`` larger than ``cluster.gpu_memory_gb``.
+            ``sharding.hbm_gb`` larger than ``cluster.gpu_memory_gb`` (naming the numbers).
     """
     to_config(conf)  # validates the training part
-    started = time.perf_counter()
     topo, B = _check_cluster(conf)
-    G, L = topo.world_size, topo.local_world_size
     names, cards, num_dense = schema(conf)
     gpu_bytes = int(conf.cluster.gpu_memory_gb * GIB)
     # the tables' budget as training computes it (sharding.hbm_gb, or its share of the GPU);
-    # check_fits below adds the dense part and the activations against the whole GPU
+    # check_fits adds the dense part and the activations against the whole GPU
     budget = MemoryBudget.from_gib(
         "cuda",
         hbm_gb=conf.sharding.hbm_gb,
         ddr_gb=conf.sharding.ddr_gb,
         uvm_cache_load_factor=conf.sharding.uvm_cache_load_factor,
         gpu_bytes=gpu_bytes,
+        gpu_setting=f"cluster.gpu_memory_gb={conf.cluster.gpu_memory_gb}",
     )
     budget.check_device(f"a GPU of cluster.gpu_memory_gb={conf.cluster.gpu_memory_gb}", gpu_bytes)
+    return PlanInputs(
+        topo=topo,
+        local_batch=B,
+        names=names,
+        cardinalities=cards,
+        num_dense=num_dense,
+        gpu_bytes=gpu_bytes,
+        budget=budget,
+        dense_states=_dense_optimizer_states(conf),
+        sparse_spec=sparse_optimizer_spec(conf.optim),
+        partition=_partition(conf, names, topo),
+        flat_search=_flat_search(conf.flat_search, len(names), topo.world_size),
+    )
+
+
+def plan(conf: PlanConfig) -> dict[str, Any]:
+    """The plan of every mode as ``plan.json`` holds it (see the module docstring).
+
+    Raises:
+        ValueError: a setting :func:`check_plan_config` refuses, or a rank that does not fit in
+            the GPU's memory (naming the numbers).
+    """
+    started = time.perf_counter()
+    inputs = check_plan_config(conf)
+    topo, B, budget = inputs.topo, inputs.local_batch, inputs.budget
+    G, L = topo.world_size, topo.local_world_size
+    names, cards, num_dense = inputs.names, inputs.cardinalities, inputs.num_dense
+    gpu_bytes, dense_states, sparse_spec = inputs.gpu_bytes, inputs.dense_states, inputs.sparse_spec
     multi_hot = conf.data.synthetic.multi_hot if conf.data.kind == "synthetic" else 1
     workload = Workload.uniform(
         B,
@@ -250,10 +298,8 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
         ids_per_sample=multi_hot,
         comm_size=COMM_PRECISIONS[conf.sptt.comm_precision].itemsize,
     )
-    dense_states = _dense_optimizer_states(conf)
-    sparse_spec = sparse_optimizer_spec(conf.optim)
     sparse_name = sparse_optimizer_name(sparse_spec[0])
-    partition = _partition(conf, names, topo)
+    partition = inputs.partition
     modes: dict[str, ModePlan] = {}
 
     # sptt / dmt: the towers, pass-through or with the experiment's tower modules
@@ -325,7 +371,7 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
         dense_device="meta",
     )
     apply_sparse_optimizer(embedding_parameters(flat_model), conf.optim)  # its state counts
-    search = _flat_search(conf.flat_search, len(names), G)
+    search = inputs.flat_search
     try:
         sharding = (
             plan_tables(
@@ -578,22 +624,18 @@ def main(cfg: DictConfig) -> None:
     conf = OmegaConf.to_object(cfg)
     assert isinstance(conf, PlanConfig)
     out = Path(HydraConfig.get().runtime.output_dir)
-    # PlanRunDirGuard checked a run's directory before Hydra wrote there; a sweep's job, whose
-    # directory it may not know, is checked here
-    check_plan_dir(out, overwrite=conf.overwrite, checkpoint_dir=conf.trainer.checkpoint_dir)
-    if conf.overwrite:
-        # Hydra has already replaced .hydra/ with this run's settings: the plan it replaces goes
-        # now, so that a plan that fails leaves no plan.json of other settings beside them
-        (out / PLAN_FILE).unlink(missing_ok=True)
-    with torch.device("cpu"):
-        report = plan(conf)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        # not over a plan another dmt-plan wrote into this directory since the check
-        write_json(out / PLAN_FILE, report, replace=conf.overwrite)
-    except FileExistsError:
-        check_plan_dir(out, overwrite=False, checkpoint_dir=conf.trainer.checkpoint_dir)
-        raise
+
+    def make() -> dict[str, Any]:
+        with torch.device("cpu"):
+            return plan(conf)
+
+    # PlanRunDirGuard checked a run's directory (and, replacing a plan, the settings) before
+    # Hydra wrote there; a sweep's job, whose directory it may not know, is checked here.
+    # An earlier plan.json stays until the new one replaces it, or goes if planning fails
+    # (dmt.planning.run_dir.write_run_output)
+    report = write_run_output(
+        out, make, overwrite=conf.overwrite, checkpoint_dir=conf.trainer.checkpoint_dir
+    )
     print(format_report(report))
     print(f"written to {out / PLAN_FILE}")
 

@@ -60,6 +60,7 @@ from dmt.planning.timing import (
     compute_load,
     predict_modes,
 )
+from dmt.results import write_atomic, write_json
 
 GBIT = 1e9
 COUNTED_STEPS = {  # CommStats step -> (model step, op, group, overlappable when pipelined)
@@ -313,10 +314,10 @@ def fit(base: ClusterConfig, runs: Sequence[Run]) -> tuple[ClusterConfig, float,
 
 
 def _rate_bits_per_s(rate: str) -> float:
-    """``--rate`` (tc's spelling: ``1gbit``, ``2500mbit``) in bit/s."""
+    """``--rate`` (tc's spelling: ``1gbit``, ``2500mbit``) in bit/s; ``ValueError`` otherwise."""
     m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)([kmg]?)bit", rate)
     if m is None or not float(m[1]) > 0:
-        raise SystemExit(f"--rate {rate!r}: expected a positive rate, e.g. 1gbit, 2500mbit")
+        raise ValueError(f"--rate {rate!r}: expected a positive rate, e.g. 1gbit, 2500mbit")
     return float(m[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m[2]]
 
 
@@ -411,7 +412,8 @@ def _summary(errors: dict[str, list[float]]) -> list[str]:
 def write_preset(
     path: Path, cluster: ClusterConfig, eff: float, rate_bit_per_s: float, notes: list[str]
 ) -> None:
-    """Write ``cluster`` as a ``conf/cluster`` YAML (the NIC at ``rate_bit_per_s`` x ``eff``)."""
+    """Write ``cluster`` as a ``conf/cluster`` YAML (the NIC at ``rate_bit_per_s`` x ``eff``),
+    atomically (:func:`dmt.results.write_atomic`)."""
     values = {f.name: getattr(cluster, f.name) for f in fields(cluster)}
     values["nic_bandwidth_gbps"] = rate_bit_per_s / 8 / GBIT * eff
     lines = [
@@ -432,7 +434,8 @@ def write_preset(
             lines.append(f"{key}: {value:.6g}")
         else:
             lines.append(f"{key}: {value}")
-    path.write_text("\n".join(lines) + "\n")
+    text = "\n".join(lines) + "\n"
+    write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
 def _base(cores: int, peak_tflops: float, hbm_gbps: float) -> ClusterConfig:
@@ -490,17 +493,42 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace existing --out/--json files")
     args = p.parse_args(argv)
     # every setting is checked before the fit, so that a typo leaves no --json behind
-    rate = _rate_bits_per_s(args.rate)
+    try:
+        rate = _rate_bits_per_s(args.rate)
+    except ValueError as bad:
+        p.error(str(bad))
+    for name, value, what in (
+        ("--peak-tflops", args.peak_tflops, "must be > 0 (TFLOP/s of one core)"),
+        ("--memory-gbps", args.memory_gbps, "must be > 0 (GB/s per rank)"),
+    ):
+        if not value > 0 or not math.isfinite(value):  # NaN too
+            p.error(f"{name} {value:g}: {what}")
+    if args.cores < 1:
+        p.error(f"--cores {args.cores}: must be at least 1")
+    if args.json is not None and args.out is not None and args.json.resolve() == args.out.resolve():
+        p.error(f"--json and --out are the same file ({args.json}): give each its own")
     for name in ("out", "json"):
         path = getattr(args, name)
         if path is not None and path.exists() and not args.overwrite:
-            raise SystemExit(
-                f"--{name} {path} exists: pass --overwrite to replace it, or another path"
-            )
-
+            p.error(f"--{name} {path} exists: pass --overwrite to replace it, or another path")
+        if path is not None and path.is_dir():
+            p.error(f"--{name} {path} is a directory: give a file")
+        if path is not None:  # missing parents are made when it is written
+            parent = path.absolute().parent
+            while not parent.exists():
+                parent = parent.parent
+            if not parent.is_dir():
+                p.error(f"--{name} {path}: {parent} is not a directory")
+    json_is_new = args.json is not None and not args.json.exists()
+    if not args.runs.is_dir():
+        p.error(
+            f"runs directory {args.runs} does not exist"
+            if not args.runs.exists()
+            else f"runs directory {args.runs} is not a directory"
+        )
     paths = sorted(args.runs.glob("*.json"))
     if not paths:
-        raise SystemExit(f"no *.json in {args.runs}")
+        p.error(f"no *.json in runs directory {args.runs}")
     runs = [
         load_run(path, args.statistic, sorted(args.runs.glob(f"repeats/{path.name}")))
         for path in paths
@@ -510,9 +538,9 @@ def main(argv: list[str] | None = None) -> None:
         try:
             held = {r.name for r in runs if _matches(r, args.holdout)}
         except ValueError as bad:
-            raise SystemExit(str(bad)) from None
+            p.error(str(bad))
         if not held or len(held) == len(runs):
-            raise SystemExit(
+            p.error(
                 f"--holdout {args.holdout!r} leaves {len(held)} of the {len(runs)} runs out: it "
                 f"must leave some out and fit on the others (runs: "
                 f"{', '.join(r.name for r in runs)})"
@@ -544,29 +572,28 @@ def main(argv: list[str] | None = None) -> None:
         f"preset: fitted on all {len(runs)} runs (RMS log residual {rms:.3f}): " + ", ".join(params)
     )
     if args.json is not None:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "holdout": args.holdout,
-                    "statistic": args.statistic,
-                    "validation": fitted_on,
-                    "summary": summary,
-                    "parameters_all_runs": dict(
-                        zip([p[0] for p in PARAMS], [getattr(cluster, n, eff) for n, *_ in PARAMS])
-                    ),
-                    "runs": [
-                        {
-                            "run": p.run.name,
-                            "held_out": p.held_out,
-                            "measured_ms": p.run.measured_ms,
-                            "predicted_ms": {m: p.times[m].total_ms for m in MODES},
-                            "exposed_ms": {m: p.times[m].exposed_by_step() for m in MODES},
-                        }
-                        for p in predictions
-                    ],
-                },
-                indent=1,
-            )
+        write_json(
+            args.json,
+            {
+                "holdout": args.holdout,
+                "statistic": args.statistic,
+                "validation": fitted_on,
+                "summary": summary,
+                "parameters_all_runs": dict(
+                    zip([p[0] for p in PARAMS], [getattr(cluster, n, eff) for n, *_ in PARAMS])
+                ),
+                "runs": [
+                    {
+                        "run": p.run.name,
+                        "held_out": p.held_out,
+                        "measured_ms": p.run.measured_ms,
+                        "predicted_ms": {m: p.times[m].total_ms for m in MODES},
+                        "exposed_ms": {m: p.times[m].exposed_by_step() for m in MODES},
+                    }
+                    for p in predictions
+                ],
+            },
+            indent=1,
         )
     if args.out is not None:
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
@@ -583,7 +610,12 @@ def main(argv: list[str] | None = None) -> None:
             f"validation (--holdout {args.holdout}, --statistic {args.statistic}): {fitted_on}",
             *(f"  {line}" for line in summary),
         ]
-        write_preset(args.out, cluster, eff, rate, notes)
+        try:
+            write_preset(args.out, cluster, eff, rate, notes)
+        except BaseException:
+            if json_is_new:  # no --json of a run whose preset is missing
+                args.json.unlink(missing_ok=True)
+            raise
         print(f"wrote {args.out}")
 
 

@@ -6,11 +6,16 @@ Hydra writes ``.hydra/`` and the log there when it holds
 * a training run's outputs (``metrics.json``, a non-empty ``trainer.checkpoint_dir``:
   :func:`dmt.run_dir.outputs_of`) or a live run's lock (``run.lock`` held): a plan never writes
   its ``.hydra/`` record over a training run's, whatever ``overwrite`` says;
-* an earlier plan's ``plan.json``, unless ``overwrite=true``.
+* an earlier plan's ``plan.json``, unless ``overwrite=true``. With ``overwrite=true`` the
+  settings are checked here too (:func:`dmt.planning.app.check_plan_config`): a mistyped setting
+  stops before Hydra writes its ``.hydra/`` record over the earlier plan's, and both stay.
 
-:func:`check_plan_dir` applies the same checks again when :func:`dmt.planning.app.main` writes
-``plan.json`` (jobs of a sweep, runs started from Python), and without ``overwrite`` the file is
-put in place only if no other plan wrote one since (``write_json(..., replace=False)``). Training's
+:func:`write_run_output` (:func:`dmt.planning.app.main`) applies the same checks again when it
+writes ``plan.json`` (jobs of a sweep, runs started from Python); without ``overwrite`` the file
+is put in place only if no other plan wrote one since (``write_json(..., replace=False)``), with
+it the earlier file is replaced only by the new one, or removed if planning fails, since Hydra
+has written this run's ``.hydra/`` beside it by then. ``dmt-inspect`` (``inspect.json``,
+:class:`dmt.inspect.InspectRunDirGuard`) uses the same guard and writer. Training's
 :class:`dmt.run_dir.RunDirGuard` does not fit a plan: it would let ``trainer.resume_from=auto``
 through into a training run's directory, proposes resuming, takes a lock a plan does not need
 and knows nothing of ``plan.json``.
@@ -18,18 +23,38 @@ and knows nothing of ``plan.json``.
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
 
+from dmt.results import write_json
 from dmt.run_dir import JOB_NUM_FORMS, LOCK_FILE, job_dirs, outputs_of
 
 PLAN_FILE = "plan.json"
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    """The file a planning tool writes into its Hydra run directory, as errors name it."""
+
+    file: str
+    """Its name in the run directory (``plan.json``)."""
+    what: str
+    """What it holds (``plan``)."""
+    tool: str
+    """The command that writes it (``dmt-plan``)."""
+
+
+PLAN = RunOutput(PLAN_FILE, "plan", "dmt-plan")
 
 
 def _locked(run_dir: Path) -> bool:
@@ -57,9 +82,10 @@ def check_plan_dir(
     overwrite: bool,
     checkpoint_dir: str = "checkpoints",
     setting: str = "hydra.run.dir",
+    output: RunOutput = PLAN,
 ) -> None:
-    """Raise ``ValueError`` if a plan may not write into ``run_dir`` (see the module docstring);
-    ``setting`` is the one to change that the error names."""
+    """Raise ``ValueError`` if ``output.tool`` may not write into ``run_dir`` (see the module
+    docstring); ``setting`` is the one to change that the error names."""
     run_dir = run_dir.absolute()
     if not run_dir.is_dir():
         return
@@ -67,16 +93,49 @@ def check_plan_dir(
     if training or _locked(run_dir):
         what = ", ".join(training) if training else f"{LOCK_FILE}, held by a live run"
         raise ValueError(
-            f"run directory {run_dir} holds a training run's outputs ({what}): dmt-plan would "
-            f"write its .hydra/ record over that run's; choose another {setting} (or leave "
-            "it unset for a new one)"
+            f"run directory {run_dir} holds a training run's outputs ({what}): {output.tool} "
+            f"would write its .hydra/ record over that run's; choose another {setting} (or "
+            "leave it unset for a new one)"
         )
-    if (run_dir / PLAN_FILE).exists() and not overwrite:
+    if (run_dir / output.file).exists() and not overwrite:
         raise ValueError(
-            f"run directory {run_dir} already holds an earlier plan ({PLAN_FILE}); choose "
-            f"another {setting} (or leave it unset for a new one), or set overwrite=true "
-            "to replace it"
+            f"run directory {run_dir} already holds an earlier {output.what} ({output.file}); "
+            f"choose another {setting} (or leave it unset for a new one), or set "
+            "overwrite=true to replace it"
         )
+
+
+def write_run_output(
+    run_dir: Path,
+    make: Callable[[], dict[str, Any]],
+    *,
+    overwrite: bool,
+    checkpoint_dir: str = "checkpoints",
+    output: RunOutput = PLAN,
+) -> dict[str, Any]:
+    """Check ``run_dir`` (:func:`check_plan_dir`), then write what ``make`` returns there as
+    ``output.file`` (:func:`dmt.results.write_json`: whole or not at all), and return it.
+
+    With ``overwrite`` an earlier file stays until the new one replaces it; if ``make`` fails
+    it is removed: Hydra has written this run's ``.hydra/`` record by then, and a run that
+    fails leaves no ``output.file`` of other settings beside it. (A run whose settings fail
+    their checks stops earlier, in :class:`PlanRunDirGuard`, and leaves both.) Without
+    ``overwrite`` a file another run wrote since the check is not replaced."""
+    check_plan_dir(run_dir, overwrite=overwrite, checkpoint_dir=checkpoint_dir, output=output)
+    path = run_dir / output.file
+    try:
+        data = make()
+    except BaseException:
+        if overwrite:
+            path.unlink(missing_ok=True)
+        raise
+    try:
+        # not over a file another run wrote into this directory since the check
+        write_json(path, data, replace=overwrite)
+    except FileExistsError:
+        check_plan_dir(run_dir, overwrite=False, checkpoint_dir=checkpoint_dir, output=output)
+        raise
+    return data
 
 
 def _settings(config: DictConfig) -> tuple[bool, str]:
@@ -87,22 +146,50 @@ def _settings(config: DictConfig) -> tuple[bool, str]:
     return overwrite, str(checkpoint_dir)
 
 
+def _job_config(config: DictConfig) -> Any:
+    """The typed config the job's task function gets: ``config`` without ``hydra``, as Hydra
+    makes it (``run_job``)."""
+    job = copy.deepcopy(config)
+    with read_write(job), open_dict(job):
+        del job["hydra"]
+    return OmegaConf.to_object(job)
+
+
 class PlanRunDirGuard(Callback):
     """Hydra callback: refuse a plan's run directory (:func:`check_plan_dir`) before Hydra writes
     ``.hydra/`` and the log there (exit status 1 and the error on stderr), and a sweep directory
-    whose numbered job directories would be refused."""
+    whose numbered job directories would be refused. With ``overwrite=true`` over an earlier
+    plan, the settings too (:meth:`check_config`)."""
+
+    output: RunOutput = PLAN
+
+    def check_config(self, conf: Any) -> None:
+        """Raise ``ValueError`` for settings that would fail the run (``conf``: the job's typed
+        config): :func:`dmt.planning.app.check_plan_config`."""
+        from dmt.planning.app import check_plan_config  # noqa: PLC0415 (app imports this module)
+
+        check_plan_config(conf)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        run_dir = Path(str(config.hydra.run.dir))
         try:
             overwrite, checkpoint_dir = _settings(config)
             check_plan_dir(
-                Path(str(config.hydra.run.dir)),
-                overwrite=overwrite,
-                checkpoint_dir=checkpoint_dir,
+                run_dir, overwrite=overwrite, checkpoint_dir=checkpoint_dir, output=self.output
             )
         except ValueError as e:
             # Hydra turns a callback's exception into a warning and runs the job anyway
             sys.exit(f"Error: {e}")
+        if overwrite and (run_dir / self.output.file).exists():
+            # Hydra is about to write this run's .hydra/ over the earlier file's record: a
+            # setting that fails stops here, and leaves both as they are
+            try:
+                self.check_config(_job_config(config))
+            except (ValueError, OmegaConfBaseException) as e:
+                sys.exit(
+                    f"Error: {e}\n(nothing written: the earlier {self.output.file} in "
+                    f"{run_dir.absolute()} and its .hydra/ record are kept)"
+                )
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """With a ``hydra.sweep.subdir`` of job numbers (the default; they start from 0 again),
@@ -121,6 +208,7 @@ class PlanRunDirGuard(Callback):
                     overwrite=overwrite,
                     checkpoint_dir=checkpoint_dir,
                     setting="hydra.sweep.dir",
+                    output=self.output,
                 )
         except ValueError as e:
             sys.exit(f"Error: sweep directory {sweep_dir}: {e}")

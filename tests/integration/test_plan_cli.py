@@ -75,11 +75,24 @@ def test_dmt_plan_writes_plan_json_and_replaces_it_only_with_overwrite(tmp_path:
     replaced = _plan(run_dir, "overwrite=true")
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert json.loads((run_dir / "plan.json").read_text())["world_size"] == 4
-    # a replacing plan that fails leaves no plan.json of other settings beside its own .hydra/
-    # (a reproduced bug: the earlier plan stayed, paired with the failed run's config)
-    failed = _plan(run_dir, "overwrite=true", "data.batch_size=63")
-    assert failed.returncode == 1 and "data.batch_size=63" in failed.stderr, failed.stderr[-3000:]
-    assert "data.batch_size=63" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    # a replacing plan whose settings fail their checks stops before Hydra writes: the earlier
+    # plan and its .hydra/ record stay (a reproduced bug: overwrite=true deleted the plan first)
+    before = _texts(run_dir)
+    typo = _plan(run_dir, "overwrite=true", "sptt.comm_precision=fp8")
+    assert typo.returncode == 1, typo.stderr[-3000:]
+    assert typo.stderr.startswith(
+        "Error: sptt.comm_precision='fp8' is not supported; expected one of ['fp32', 'bf16', "
+        f"'fp16']\n(nothing written: the earlier plan.json in {run_dir} and its .hydra/ record "
+        "are kept)"
+    ), typo.stderr[-3000:]
+    assert _texts(run_dir) == before
+    # a replacing plan that fails while planning leaves no plan.json of other settings beside
+    # its own .hydra/ (a reproduced bug: the earlier plan stayed, paired with the failed run's
+    # config)
+    failed = _plan(run_dir, "overwrite=true", "cluster.gpu_memory_gb=0.0000001")
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert "raise cluster.gpu_memory_gb or set sharding.hbm_gb" in failed.stderr
+    assert "cluster.gpu_memory_gb=0.0000001" in (run_dir / ".hydra" / "overrides.yaml").read_text()
     assert not (run_dir / "plan.json").exists()
 
 

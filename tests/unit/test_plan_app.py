@@ -136,6 +136,18 @@ def test_a_tables_budget_larger_than_the_gpu_is_refused() -> None:
     )
 
 
+def test_a_budget_of_the_gpus_share_names_the_gpus_setting() -> None:
+    """Reproduced: with sharding.hbm_gb unset (80% of cluster.gpu_memory_gb), a table that did
+    not fit said "more than sharding.hbm_gb = 85 bytes per rank: raise sharding.hbm_gb"."""
+    with pytest.raises(ValueError) as e:
+        plan(_conf("cluster.gpu_memory_gb=0.0000001"))
+    assert str(e.value).endswith(
+        "of HBM, more than sharding.hbm_gb (unset: 80% of cluster.gpu_memory_gb=1e-07 GiB = 85 "
+        "bytes) per rank: raise cluster.gpu_memory_gb or set sharding.hbm_gb, lower "
+        "sharding.uvm_cache_load_factor, or use more ranks"
+    ), str(e.value)
+
+
 def test_tables_are_planned_within_sharding_hbm_gb() -> None:
     """Tables of 10,000 rows: a rank's two take 1.36 MB with their state, which misses a 1 MiB
     table budget: flat and SPTT both UVM-cache some, as training would, though the GPU itself

@@ -248,8 +248,10 @@ def test_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert out["runs"][3]["measured_ms"] == faster
     assert "held-out step times: median abs error" in capsys.readouterr().out
     before = preset.read_text()
-    with pytest.raises(SystemExit, match=r"^--out .*fitted.yaml exists: pass --overwrite"):
-        main([str(runs), "--out", str(preset)])  # a second run never replaces the first's
+    # a second run never replaces the first's
+    assert _refused(capsys, [str(runs), "--out", str(preset)]).startswith(
+        f"--out {preset} exists: pass --overwrite"
+    )
     assert preset.read_text() == before
     register_cluster_configs()
     with initialize_config_dir(config_dir=str(tmp_path), version_base=None):
@@ -260,7 +262,20 @@ def test_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert (fitted.name, fitted.gpus_per_host, fitted.ranks_per_nic) == ("cpu_emulated", 2, 2)
 
 
-def test_settings_are_checked_before_the_fit_writes_anything(tmp_path: Path) -> None:
+def _refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """The error of ``dmt-plan-calibrate argv``, which must be refused as argparse refuses
+    (exit status 2, ``... error: <message>`` on stderr)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    return err.split("error: ", 1)[1].strip()
+
+
+def test_settings_are_checked_before_the_fit_writes_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Reproduced bugs: a mistyped ``--rate`` failed after the fit had written ``--json`` (the
     corrected command was then refused for it); a ``--holdout`` matching no run wrote a preset
     "validated with --holdout G=16" that held nothing out; a bad key ended in a traceback."""
@@ -279,7 +294,49 @@ def test_settings_are_checked_before_the_fit_writes_anything(tmp_path: Path) -> 
         "['G', 'batch', 'name', 'rate']",
     }
     for (flag, value), message in cases.items():
-        with pytest.raises(SystemExit) as refused:
-            main([str(runs), flag, value, "--json", str(report), "--out", str(preset)])
-        assert str(refused.value).startswith(message), refused.value
+        error = _refused(
+            capsys, [str(runs), flag, value, "--json", str(report), "--out", str(preset)]
+        )
+        assert error.startswith(message), error
         assert not report.exists() and not preset.exists()
+
+
+def test_impossible_hardware_and_outputs_are_refused_before_the_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reproduced bugs: ``--peak-tflops -1`` and ``--cores 0`` fitted and printed a preset,
+    ``--memory-gbps 0`` ended in a ZeroDivisionError; a ``--json`` or ``--out`` in a missing
+    directory failed after the fit (the other one written), and ``--json x --out x`` wrote the
+    preset over the JSON; a missing runs directory read "no *.json in"."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for rate, batch in (("1gbit", 512), ("none", 512)):
+        _run_file(runs / f"G4_{rate}_B{batch}.json", rate, batch, dict.fromkeys(MODES, 60.0))
+    report, preset = tmp_path / "report.json", tmp_path / "fitted.yaml"
+    (tmp_path / "afile").write_text("not a directory\n")
+    cases = {
+        ("--peak-tflops", "-1"): "--peak-tflops -1: must be > 0 (TFLOP/s of one core)",
+        ("--peak-tflops", "nan"): "--peak-tflops nan: must be > 0 (TFLOP/s of one core)",
+        ("--memory-gbps", "0"): "--memory-gbps 0: must be > 0 (GB/s per rank)",
+        ("--cores", "0"): "--cores 0: must be at least 1",
+        (
+            "--json",
+            str(preset),
+        ): f"--json and --out are the same file ({preset}): give each its own",
+        ("--json", str(tmp_path / "afile" / "r.json")): (
+            f"--json {tmp_path / 'afile' / 'r.json'}: {tmp_path / 'afile'} is not a directory"
+        ),
+    }
+    for (flag, value), message in cases.items():
+        argv = [str(runs), "--json", str(report), "--out", str(preset), flag, value]
+        assert _refused(capsys, argv) == message
+        assert not report.exists() and not preset.exists()
+    assert _refused(capsys, [str(tmp_path / "nowhere")]) == (
+        f"runs directory {tmp_path / 'nowhere'} does not exist"
+    )
+    # a missing parent directory is made, and both files are written whole
+    report, preset = tmp_path / "new" / "report.json", tmp_path / "new2" / "fitted.yaml"
+    main([str(runs), "--holdout", "rate=none", "--json", str(report), "--out", str(preset)])
+    assert json.loads(report.read_text())["holdout"] == "rate=none"
+    assert preset.read_text().startswith("# CPU cluster emulated")
+    assert sorted(p.name for p in report.parent.iterdir()) == ["report.json"]  # no temporary
