@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from dmt.data.criteo_parse import describe_row_problem, open_raw
+from dmt.data.criteo_parse import describe_row_problem, is_gzip
 from dmt.results import add_runs_options, check_runs, existing_output, write_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,8 +59,14 @@ BinaryCriteoUtils.sparse_to_contiguous([out + "/day_0_sparse.npy"], out, frequen
 def sample_problem(sample: Path) -> str | None:
     """What makes ``sample`` no Criteo TSV, by its first line (dmt's own row check,
     :func:`dmt.data.criteo_parse.describe_row_problem`), as ``--sample FILE:1: ...``; ``None``
-    if that line is a valid row."""
-    with open_raw(sample) as f:
+    if that line is a valid row. A gzip file is refused: the benchmark repeats the sample's
+    bytes (:func:`build_raw`)."""
+    if is_gzip(sample):
+        return (
+            f"--sample {sample} is gzip-compressed; this benchmark repeats the sample's bytes: "
+            "give it uncompressed (gunzip -k)"
+        )
+    with open(sample, "rb") as f:
         first = f.readline()
     if not first:
         return f"--sample {sample}: the file is empty; expected rows of Criteo Kaggle TSV"

@@ -422,13 +422,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _study(args, points_to_plan)
     except BaseException:
-        # a study that fails takes away what it wrote, so that a rerun may use the same --out
-        for name in OUTPUTS:
+        # a study that fails (an interrupt, an error hours in) keeps the points it planned:
+        # results.json is rewritten whole after each; the table and figures of the end go
+        results = args.out / OUTPUTS[0]
+        for name in OUTPUTS[1:]:
             (args.out / name).unlink(missing_ok=True)
         for d in created:
             if d.is_dir() and not any(d.iterdir()):
                 d.rmdir()
-        print(f"(the failed study's outputs in {args.out} were removed)", file=sys.stderr)
+        if results.exists():
+            print(f"(the points planned before the failure are in {results})", file=sys.stderr)
         raise
     return 0
 

@@ -246,7 +246,7 @@ def compose_or_exit(
 
     try:
         return to_config(compose_config(*overrides))
-    except (ValueError, TypeError, HydraException, OmegaConfBaseException) as e:
+    except (ValueError, HydraException, OmegaConfBaseException) as e:
         message = _one_line(e)
     labels = dict(given) if isinstance(given, Mapping) else {o: f"override {o}" for o in given}
     named = [

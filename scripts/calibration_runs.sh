@@ -132,7 +132,10 @@ for cell in $CELLS; do
     load_after="$(cat /proc/loadavg)"
     left="$(leftover_netns)"
     [[ -z "$left" ]] || echo "WARNING: namespaces left after $name: $left" >&2
-    "$PYTHON" - "$tmp/bench.json" "$dest" <<EOF
+    # a record that cannot be made keeps the cell's measurements (the trap would remove them)
+    keep="$tmp"
+    tmp=""
+    if ! "$PYTHON" - "$keep/bench.json" "$dest" <<EOF
 import json, re, statistics, sys
 
 records = json.load(open(sys.argv[1]))
@@ -170,7 +173,12 @@ from dmt.results import write_json  # whole or not at all: a later run skips wha
 write_json(sys.argv[2], out, indent=1, replace=False)
 print(f"{sys.argv[2]}: " + ", ".join(f"{k} {v['ms_per_step_median']:.1f} ms" for k, v in modes.items()))
 EOF
-    rm -rf "$tmp"
-    tmp=""
+    then
+        echo "$name: measured, but its record $dest could not be written; the measurements" \
+            "are kept in $keep (bench.json, log)" >&2
+        failed=1
+        continue
+    fi
+    rm -rf "$keep"
 done
 exit "$failed"

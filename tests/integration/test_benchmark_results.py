@@ -4,6 +4,7 @@ one-line errors (exit 2) before any work, and a failed run leaves nothing of its
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import os
@@ -316,6 +317,16 @@ def test_bench_preprocess_checks_the_samples_first_line_before_building(tmp_path
         "C1..C26) (Criteo Kaggle TSV)"
     )
     assert not workdir.exists()
+    # a gzip sample passed that check (read decompressed), and its compressed bytes were repeated
+    gz = tmp_path / "sample.tsv.gz"
+    gz.write_bytes(gzip.compress(_ROW.encode()))
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--sample", str(gz), *argv[2:], "--size-gb", "0.000001", "--skip-torchrec"])
+    assert _error(capsys).endswith(
+        f"error: --sample {gz} is gzip-compressed; this benchmark repeats the sample's bytes: "
+        "give it uncompressed (gunzip -k)"
+    )
+    assert not workdir.exists()
 
 
 @pytest.mark.parametrize("existing", [False, True])
@@ -435,3 +446,31 @@ def test_scale_study_refuses_an_out_that_is_a_file(tmp_path, capsys, monkeypatch
     assert exit_.value.code == 2
     assert _error(capsys) == f"scale_study.py: error: --out {out} is a file: give a new directory"
     assert out.read_text() == "mine\n"
+
+
+def test_a_failed_scale_study_keeps_its_points_and_removes_the_rest(tmp_path, monkeypatch):
+    """An interrupt or an error hours in: the points planned so far stay (results.json, written
+    whole after each point); a table or figure of the end goes, and directories the study made
+    go where nothing stays in them."""
+    monkeypatch.setattr(sys, "argv", ["scale_study.py"])
+    study = _load(REPO / "benchmarks" / "scale_study.py")
+
+    def fails_after_one_point(args, scale):
+        (args.out / "results.json").write_text('{"points": [1]}')
+        (args.out / "table.md").write_text("|")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study, "_study", fails_after_one_point)
+    out = tmp_path / "a" / "study"
+    with pytest.raises(KeyboardInterrupt):
+        study.main(["--out", str(out), "--gpus", "16", *_SMALL_STUDY])
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"]
+
+    def fails_before_any_point(args, scale):
+        raise RuntimeError("planner failed")
+
+    monkeypatch.setattr(study, "_study", fails_before_any_point)
+    out = tmp_path / "b" / "study"
+    with pytest.raises(RuntimeError):
+        study.main(["--out", str(out), "--gpus", "16", *_SMALL_STUDY])
+    assert not (tmp_path / "b").exists()

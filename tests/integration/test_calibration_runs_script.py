@@ -86,3 +86,27 @@ def test_a_killed_run_leaves_no_temporary_directory(tmp_path: Path) -> None:
     assert "G4_none_B512: load" in result.stderr  # the cell had started
     assert list(temp.iterdir()) == []
     assert not out.exists()  # made by this run, and left empty
+
+
+def test_a_record_that_cannot_be_written_keeps_the_measurements(tmp_path: Path) -> None:
+    """The benchmark ran (minutes of measuring), then making its record failed: the cell's
+    directory (bench.json, log) stays, named, for the figures; the other cells go on."""
+    stub = tmp_path / "python"  # the benchmark writes its --json; the record step fails
+    stub.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = - ]; then cat >/dev/null; exit 1; fi\n'
+        'while [ "$#" -gt 0 ]; do [ "$1" = --json ] && echo "[]" >"$2"; shift; done\n'
+    )
+    stub.chmod(0o755)
+    temp, out = tmp_path / "tmp", tmp_path / "cal"
+    temp.mkdir()
+    result = _script(
+        "--out", str(out), "--cells", "4:none:512", env={"PYTHON": str(stub), "TMPDIR": str(temp)}
+    )
+    assert result.returncode == 1, result.stderr
+    (kept,) = temp.iterdir()
+    assert (kept / "bench.json").read_text() == "[]\n"
+    assert result.stderr.endswith(
+        f"G4_none_B512: measured, but its record {out}/G4_none_B512.json could not be written; "
+        f"the measurements are kept in {kept} (bench.json, log)\n"
+    )

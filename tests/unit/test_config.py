@@ -1,6 +1,7 @@
 import pytest
 import torch
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from dmt.inspect import inspect_config
@@ -268,3 +269,28 @@ def test_a_sparse_optimizer_setting_the_kernel_does_not_take_is_refused_at_valid
         check_optim(typed_config("optim.sparse._target_=torch.optim.SGD").optim)
     with pytest.raises(ValueError, match=r"^optim.sparse.learning_rate would be replaced by"):
         check_optim(typed_config("+optim.sparse.learning_rate=0.5").optim)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [(), ("experiment=paper_dlrm",), ("experiment=criteo_forward_dlrm",), ("+partition=naive",)],
+)
+def test_dmt_inspect_composes_the_training_config(overrides):
+    """dmt-inspect's root config (conf/inspect.yaml) lists training's groups again: it must
+    compose what training's does, but for the logger (off), its ``overwrite`` and the sweep
+    group, so that a group added to conf/config.yaml is not missed there."""
+    from hydra import compose, initialize_config_module
+
+    from dmt.inspect import register_inspect_configs
+    from dmt.train import CONF_MODULE, compose_config
+
+    register_inspect_configs()
+    training = OmegaConf.to_container(compose_config(*overrides))
+    with initialize_config_module(CONF_MODULE, version_base="1.3"):
+        inspect = OmegaConf.to_container(compose("inspect", overrides=list(overrides)))
+    assert isinstance(training, dict) and isinstance(inspect, dict)
+    assert inspect.pop("overwrite") is False
+    for config in (training, inspect):
+        config.pop("logger")
+        config.pop("hparams_search", None)
+    assert inspect == training
