@@ -21,6 +21,7 @@ writes ``.hydra/`` and the log into the directory; :func:`claim_run_dir` (called
 
 from __future__ import annotations
 
+import copy
 import errno
 import fcntl
 import logging
@@ -35,8 +36,9 @@ from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 log = logging.getLogger(__name__)
@@ -531,6 +533,15 @@ def check_resume_config(
     check_config(path, config_yaml(conf), allow_change=conf.trainer.resume_allow_config_change)
 
 
+def job_config(config: DictConfig) -> Any:
+    """The typed config the job's task function gets: ``config`` without ``hydra``, as Hydra
+    makes it (``run_job``)."""
+    job = copy.deepcopy(config)
+    with read_write(job), open_dict(job):
+        del job["hydra"]
+    return OmegaConf.to_object(job)
+
+
 class RunDirGuard(Callback):
     """Hydra callback: refuse a run directory before Hydra writes ``.hydra/`` and the log there
     (exit status 1 and the error on stderr).
@@ -545,8 +556,19 @@ class RunDirGuard(Callback):
         self.lock: RunDirLock | None = None
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from dmt.config import Config, validate  # noqa: PLC0415 (dmt.config imports this module)
         from dmt.runtime import world_from_env  # noqa: PLC0415 (torch)
 
+        try:
+            # the settings first: one that fails leaves no run directory behind (.hydra/, a log,
+            # the lock) and says so in one line; ${hydra:...} in them resolves as in the job
+            # (Hydra sets the same config again when the job starts)
+            HydraConfig.instance().set_config(config)
+            conf = job_config(config)
+            if isinstance(conf, Config):  # the training root config (not a test's own)
+                validate(conf)
+        except (ValueError, OmegaConfBaseException) as e:
+            sys.exit(f"Error: {e}")
         run_dir = Path(str(config.hydra.run.dir)).absolute()
         resume_from = OmegaConf.select(config, "trainer.resume_from", default=None)
         checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")

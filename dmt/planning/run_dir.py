@@ -23,7 +23,6 @@ and knows nothing of ``plan.json``.
 
 from __future__ import annotations
 
-import copy
 import fcntl
 import os
 import sys
@@ -33,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dmt.results import write_json
-from dmt.run_dir import JOB_NUM_FORMS, LOCK_FILE, job_dirs, outputs_of
+from dmt.run_dir import JOB_NUM_FORMS, LOCK_FILE, job_config, job_dirs, outputs_of
 
 PLAN_FILE = "plan.json"
 
@@ -146,15 +145,6 @@ def _settings(config: DictConfig) -> tuple[bool, str]:
     return overwrite, str(checkpoint_dir)
 
 
-def _job_config(config: DictConfig) -> Any:
-    """The typed config the job's task function gets: ``config`` without ``hydra``, as Hydra
-    makes it (``run_job``)."""
-    job = copy.deepcopy(config)
-    with read_write(job), open_dict(job):
-        del job["hydra"]
-    return OmegaConf.to_object(job)
-
-
 class PlanRunDirGuard(Callback):
     """Hydra callback: refuse a plan's run directory (:func:`check_plan_dir`) before Hydra writes
     ``.hydra/`` and the log there (exit status 1 and the error on stderr), and a sweep directory
@@ -184,7 +174,7 @@ class PlanRunDirGuard(Callback):
             # Hydra is about to write this run's .hydra/ over the earlier file's record: a
             # setting that fails stops here, and leaves both as they are
             try:
-                self.check_config(_job_config(config))
+                self.check_config(job_config(config))
             except (ValueError, OmegaConfBaseException) as e:
                 sys.exit(
                     f"Error: {e}\n(nothing written: the earlier {self.output.file} in "

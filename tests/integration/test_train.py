@@ -278,15 +278,19 @@ def test_inspect_cli_writes_inspect_json(tmp_path):
 
 
 def test_bad_config_fails_before_training(tmp_path):
+    """Refused in one line before Hydra makes the run directory: a failed run left one behind
+    (.hydra/, an empty log, run.lock), and the error came under a traceback."""
+    run_dir = tmp_path / "run"
     res = _cli(
         "dmt-train",
         "model.interaction._target_=resnet.ResNet",
-        f"hydra.run.dir={tmp_path}",
+        f"hydra.run.dir={run_dir}",
         cwd=REPO,
     )
-    assert res.returncode != 0
-    assert "model.interaction: cannot build _target_='resnet.ResNet'" in res.stderr
-    assert not (tmp_path / "metrics.json").exists()
+    assert res.returncode == 1
+    assert res.stderr.startswith("Error: model.interaction: cannot build _target_='resnet.ResNet'")
+    assert "Traceback" not in res.stderr
+    assert not run_dir.exists()
 
 
 def test_training_without_a_full_batch_stops_before_training(tmp_path):
