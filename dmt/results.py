@@ -47,6 +47,8 @@ def existing_output(
         return f"{option} {path} is one of the command's input files; write elsewhere"
     if not target.exists() and not target.is_symlink():
         return None
+    if target.is_dir():
+        return f"{option} {path} is a directory; give the path of a file"
     if not overwrite:
         return (
             f"{option} {path} exists already (an earlier run's results); choose another file, or "

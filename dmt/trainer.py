@@ -133,6 +133,11 @@ class Trainer:
                 "training with the plain loop (trainer.pipeline_world_of_one=true pipelines "
                 "it anyway)"
             )
+        if cfg.trainer.pipeline_world_of_one and not cfg.trainer.pipeline and runtime.is_main:
+            log.warning(
+                "trainer.pipeline_world_of_one=true has no effect with trainer.pipeline=false: "
+                "the plain loop trains at every world size"
+            )
         self.pipeline = (
             build_pipeline(self.model, self.optimizer, runtime.device) if pipelined else None
         )
@@ -164,6 +169,12 @@ class Trainer:
                 world_size=runtime.world_size,
                 async_save=t.checkpoint_async,
                 timeout=timedelta(seconds=t.collective_timeout_s),
+            )
+        elif t.checkpoint_async and runtime.is_main:
+            log.warning(
+                "trainer.checkpoint_async=true has no effect: this run writes no checkpoints "
+                "(trainer.checkpoint=true writes one at the end, trainer.checkpoint_every=N every "
+                "N steps)"
             )
 
     # -- evaluation ---------------------------------------------------------------------------

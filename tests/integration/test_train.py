@@ -445,3 +445,34 @@ def test_a_world_of_one_trains_with_the_plain_loop_unless_told_to_pipeline_it(tm
         True: (TrainPipelineSparseDist, EvalPipelineSparseDist),
     }
     assert len(losses[False]) == 6 and losses[False] == losses[True]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warning"),
+    [
+        (
+            ["trainer.pipeline=false", "trainer.pipeline_world_of_one=true"],
+            "trainer.pipeline_world_of_one=true has no effect with trainer.pipeline=false: the "
+            "plain loop trains at every world size",
+        ),
+        (
+            ["trainer.checkpoint_async=true"],
+            "trainer.checkpoint_async=true has no effect: this run writes no checkpoints "
+            "(trainer.checkpoint=true writes one at the end, trainer.checkpoint_every=N every N "
+            "steps)",
+        ),
+    ],
+)
+def test_settings_that_another_turns_off_are_warned_of(tmp_path, caplog, overrides, warning):
+    """They were ignored without a word: the run looked as if they applied."""
+    for given in (overrides, overrides[-1:] if len(overrides) > 1 else []):
+        conf = to_config(compose_config(*TINY, "trainer.eval_every=0", *given))
+        rt = init_runtime("cpu")
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.WARNING, logger="dmt.trainer"):
+                Trainer(conf, rt, tmp_path / str(len(given)))
+        finally:
+            close_runtime()
+        warned = [r.getMessage() for r in caplog.records if r.name == "dmt.trainer"]
+        assert warned == ([warning] if given == overrides else []), given

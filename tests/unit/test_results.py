@@ -33,9 +33,11 @@ def test_overwrite_replaces_only_what_dmt_could_have_written(tmp_path):
         "Expecting value: line 1 column 1 (char 0)): not replaced, even with --overwrite; choose "
         "another file"
     )
-    assert existing_output(tmp_path, "--out", overwrite=True).startswith(  # a directory
-        f"--out {tmp_path} exists and is not a JSON file, as dmt writes there (not a regular file)"
-    )
+    # a directory, with or without --overwrite (without, it was "an earlier run's results")
+    for overwrite in (False, True):
+        assert existing_output(tmp_path, "--out", overwrite=overwrite) == (
+            f"--out {tmp_path} is a directory; give the path of a file"
+        )
     link = tmp_path / "link.json"
     link.symlink_to(tmp_path / "elsewhere.json")  # dangling: writing would go through it
     assert "(not a regular file)" in existing_output(link, "--out", overwrite=True)
