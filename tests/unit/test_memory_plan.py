@@ -542,3 +542,19 @@ def test_sptt_lookup_takes_every_class_validation_accepts(name: str, fused: str)
     tables = [EmbeddingBagConfig(num_embeddings=5, embedding_dim=4, name="t", feature_names=["f"])]
     shards = _FusedShards(tables, (get_class(name), {"lr": 0.1}), torch.device("cpu"))
     assert [n for n, _ in shards.named_parameters()] != []
+
+
+def test_more_tables_than_the_exact_search_takes_go_to_the_grid(monkeypatch):
+    """Beyond EXACT_TABLES cacheable tables the exact search is not started (it took seconds
+    per rank, then often gave up): the grid finds the set. Caching "big" first, then three
+    "small"s, runs out of host memory short of the HBM needed; 20 smalls fit both."""
+    n_small = dmt.memory.EXACT_TABLES
+    tables = [("big", 10_000, 100)] + [(f"small{k}", 600, 6) for k in range(n_small)]
+    # caching saves 6700 (big) and 402 (each small) of HBM; 34,000 bytes need 8000 saved
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("the exact search ran")
+
+    monkeypatch.setattr(dmt.memory, "least_host_memory", not_here)
+    kernels = choose_kernels(tables, _cuda(26_000, 12_000), rank=0)
+    assert kernels[0] == FUSED and kernels[1:].count(FUSED_UVM_CACHING) == 20  # 12,000 bytes
