@@ -41,7 +41,13 @@ import time
 from pathlib import Path
 
 from dmt.data.criteo_parse import describe_row_problem, is_gzip
-from dmt.results import add_runs_options, check_runs, existing_output, write_json
+from dmt.results import (
+    add_runs_options,
+    check_runs,
+    existing_output,
+    output_directory,
+    write_json,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / ".." / "shared" / "data" / "criteo-kaggle-sample" / "train.tsv"
@@ -190,23 +196,20 @@ def main(argv: list[str] | None = None) -> int:
         p.error(problem)
     if REPO in args.workdir.resolve().parents or args.workdir.resolve() == REPO:
         p.error(f"--workdir {args.workdir}: must be outside the repository (raw Criteo rows)")
-    created = [d for d in (args.workdir, *args.workdir.parents) if not d.exists()]
-    args.workdir.mkdir(parents=True, exist_ok=True)
     built: list[Path] = []
-    try:
-        return _run(args, json_path, built)
-    except BaseException:
-        # a failed run takes away what it made (--keep or not): the repeated file, the tools'
-        # outputs and logs, and the directories it created; never a file it found there
-        for path in built:
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        for d in created:
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-        raise
+    with output_directory(args.workdir):
+        try:
+            return _run(args, json_path, built)
+        except BaseException:
+            # a failed run takes away what it made (--keep or not): the repeated file, the
+            # tools' outputs and logs (and the directories it created: output_directory);
+            # never a file it found there
+            for path in built:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            raise
 
 
 def _run(args: argparse.Namespace, json_path: Path, built: list[Path]) -> int:

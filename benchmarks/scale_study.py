@@ -36,7 +36,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dmt.results import config_options, write_json
+from dmt.results import config_options, output_directory, write_json
 from dmt.sptt.plan import SHARDING_KINDS
 
 PAPER = {
@@ -417,22 +417,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"--out {args.out} exists and is not empty: give a new directory")
     points_to_plan = scale_points(parser, args)
-    created = [d for d in (args.out, *args.out.parents) if not d.exists()]
-    args.out.mkdir(parents=True, exist_ok=True)
-    try:
-        _study(args, points_to_plan)
-    except BaseException:
-        # a study that fails (an interrupt, an error hours in) keeps the points it planned:
-        # results.json is rewritten whole after each; the table and figures of the end go
-        results = args.out / OUTPUTS[0]
-        for name in OUTPUTS[1:]:
-            (args.out / name).unlink(missing_ok=True)
-        for d in created:
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-        if results.exists():
-            print(f"(the points planned before the failure are in {results})", file=sys.stderr)
-        raise
+    with output_directory(args.out):
+        try:
+            _study(args, points_to_plan)
+        except BaseException:
+            # a study that fails (an interrupt, an error hours in) keeps the points it planned:
+            # results.json is rewritten whole after each; the table and figures of the end go
+            # (and the directories it made, if nothing stays: output_directory)
+            results = args.out / OUTPUTS[0]
+            for name in OUTPUTS[1:]:
+                (args.out / name).unlink(missing_ok=True)
+            if results.exists():
+                print(f"(the points planned before the failure are in {results})", file=sys.stderr)
+            raise
     return 0
 
 

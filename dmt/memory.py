@@ -361,7 +361,7 @@ def least_host_memory(
     beats on both or that cannot reach ``need`` with every table still to come. ``(0, ())``
     when ``need <= 0``; ``None`` when no set saves enough, or when the front grows past
     ``max_choices`` (default :data:`MAX_CHOICES`; the search gives up: with savings about
-    proportional to host memory, as caching's are, at 20 to 30 tables)."""
+    proportional to host memory, as caching's are, from about 60 tables on)."""
     if need <= 0:
         return 0, ()
     limit = MAX_CHOICES if max_choices is None else max_choices

@@ -17,7 +17,8 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -272,3 +273,19 @@ def _one_line(error: BaseException) -> str:
     if cause is not None and str(cause) and str(cause) not in str(error):
         message = f"{message}: {' '.join(str(cause).split())}"
     return message.split(" Config search path:", 1)[0]
+
+
+@contextmanager
+def output_directory(path: Path) -> Iterator[Path]:
+    """Make ``path`` (and missing parents) for a command's outputs; if the command fails, the
+    directories this made are removed again where they are empty (a failing command clears
+    its own files first), never one that was there before."""
+    created = [d for d in (path, *path.parents) if not d.exists()]  # deepest first
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        for d in created:
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        raise
