@@ -99,7 +99,12 @@ def run(pipeline: bool, nproc: int, overrides: list[str], out: Path) -> tuple[fl
         f"hydra.run.dir={out}",
     ]
     env = dict(
-        os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(max(1, os.cpu_count() // nproc))
+        os.environ,
+        PYTHONPATH=str(REPO),
+        OMP_NUM_THREADS=str(max(1, os.cpu_count() // nproc)),
+        # python -m puts the working directory first on sys.path, where a dmt/ of the caller's
+        # would shadow this repository's; PYTHONSAFEPATH (Python 3.11+) leaves it out
+        PYTHONSAFEPATH="1",
     )
     # the caller's working directory, not REPO: relative paths mean what they do in dmt-train
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)

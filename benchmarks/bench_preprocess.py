@@ -224,7 +224,12 @@ def _run(args: argparse.Namespace, json_path: Path, built: list[Path]) -> int:
         built.append(raw)
     size_gb = raw.stat().st_size / 1e9
     print(f"raw file: {raw} ({size_gb:.2f} GB, {rows:,} rows)")
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # PYTHONSAFEPATH (Python 3.11+): no dmt/ or torchrec/ of the working directory shadows the real ones
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "PYTHONSAFEPATH": "1",
+    }
 
     tools = {
         "dmt": lambda out: [

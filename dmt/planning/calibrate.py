@@ -34,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -60,7 +61,7 @@ from dmt.planning.timing import (
     compute_load,
     predict_modes,
 )
-from dmt.results import write_atomic, write_json
+from dmt.results import output_directory, write_atomic, write_json
 
 GBIT = 1e9
 COUNTED_STEPS = {  # CommStats step -> (model step, op, group, overlappable when pipelined)
@@ -519,7 +520,6 @@ def main(argv: list[str] | None = None) -> None:
                 parent = parent.parent
             if not parent.is_dir():
                 p.error(f"--{name} {path}: {parent} is not a directory")
-    json_is_new = args.json is not None and not args.json.exists()
     if not args.runs.is_dir():
         p.error(
             f"runs directory {args.runs} does not exist"
@@ -571,52 +571,61 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"preset: fitted on all {len(runs)} runs (RMS log residual {rms:.3f}): " + ", ".join(params)
     )
-    if args.json is not None:
-        write_json(
-            args.json,
-            {
-                "holdout": args.holdout,
-                "statistic": args.statistic,
-                "validation": fitted_on,
-                "summary": summary,
-                "parameters_all_runs": dict(
-                    zip([p[0] for p in PARAMS], [getattr(cluster, n, eff) for n, *_ in PARAMS])
-                ),
-                "runs": [
-                    {
-                        "run": p.run.name,
-                        "held_out": p.held_out,
-                        "measured_ms": p.run.measured_ms,
-                        "predicted_ms": {m: p.times[m].total_ms for m in MODES},
-                        "exposed_ms": {m: p.times[m].exposed_by_step() for m in MODES},
-                    }
-                    for p in predictions
-                ],
-            },
-            indent=1,
-        )
-    if args.out is not None:
-        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
-        where = args.runs.as_posix()
-        where = where[where.index("benchmarks/") :] if "benchmarks/" in where else where
-        cluster = replace(
-            cluster,
-            source=f"dmt-plan-calibrate {where} (fitted on all runs, validated with --holdout {args.holdout}; {stamp}; "
-            f"{len(runs)} runs: {', '.join(r.name for r in runs)})",
-        )
-        notes = [
-            f"parameters, fitted on all {len(runs)} runs (RMS log residual {rms:.3f}):",
-            *(f"  {p}" for p in params),
-            f"validation (--holdout {args.holdout}, --statistic {args.statistic}): {fitted_on}",
-            *(f"  {line}" for line in summary),
-        ]
+    # --json is staged beside itself and put in place only once the preset is: a failed preset
+    # leaves both files as they were (with --overwrite too)
+    outputs = contextlib.ExitStack()  # a failure removes the directories made for the outputs
+    for path in (args.json, args.out):
+        if path is not None:
+            outputs.enter_context(output_directory(path.absolute().parent))
+    with outputs:
+        staged = None
+        if args.json is not None:
+            staged = write_json(
+                args.json.with_name(f".{args.json.name}.staged-{os.getpid()}"),
+                {
+                    "holdout": args.holdout,
+                    "statistic": args.statistic,
+                    "validation": fitted_on,
+                    "summary": summary,
+                    "parameters_all_runs": dict(
+                        zip([p[0] for p in PARAMS], [getattr(cluster, n, eff) for n, *_ in PARAMS])
+                    ),
+                    "runs": [
+                        {
+                            "run": p.run.name,
+                            "held_out": p.held_out,
+                            "measured_ms": p.run.measured_ms,
+                            "predicted_ms": {m: p.times[m].total_ms for m in MODES},
+                            "exposed_ms": {m: p.times[m].exposed_by_step() for m in MODES},
+                        }
+                        for p in predictions
+                    ],
+                },
+                indent=1,
+            )
         try:
-            write_preset(args.out, cluster, eff, rate, notes)
-        except BaseException:
-            if json_is_new:  # no --json of a run whose preset is missing
-                args.json.unlink(missing_ok=True)
-            raise
-        print(f"wrote {args.out}")
+            if args.out is not None:
+                stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
+                where = args.runs.as_posix()
+                where = where[where.index("benchmarks/") :] if "benchmarks/" in where else where
+                cluster = replace(
+                    cluster,
+                    source=f"dmt-plan-calibrate {where} (fitted on all runs, validated with --holdout {args.holdout}; {stamp}; "
+                    f"{len(runs)} runs: {', '.join(r.name for r in runs)})",
+                )
+                notes = [
+                    f"parameters, fitted on all {len(runs)} runs (RMS log residual {rms:.3f}):",
+                    *(f"  {p}" for p in params),
+                    f"validation (--holdout {args.holdout}, --statistic {args.statistic}): {fitted_on}",
+                    *(f"  {line}" for line in summary),
+                ]
+                write_preset(args.out, cluster, eff, rate, notes)
+                print(f"wrote {args.out}")
+            if staged is not None:
+                os.replace(staged, args.json)
+        finally:  # put in place above, or never
+            if staged is not None:
+                staged.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

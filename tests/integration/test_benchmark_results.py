@@ -474,3 +474,18 @@ def test_a_failed_scale_study_keeps_its_points_and_removes_the_rest(tmp_path, mo
     with pytest.raises(RuntimeError):
         study.main(["--out", str(out), "--gpus", "16", *_SMALL_STUDY])
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH needs Python 3.11")
+def test_bench_pipeline_imports_this_repositorys_dmt_in_any_directory(tmp_path, monkeypatch):
+    """Reproduced bug: run from a directory holding a ``dmt/`` of its own, the script trained
+    that one (``python -m`` puts the working directory first on ``sys.path``)."""
+    bench = _load(REPO / "benchmarks" / "bench_pipeline.py")
+    (tmp_path / "dmt").mkdir()
+    (tmp_path / "dmt" / "__init__.py").write_text("")
+    (tmp_path / "dmt" / "train.py").write_text("import sys\nsys.exit('another dmt')\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(bench.RunFailed) as failed:  # this dmt-train refuses the key
+        bench.run(True, 1, ["+trainer.no_such_key=1"], tmp_path / "run")
+    assert "another dmt" not in str(failed.value)
+    assert "no_such_key" in str(failed.value)

@@ -11,6 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from dmt.planning import calibrate
 from dmt.planning.calibrate import (
     Run,
     _base,
@@ -340,3 +341,36 @@ def test_impossible_hardware_and_outputs_are_refused_before_the_fit(
     assert json.loads(report.read_text())["holdout"] == "rate=none"
     assert preset.read_text().startswith("# CPU cluster emulated")
     assert sorted(p.name for p in report.parent.iterdir()) == ["report.json"]  # no temporary
+
+
+def test_a_failed_preset_leaves_both_outputs_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reproduced bug: with ``--overwrite``, a preset that could not be written left the new
+    ``--json`` beside the old preset (a report of another fit than the preset's); a new
+    ``--json`` directory stayed behind, empty."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for rate, batch in (("1gbit", 512), ("none", 512)):
+        _run_file(runs / f"G4_{rate}_B{batch}.json", rate, batch, dict.fromkeys(MODES, 60.0))
+    report, preset = tmp_path / "report.json", tmp_path / "fitted.yaml"
+    report.write_text("an earlier report\n")
+    preset.write_text("an earlier preset\n")
+
+    def fail(*args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(calibrate, "write_preset", fail)
+    argv = [str(runs), "--holdout", "rate=none", "--out", str(preset), "--overwrite"]
+    with pytest.raises(OSError, match="disk full"):
+        main([*argv, "--json", str(report)])
+    assert report.read_text() == "an earlier report\n"
+    assert preset.read_text() == "an earlier preset\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fitted.yaml", "report.json", "runs"]
+    with pytest.raises(OSError, match="disk full"):
+        main([*argv, "--json", str(tmp_path / "new" / "report.json")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fitted.yaml", "report.json", "runs"]
+    monkeypatch.undo()
+    main([*argv, "--json", str(report)])
+    assert json.loads(report.read_text())["holdout"] == "rate=none"
+    assert preset.read_text().startswith("# CPU cluster emulated")
