@@ -629,7 +629,7 @@ def main(cfg: DictConfig) -> None:
         with torch.device("cpu"):
             return plan(conf)
 
-    # PlanRunDirGuard checked a run's directory (and, replacing a plan, the settings) before
+    # PlanRunDirGuard checked a run's directory and its settings before
     # Hydra wrote there; a sweep's job, whose directory it may not know, is checked here.
     # An earlier plan.json stays until the new one replaces it, or goes if planning fails
     # (dmt.planning.run_dir.write_run_output)

@@ -6,9 +6,11 @@ Hydra writes ``.hydra/`` and the log there when it holds
 * a training run's outputs (``metrics.json``, a non-empty ``trainer.checkpoint_dir``:
   :func:`dmt.run_dir.outputs_of`) or a live run's lock (``run.lock`` held): a plan never writes
   its ``.hydra/`` record over a training run's, whatever ``overwrite`` says;
-* an earlier plan's ``plan.json``, unless ``overwrite=true``. With ``overwrite=true`` the
-  settings are checked here too (:func:`dmt.planning.app.check_plan_config`): a mistyped setting
-  stops before Hydra writes its ``.hydra/`` record over the earlier plan's, and both stay.
+* an earlier plan's ``plan.json``, unless ``overwrite=true``.
+
+It checks the settings there too (:func:`dmt.planning.app.check_plan_config`): a mistyped
+setting stops before Hydra makes the run directory, or, with ``overwrite=true``, writes its
+``.hydra/`` record over the earlier plan's (both stay).
 
 :func:`write_run_output` (:func:`dmt.planning.app.main`) applies the same checks again when it
 writes ``plan.json`` (jobs of a sweep, runs started from Python); without ``overwrite`` the file
@@ -146,10 +148,10 @@ def _settings(config: DictConfig) -> tuple[bool, str]:
 
 
 class PlanRunDirGuard(Callback):
-    """Hydra callback: refuse a plan's run directory (:func:`check_plan_dir`) before Hydra writes
-    ``.hydra/`` and the log there (exit status 1 and the error on stderr), and a sweep directory
-    whose numbered job directories would be refused. With ``overwrite=true`` over an earlier
-    plan, the settings too (:meth:`check_config`)."""
+    """Hydra callback: refuse a plan's run directory (:func:`check_plan_dir`) or its settings
+    (:meth:`check_config`) before Hydra writes ``.hydra/`` and the log there (exit status 1 and
+    the error on stderr), and a sweep directory whose numbered job directories would be
+    refused."""
 
     output: RunOutput = PLAN
 
@@ -170,16 +172,19 @@ class PlanRunDirGuard(Callback):
         except ValueError as e:
             # Hydra turns a callback's exception into a warning and runs the job anyway
             sys.exit(f"Error: {e}")
-        if overwrite and (run_dir / self.output.file).exists():
-            # Hydra is about to write this run's .hydra/ over the earlier file's record: a
-            # setting that fails stops here, and leaves both as they are
-            try:
-                self.check_config(job_config(config))
-            except (ValueError, OmegaConfBaseException) as e:
-                sys.exit(
-                    f"Error: {e}\n(nothing written: the earlier {self.output.file} in "
-                    f"{run_dir.absolute()} and its .hydra/ record are kept)"
-                )
+        # Hydra is about to make the run directory, or to write this run's .hydra/ over an
+        # earlier file's record: a setting that fails stops here, and leaves no directory of a
+        # run that never started, or both as they are
+        try:
+            self.check_config(job_config(config))
+        except (ValueError, OmegaConfBaseException) as e:
+            kept = (
+                f"\n(nothing written: the earlier {self.output.file} in {run_dir.absolute()} and "
+                "its .hydra/ record are kept)"
+                if overwrite and (run_dir / self.output.file).exists()
+                else ""
+            )
+            sys.exit(f"Error: {e}{kept}")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """With a ``hydra.sweep.subdir`` of job numbers (the default; they start from 0 again),

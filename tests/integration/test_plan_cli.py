@@ -96,6 +96,19 @@ def test_dmt_plan_writes_plan_json_and_replaces_it_only_with_overwrite(tmp_path:
     assert not (run_dir / "plan.json").exists()
 
 
+def test_a_plans_bad_setting_leaves_no_run_directory(tmp_path: Path) -> None:
+    """Reproduced bug: a mistyped setting of a new plan ended in a traceback after Hydra had made
+    the run directory (``.hydra/`` and an empty ``app.log`` of a plan that never started)."""
+    run_dir = tmp_path / "run"
+    typo = _plan(run_dir, "+cluster.hostz=64")
+    assert typo.returncode == 1, typo.stderr[-3000:]
+    assert typo.stderr == (
+        "Error: cluster.hostz is not a setting of ClusterConfig (a + override adds keys only "
+        "where the config takes any key, e.g. optim.sparse); did you mean cluster.hosts?\n"
+    )
+    assert not run_dir.exists()
+
+
 def test_a_training_runs_directory_is_refused_even_with_overwrite(tmp_path: Path) -> None:
     """The guard in process (the CLI runs it before Hydra writes: the tests above and below)."""
     run_dir = tmp_path / "train"
