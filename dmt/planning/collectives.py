@@ -313,7 +313,10 @@ def sptt_rank_collectives(
         )  # fmt: skip
     block = step_d_reduce_scatter_block(plan, rank, T * B)
     if block:
-        for direction, op in (("forward", "reduce_scatter"), ("backward", "all_gather")):
+        # below fp32 the reduce-scatter runs as an all-to-all of the blocks and a local sum
+        # (dmt.sptt.collectives), the same bytes
+        scatter = "reduce_scatter" if size == 4 else "all_to_all"
+        for direction, op in (("forward", scatter), ("backward", "all_gather")):
             out.append(
                 CollectiveBytes(
                     "d", op, "tower", direction, KL,

@@ -168,12 +168,15 @@ def _case(
     for step, (B, same) in enumerate([(4, False), (4, False), (3, False), (8, True), (5, False)]):
         batch = _batch(rank, step, B, same_counts=same)
         stats.reset()
-        optimizer.zero_grad()
-        loss, _ = task(batch)
-        loss.backward()
-        optimizer.step()
+        trace = CommTrace(CommStats(topo, rank))  # what the collectives really carry
+        with trace:
+            optimizer.zero_grad()
+            loss, _ = task(batch)
+            loss.backward()
+            optimizer.step()
         if step < 2:
             continue
+        assert not trace.unaccounted
         workload = _workload(plan, batch.sparse_features, comm_size)
         kwargs = dict(
             tower_output_dims=dataflow.tower_output_dims,
@@ -182,6 +185,9 @@ def _case(
         )
         planned = sptt_rank_collectives(plan, rank, workload, **kwargs)  # type: ignore[arg-type]
         assert _by_key(planned) == _measured(stats), (topo, tower, precision, step)
+        # CommStats' step a is counted by the planner's own formula; the trace is not
+        traced, by_op = _traced(trace.calls, rank, topo), _planned_by_op(planned)
+        assert traced == by_op, (topo, tower, precision, step, traced, by_op)
         assert _by_key(planned)[("a", "world", "forward")][0] > 0
         if same:  # every rank sent what its collectives say: the summary is their maximum
             everyone: list[list[CollectiveBytes] | None] = [None] * world_size
