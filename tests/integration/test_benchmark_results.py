@@ -227,7 +227,12 @@ def _error(capsys: pytest.CaptureFixture[str]) -> str:
             "override trainer.foo=1: Could not override 'trainer.foo'. To append to your config "
             "use +trainer.foo=1",
         ),
-        ("benchmarks/bench_checkpoint.py", ["sharding.hbm_gb=-1"], "override sharding.hbm_gb=-1: "),
+        (
+            "benchmarks/bench_checkpoint.py",
+            ["sharding.hbm_gb=-1"],
+            "override sharding.hbm_gb=-1: sharding.hbm_gb=-1.0 must be a positive number of GiB "
+            "per rank (tables plus optimizer state)",
+        ),
         (  # of several overrides, the one the message is about
             "benchmarks/bench_checkpoint.py",
             ["trainer.seed=3", "sptt.comm_precision=fp8", "trainer.max_steps=2"],

@@ -102,9 +102,11 @@ def test_cli_writes_output_and_reports_bad_input(
     assert f"{bad.resolve()}:6: found 2 tab-separated field" in capsys.readouterr().err
     assert main([str(bad), str(tmp_path / "out2"), "--no-progress", "--skip-bad-rows"]) == 0
     assert read_manifest(tmp_path / "out2")["bad_rows"]["total"] == 1
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as refused:
         main([str(raw), str(tmp_path / "o3"), "--categorical-mode", "nope"])
-    capsys.readouterr()
+    assert refused.value.code == 2
+    assert "argument --categorical-mode: invalid choice: 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "o3").exists()
     # reproduced bugs: a reversed range of days was dropped without a word ...
     with pytest.raises(SystemExit):
         main([str(raw), str(tmp_path / "o4"), "--train-days", "0,7-3"])

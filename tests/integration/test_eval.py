@@ -26,8 +26,17 @@ from torchrec.datasets.utils import Batch
 from dmt.data.criteo_config import CriteoConfig
 from dmt.data.criteo_preprocess import preprocess_criteo
 from dmt.data.source import make_kjt
-from dmt.evaluate import evaluate, main, open_checkpoint, open_data
+from dmt.evaluate import (
+    evaluate,
+    load_model,
+    main,
+    open_checkpoint,
+    open_data,
+    read_config,
+    run_schema,
+)
 from dmt.metrics import binary_entropy
+from dmt.models import build_model
 from dmt.partitioner.cli import checkpoint_affinity
 from dmt.runtime import Runtime, close_runtime, init_runtime
 from dmt.train import to_config
@@ -100,11 +109,26 @@ def test_eval_reproduces_the_trainers_metrics(synthetic_run: Path, split: str) -
     assert other["step"] == 2 and other["logloss"] != report["logloss"]
 
 
-def test_max_rows_and_the_train_split(synthetic_run: Path) -> None:
-    report = evaluate(synthetic_run / "checkpoints", "train", max_rows=300, batch_size=256)
+def test_max_rows_and_the_train_split(synthetic_run: Path, tmp_path: Path) -> None:
+    """``max_rows`` scores the split's first rows, in order, with other batch sizes alike."""
+    first, whole = tmp_path / "first.npz", tmp_path / "whole.npz"
+    ckpt = synthetic_run / "checkpoints"
+    report = evaluate(ckpt, "train", max_rows=300, batch_size=256, predictions=first)
     assert report["rows"] == 300
-    full = evaluate(synthetic_run / "checkpoints", "train")
+    full = evaluate(ckpt, "train", predictions=whole)
     assert full["rows"] == 2048
+    with np.load(first) as a, np.load(whole) as b:
+        np.testing.assert_array_equal(a["label"], b["label"][:300])
+        np.testing.assert_allclose(a["prob"], b["prob"][:300], rtol=1e-6, atol=1e-7)
+        assert report["logloss"] == pytest.approx(log_loss(a["label"], a["prob"]), rel=1e-5)
+        assert report["auc"] == pytest.approx(roc_auc_score(a["label"], a["prob"]), abs=1e-4)
+    # and they are the train split's rows, not another split's (val: 700, test: 900 rows)
+    train_labels = torch.cat(
+        [b.labels.flatten() for b in open_data(open_checkpoint(ckpt), "train", batch_size=300)
+         .source.batches(0)]
+    )  # fmt: skip
+    with np.load(first) as a:
+        np.testing.assert_array_equal(a["label"], train_labels[:300].round().to(torch.int8).numpy())
 
 
 def test_cli_prints_the_table_and_writes_json(synthetic_run: Path, tmp_path: Path) -> None:
@@ -350,8 +374,43 @@ def test_a_two_rank_checkpoint_loads_in_one_process(tmp_path: Path, extra: list[
     _assert_matches_trainer(report, metrics, "test", rtol=1e-7, atol=1e-8)
     # dmt-partition --checkpoint reads the same checkpoint (SPTT: the DMT model's towers)
     affinity, names = checkpoint_affinity(tmp_path / "checkpoints", "val", max_batches=2)
-    assert affinity.shape == (26, 26) and names[0] == "cat_0"
-    assert np.isfinite(affinity).all() and np.allclose(affinity, affinity.T)
+    assert names == [f"cat_{i}" for i in range(26)]
+    reference = _affinity_by_hand(tmp_path / "checkpoints", names, batches=2)
+    np.testing.assert_allclose(affinity, reference, rtol=1e-5, atol=1e-7)  # float32 pooling
+    assert np.ptp(affinity[~np.eye(26, dtype=bool)]) > 0.05  # rows that tell features apart
+
+
+def _affinity_by_hand(checkpoint: Path, names: list[str], batches: int) -> np.ndarray:
+    """``|mean over samples of cos(F_i, F_j)|`` (diagonal 1) of the checkpoint's tables over the
+    first ``batches`` validation batches of 4096 rows, each feature's bag summed from its table
+    by hand, rows in ``names``' order: none of the affinity code."""
+    ckpt = open_checkpoint(checkpoint)
+    assert ckpt.config.model.pooling == "sum"
+    state = load_model(ckpt).state_dict()
+    tables = {}
+    for name in names:  # one table per feature, wherever its tower keeps it
+        (key,) = [k for k in state if k.endswith(f"embedding_bags.t_{name}.weight")]
+        tables[name] = state[key].double()
+    total, count = torch.zeros(len(names), len(names), dtype=torch.float64), 0
+    rows = open_data(ckpt, "val", batch_size=4096, progress=False)
+    for _, batch in zip(range(batches), rows.source.batches(0), strict=False):
+        bags = batch.sparse_features.to_dict()
+        pooled = torch.stack(
+            [
+                torch.nn.functional.embedding_bag(
+                    bags[n].values(), tables[n], bags[n].offsets()[:-1], mode="sum"
+                )
+                for n in names
+            ],
+            dim=1,
+        )  # (B, F, N)
+        unit = pooled / pooled.norm(dim=2, keepdim=True).clamp_min(1e-300)
+        unit[pooled.norm(dim=2) == 0] = 0  # an all-zero bag has no direction: cosine 0
+        total += torch.einsum("bin,bjn->ij", unit, unit)
+        count += pooled.size(0)
+    result = (total / count).abs().numpy()
+    np.fill_diagonal(result, 1.0)
+    return result
 
 
 # -- Criteo runs: raw TSV through the training vocabularies -----------------------------------
@@ -611,6 +670,21 @@ def test_export_writes_the_plain_models_state(synthetic_run: Path, tmp_path: Pat
     assert (tmp_path / "model.pt.config.yaml").read_text() == (
         synthetic_run / "checkpoints" / "step_3" / "config.yaml"
     ).read_text()
+    # a model built from the sidecar alone takes the file and scores the test rows as trained
+    conf = read_config(tmp_path / "model.pt.config.yaml")
+    names, sizes, num_dense = run_schema(conf)
+    fresh = build_model(conf.model, feature_names=names, cardinalities=sizes, num_dense=num_dense)
+    fresh.load_state_dict(exported)  # strict: every key, no other
+    fresh.eval()
+    scores, labels = [], []
+    rows = open_data(open_checkpoint(synthetic_run / "checkpoints"), "test", batch_size=64)
+    with torch.no_grad():
+        for batch in rows.source.batches(0):
+            scores.append(fresh(batch.dense_features, batch.sparse_features).flatten())
+            labels.append(batch.labels.flatten())
+    trained = json.loads((synthetic_run / "metrics.json").read_text())
+    auc = roc_auc_score(torch.cat(labels).numpy(), torch.cat(scores).numpy())
+    assert auc == pytest.approx(trained["test_auc"], abs=1e-4)  # the trainer's AUC is binned
     before = out.read_bytes()
     assert export_main(["--checkpoint", str(synthetic_run / "checkpoints"), "--out", str(out)]) == 1
     assert f"dmt-export: error: {out} exists already" in capsys.readouterr().err

@@ -21,6 +21,8 @@ import yaml
 from sklearn.metrics import adjusted_rand_score
 
 from dmt.data.synthetic import SyntheticWorld
+from dmt.evaluate import load_model, open_checkpoint
+from dmt.models import DMTModel
 from dmt.partitioner import cli as partition_cli
 from dmt.partitioner import naive_partition
 from dmt.partitioner.affinity import load_affinity
@@ -135,8 +137,13 @@ def test_tp_from_a_trained_checkpoint_recovers_the_planted_groups(
             f"model.partition.path={out / 'partition.yaml'}",
             "model.partition.num_towers=3",
             "trainer.max_steps=20",
+            "trainer.checkpoint=true",
         ),
         tmp_path / "dmt",
     )
     assert json.loads((tmp_path / "dmt" / "metrics.json").read_text())["num_steps"] == 20
     assert dmt["test_auc"] > 0.5
+    # the trained model's towers are the file's, tower by tower in its order
+    trained = load_model(open_checkpoint(tmp_path / "dmt" / "checkpoints"))
+    assert isinstance(trained, DMTModel)
+    assert trained.partition == document["towers"]

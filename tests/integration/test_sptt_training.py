@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from sklearn.metrics import roc_auc_score
 
 from dmt import checkpoint
 from dmt.data import build_data
@@ -123,6 +124,7 @@ def _worker(rank: int, world_size: int, out_dir: str) -> dict:
         "fused_lrs": fused_lrs,
         "peak_sparse_lr": cfg.optim.sparse_lr,
         "val_auc": val["auc"],
+        "oracle_val_auc": float(roc_auc_score(data.val.labels, data.val.true_probs)),
         "restored_max_diff": float((restored_probs - test_probs).abs().max()),
         "first_shard": first_shard.flatten()[:8].tolist(),
     }
@@ -137,7 +139,11 @@ def test_sptt_training_loop_evaluation_and_checkpoint(tmp_path) -> None:
         assert r["fused_lrs"][0] == pytest.approx(r["peak_sparse_lr"] / 4)
         assert r["fused_lrs"][-1] == pytest.approx(r["peak_sparse_lr"])
         assert r["restored_max_diff"] == 0.0
-    assert results[0]["val_auc"] == results[1]["val_auc"] > 0.55
+    # every rank scores the whole split; 24 steps learn part of the planted structure
+    assert len({r["val_auc"] for r in results}) == 1
+    # (0.670 against the oracle's 0.748): at least 60% of the oracle's lift over chance
+    auc, oracle = results[0]["val_auc"], results[0]["oracle_val_auc"]
+    assert auc - 0.5 > 0.6 * (oracle - 0.5), (auc, oracle)
     # shards initialized on meta get decorrelated streams, not the same numbers on every rank
     firsts = [tuple(r["first_shard"]) for r in results]
     assert len(set(firsts)) == len(firsts)

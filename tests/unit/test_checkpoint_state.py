@@ -24,8 +24,13 @@ OPTIMIZERS = {
     "Adam": lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.01),
     "AdamW": lambda ps: torch.optim.AdamW(ps, lr=0.01),
     "SGD momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
-    "Adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1, initial_accumulator_value=0.1),
-    "RMSprop": lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5, centered=True),
+    # with weight decay, so that the dummy step on zero gradients moves their state
+    "Adagrad": lambda ps: torch.optim.Adagrad(
+        ps, lr=0.1, initial_accumulator_value=0.1, weight_decay=0.01
+    ),
+    "RMSprop": lambda ps: torch.optim.RMSprop(
+        ps, lr=0.01, momentum=0.5, centered=True, weight_decay=0.01
+    ),
     # their new state is not zeros: mu_product 1, eta the lr, the first buffer the gradient
     "NAdam": lambda ps: torch.optim.NAdam(ps, lr=0.01),
     "ASGD": lambda ps: torch.optim.ASGD(ps, lr=0.01, t0=1),
@@ -56,6 +61,48 @@ def test_a_fresh_dense_state_trains_as_a_new_optimizer(name: str) -> None:
             p.grad = g.clone()
             opt.step()
     torch.testing.assert_close(resumed, new, rtol=0, atol=1e-7)
+
+
+def test_a_partly_fresh_state_keeps_what_was_loaded() -> None:
+    """Adam's moments from a checkpoint of plain Adam, resumed with ``amsgrad``: the loaded
+    moments and step stay, the new ``max_exp_avg_sq`` starts as a new one would (zeros), not as
+    the dummy step left it (weight decay makes that step's gradient non-zero)."""
+    make = lambda ps, amsgrad: torch.optim.Adam(ps, lr=0.01, weight_decay=0.01, amsgrad=amsgrad)  # noqa: E731
+    torch.manual_seed(0)
+    start = torch.randn(4, 3)
+    grads = [torch.randn(4, 3) for _ in range(5)]
+    before = torch.nn.Parameter(start.clone())
+    opt_before = make([before], False)
+    for g in grads[:2]:  # the run that wrote the checkpoint
+        before.grad = g.clone()
+        opt_before.step()
+    saved = {k: v.clone() for k, v in opt_before.state[before].items()}
+    # the reference: amsgrad's state as torch makes it, around the loaded moments
+    expected = torch.nn.Parameter(before.detach().clone())
+    opt_expected = make([expected], True)
+    opt_expected.state[expected] = {
+        **{k: v.clone() for k, v in saved.items()},
+        "max_exp_avg_sq": torch.zeros_like(start),
+    }
+    # the dummy step runs on the weights before loading (a new model's init: here large, so
+    # that what it leaves in max_exp_avg_sq would outweigh the moments of the steps after)
+    resumed = torch.nn.Parameter(1000 * start)
+    opt_resumed = make([resumed], True)
+    resumed.grad = torch.zeros_like(resumed)
+    opt_resumed.step()  # the dummy step, then the checkpoint's weights and entries loaded
+    state = opt_resumed.state[resumed]
+    assert state["max_exp_avg_sq"].abs().sum() > 0
+    with torch.no_grad():
+        resumed.copy_(before)
+        for key, value in saved.items():
+            state[key].copy_(value)
+    _clear_dense_state(opt_resumed, [state["max_exp_avg_sq"]])
+    assert state["step"] == saved["step"]
+    for g in grads[2:]:
+        for p, opt in ((expected, opt_expected), (resumed, opt_resumed)):
+            p.grad = g.clone()
+            opt.step()
+    torch.testing.assert_close(resumed, expected, rtol=0, atol=0)
 
 
 def test_state_dropped_whole_leaves_no_empty_subtree() -> None:

@@ -81,8 +81,15 @@ def test_dmt_trains_checkpoints_and_reloads_the_new_model(example, tmp_path, one
 
     out = tmp_path / "run"
     overrides = (SEARCH, "model=wide_dlrm", "trainer=smoke", "logger=disabled")
-    metrics = train(compose_config(*overrides, "trainer.checkpoint=true"), out)
+    checkpoints = ("trainer.checkpoint=true", "trainer.checkpoint_every=1")
+    metrics = train(compose_config(*overrides, *checkpoints), out)
     assert metrics["num_train_samples"] > 0
+    # the wide part trains: its weights moved from step 1 to step 2
+    moved = [
+        checkpoint.load_model_state(out / "checkpoints" / f"step_{s}")["model.wide.weight"]
+        for s in (1, 2)
+    ]
+    assert not torch.equal(*moved)
     ckpt = open_checkpoint(out / "checkpoints")
     assert ckpt.config.model._target_ == "wide_model.build_wide_model"
     model = load_model(ckpt)  # what dmt-eval scores: rebuilt from the run's config

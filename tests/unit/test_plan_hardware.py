@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from dmt.planning.hardware import ClusterConfig, register_cluster_configs, validate_cluster
@@ -99,8 +100,12 @@ def test_overrides_and_links() -> None:
 
 
 def test_misspelt_key_fails_at_composition() -> None:
-    with pytest.raises(Exception, match="cluster.hostz"):
+    with pytest.raises(ConfigCompositionException, match=r"^Could not override 'cluster.hostz'"):
         _compose("+cluster=h100", "cluster.hostz=64")
+    # the schema (ClusterConfig) types the presets' values
+    with pytest.raises(ConfigCompositionException, match="cluster.hosts=many") as bad:
+        _compose("+cluster=h100", "cluster.hosts=many")
+    assert "could not be converted to Integer" in str(bad.value.__cause__)
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,25 @@ def _batch(keys: list[str], seed: int) -> KeyedJaggedTensor:
     return KeyedJaggedTensor(keys=keys, values=values, lengths=lengths)
 
 
+def _pooled_by_hand(
+    shards: _FusedShards, features: KeyedJaggedTensor, poolings: list[PoolingType]
+) -> torch.Tensor:
+    weights = dict(shards.named_parameters())
+    bags = features.to_dict()
+    return torch.cat(
+        [
+            torch.nn.functional.embedding_bag(
+                bags[f"f{i}"].values(),
+                weights[f"fused.embedding_bags.t{i}.weight"].detach(),
+                bags[f"f{i}"].offsets()[:-1],
+                mode="sum" if p == PoolingType.SUM else "mean",
+            )
+            for i, p in enumerate(poolings)
+        ],
+        dim=1,
+    )
+
+
 DEVICES = [
     "cpu",
     pytest.param(
@@ -66,6 +85,9 @@ def test_direct_lookup_equals_fused_embedding_bag_collection(
         features = _batch(keys, step).to(torch.device(device))
         out, expected = shards(features), reference(features)
         assert torch.equal(out, expected)
+        # and both are the tables' bags pooled by hand, in table order (TorchRec's forward
+        # concatenates its pooling groups' kernels in another order with mixed pooling)
+        torch.testing.assert_close(out, _pooled_by_hand(shards, features, poolings))
         grad = torch.randn_like(out)
         out.backward(grad)
         expected.backward(grad)
