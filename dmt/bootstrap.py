@@ -29,7 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from dmt.metrics import PROB_EPS
 from dmt.seeds import summarize
+
+
+def _clamped(probs: np.ndarray) -> np.ndarray:
+    """``probs`` (float64) clamped as the metrics clamp them (:data:`dmt.metrics.PROB_EPS`)."""
+    return np.clip(np.asarray(probs, dtype=np.float64), PROB_EPS, 1 - PROB_EPS)
 
 
 def _ranked(probs: np.ndarray) -> tuple[np.ndarray, int]:
@@ -57,8 +63,9 @@ def _auc_of_ranked(
 def auc(probs: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None) -> float:
     """AUC of ``probs`` against 0/1 ``labels``, each row counted ``weights`` times (default once);
     ties count one half, as :func:`sklearn.metrics.roc_auc_score`. NaN when the (weighted) rows
-    hold one class only."""
-    inverse, distinct = _ranked(np.asarray(probs))
+    hold one class only. The probabilities are clamped as :func:`dmt.metrics.click_metrics`
+    clamps them (:data:`dmt.metrics.PROB_EPS`), so a predictions file gives dmt-eval's AUC."""
+    inverse, distinct = _ranked(_clamped(probs))
     y = np.asarray(labels, dtype=np.float64)
     w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=np.float64)
     return _auc_of_ranked(inverse, distinct, w * y, w * (1.0 - y))
@@ -179,7 +186,7 @@ def row_bootstrap(
     for p in (*a, *b):
         if len(p) != n:
             raise ValueError(f"row_bootstrap: a run has {len(p)} scores for {n} labels")
-    ranked = [_ranked(np.asarray(p)) for p in (*a, *b)]
+    ranked = [_ranked(_clamped(p)) for p in (*a, *b)]
 
     def aucs(weights: np.ndarray) -> tuple[list[float], list[float]]:
         positive, negative = weights * y, weights * (1.0 - y)

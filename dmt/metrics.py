@@ -10,7 +10,12 @@ import torch
 import torch.distributed as dist
 from torchmetrics.functional.classification import binary_auroc
 
-_EPS = 1e-7
+#: probabilities are clamped to ``[PROB_EPS, 1 - PROB_EPS]`` before every metric: logloss stays
+#: finite, and the exact AUC is that of the scores the streaming one can bin (its logit range
+#: covers the clamp), so the two agree; scores beyond it tie (``|logit| > 16.1``).
+#: :func:`dmt.bootstrap.auc` clamps alike, so it reproduces dmt-eval's AUC from its predictions.
+PROB_EPS = 1e-7
+_EPS = PROB_EPS
 #: the metrics :func:`click_metrics` and :class:`StreamingClickMetrics` report
 CLICK_METRICS = ("auc", "logloss", "ne", "calibration", "num_samples")
 
@@ -23,7 +28,8 @@ def binary_entropy(p: float) -> float:
 
 def click_metrics(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     """``auc``, ``logloss``, ``ne`` (logloss / entropy of the empirical click rate, He et al.
-    2014), ``calibration`` (mean predicted / observed click rate) and ``num_samples``; NaN where
+    2014), ``calibration`` (mean predicted / observed click rate) and ``num_samples``, of the
+    probabilities clamped to ``[PROB_EPS, 1 - PROB_EPS]``; NaN where
     undefined (AUC and NE need both classes, calibration a click) and, with a warning, all four
     when a prediction is not finite (a diverged model)."""
     probs = probs.double()

@@ -47,6 +47,11 @@ def existing_output(
     if any(target.resolve() == Path(p).resolve() for p in inputs):
         return f"{option} {path} is one of the command's input files; write elsewhere"
     if not target.exists() and not target.is_symlink():
+        parent = target.absolute().parent  # made when the file is written, where missing
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            return f"{option} {path}: {parent} is not a directory"
         return None
     if target.is_dir():
         return f"{option} {path} is a directory; give the path of a file"

@@ -112,7 +112,12 @@ def study(
         raise ValueError(
             f"seeds {list(seeds)}: comparing configs (Mann-Whitney U) needs at least 2 seeds"
         )
-    from dmt.train import compose_config, train  # noqa: PLC0415  (keeps --help fast)
+    from dmt.train import (  # noqa: PLC0415  (keeps --help fast)
+        compose_config,
+        run_metric_names,
+        to_config,
+        train,
+    )
 
     results: dict[str, Any] = {}
     for name, overrides in configs.items():
@@ -127,6 +132,12 @@ def study(
             elif train_missing:
                 args = [*_quiet(list(common) + overrides), *settings]
                 cfg = compose_config(*args)  # a bad override fails before anything is written
+                known = run_metric_names(to_config(cfg))
+                if metric not in known:  # before the run trains, not after it
+                    raise ValueError(
+                        f"--metric {metric!r} is not a metric of config {name}'s runs; choose "
+                        f"one of {sorted(known)}"
+                    )
                 ckpt = str(cfg.trainer.checkpoint_dir)
                 if (run_dir / RUN_FILE).exists() and outputs_of(run_dir, ckpt):
                     # an earlier call stopped in this run after a checkpoint: go on from the
@@ -140,9 +151,9 @@ def study(
                 print(f"[{name} seed {seed}] dmt-train {' '.join(args)}", flush=True)
                 metrics = train(cfg, run_dir)
             else:
-                raise FileNotFoundError(f"{path} is missing (run without --no-train to train it)")
+                raise ValueError(f"{path} is missing (run without --no-train to train it)")
             if metric not in metrics:
-                raise KeyError(f"{path} has no {metric!r} (has {sorted(metrics)})")
+                raise ValueError(f"{path} has no {metric!r} (has {sorted(metrics)})")
             values.append(metrics[metric])
         results[name] = {"overrides": [*common, *overrides], **summarize(values)}
     chosen = list(pairs) or [(names[0], other) for other in names[1:]]

@@ -193,15 +193,22 @@ RUN_METRICS = (
 ORACLE_METRICS = ("oracle_val_auc", "oracle_test_auc")
 
 
+def run_metric_names(conf: Config) -> list[str]:
+    """The metrics a run of ``conf`` writes to ``metrics.json`` (:data:`RUN_METRICS`, and
+    :data:`ORACLE_METRICS` on planted synthetic data evaluated whole)."""
+    known = list(RUN_METRICS)
+    planted = conf.data.kind == "synthetic" and conf.data.synthetic.mode != "random"
+    if planted and conf.trainer.eval_max_batches <= 0:  # the true click probabilities
+        known += ORACLE_METRICS
+    return known
+
+
 def check_sweep_metric(conf: Config) -> None:
     """Raise ``ValueError`` before a sweep's job trains when ``trainer.optimize_metric`` is not
     a metric its run reports, or a validation metric of data without validation rows (NaN):
     :func:`sweep_value` would say so only after the job, and every other job, had trained."""
     name = conf.trainer.optimize_metric
-    known = list(RUN_METRICS)
-    planted = conf.data.kind == "synthetic" and conf.data.synthetic.mode != "random"
-    if planted and conf.trainer.eval_max_batches <= 0:  # the true click probabilities
-        known += ORACLE_METRICS
+    known = run_metric_names(conf)
     if name not in known:
         raise ValueError(
             f"trainer.optimize_metric={name!r} is not a metric of this run; choose one of "

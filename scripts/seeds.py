@@ -36,7 +36,6 @@ from typing import Any
 from dmt.results import write_json
 from dmt.seeds import (
     ALTERNATIVES,
-    StaleRun,
     box_plot,
     format_report,
     parse_seeds,
@@ -126,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             method=args.method,
             pairs=[tuple(pair) for pair in args.pair],
         )
-    except StaleRun as err:  # a mistake of the command line, not of dmt: no traceback
+    except ValueError as err:  # a mistake of the command line (StaleRun too): no traceback
         parser.error(str(err))
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(table, report, replace=args.overwrite)

@@ -152,8 +152,21 @@ def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
     assert val["configs"]["base"]["values"] != report["configs"]["base"]["values"]
     assert (tmp_path / "seeds_val_auc.png").exists()
     assert json.loads((tmp_path / "seeds.json").read_text())["metric"] == "test_auc"
-    with pytest.raises(FileNotFoundError, match="seed_2"):
+    with pytest.raises(SystemExit):  # one error line, not a traceback
         seeds.main([*argv[2:], "--seeds", "3", "--no-train"])
+    assert (
+        f"error: {tmp_path / 'dmt' / 'seed_2' / 'metrics.json'} is missing (run without "
+        "--no-train to train it)"
+    ) in capsys.readouterr().err
+    # a mistyped metric is refused before a run trains (it was a KeyError after the first run)
+    fresh = tmp_path / "fresh"
+    with pytest.raises(SystemExit):
+        seeds.main(["--seeds", "2", "--out", str(fresh), "--common", tiny, "--metric", "test_acu",
+                    "--config", "dmt", "experiment=dmt_4t_dlrm"])  # fmt: skip
+    assert "error: --metric 'test_acu' is not a metric of config dmt's runs; choose one of [" in (
+        capsys.readouterr().err
+    )
+    assert not fresh.exists()
     # a config given other settings is refused, not reported with the earlier runs' figures
     # (an error line, not a traceback: the traceback was what a user saw)
     other = [*argv[:-3], "base", "model=dlrm optim.lr=0.5", "--overwrite"]
@@ -166,8 +179,11 @@ def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
     paired = seeds.main([*argv, "--no-train", "--pair", "base", "dmt"])
     assert [(c["a"], c["b"]) for c in paired["comparisons"]] == [("base", "dmt")]
     assert paired["comparisons"][0]["u"] == 4 - report["comparisons"][0]["u"]
-    with pytest.raises(ValueError, match=r"--pair names unknown config\(s\) \['tp'\]"):
+    with pytest.raises(SystemExit):
         seeds.main([*argv, "--no-train", "--pair", "tp", "dmt"])
+    assert "error: --pair names unknown config(s) ['tp']; the configs are" in (
+        capsys.readouterr().err
+    )
     # a study that stopped in a run (its checkpoint saved, its metrics not) goes on from the
     # checkpoint when it runs again: the same figures as the run that was not stopped
     kept = tmp_path / "kept"
@@ -185,7 +201,8 @@ def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
     # a run that failed before anything was kept (a bad setting) holds no settings: once fixed,
     # the same command trains it (its seed_run.json is rewritten, not held against it)
     bad = ["--seeds", "1", "--out", str(tmp_path / "bad"), "--common", tiny]
-    with pytest.raises(ValueError, match="optim.lr"):
+    with pytest.raises(SystemExit):
         seeds.main([*bad, "--config", "base", "model=dlrm optim.lr=-1"])
+    assert "error: optim.lr=-1.0 must be positive" in capsys.readouterr().err
     fixed = seeds.main([*bad, "--config", "base", "model=dlrm optim.lr=0.01"])
     assert len(fixed["configs"]["base"]["values"]) == 1

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from sklearn.metrics import roc_auc_score
 
 from dmt.bootstrap import auc, format_report, load_predictions, row_bootstrap
+from dmt.metrics import click_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +47,20 @@ def test_auc_is_sklearns_with_ties_and_weights() -> None:
         auc(probs[repeated], labels[repeated]), abs=1e-12
     )
     assert np.isnan(auc(probs, np.zeros(500)))
+
+
+def test_auc_is_dmt_evals_for_scores_beyond_the_clamp() -> None:
+    """Reproduced bug: scores of confident models (below 1e-7 here) tie in dmt-eval's AUC
+    (:func:`dmt.metrics.click_metrics` clamps them) and did not in the bootstrap's, so the two
+    gave AUCs 1e-4 apart for the same predictions file."""
+    rng = np.random.default_rng(3)
+    y = (rng.random(20_000) < 0.05).astype(np.float32)
+    p = (1 / (1 + np.exp(-(-14 + 4 * rng.standard_normal(20_000) + 2 * y)))).astype(np.float32)
+    assert (p < 1e-7).mean() > 0.25
+    exact = click_metrics(torch.from_numpy(p), torch.from_numpy(y))["auc"]
+    assert auc(p, y) == pytest.approx(exact, abs=1e-7)  # torchmetrics sums in float32
+    assert abs(auc(p, y) - roc_auc_score(y, p)) > 1e-4  # the clamp's ties do matter here
+    assert auc(p, y) == pytest.approx(roc_auc_score(y, np.clip(p.astype(np.float64), 1e-7, 1)))
 
 
 def test_one_model_against_itself_differs_by_nothing() -> None:

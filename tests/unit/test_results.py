@@ -23,6 +23,18 @@ def test_an_existing_results_file_is_refused_unless_overwrite(tmp_path):
     assert existing_output(path, "--json", overwrite=True) is None
 
 
+def test_an_output_under_a_file_is_refused_before_the_work(tmp_path):
+    """Reproduced bug: ``--out notes.json/x.json`` passed the check, and dmt-eval failed after
+    scoring every row (leaving its --predictions without a report); row_bootstrap.py after
+    every resample, with a traceback."""
+    (tmp_path / "notes.json").write_text("{}")
+    for path in (tmp_path / "notes.json" / "x.json", tmp_path / "notes.json" / "a" / "x.json"):
+        assert existing_output(path, "--out", overwrite=False) == (
+            f"--out {path}: {tmp_path / 'notes.json'} is not a directory"
+        )
+    assert existing_output(tmp_path / "new" / "dir" / "x.json", "--out", False) is None
+
+
 def test_overwrite_replaces_only_what_dmt_could_have_written(tmp_path):
     """--overwrite replaced any file: a user's notes, a directory's entry, even the command's
     own input."""
