@@ -203,6 +203,16 @@ def best_row(rows: list[dict[str, Any]], metric: str, *, maximize: bool = True) 
     return max(ok, key=lambda r: sign * r[metric])
 
 
+def _no_value(metric: str, metrics: list[dict[str, float] | None]) -> str:
+    """Why no trial has a value of ``metric``: no ``metrics.json`` has that key (a mistyped
+    name, naming those it has), or every trial that has one failed (not finite)."""
+    written = [m for m in metrics if m is not None]
+    if written and not any(metric in m for m in written):
+        keys = sorted(set().union(*written))
+        return f"no trial's metrics.json has {metric!r}; they have {keys}"
+    return f"no trial has a value of {metric!r}: every trial failed"
+
+
 def top_trials(trials: list[Trial], metric: str, k: int, *, maximize: bool = True) -> list[Trial]:
     """The ``k`` trials with the best ``metric``, best first (ties: lower trial number first);
     failed trials are left out.
@@ -218,7 +228,7 @@ def top_trials(trials: list[Trial], metric: str, k: int, *, maximize: bool = Tru
         raise ValueError(f"k={k} must be >= 1")
     ok = [t for t in trials if t.value(metric) is not None]
     if not ok:
-        raise ValueError(f"no trial has a value of {metric!r}: every trial failed")
+        raise ValueError(_no_value(metric, [t.metrics for t in trials]))
     sign = -1.0 if maximize else 1.0
     return sorted(ok, key=lambda t: (sign * (t.value(metric) or 0.0), t.number))[:k]
 

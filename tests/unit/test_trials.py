@@ -187,6 +187,11 @@ def test_top_trials_best_first_without_the_failed(tmp_path: Path) -> None:
     failed = read_trials(fake_sweep(tmp_path / "failed", {0: ("0.001", None)}))
     with pytest.raises(ValueError, match="no trial has a value of 'val_auc': every trial failed"):
         top_trials(failed, "val_auc", 1)
+    # a mistyped metric is named as such (it read "every trial failed")
+    with pytest.raises(ValueError) as mistyped:
+        top_trials(trials, "val_acu", 1)
+    keys = sorted({k for t in trials if t.metrics is not None for k in t.metrics})
+    assert str(mistyped.value) == f"no trial's metrics.json has 'val_acu'; they have {keys}"
 
 
 def _confirm_driver() -> Any:
