@@ -294,8 +294,18 @@ def _parse_dense(
         if not digits.isdigit():  # bytes.isdigit is ASCII-only
             ok[r, c] = False
         elif not negative[r, c]:
-            dense[r, c] = math.log(int(digits) + 1)
+            dense[r, c] = _log1p_of_digits(digits)
     return dense, ok
+
+
+def _log1p_of_digits(digits: bytes) -> float:
+    """``log(x + 1)`` of the decimal ``digits``, also of more digits than Python converts to an
+    int (4300): beyond 300 significant digits from the first 300 (the float32 result cannot
+    tell them apart)."""
+    digits = digits.lstrip(b"0") or b"0"
+    if len(digits) <= 300:
+        return math.log(int(digits) + 1)
+    return math.log(int(digits[:300])) + (len(digits) - 300) * math.log(10)
 
 
 def _parse_hex(

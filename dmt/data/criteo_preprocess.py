@@ -289,7 +289,8 @@ def transform_tsv(
     }
     if out_dir is None:
         digest = _settings_hash(settings, [source])[:10]
-        out_dir = vocab_dir.parent / f"{vocab_dir.name}.{Path(tsv).name}-{digest}"
+        here = Path(os.path.abspath(vocab_dir))  # "." or "x/..": its name, beside it
+        out_dir = here.parent / f"{here.name}.{Path(tsv).name}-{digest}"
     job = _Job(
         sources=[source],
         settings=settings,
@@ -323,6 +324,13 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
             f"{str(directory)!r} is not a preprocessed Criteo directory (no {MANIFEST}); "
             "run dmt-preprocess first"
         ) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(
+            f"{path} is not a complete manifest ({e}): the directory is damaged; rebuild it "
+            "with dmt-preprocess --overwrite"
+        ) from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
     if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
         raise ValueError(
             f"{path}: expected format {FORMAT!r} version {FORMAT_VERSION}; got "
@@ -1225,6 +1233,9 @@ def output_damage(directory: str | os.PathLike[str]) -> str | None:
     root = Path(directory)
     try:
         manifest = read_manifest(root)
+    except ValueError as e:  # it names the manifest and what is wrong with it
+        return str(e)
+    try:
         specs = _array_specs(with_present=False)
         expected: list[tuple[Path, np.dtype, tuple[int, ...]]] = []
         for split, info in manifest["splits"].items():
@@ -1242,7 +1253,7 @@ def output_damage(directory: str | os.PathLike[str]) -> str | None:
                 counts = path.with_name(f"cat_{f}_counts.npy")
                 expected.append((counts, np.dtype(np.int64), (cardinality - reserved,)))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        return f"{root / MANIFEST} is not a complete manifest ({e})"
+        return f"{root / MANIFEST} is not a complete manifest ({type(e).__name__}: {e})"
     for path, dtype, shape in expected:
         problem, _, _ = _npy_problem(path, (dtype, shape))
         if problem is not None:

@@ -143,6 +143,24 @@ def test_parse_block_matches_reference() -> None:
     assert parsed.num_bad == 0
 
 
+def test_dense_values_of_thousands_of_digits() -> None:
+    """Reproduced bug: a value of more digits than Python converts to an int (4300) stopped
+    preprocessing with a bare ValueError naming no file or row, even with --skip-bad-rows."""
+    big = ["9" * 5000, "1" + "0" * 4999, "0" * 4999 + "7", "12345678901234567890" * 20]
+    rows = [_replace(GOOD[0], 1 + i, value) for i, value in enumerate(big)]
+    block = np.frombuffer(PAD_BYTES + ("\n".join(rows) + "\n").encode(), np.uint8)
+    parsed = parse_block(block, path="x.tsv", first_line=0)
+    assert parsed.num_bad == 0
+    expected = [
+        5000 * math.log(10),  # log(10^5000 - 1 + 1)
+        4999 * math.log(10),
+        math.log(8),
+        math.log(1.2345678901234567) + 399 * math.log(10),
+    ]
+    got = [parsed.dense[i, i] for i in range(len(big))]
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
 @pytest.mark.parametrize("block_bytes", [64, 1000, 1 << 20])
 @pytest.mark.parametrize("suffix", [".tsv", ".gz"])
 @pytest.mark.parametrize("trailing_newline", [True, False])
@@ -530,6 +548,14 @@ def test_transform_tsv_uses_training_vocabularies(tmp_path: Path) -> None:
     assert m["cardinalities"] == read_manifest(out)["cardinalities"]
     assert m["splits"]["test"]["rows"] == 40
     assert transform_tsv(out, extra, progress=False) == t  # no-op
+    assert t.parent == out.parent and t.name.startswith("out.extra.tsv.gz-")  # beside it
+    # the directory given as "." (its own working directory): still beside it, the same output
+    # (a reproduced bug: it went inside, a foreign entry that blocked --overwrite there)
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(out)
+        assert transform_tsv(".", extra, progress=False) == t
+    assert sorted(p.name for p in out.iterdir()) == before
     # a transform output has no vocabularies to lend; a damaged parent says what is damaged
     with pytest.raises(ValueError) as err:
         transform_tsv(t, extra, out_dir=tmp_path / "t2", progress=False)
@@ -888,3 +914,16 @@ def test_damaged_output_is_not_up_to_date(tmp_path: Path) -> None:
     assert output_damage(out) == f"{out / 'vocab' / 'cat_3.npy'} is missing"
     preprocess_criteo(cfg, rebuild_damaged=True, **SMALL)  # what training's auto-preprocess does
     assert tree(out) == good
+    # a truncated manifest is named (reproduced bug: a bare JSONDecodeError in --vocab-from and
+    # in training's data.criteo.auto_preprocess=false)
+    manifest = out / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:200])
+    with pytest.raises(ValueError) as err:
+        read_manifest(out)
+    assert str(err.value).startswith(f"{manifest} is not a complete manifest (")
+    assert str(err.value).endswith(
+        "): the directory is damaged; rebuild it with dmt-preprocess --overwrite"
+    )
+    assert output_damage(out) == str(err.value)
+    with pytest.raises(ValueError, match=re.escape(f"{manifest} is not a complete manifest")):
+        transform_tsv(out, raw, progress=False, num_workers=1)
