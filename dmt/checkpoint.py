@@ -630,6 +630,19 @@ def resume_checkpoint(resume_from: str, root: Path) -> Path | None:
     return latest(root) if resume_from == "auto" else resolve(Path(resume_from))
 
 
+def check_ends_after(step: int, end: int, path: str | Path, trainer: Any) -> None:
+    """Raise ``ValueError`` if a run that ends at step ``end`` would resume the checkpoint
+    ``path`` of step ``step`` past it: it would train nothing and report the figures of none
+    (``trainer``: the run's ``trainer`` settings, named in the message)."""
+    if step > end:
+        raise ValueError(
+            f"trainer.resume_from={str(path)!r} is at step {step}, past this run's end at step "
+            f"{end} (trainer.max_steps={trainer.max_steps}, trainer.epochs={trainer.epochs}): a "
+            "run cannot train back to an earlier step; raise trainer.max_steps (or "
+            "trainer.epochs), or score the checkpoint with dmt-eval"
+        )
+
+
 def read_meta(path: Path) -> dict[str, Any]:
     """``meta.json`` of a complete checkpoint directory ``step_N``."""
     return dict(json.loads((Path(path) / META_FILE).read_text()))

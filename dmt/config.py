@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -245,9 +246,11 @@ class CriteoConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` on settings that cannot work."""
-        if len(self.split_fractions) != 3 or any(f < 0 for f in self.split_fractions):
+        if len(self.split_fractions) != 3 or not all(
+            math.isfinite(f) and f >= 0 for f in self.split_fractions
+        ):
             raise ValueError(
-                f"split_fractions must be 3 non-negative numbers (train, val, test); "
+                f"split_fractions must be 3 finite non-negative numbers (train, val, test); "
                 f"got {list(self.split_fractions)}"
             )
         if abs(sum(self.split_fractions) - 1.0) > 1e-6:
@@ -600,8 +603,10 @@ def _positive(setting: str, value: Any) -> None:
                 raise ValueError(
                     f"{setting}[{i}]={v!r} must be a positive integer (got {list(value)})"
                 )
-    elif value is None or value <= 0:
+    elif value is None or not value > 0:  # NaN too
         raise ValueError(f"{setting}={value!r} must be positive")
+    elif not math.isfinite(value):
+        raise ValueError(f"{setting}={value!r} must be finite")
 
 
 #: the partition settings only some kinds read: those kinds, and how to choose one
@@ -788,6 +793,8 @@ def validate(cfg: Config) -> None:
     check_optim(cfg.optim)
 
     t = cfg.trainer
+    if not 0 <= t.seed < 2**32:  # numpy's and torch's seeds
+        raise ValueError(f"trainer.seed={t.seed} must be in [0, 2**32 - 1]")
     _positive("trainer.epochs", t.epochs)
     _choice("trainer.device", t.device, ("auto", "cpu", "cuda"))
     _positive("trainer.log_every", t.log_every)
@@ -846,6 +853,15 @@ def _check_checkpoint_dir(path: str) -> None:
             "directory of the checkpoints' own, relative to the run directory (e.g. checkpoints, "
             "the default) or absolute"
         )
+    if os.path.isabs(normal):  # (a relative one is made in the new run's directory)
+        existing = normal
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            raise ValueError(
+                f"trainer.checkpoint_dir={path!r}: {existing} is not a directory (the run would "
+                "train, then fail at its first checkpoint)"
+            )
 
 
 # on import: every reader of a run's .hydra/config.yaml (dmt-eval, dmt-partition) resolves it

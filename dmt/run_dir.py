@@ -11,8 +11,8 @@
   kernel drops it when the process dies, however it dies); a second run into a locked directory
   stops at once, naming the holder; a restart of the holder's own job waits for it a while
   (:data:`STALE_LOCK_WAIT_S`: on NFS a dead host's lock outlives it).
-- **Outputs.** A directory that holds another run's ``metrics.json`` or checkpoints is refused
-  unless this run resumes it (``trainer.resume_from=auto`` or a checkpoint inside it).
+- **Outputs.** A directory that holds another run's ``metrics.json``, ``history.jsonl`` or
+  checkpoints is refused unless this run resumes it (``trainer.resume_from=auto`` or a checkpoint inside it).
 
 :class:`RunDirGuard` (a Hydra callback, ``conf/config.yaml``) applies the checks before Hydra
 writes ``.hydra/`` and the log into the directory; :func:`claim_run_dir` (called by
@@ -40,6 +40,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
+
+from dmt.history import HISTORY_FILE
 
 log = logging.getLogger(__name__)
 
@@ -321,14 +323,21 @@ def resumes(run_dir: Path, resume_from: str | None, checkpoint_dir: str = "check
 
         ckpt = Path(checkpoint_dir)
         return latest(ckpt if ckpt.is_absolute() else run_dir / ckpt) is not None
-    return Path(resume_from).absolute().is_relative_to(run_dir.absolute())
+    # normalized: "<run dir>/../other/checkpoints/step_2" is another run's checkpoint
+    inside = os.path.normpath(Path(resume_from).absolute())
+    return Path(inside).is_relative_to(os.path.normpath(run_dir.absolute()))
 
 
 def outputs_of(run_dir: Path, checkpoint_dir: str) -> list[str]:
-    """The run outputs present in ``run_dir``: ``metrics.json`` and a non-empty checkpoint dir."""
+    """The run outputs present in ``run_dir``: ``metrics.json``, a non-empty ``history.jsonl``
+    (a run stopped before its end and its first checkpoint leaves only that) and a non-empty
+    checkpoint dir."""
     found = []
     if (run_dir / METRICS_FILE).exists():
         found.append(METRICS_FILE)
+    history = run_dir / HISTORY_FILE
+    if history.is_file() and history.stat().st_size > 0:
+        found.append(HISTORY_FILE)
     ckpt = Path(checkpoint_dir)
     ckpt = ckpt if ckpt.is_absolute() else run_dir / ckpt
     if ckpt.is_dir() and any(ckpt.iterdir()):
@@ -507,11 +516,14 @@ def launch_rank() -> int:
 def check_resume_config(
     config: DictConfig, run_dir: Path, resume_from: str, checkpoint_dir: str
 ) -> None:
-    """Raise ``ValueError`` if the run that resumes ``run_dir`` has a config its checkpoint
-    refuses (:func:`dmt.checkpoint.check_config`, as the trainer checks it again)."""
+    """Raise ``ValueError`` if the run that resumes ``trainer.resume_from`` (in ``run_dir`` or
+    elsewhere) has a config its checkpoint refuses (:func:`dmt.checkpoint.check_config`, as the
+    trainer checks it again), goes back in ``run_dir`` or ends before the checkpoint's step."""
     from dmt.checkpoint import (  # noqa: PLC0415 (torch)
         check_config,
+        check_ends_after,
         check_not_going_back,
+        read_meta,
         resume_checkpoint,
     )
     from dmt.config import config_yaml  # noqa: PLC0415 (dmt.config imports this module)
@@ -531,6 +543,8 @@ def check_resume_config(
     except OmegaConfBaseException:  # e.g. ${hydra:...} in a task key: unset before the job runs
         return  # the trainer checks the config again, once Hydra has set its job up
     check_config(path, config_yaml(conf), allow_change=conf.trainer.resume_allow_config_change)
+    if conf.trainer.max_steps > 0:  # (an end set by epochs alone needs the data: the trainer)
+        check_ends_after(int(read_meta(path)["step"]), conf.trainer.max_steps, path, conf.trainer)
 
 
 def job_config(config: DictConfig) -> Any:
@@ -574,6 +588,10 @@ class RunDirGuard(Callback):
         checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
         timeout_s = OmegaConf.select(config, "trainer.collective_timeout_s", default=600.0)
         try:
+            if resume_from:
+                # before Hydra writes this config over the resumed run's .hydra/ record, and
+                # before a new run's directory (and its lock) is made for a resume that cannot run
+                check_resume_config(config, run_dir, resume_from, checkpoint_dir)
             # the launcher's world, or its error (before two ranks 0 of two worlds both claim)
             if world_from_env(os.environ).rank == 0:
                 lock, taken = claim(
@@ -585,9 +603,6 @@ class RunDirGuard(Callback):
                 self.lock = lock if taken else None
             else:  # the lock is rank 0's to take (claim_run_dir broadcasts its verdict)
                 check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
-            if resumes(run_dir, resume_from, checkpoint_dir):
-                # before Hydra writes this config over the resumed run's .hydra/ record
-                check_resume_config(config, run_dir, resume_from, checkpoint_dir)
         except ValueError as e:
             if self.lock is not None:
                 self.lock.release()
@@ -604,15 +619,29 @@ class RunDirGuard(Callback):
         whatever the subdir. Jobs in directories named otherwise (e.g.
         ``subdir=seed_${trainer.seed}``, to add seeds to a study) go on, each refused by
         :func:`claim_run_dir` if its directory holds outputs, though only after Hydra has
-        written its ``.hydra/`` there; so does a sweep that resumes (``trainer.resume_from``
-        set)."""
-        if OmegaConf.select(config, "trainer.resume_from", default=None):
-            return
+        written its ``.hydra/`` there. A sweep that resumes (``trainer.resume_from`` set) goes
+        on where each numbered job directory holds nothing, or what it resumes."""
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
         sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
         subdir = str(sweep.get("subdir", "")) if isinstance(sweep, dict) else ""
         numbered = any(form in subdir for form in JOB_NUM_FORMS)
+        resume_from = OmegaConf.select(config, "trainer.resume_from", default=None)
+        if resume_from:
+            for job in job_dirs(sweep_dir, subdir) if numbered else []:
+                # as a single run's check_outputs: another run's outputs there that this sweep's
+                # job would not resume (auto: no complete checkpoint) stop it before Hydra
+                # writes the job's .hydra/ over their record (and the trials table reads them)
+                found = outputs_of(job, checkpoint_dir)
+                afresh = resume_from == "auto" and METRICS_FILE not in found
+                if found and not afresh and not resumes(job, resume_from, checkpoint_dir):
+                    sys.exit(
+                        f"Error: sweep directory {sweep_dir}: job directory {job} holds another "
+                        f"run's outputs ({', '.join(found)}) and no checkpoint that "
+                        f"trainer.resume_from={resume_from} resumes; choose another "
+                        "hydra.sweep.dir (or leave it unset for a new one)"
+                    )
+            return
         found = sweep_outputs(sweep_dir, checkpoint_dir, subdir=subdir if numbered else None)
         if found:
             shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")

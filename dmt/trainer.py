@@ -306,6 +306,7 @@ class Trainer:
                 ema=self.ema,
             )
             self.step = int(meta["step"])
+            checkpoint.check_ends_after(self.step, self.total_steps, resume, t)
             restore_lr_scheduler(self.lr_scheduler, meta.get("lr_scheduler"), self.step)
             start_epoch = int(
                 meta["epoch"]

@@ -48,7 +48,7 @@ def test_a_second_run_into_the_same_directory_stops_and_a_resume_goes_on(tmp_pat
     second = _cli(*TINY, "trainer=smoke", "model=dcn", f"hydra.run.dir={run}")
     assert second.returncode == 1
     assert second.stderr.strip() == (
-        f"Error: run directory {run} already holds another run's outputs (metrics.json, checkpoints/); "
+        f"Error: run directory {run} already holds another run's outputs (metrics.json, history.jsonl, checkpoints/); "
         "choose another hydra.run.dir (or leave it unset for a new one), or resume that run "
         f"with trainer.resume_from=auto or trainer.resume_from=<a checkpoint in {run}>"
     )
@@ -126,11 +126,18 @@ def test_a_running_run_holds_its_directory_and_a_killed_one_does_not(tmp_path):
         ), message
         assert message.endswith("); choose another hydra.run.dir, or wait until that run has ended")
         assert _files(run / ".hydra") == hydra_files
+        history = run / "history.jsonl"
+        while not (history.exists() and history.stat().st_size > 0):  # its first log step
+            assert holder.poll() is None and time.monotonic() < deadline, "no history written"
+            time.sleep(0.2)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    # the kernel dropped the dead run's lock; it left no outputs, so the directory can be reused
-    metrics = train(compose_config(*TINY, "trainer=smoke"), run)
+    # the kernel dropped the dead run's lock; its history is an output (a reproduced bug: a new
+    # run wrote over it without a word), which a resume takes on, afresh without a checkpoint
+    with pytest.raises(ValueError, match=r"already holds another run's outputs \(history.jsonl\)"):
+        train(compose_config(*TINY, "trainer=smoke"), run)
+    metrics = train(compose_config(*TINY, "trainer=smoke", "trainer.resume_from=auto"), run)
     assert metrics["num_steps"] == 2 and (run / "metrics.json").exists()
 
 
@@ -152,6 +159,25 @@ def test_going_back_in_a_run_is_refused_before_hydra_rewrites_its_record(tmp_pat
     }
 
 
+def test_a_resume_past_the_runs_end_is_refused_before_a_directory_is_made(tmp_path):
+    """Reproduced bug: resuming a step-2 checkpoint with trainer.max_steps=1 "trained" nothing
+    and reported num_steps 2, samples/s 0 and a NaN loss."""
+    first = _cli(
+        *TINY, "trainer=smoke", "trainer.checkpoint_every=1", f"hydra.run.dir={tmp_path / 'a'}"
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    step = tmp_path / "a" / "checkpoints" / "step_2"
+    past = _cli(*TINY, "trainer=smoke", "trainer.max_steps=1", f"trainer.resume_from={step}",
+                f"hydra.run.dir={tmp_path / 'b'}")  # fmt: skip
+    assert past.returncode == 1
+    assert past.stderr.strip() == (
+        f"Error: trainer.resume_from='{step}' is at step 2, past this run's end at step 1 "
+        "(trainer.max_steps=1, trainer.epochs=1): a run cannot train back to an earlier step; "
+        "raise trainer.max_steps (or trainer.epochs), or score the checkpoint with dmt-eval"
+    ), past.stderr[-3000:]
+    assert not (tmp_path / "b").exists()
+
+
 def test_a_sweep_into_another_sweeps_directory_stops_before_rewriting_its_records(tmp_path):
     """A reproduced bug: the second sweep rewrote job 0's .hydra/overrides.yaml (so its
     metrics.json was read as the result of settings that never ran) before job 0 was refused.
@@ -165,7 +191,7 @@ def test_a_sweep_into_another_sweeps_directory_stops_before_rewriting_its_record
     assert second.returncode == 1
     assert second.stderr.strip().endswith(
         f"Error: sweep directory {sweep} already holds another sweep's outputs "
-        "(0/metrics.json, 1/metrics.json); choose another hydra.sweep.dir (or leave it unset "
+        "(0/metrics.json, 0/history.jsonl, 1/metrics.json, 1/history.jsonl); choose another hydra.sweep.dir (or leave it unset "
         "for a new one), or resume that sweep with trainer.resume_from=auto"
     ), second.stderr[-3000:]
     assert _files(sweep) == before

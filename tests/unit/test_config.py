@@ -4,6 +4,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
+from dmt.config import validate
 from dmt.inspect import inspect_config
 from tests.conftest import REPO, compose_config, typed_config
 
@@ -116,6 +117,22 @@ def test_paper_configs_match_the_paper_accounting():
         (["optim.lr=-1"], r"optim.lr=-1.0 must be positive"),
         (["logger.mode=loud"], r"logger.mode='loud' is not supported"),
         (["trainer.collective_timeout_s=0"], r"trainer.collective_timeout_s=0.0 must be positive"),
+        # reproduced bugs: NaN passed (then "cannot convert float NaN to integer" in the
+        # runtime), inf an OverflowError there; a seed numpy refuses failed in the trainer
+        (
+            ["trainer.collective_timeout_s=nan"],
+            r"^trainer.collective_timeout_s=nan must be positive$",
+        ),
+        (
+            ["trainer.collective_timeout_s=inf"],
+            r"^trainer.collective_timeout_s=inf must be finite$",
+        ),
+        (["trainer.seed=-1"], r"^trainer.seed=-1 must be in \[0, 2\*\*32 - 1\]$"),
+        (["trainer.seed=4294967296"], r"^trainer.seed=4294967296 must be in \[0, 2\*\*32 - 1\]$"),
+        (
+            ["data=criteo_sample", "data.criteo.split_fractions=[nan,0.5,0.5]"],
+            r"^data.criteo: split_fractions must be 3 finite non-negative numbers",
+        ),
         (
             ["sptt.timeout_s=30"],
             r"sptt.timeout_s=30.0 was replaced by trainer.collective_timeout_s, the timeout of every "
@@ -169,6 +186,20 @@ def test_paper_configs_match_the_paper_accounting():
 def test_bad_configs_raise_clear_errors(overrides, message):
     with pytest.raises(ValueError, match=message):
         typed_config(*overrides)
+
+
+def test_a_checkpoint_dir_under_a_file_is_refused(tmp_path):
+    """Reproduced bug: the run trained to its end, then died at its first checkpoint
+    (NotADirectoryError), without metrics.json."""
+    (tmp_path / "afile").write_text("")
+    for path in (tmp_path / "afile", tmp_path / "afile" / "ckpt"):
+        with pytest.raises(ValueError) as refused:
+            validate(typed_config(f"trainer.checkpoint_dir={path}"))
+        assert str(refused.value) == (
+            f"trainer.checkpoint_dir={str(path)!r}: {tmp_path / 'afile'} is not a directory (the "
+            "run would train, then fail at its first checkpoint)"
+        )
+    validate(typed_config(f"trainer.checkpoint_dir={tmp_path / 'new' / 'ckpt'}"))
 
 
 def test_unknown_config_key_is_rejected_at_composition():

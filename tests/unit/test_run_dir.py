@@ -27,7 +27,9 @@ from dmt.run_dir import (
     claim_run_dir,
     launch_rank,
     lock_run_dir,
+    outputs_of,
     rank_log_suffix,
+    resumes,
     run_stamp,
     slurm_stamp,
     stale_lock_wait,
@@ -173,12 +175,60 @@ def test_a_directory_with_outputs_is_refused_unless_the_run_resumes_it(tmp_path)
     check_outputs(
         run, resume_from=str(run / "checkpoints" / "step_4"), checkpoint_dir="checkpoints"
     )
+    # a checkpoint of another run through ".." is not this run's (a reproduced bug: it was,
+    # and the run wrote over this one's metrics.json and history)
+    other = str(run / ".." / "other" / "checkpoints" / "step_2")
+    with pytest.raises(ValueError, match="already holds another run's outputs"):
+        check_outputs(run, resume_from=other, checkpoint_dir="checkpoints")
+    assert not resumes(run, other) and resumes(run, str(run / "x" / ".." / "checkpoints"))
     # checkpoints kept elsewhere are outputs of the run too
     (run / "metrics.json").unlink()
     check_outputs(run, resume_from=None, checkpoint_dir=str(tmp_path / "ckpt"))
     (tmp_path / "ckpt" / "step_1").mkdir(parents=True)
     with pytest.raises(ValueError, match=re.escape(f"outputs ({tmp_path / 'ckpt'}/)")):
         check_outputs(run, resume_from=None, checkpoint_dir=str(tmp_path / "ckpt"))
+
+
+def test_a_stopped_runs_history_is_an_output(tmp_path):
+    """Reproduced bug: a run killed before its end and its first checkpoint left only
+    ``history.jsonl`` (and its .hydra/ record), and a second run wrote over both without a
+    word; an empty history (a run that failed before its first record) is no output."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "history.jsonl").write_text("")
+    check_outputs(run, resume_from=None, checkpoint_dir="checkpoints")
+    (run / "history.jsonl").write_text('{"step": 50, "train/loss": 0.5}\n')
+    assert outputs_of(run, "checkpoints") == ["history.jsonl"]
+    with pytest.raises(ValueError, match=re.escape("another run's outputs (history.jsonl)")):
+        check_outputs(run, resume_from=None, checkpoint_dir="checkpoints")
+    check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")  # afresh, warned
+
+
+def test_a_resuming_sweep_stops_before_rewriting_jobs_it_would_not_resume(tmp_path):
+    """Reproduced bug: a sweep with trainer.resume_from=auto into an earlier sweep's directory
+    (jobs with metrics.json, no checkpoint) rewrote each job's .hydra/ record, then failed every
+    job; the trials table then showed the earlier runs' metrics under the new settings."""
+    sweep = tmp_path / "sweep"
+    (sweep / "0").mkdir(parents=True)
+    (sweep / "0" / "metrics.json").write_text("{}")
+    config = OmegaConf.create(
+        {
+            "hydra": {"sweep": {"dir": str(sweep), "subdir": "${hydra.job.num}"}},
+            "trainer": {"resume_from": "auto", "checkpoint_dir": "checkpoints"},
+        }
+    )
+    with pytest.raises(SystemExit) as refused:
+        RunDirGuard().on_multirun_start(config)
+    assert str(refused.value) == (
+        f"Error: sweep directory {sweep}: job directory {sweep / '0'} holds another run's outputs "
+        "(metrics.json) and no checkpoint that trainer.resume_from=auto resumes; choose another "
+        "hydra.sweep.dir (or leave it unset for a new one)"
+    )
+    step = sweep / "0" / "checkpoints" / "step_2"  # a complete checkpoint: the job resumes it
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text('{"files": {}}')
+    (step / ".metadata").write_bytes(b"")
+    RunDirGuard().on_multirun_start(config)
 
 
 def test_a_requeued_slurm_job_is_told_to_resume(tmp_path, monkeypatch):
