@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
+from pathlib import Path
 
 from dmt.data.criteo_config import DEFAULT_EVAL_DAY, DEFAULT_SPLIT_FRACTIONS, CriteoConfig
 from dmt.data.criteo_preprocess import (
@@ -207,8 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True
     )
+    for option, mib in (("--block-mib", args.block_mib), ("--unit-mib", args.unit_mib)):
+        if not (math.isfinite(mib) and mib > 0):
+            parser.error(f"{option} {mib:g}: expected a positive number of MiB")
     block_bytes = max(1 << 16, int(args.block_mib * 2**20))
     unit_bytes = max(1 << 16, int(args.unit_mib * 2**20))
+    out_parent = Path(os.path.abspath(args.output)).parent  # made when missing
+    while not out_parent.exists():
+        out_parent = out_parent.parent
+    if not out_parent.is_dir():
+        parser.error(f"output directory {args.output}: {out_parent} is not a directory")
     try:
         if args.vocab_from is not None:
             out = transform_tsv(

@@ -107,6 +107,17 @@ def test_cli_writes_output_and_reports_bad_input(
     assert refused.value.code == 2
     assert "argument --categorical-mode: invalid choice: 'nope'" in capsys.readouterr().err
     assert not (tmp_path / "o3").exists()
+    # reproduced bugs: tracebacks (FileExistsError; "cannot convert float NaN to integer")
+    for args, message in (
+        ([str(raw / "out")], f"output directory {raw / 'out'}: {raw} is not a directory"),
+        ([str(tmp_path / "o6"), "--block-mib", "nan"], "--block-mib nan: expected a positive"),
+        ([str(tmp_path / "o6"), "--unit-mib", "0"], "--unit-mib 0: expected a positive"),
+    ):
+        with pytest.raises(SystemExit) as refused:
+            main([str(raw), *args, "--no-progress"])
+        assert refused.value.code == 2
+        assert f"error: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "o6").exists()
     # reproduced bugs: a reversed range of days was dropped without a word ...
     with pytest.raises(SystemExit):
         main([str(raw), str(tmp_path / "o4"), "--train-days", "0,7-3"])
