@@ -671,7 +671,7 @@ def validate_sharding(s: ShardingConfig) -> None:
         value = getattr(s, name)
         if value is None and name == "hbm_gb":
             continue
-        if not value > 0:
+        if not (value * 2**30 >= 1 and math.isfinite(value)):  # at least a byte (NaN fails)
             raise ValueError(
                 f"sharding.{name}={value!r} must be a positive number of GiB per rank "
                 "(tables plus optimizer state)"

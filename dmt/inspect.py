@@ -22,7 +22,7 @@ from dmt.config import Config, register_configs
 from dmt.data.synthetic import cardinalities
 from dmt.models import DMTModel, build_model
 from dmt.models.accounting import model_stats
-from dmt.planning.run_dir import PlanRunDirGuard, RunOutput, write_run_output
+from dmt.planning.run_dir import PlanRunDirGuard, RunOutput, one_line_errors, write_run_output
 from dmt.train import CONF_PATH, to_config
 
 INSPECT = RunOutput("inspect.json", "report", "dmt-inspect")
@@ -52,8 +52,9 @@ class InspectRunDirGuard(PlanRunDirGuard):
     output = INSPECT
 
     def check_config(self, conf: Any) -> None:
-        """The training config's checks (:func:`dmt.train.to_config`) and the data's schema."""
-        schema(to_config(conf))
+        """The whole report, without writing it (the model on ``meta``: a fraction of a
+        second): the training config's checks, the data's schema, the towers."""
+        inspect_config(to_config(conf))
 
 
 def schema(conf: Config) -> tuple[list[str], list[int], int]:
@@ -104,13 +105,14 @@ def main(cfg: DictConfig) -> None:
     out = Path(HydraConfig.get().runtime.output_dir)
     # InspectRunDirGuard checked a run's directory before Hydra wrote there; a sweep's job is
     # checked here, and an earlier report replaced only by the new one (write_run_output)
-    report = write_run_output(
-        out,
-        lambda: inspect_config(to_config(conf)),
-        overwrite=conf.overwrite,
-        checkpoint_dir=conf.trainer.checkpoint_dir,
-        output=INSPECT,
-    )
+    with one_line_errors():
+        report = write_run_output(
+            out,
+            lambda: inspect_config(to_config(conf)),
+            overwrite=conf.overwrite,
+            checkpoint_dir=conf.trainer.checkpoint_dir,
+            output=INSPECT,
+        )
     print(format_report(report))
     print(f"written to {out / INSPECT.file}")
 

@@ -57,7 +57,7 @@ from dmt.config import (
 )
 from dmt.inspect import schema
 from dmt.memory import GIB, MemoryBudget
-from dmt.models import build_dmt_model, build_model, embedding_parameters
+from dmt.models import DMTModel, build_dmt_model, build_model, embedding_parameters
 from dmt.models.partition import naive_partition, resolve_partition
 from dmt.optim import apply_sparse_optimizer, sparse_optimizer_name, sparse_optimizer_spec
 from dmt.planning.collectives import (
@@ -79,7 +79,7 @@ from dmt.planning.memory import (
     flat_rank_memory,
     sptt_rank_memory,
 )
-from dmt.planning.run_dir import PLAN_FILE, write_run_output
+from dmt.planning.run_dir import PLAN_FILE, one_line_errors, write_run_output
 from dmt.planning.timing import ComputeLoad, ModeWorkload, StepTime, compute_load, predict_modes
 from dmt.sharding import (
     flat_planner,
@@ -90,6 +90,7 @@ from dmt.sharding import (
 )
 from dmt.sptt.collectives import COMM_PRECISIONS
 from dmt.sptt.dmt_sharding import DMTSharder
+from dmt.sptt.plan import SPTTPlan
 from dmt.sptt.topology import Topology
 from dmt.train import CONF_PATH, to_config
 
@@ -236,6 +237,9 @@ class PlanInputs:
     partition: list[list[str]]
     flat_search: str
     """``flat_search`` resolved: ``"full"`` or ``"uniform"``."""
+    sptt: dict[str, tuple[ModelConfig, DMTModel, SPTTPlan]]
+    """Per SPTT mode (``"sptt"``, ``"dmt"``): its model's config, the model (on ``meta``) and
+    its shards' plan."""
 
 
 def check_plan_config(conf: PlanConfig) -> PlanInputs:
@@ -263,6 +267,30 @@ def check_plan_config(conf: PlanConfig) -> PlanInputs:
         gpu_setting=f"cluster.gpu_memory_gb={conf.cluster.gpu_memory_gb}",
     )
     budget.check_device(f"a GPU of cluster.gpu_memory_gb={conf.cluster.gpu_memory_gb}", gpu_bytes)
+    sparse_spec = sparse_optimizer_spec(conf.optim)
+    partition = _partition(conf, names, topo)
+    # the towers, pass-through or with the experiment's tower modules, and their shards (a
+    # layout SPTT cannot shard, e.g. row-wise tables of fewer rows than a tower's ranks, fails
+    # here)
+    sharder = DMTSharder(
+        topo, sharding_type=conf.sptt.sharding_type, sparse_optimizer=sparse_spec, memory=budget
+    )
+    towers = PartitionConfig(kind="explicit", towers=partition)
+    sptt: dict[str, tuple[ModelConfig, DMTModel, SPTTPlan]] = {}
+    for mode in ("sptt", "dmt"):
+        model_cfg = replace(conf.model, partition=towers)
+        if mode == "sptt" or conf.model.partition.kind == "none":
+            model_cfg = _base_dense(replace(model_cfg, tower=PassThroughTowerConfig()))
+        model = build_dmt_model(
+            model_cfg,
+            partition,
+            feature_names=names,
+            cardinalities=cards,
+            num_dense=num_dense,
+            table_device="meta",
+            dense_device="meta",
+        )
+        sptt[mode] = (model_cfg, model, sharder.plan(model, dense_on_meta=True))
     return PlanInputs(
         topo=topo,
         local_batch=B,
@@ -272,9 +300,10 @@ def check_plan_config(conf: PlanConfig) -> PlanInputs:
         gpu_bytes=gpu_bytes,
         budget=budget,
         dense_states=_dense_optimizer_states(conf),
-        sparse_spec=sparse_optimizer_spec(conf.optim),
-        partition=_partition(conf, names, topo),
+        sparse_spec=sparse_spec,
+        partition=partition,
         flat_search=_flat_search(conf.flat_search, len(names), topo.world_size),
+        sptt=sptt,
     )
 
 
@@ -299,31 +328,10 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
         comm_size=COMM_PRECISIONS[conf.sptt.comm_precision].itemsize,
     )
     sparse_name = sparse_optimizer_name(sparse_spec[0])
-    partition = inputs.partition
     modes: dict[str, ModePlan] = {}
 
-    # sptt / dmt: the towers, pass-through or with the experiment's tower modules
-    sharder = DMTSharder(
-        topo,
-        sharding_type=conf.sptt.sharding_type,
-        sparse_optimizer=sparse_spec,
-        memory=budget,
-    )
-    towers = PartitionConfig(kind="explicit", towers=partition)
-    for mode in ("sptt", "dmt"):
-        model_cfg = replace(conf.model, partition=towers)
-        if mode == "sptt" or conf.model.partition.kind == "none":
-            model_cfg = _base_dense(replace(model_cfg, tower=PassThroughTowerConfig()))
-        model = build_dmt_model(
-            model_cfg,
-            partition,
-            feature_names=names,
-            cardinalities=cards,
-            num_dense=num_dense,
-            table_device="meta",
-            dense_device="meta",
-        )
-        sptt_plan = sharder.plan(model, dense_on_meta=True)
+    # sptt / dmt: the towers and their shards' plans (check_plan_config)
+    for mode, (model_cfg, model, sptt_plan) in inputs.sptt.items():
         dims = model.tower_output_dims
         tower_bytes = [_param_bytes(t.tower_module) for t in model.towers]
         tower_acts = [dense_activations_per_sample(t.tower_module) for t in model.towers]
@@ -633,9 +641,10 @@ def main(cfg: DictConfig) -> None:
     # Hydra wrote there; a sweep's job, whose directory it may not know, is checked here.
     # An earlier plan.json stays until the new one replaces it, or goes if planning fails
     # (dmt.planning.run_dir.write_run_output)
-    report = write_run_output(
-        out, make, overwrite=conf.overwrite, checkpoint_dir=conf.trainer.checkpoint_dir
-    )
+    with one_line_errors():
+        report = write_run_output(
+            out, make, overwrite=conf.overwrite, checkpoint_dir=conf.trainer.checkpoint_dir
+        )
     print(format_report(report))
     print(f"written to {out / PLAN_FILE}")
 

@@ -14,6 +14,7 @@ override, e.g. ``cluster=h100 cluster.hosts=64``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hydra.core.config_store import ConfigStore
@@ -98,8 +99,8 @@ def validate_cluster(c: ClusterConfig) -> None:
         "nic_bandwidth_gbps",
     ):
         value = getattr(c, setting)
-        if not value > 0:
-            raise ValueError(f"cluster.{setting}={value!r} must be > 0")
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"cluster.{setting}={value!r} must be > 0 and finite")
     for setting in ("compute_efficiency", "lookup_efficiency"):
         value = getattr(c, setting)
         if not 0 < value <= 1:
@@ -111,8 +112,8 @@ def validate_cluster(c: ClusterConfig) -> None:
         "step_overhead_ms",
     ):
         value = getattr(c, setting)
-        if not value >= 0:
-            raise ValueError(f"cluster.{setting}={value!r} must be >= 0")
+        if not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"cluster.{setting}={value!r} must be >= 0 and finite")
     if c.gpus_per_host % c.ranks_per_nic:
         raise ValueError(
             f"cluster.ranks_per_nic={c.ranks_per_nic} must divide cluster.gpus_per_host="

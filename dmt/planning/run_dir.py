@@ -28,7 +28,8 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,19 @@ def _settings(config: DictConfig) -> tuple[bool, str]:
         raise ValueError(f"overwrite={overwrite!r} must be true or false")
     checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
     return overwrite, str(checkpoint_dir)
+
+
+@contextmanager
+def one_line_errors() -> Iterator[None]:
+    """A planning tool's ``ValueError`` (a layout that does not fit, settings that cannot be
+    planned) as one ``Error:`` line and exit status 1, not a traceback; with
+    ``HYDRA_FULL_ERROR=1`` the traceback, as Hydra gives it."""
+    try:
+        yield
+    except ValueError as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        sys.exit(f"Error: {e}")
 
 
 class PlanRunDirGuard(Callback):

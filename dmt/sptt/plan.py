@@ -189,7 +189,7 @@ class SPTTPlan:
         if kind == "row_wise":
             if self.num_embeddings[f] < topo.tower_size:
                 raise ValueError(
-                    f"{what} has {rows} rows, fewer than the K*L={topo.tower_size} ranks of a tower"
+                    f"{what} has {rows} row{'' if rows == 1 else 's'}, fewer than the K*L={topo.tower_size} ranks of a tower"
                 )
             if not (
                 full_cols

@@ -49,6 +49,18 @@ def test_an_earlier_inspect_json_is_replaced_only_with_overwrite(tmp_path: Path)
         "kept)\n"
     ), typo.stderr[-3000:]
     assert _texts(run_dir) == before
+    # settings the model refuses are checked there too (a reproduced bug: a tower count above
+    # the feature count was a traceback after Hydra wrote, and the earlier report was deleted)
+    towers = _inspect(
+        run_dir, "overwrite=true", "experiment=dmt_4t_dlrm", "model.partition.num_towers=30"
+    )
+    assert towers.returncode == 1, towers.stderr[-3000:]
+    assert towers.stderr == (
+        "Error: model.partition.num_towers: num_towers=30 must be an integer in [1, 26] for 26 "
+        "sparse features (more towers than features would leave towers empty)\n(nothing "
+        f"written: the earlier inspect.json in {run_dir} and its .hydra/ record are kept)\n"
+    )
+    assert _texts(run_dir) == before
     replaced = _inspect(
         run_dir, "overwrite=true", "model.embedding_dim=8", "model.bottom_mlp=[32,8]"
     )

@@ -86,13 +86,31 @@ def test_dmt_plan_writes_plan_json_and_replaces_it_only_with_overwrite(tmp_path:
         "are kept)"
     ), typo.stderr[-3000:]
     assert _texts(run_dir) == before
-    # a replacing plan that fails while planning leaves no plan.json of other settings beside
-    # its own .hydra/ (a reproduced bug: the earlier plan stayed, paired with the failed run's
-    # config)
-    failed = _plan(run_dir, "overwrite=true", "cluster.gpu_memory_gb=0.0000001")
+    # so does a layout SPTT cannot shard (a reproduced bug: a traceback after Hydra wrote, and
+    # the earlier plan deleted)
+    rows = _plan(run_dir, "overwrite=true", "sptt.sharding_type=row_wise",
+                 "data.synthetic.cardinality=1")  # fmt: skip
+    assert rows.returncode == 1, rows.stderr[-3000:]
+    assert rows.stderr == (
+        "Error: feature 'cat_0' (row_wise, tower 0) has 1 row, fewer than the K*L=2 ranks of a "
+        f"tower\n(nothing written: the earlier plan.json in {run_dir} and its .hydra/ record are "
+        "kept)\n"
+    )
+    assert _texts(run_dir) == before
+    # tables that fit no budget are found by the settings' checks too: nothing written
+    tables = _plan(run_dir, "overwrite=true", "cluster.gpu_memory_gb=0.0000001")
+    assert tables.returncode == 1, tables.stderr[-3000:]
+    assert "raise cluster.gpu_memory_gb or set sharding.hbm_gb" in tables.stderr
+    assert tables.stderr.endswith("and its .hydra/ record are kept)\n"), tables.stderr[-3000:]
+    assert _texts(run_dir) == before
+    # a replacing plan that fails while planning (here the activations of a large batch) leaves
+    # no plan.json of other settings beside its own .hydra/ (a reproduced bug: the earlier plan
+    # stayed, paired with the failed run's config), and says why in one line
+    failed = _plan(run_dir, "overwrite=true", "data.batch_size=1048576", "cluster.gpu_memory_gb=1")
     assert failed.returncode == 1, failed.stderr[-3000:]
-    assert "raise cluster.gpu_memory_gb or set sharding.hbm_gb" in failed.stderr
-    assert "cluster.gpu_memory_gb=0.0000001" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert failed.stderr.startswith("Error: sptt: rank 0 needs "), failed.stderr[-3000:]
+    assert len(failed.stderr.strip().splitlines()) == 1, failed.stderr[-3000:]
+    assert "data.batch_size=1048576" in (run_dir / ".hydra" / "overrides.yaml").read_text()
     assert not (run_dir / "plan.json").exists()
 
 

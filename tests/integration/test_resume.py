@@ -233,7 +233,9 @@ def test_resume_auto_without_a_checkpoint_does_not_replace_a_finished_run(tmp_pa
     run = tmp_path / "run"
     _train(run, "trainer.max_steps=2")
     before = (run / "metrics.json").read_text()
-    with pytest.raises(ValueError, match=r"already holds another run's outputs \(metrics.json\)"):
+    with pytest.raises(
+        ValueError, match=r"already holds another run's outputs \(metrics.json, history.jsonl\)"
+    ):
         _train(run, "trainer.max_steps=2", "trainer.resume_from=auto", "trainer.seed=1")
     assert (run / "metrics.json").read_text() == before
 

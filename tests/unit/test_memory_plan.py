@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import random
 import re
 
@@ -67,6 +69,11 @@ def test_sharding_config_defaults_and_validation():
         validate_sharding(ShardingConfig(hbm_gb=0))
     with pytest.raises(ValueError, match=r"sharding.ddr_gb=-1.0 must be a positive number"):
         validate_sharding(ShardingConfig(ddr_gb=-1.0))
+    # reproduced bugs: inf was an OverflowError traceback in dmt-plan, a budget below one byte
+    # an error naming MemoryBudget's hbm_bytes
+    for value in (math.inf, math.nan, 1e-12):
+        with pytest.raises(ValueError, match=rf"^sharding.hbm_gb={value!r} must be a positive"):
+            validate_sharding(ShardingConfig(hbm_gb=value))
     with pytest.raises(ValueError, match=r"sharding.uvm_cache_load_factor=0.0 must be strictly"):
         validate_sharding(ShardingConfig(uvm_cache_load_factor=0.0))
     b = MemoryBudget.from_gib("cuda", hbm_gb=80, ddr_gb=0.5, uvm_cache_load_factor=0.2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -112,9 +113,11 @@ def test_misspelt_key_fails_at_composition() -> None:
     ("change", "message"),
     [
         ({"hosts": 0}, "cluster.hosts=0 must be a positive integer"),
-        ({"nic_bandwidth_gbps": 0.0}, "cluster.nic_bandwidth_gbps=0.0 must be > 0"),
+        ({"nic_bandwidth_gbps": 0.0}, "cluster.nic_bandwidth_gbps=0.0 must be > 0 and finite"),
+        # reproduced bug: inf passed, then an OverflowError traceback in dmt-plan
+        ({"gpu_memory_gb": math.inf}, "cluster.gpu_memory_gb=inf must be > 0 and finite"),
         ({"compute_efficiency": 1.5}, "cluster.compute_efficiency=1.5 must be in (0, 1]"),
-        ({"nic_latency_us": -1.0}, "cluster.nic_latency_us=-1.0 must be >= 0"),
+        ({"nic_latency_us": -1.0}, "cluster.nic_latency_us=-1.0 must be >= 0 and finite"),
         (
             {"ranks_per_nic": 3},
             "cluster.ranks_per_nic=3 must divide cluster.gpus_per_host=8 "
