@@ -221,7 +221,20 @@ def load_run(path: Path, statistic: str = "min", repeats: Sequence[Path] = ()) -
     measured again: same settings and bytes)."""
     if statistic not in STATISTICS:
         raise ValueError(f"statistic={statistic!r}; expected one of {list(STATISTICS)}")
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+        return _run_of(path, data, statistic, repeats)
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a bench_sptt.py record ({_why(e)})") from None
+
+
+def _why(error: Exception) -> str:
+    """What a record lacks (a key) or why it does not parse."""
+    return f"no {error}" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
+
+
+def _run_of(path: Path, data: dict[str, Any], statistic: str, repeats: Sequence[Path]) -> Run:
+    """:func:`load_run` of ``path``'s parsed ``data``."""
     settings = data["settings"]
     g, local = int(settings["world_size"]), int(settings["local_world_size"])
     # Figure 7's step c: "output", or no setting (files from before bench_sptt recorded it
@@ -232,7 +245,11 @@ def load_run(path: Path, statistic: str = "min", repeats: Sequence[Path] = ()) -
         raise ValueError(f"{path}: no records of modes {missing} (has {sorted(records)})")
     runs_ms = {m: list(records[m]["ms_per_step_runs"]) for m in MODES}
     for repeat in repeats:
-        again = json.loads(repeat.read_text())
+        try:
+            again = json.loads(repeat.read_text())
+            again["settings"], again["records"]  # noqa: B018 (their presence)
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{repeat}: not a bench_sptt.py record ({_why(e)})") from None
         if {k: again["settings"].get(k) for k in settings} != settings:
             raise ValueError(f"{repeat}: settings differ from {path}'s; not a repeat of that cell")
         for r in again["records"]:
@@ -529,11 +546,19 @@ def main(argv: list[str] | None = None) -> None:
     paths = sorted(args.runs.glob("*.json"))
     if not paths:
         p.error(f"no *.json in runs directory {args.runs}")
-    runs = [
-        load_run(path, args.statistic, sorted(args.runs.glob(f"repeats/{path.name}")))
-        for path in paths
-    ]
+    try:
+        runs = [
+            load_run(path, args.statistic, sorted(args.runs.glob(f"repeats/{path.name}")))
+            for path in paths
+        ]
+    except ValueError as bad:
+        p.error(str(bad))
     held: set[str] = set()
+    if args.holdout == "each" and len(runs) < 2:
+        p.error(
+            f"--holdout each predicts every run from a fit on the others: it needs at least 2 "
+            f"runs, {args.runs} has {len(runs)}"
+        )
     if args.holdout != "each":
         try:
             held = {r.name for r in runs if _matches(r, args.holdout)}

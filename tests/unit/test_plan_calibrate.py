@@ -374,3 +374,32 @@ def test_a_failed_preset_leaves_both_outputs_as_they_were(
     main([*argv, "--json", str(report)])
     assert json.loads(report.read_text())["holdout"] == "rate=none"
     assert preset.read_text().startswith("# CPU cluster emulated")
+
+
+def test_files_that_are_not_records_and_a_single_run_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reproduced bugs: a JSON file without the record's keys among the runs was a KeyError
+    traceback; --holdout each with one run fitted, then failed with a traceback."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _run_file(runs / "G4_1gbit_B512.json", "1gbit", 512, dict.fromkeys(MODES, 60.0))
+    assert _refused(capsys, [str(runs), "--holdout", "each"]) == (
+        f"--holdout each predicts every run from a fit on the others: it needs at least 2 runs, "
+        f"{runs} has 1"
+    )
+    (runs / "bad.json").write_text('{"foo": 1}')
+    assert _refused(capsys, [str(runs), "--holdout", "name=bad"]) == (
+        f"{runs / 'bad.json'}: not a bench_sptt.py record (no 'settings')"
+    )
+    (runs / "bad.json").write_text("{")
+    assert _refused(capsys, [str(runs), "--holdout", "name=bad"]).startswith(
+        f"{runs / 'bad.json'}: not a bench_sptt.py record (JSONDecodeError: "
+    )
+    (runs / "bad.json").unlink()
+    (runs / "repeats").mkdir()
+    (runs / "repeats" / "G4_1gbit_B512.json").write_text("[]")
+    assert _refused(capsys, [str(runs), "--holdout", "each"]) == (
+        f"{runs / 'repeats' / 'G4_1gbit_B512.json'}: not a bench_sptt.py record (TypeError: "
+        "list indices must be integers or slices, not str)"
+    )
