@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -39,7 +41,7 @@ import numpy as np
 import yaml
 
 from dmt.models.partition import describe_features, describe_yaml_error
-from dmt.partitioner.affinity import load_affinity, model_affinity, save_affinity
+from dmt.partitioner.affinity import load_affinity, model_affinity, save_affinity, sidecar_path
 from dmt.partitioner.distance import STRATEGIES
 from dmt.partitioner.output import format_summary, plot_affinity_heatmap, save_partition
 from dmt.partitioner.partition import (
@@ -334,14 +336,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     _check_arguments(parser, args)
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {str(args.out)!r} is a file; expected a folder (made if missing)")
-    written = [PARTITION_FILE, HEATMAP_FILE] + ([AFFINITY_FILE] if args.checkpoint else [])
+    written = [PARTITION_FILE, HEATMAP_FILE]
+    if args.checkpoint:
+        written += [AFFINITY_FILE, sidecar_path(AFFINITY_FILE).name]
     existing = [str(args.out / name) for name in written if (args.out / name).exists()]
     if existing and not args.overwrite:
         parser.error(
             f"{', '.join(existing)} exist already (an earlier partition); choose another --out, "
             "or pass --overwrite to replace them"
         )
+    # every file is written into a staging folder beside the others and put in place once all
+    # are written: a failure (a heatmap that cannot be drawn, a full disk) leaves none of them
+    # half-made, and an earlier partition whole
+    made = [d for d in (args.out, *args.out.parents) if not d.exists()]
+    staging = args.out / f".dmt-partition-{os.getpid()}"
     try:
+        staging.mkdir(parents=True)
         if args.checkpoint is not None:
             checked: list[list[list[int]] | None] = []
             affinity, feature_names = checkpoint_affinity(
@@ -362,18 +372,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             affinity,
             feature_names,
             args.num_towers,
-            out_dir=args.out,
             strategy=args.strategy,
             max_size_ratio=args.max_size_ratio,
             embed_dim=args.embed_dim,
             seed=args.seed,
             pre_groups=pre_groups,
             affinity_source=source,
+            out_dir=staging,
         )
         if args.checkpoint is not None:
-            save_affinity(args.out / AFFINITY_FILE, affinity, feature_names)
+            save_affinity(staging / AFFINITY_FILE, affinity, feature_names)
+        for name in written:
+            os.replace(staging / name, args.out / name)
     except (OSError, ValueError) as error:
         parser.error(str(error))  # exits with status 2 and the message on stderr
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        for d in made:  # deepest first; only what this run made, and only when empty
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
     print(format_summary(result, affinity, feature_names))
     print("wrote " + ", ".join(str(args.out / name) for name in written))
     return 0

@@ -203,8 +203,9 @@ def plot_affinity_heatmap(
         )
     if len(picked) <= _MAX_TICK_LABELS and feature_names is not None:
         labels = [feature_names[i] for i in picked]
-        ax.set_xticks(range(len(picked)), labels, rotation=90, fontsize=6)
-        ax.set_yticks(range(len(picked)), labels, fontsize=6)
+        # names as they are: "$" in a name is not mathtext to parse
+        ax.set_xticks(range(len(picked)), labels, rotation=90, fontsize=6, parse_math=False)
+        ax.set_yticks(range(len(picked)), labels, fontsize=6, parse_math=False)
     else:
         ax.set_xticks([])
         ax.set_yticks([])

@@ -13,6 +13,7 @@ import yaml
 
 from dmt.config import PartitionConfig
 from dmt.models.partition import check_partition, load_partition_file, resolve_partition
+from dmt.partitioner import cli as partitioner_cli
 from dmt.partitioner import (
     format_summary,
     load_partition,
@@ -61,6 +62,35 @@ def test_cli_end_to_end(saved_affinity, tmp_path, capsys):
     assert png.startswith(PNG_MAGIC) and len(png) > 5_000
     printed = capsys.readouterr().out
     assert "12 features -> 3 towers" in printed and "stress" in printed
+
+
+def test_names_with_dollars_and_a_failed_heatmap_leave_no_half_partition(
+    tmp_path, capsys, monkeypatch
+):
+    """Reproduced bugs: a feature named with two "$" failed in matplotlib's mathtext after
+    partition.yaml was written (a rerun was then refused for it); a failure after the first
+    file left it beside the old heatmap."""
+    affinity, _ = planted_affinity([2, 2], seed=0)
+    path = tmp_path / "m.npy"
+    save_affinity(path, affinity, ["revenue_$_a_b_$", "b", "c", "d"])
+    out = tmp_path / "new" / "out"
+    assert main(["--affinity", str(path), "--num-towers", "2", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["affinity_heatmap.png", "partition.yaml"]
+    assert "revenue_$_a_b_$" in (out / "partition.yaml").read_text()
+
+    def fail(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(partitioner_cli, "plot_affinity_heatmap", fail)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    args = ["--affinity", str(path), "--num-towers", "2", "--seed", "7", "--overwrite"]
+    with pytest.raises(SystemExit):
+        main([*args, "--out", str(out)])
+    assert "No space left on device" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier, whole
+    with pytest.raises(SystemExit):  # a new --out: nothing left, not even its folders
+        main([*args, "--out", str(tmp_path / "other" / "out")])
+    assert not (tmp_path / "other").exists()
 
 
 @pytest.mark.parametrize("strategy", ["diverse", "coherent"])
