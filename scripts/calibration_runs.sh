@@ -64,35 +64,75 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$OUT" ]] || refuse "--out must name a directory, got ''"
 [[ ! -e "$OUT" || -d "$OUT" ]] || refuse "--out $OUT exists and is not a directory"
-positive='^[1-9][0-9]*$'
-[[ "$LOCAL" =~ $positive ]] || refuse "--local-world-size must be a positive integer, got '$LOCAL'"
-[[ "$RUNS" =~ $positive && "$RUNS" -ge 3 ]] ||
-    refuse "--runs must be an integer of at least 3 (a median of fewer is not a result), got '$RUNS'"
-[[ "$ITERS" =~ $positive ]] || refuse "--iters must be a positive integer, got '$ITERS'"
-[[ "$WARMUP" =~ ^[0-9]+$ ]] || refuse "--warmup must be an integer of at least 0, got '$WARMUP'"
+# whether $1 is an integer from $2 to $3: digits only, no leading zero, and at most nine of them,
+# so that bash's 64-bit arithmetic cannot wrap it round into the range
+int_in() { [[ "$1" =~ ^(0|[1-9][0-9]{0,8})$ ]] && (($1 >= $2 && $1 <= $3)); }
+int_in "$LOCAL" 1 1024 || refuse "--local-world-size must be an integer from 1 to 1024, got '$LOCAL'"
+int_in "$RUNS" 3 1000 ||
+    refuse "--runs must be an integer from 3 (a median of fewer is not a result) to 1000, got '$RUNS'"
+int_in "$ITERS" 1 1000000 || refuse "--iters must be an integer from 1 to 1000000, got '$ITERS'"
+int_in "$WARMUP" 0 1000000 || refuse "--warmup must be an integer from 0 to 1000000, got '$WARMUP'"
 [[ "$MODES" =~ ^(flat|sptt|dmt)(,(flat|sptt|dmt))*$ ]] ||
     refuse "--modes must be a comma-separated list of flat, sptt, dmt, got '$MODES'"
 [[ -n "${CELLS//[[:space:]]/}" ]] || refuse "--cells must name at least one G:RATE:BATCH cell"
 for cell in $CELLS; do
     IFS=: read -r G RATE BATCH <<<"$cell"
-    [[ "$G" =~ $positive && "$BATCH" =~ $positive && $((G % LOCAL)) -eq 0 &&
-        "$RATE" =~ ^(none|[0-9]+(\.[0-9]*)?[kmg]?bit)$ ]] ||
-        refuse "bad cell '$cell': want G:RATE:BATCH with G a multiple of L=$LOCAL, BATCH a" \
-            "positive integer and RATE none or tc's rate (1gbit, 2500mbit)"
+    int_in "$G" 1 4096 && int_in "$BATCH" 1 10000000 && (((G % LOCAL) == 0)) &&
+        [[ "$RATE" =~ ^(none|[0-9]+(\.[0-9]*)?[kmg]?bit)$ ]] ||
+        refuse "bad cell '$cell': want G:RATE:BATCH with G a multiple of L=$LOCAL up to 4096, BATCH" \
+            "an integer from 1 to 10000000 and RATE none or tc's rate (1gbit, 2500mbit)"
+    # netns_throttle.sh emulates 1 to 200 hosts
+    [[ "$RATE" == none || $((G / LOCAL)) -le 200 ]] ||
+        refuse "bad cell '$cell': G/L = $((G / LOCAL)) hosts; a throttled cell emulates at most 200"
 done
 [[ -x "$PYTHON" ]] || { echo "no python at $PYTHON (set PYTHON=...)" >&2; exit 1; }
 AS_ROOT=()
 [[ $(id -u) -eq 0 ]] || AS_ROOT=(sudo)
-# however the script ends: the running cell's temporary directory goes, and OUT if this run
-# made it and wrote nothing there
+# however the script ends: the running cell's command is stopped (and waited for), its temporary
+# directory goes, and so do the directories of OUT this run made, if it wrote nothing there
 tmp=""
-made_out=""
-[[ -d "$OUT" ]] || made_out=1
-trap '[[ -z "$tmp" ]] || rm -rf "$tmp"; [[ -z "$made_out" ]] || rmdir "$OUT" 2>/dev/null || true' EXIT
+made=() # the directories of OUT that do not exist yet, deepest first: never one that did
+dir="$OUT"
+while [[ ! -e "$dir" && ! -L "$dir" ]]; do
+    made+=("$dir")
+    dir="$(dirname "$dir")"
+done
+child=""    # the running cell's command
+starting="" # set while it is being started, before its process id is known
+got=""      # the signal (INT, TERM) that stops the script
+cleanup() {
+    [[ -z "$tmp" ]] || rm -rf "$tmp"
+    local d
+    for d in ${made[@]+"${made[@]}"}; do rmdir "$d" 2>/dev/null || break; done
+}
+trap cleanup EXIT
+# on Ctrl-C or kill: stop the cell's command with TERM and wait for it, clean up, then end by the
+# signal itself (as netns_throttle.sh does: a calling script stops too). An unthrottled cell runs
+# in a session of its own (setsid): TERM goes to its whole process group, the ranks the benchmark
+# spawned too. A throttled one runs netns_throttle.sh, which on TERM stops every process in its
+# namespaces and removes them; under sudo it keeps the terminal (a password prompt), and the TERM
+# is sent from a new session, as sudo relays no signal sent from its parent's process group.
+on_signal() {
+    got="$1"
+    [[ -z "$starting" || -n "$child" ]] || return 0 # stopped once its process id is known
+    trap - EXIT INT TERM
+    if [[ -n "$child" ]]; then
+        kill -TERM -- "-$child" 2>/dev/null || setsid -w kill -TERM "$child" 2>/dev/null ||
+            kill -TERM "$child" 2>/dev/null || true
+        wait "$child" 2>/dev/null || true
+    fi
+    cleanup
+    kill -s "$1" $$
+}
+trap 'on_signal INT' INT
+trap 'on_signal TERM' TERM
 mkdir -p "$OUT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
 
-leftover_netns() { ip netns list 2>/dev/null | awk '/^dmt[0-9]+(sw|h[0-9]+)/ {print $1}' | tr '\n' ' '; }
+# (none where ip fails or is missing: under pipefail its status ended the script after a cell)
+leftover_netns() {
+    { ip netns list 2>/dev/null || true; } | awk '/^dmt[0-9]+(sw|h[0-9]+)/ {print $1}' | tr '\n' ' '
+}
 
 failed=0 # a cell that failed makes the exit status 1, once the others ran
 for cell in $CELLS; do
@@ -106,8 +146,10 @@ for cell in $CELLS; do
         --modes "$MODES" --pipeline on --comm-precision fp32 --batch "$BATCH" --runs "$RUNS"
         --iters "$ITERS" --warmup "$WARMUP" --json "$tmp/bench.json"
         --peer-permute output)  # Figure 7's step c, as the stored cells were measured
+    session=() # how the command starts (on_signal)
     if [[ "$RATE" == none ]]; then
         cmd=("${bench[@]}")
+        session=(setsid -w)
     else
         cmd=("${AS_ROOT[@]}" bash "$ROOT/scripts/netns_throttle.sh" --hosts "$HOSTS" --rate "$RATE"
             -- env PYTHONPATH="$PYTHONPATH" OMP_NUM_THREADS=1 "${bench[@]}")
@@ -117,10 +159,18 @@ for cell in $CELLS; do
     echo "[$date_utc] $name: load $load_before" >&2
     start=$(date +%s)
     rc=0
-    "${cmd[@]}" >"$tmp/log" 2>&1 || rc=$?
+    # in the background, so that a signal to the script is handled at once (on_signal), not
+    # once the command has ended
+    starting=1
+    ${session[@]+"${session[@]}"} "${cmd[@]}" >"$tmp/log" 2>&1 &
+    child=$!
+    starting=""
+    [[ -z "$got" ]] || on_signal "$got"
+    wait "$child" || rc=$?
+    child=""
     if ((rc != 0)); then
         echo "$name failed (exit status $rc); last lines:" >&2
-        tail -20 "$tmp/log" >&2
+        tail -n 20 "$tmp/log" >&2
         rm -rf "$tmp"
         tmp=""
         # interrupted (Ctrl-C, kill): stop here rather than go on to the next cell

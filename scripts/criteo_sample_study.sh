@@ -10,7 +10,10 @@
 #
 #   bash scripts/criteo_sample_study.sh [OUT_DIR] [SEEDS]   # defaults: study/criteo_<PROTOCOL> 9
 #
-# 1. trains the base DLRM once (seed 0) with a checkpoint;
+# A relative OUT_DIR is taken from the directory you run the script in (the default is in the
+# repository); SEEDS is scripts/seeds.py's --seeds (K, LO-HI or a list), checked first.
+#
+# 1. trains the base DLRM once (seed 0) with a checkpoint (a rerun resumes an interrupted one);
 # 2. dmt-partition --checkpoint: the feature affinity of its embeddings over 40 training batches
 #    (20k rows; no test rows), partitioned into 2, 4 and 8 towers (OUT/tp{2,4,8}/partition.yaml,
 #    affinity_heatmap.png, affinity.npy);
@@ -18,7 +21,7 @@
 #    against naive at each tower count (OUT/seeds.json). Finished runs are read back, not rerun.
 # Needs ../shared/data/criteo-kaggle-sample/train.tsv (preprocessed on first use into data_cache/).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PROTOCOL=${PROTOCOL:-forward}
 case "$PROTOCOL" in
   forward) DATA="data=criteo_sample_forward"; EXP=criteo_forward ;;
@@ -26,17 +29,31 @@ case "$PROTOCOL" in
   holdout) DATA="data=criteo_sample_holdout"; EXP=criteo_sample ;;
   *) echo "PROTOCOL=$PROTOCOL: expected forward, refit or holdout" >&2; exit 2 ;;
 esac
-OUT=${1:-study/criteo_$PROTOCOL}
+OUT=${1:-}
 SEEDS=${2:-9}
+# the caller's OUT_DIR, made absolute before the cd into the repository (the default is there)
+if [[ -z "$OUT" ]]; then OUT="study/criteo_$PROTOCOL"; elif [[ "$OUT" != /* ]]; then OUT="$PWD/$OUT"; fi
+cd "$ROOT"
 if [[ "$OUT" =~ [[:space:]] ]]; then  # seeds.py splits each config's overrides at whitespace
   echo "OUT_DIR '$OUT' has whitespace; the study's configs name paths in it: choose one without" >&2
   exit 2
 fi
 PY=.venv/bin/python
+# a bad SEEDS ends the study here, not after the base training and the partitions
+"$PY" -c 'import sys
+from dmt.seeds import parse_seeds
+try:
+    parse_seeds(sys.argv[2])
+except ValueError as e:  # "--seeds TEXT: why"
+    why = str(e).partition(": ")[2]
+    sys.exit(f"{sys.argv[1]}: SEEDS {sys.argv[2]!r}: {why}")' \
+  "$(basename "$0")" "$SEEDS" || exit 2
 
+# trainer.resume_from=auto: a rerun after an interrupted base training goes on from its latest
+# checkpoint (or afresh without one), where dmt-train refuses a directory holding its history
 if [[ ! -f "$OUT/base_ckpt/metrics.json" ]]; then
   "$PY" -m dmt.train "experiment=${EXP}_dlrm" "$DATA" logger=disabled trainer.progress_bar=false \
-    trainer.checkpoint=true "hydra.run.dir=$OUT/base_ckpt"
+    trainer.checkpoint=true trainer.resume_from=auto "hydra.run.dir=$OUT/base_ckpt"
 fi
 for T in 2 4 8; do
   if [[ ! -f "$OUT/tp$T/partition.yaml" ]]; then

@@ -15,10 +15,12 @@
 #   OMP_NUM_THREADS=1 bash scripts/dmt_projection_study.sh [OUT_DIR] [SEEDS]   # study/dmt_projection 9
 #   ONLY="base tp4_d16_nobias tp4_d32_skip" bash scripts/dmt_projection_study.sh study/gap 0-26
 #
-# SEEDS is scripts/seeds.py's --seeds (K, LO-HI or a list); ONLY keeps the named configs (and the
-# comparisons between them), in the order below.
+# SEEDS is scripts/seeds.py's --seeds (K, LO-HI or a list), checked first; ONLY keeps the named
+# configs (and the comparisons between them), in the order below. A relative OUT_DIR is taken
+# from the directory you run the script in (the default is in the repository).
 #
-# 1. trains the base DLRM once (seed 0) with a checkpoint and partitions its embeddings' affinity
+# 1. trains the base DLRM once (seed 0) with a checkpoint (a rerun resumes an interrupted one:
+#    trainer.resume_from=auto) and partitions its embeddings' affinity
 #    into 4 and 8 towers (as scripts/criteo_sample_study.sh does);
 # 2. scripts/seeds.py, two processes on disjoint configs (2 cores), then the tables of val_auc
 #    (OUT/val_auc.txt, OUT/seeds_val_auc.json / .png) and test_auc (OUT/test_auc.txt, and
@@ -31,14 +33,26 @@
 #    ROWS=1 ONLY="base tp4_d16_nobias tp8_d16_nobias" bash scripts/dmt_projection_study.sh study/rows 9
 # Needs ../shared/data/criteo-kaggle-sample/train.tsv (preprocessed on first use into data_cache/).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-OUT=${1:-study/dmt_projection}
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT=${1:-}
 SEEDS=${2:-9}
+# the caller's OUT_DIR, made absolute before the cd into the repository (the default is there)
+if [[ -z "$OUT" ]]; then OUT=study/dmt_projection; elif [[ "$OUT" != /* ]]; then OUT="$PWD/$OUT"; fi
+cd "$ROOT"
 if [[ "$OUT" =~ [[:space:]] ]]; then  # seeds.py splits each config's overrides at whitespace
   echo "OUT_DIR '$OUT' has whitespace; the study's configs name paths in it: choose one without" >&2
   exit 2
 fi
 PY=.venv/bin/python
+# a bad SEEDS ends the study here, not after the base training and the partitions
+"$PY" -c 'import sys
+from dmt.seeds import parse_seeds
+try:
+    parse_seeds(sys.argv[2])
+except ValueError as e:  # "--seeds TEXT: why"
+    why = str(e).partition(": ")[2]
+    sys.exit(f"{sys.argv[1]}: SEEDS {sys.argv[2]!r}: {why}")' \
+  "$(basename "$0")" "$SEEDS" || exit 2
 DATA="data=criteo_sample_forward"
 DMT="experiment=criteo_forward_dmt_dlrm $DATA"
 tp() {  # towers, D, bias, further overrides
@@ -79,7 +93,7 @@ if [[ -n "${ONLY:-}" ]]; then
 fi
 if [[ ! -f "$OUT/base_ckpt/metrics.json" ]]; then
   "$PY" -m dmt.train experiment=criteo_forward_dlrm "$DATA" logger=disabled trainer.progress_bar=false \
-    trainer.checkpoint=true "hydra.run.dir=$OUT/base_ckpt"
+    trainer.checkpoint=true trainer.resume_from=auto "hydra.run.dir=$OUT/base_ckpt"
 fi
 for T in 4 8; do
   if [[ ! -f "$OUT/tp$T/partition.yaml" ]]; then
@@ -114,7 +128,7 @@ for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # a bare wait returns
 pids=()
 if (( failed )); then
   echo "training failed: see $OUT/train_a.log and $OUT/train_b.log" >&2
-  tail -5 "$OUT"/train_*.log >&2
+  tail -n 5 "$OUT"/train_*.log >&2
   exit 1
 fi
 pairs=()

@@ -22,17 +22,40 @@ usage() {
     echo "usage: $0 [--hosts H] [--rate RATE] [--burst BURST] -- COMMAND [ARGS...]" >&2
     exit 2
 }
+# a bad argument: say which and what was expected, exit 2 before anything is made
+refuse() {
+    echo "$(basename "$0"): $*" >&2
+    exit 2
+}
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --hosts) HOSTS="$2"; shift 2 ;;
-        --rate) RATE="$2"; shift 2 ;;
-        --burst) BURST="$2"; shift 2 ;;
+        --hosts | --rate | --burst)
+            [[ $# -ge 2 && "$2" != -- ]] || refuse "$1 needs a value"
+            case "$1" in
+                --hosts) HOSTS="$2" ;;
+                --rate) RATE="$2" ;;
+                --burst) BURST="$2" ;;
+            esac
+            shift 2
+            ;;
         --) shift; break ;;
         *) usage ;;
     esac
 done
 [[ $# -gt 0 ]] || usage
-[[ "$HOSTS" =~ ^[0-9]+$ && "$HOSTS" -ge 1 && "$HOSTS" -le 200 ]] || { echo "--hosts must be 1..200" >&2; exit 2; }
+# (three digits at most: bash's arithmetic cannot wrap a longer number round into the range)
+[[ "$HOSTS" =~ ^[1-9][0-9]{0,2}$ ]] && ((HOSTS <= 200)) ||
+    refuse "--hosts must be an integer from 1 to 200, got '$HOSTS'"
+# tc's forms (tc(8), "PARAMETERS"), units in any case: a rate is a number then bit or bps (bytes
+# per second), SI or IEC prefixed (kbit, mbit, gbit, tbit, kibit, ..., kbps, ..., kibps, ...); a
+# size is a number, bytes, or with b, k/kb, m/mb, g/gb (bytes), kbit, mbit, gbit (or IEC kib...).
+# A rate of 0 makes no link.
+[[ "${RATE,,}" =~ ^[0-9]+(\.[0-9]*)?([kmgt]i?)?(bit|bps)$ && "${RATE%%[!0-9.]*}" =~ [1-9] ]] ||
+    refuse "--rate must be a rate in tc's form, a number above 0 with a unit (1gbit, 2500mbit," \
+        "500kbit, 100mbps), got '$RATE'"
+[[ "${BURST,,}" =~ ^[0-9]+(\.[0-9]*)?(b|([kmg]i?)(b|bit)?)?$ && "${BURST%%[!0-9.]*}" =~ [1-9] ]] ||
+    refuse "--burst must be a size in tc's form, a number above 0 of bytes or with a unit (512kb," \
+        "1mb, 64kbit), got '$BURST'"
 [[ $(id -u) -eq 0 ]] || { echo "$0 needs root (ip netns, tc)" >&2; exit 1; }
 
 # unique per invocation: parallel runs do not collide, and the namespaces a killed run (SIGKILL:

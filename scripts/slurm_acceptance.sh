@@ -17,7 +17,8 @@
 #   TOLERANCE            preempted vs uninterrupted metrics (1e-6 on CPU; 2e-3 with GPUs, whose
 #                        FBGEMM backward and NCCL reductions are not bitwise deterministic)
 #   DMT_SLURM_WORK       directory for the runs (a new one under the checkout by default: every
-#                        node must see it); kept at the end, as the evidence
+#                        node must see it; a relative one is taken from where you run the
+#                        script); kept at the end, as the evidence
 # Checks, in order (the first failure ends the script with a non-zero status):
 #   1. A 2-point sweep through hydra-submitit-launcher: each point one SLURM job and one world of
 #      NODES x tasks-per-node ranks, with one metrics.json and its own rendezvous.
@@ -41,6 +42,21 @@ NODES="${NODES:-2}"
 GPUS="${GPUS_PER_NODE:-0}"
 CPUS="${CPUS_PER_TASK:-1}"
 TIMEOUT_S="${TIMEOUT_S:-600}"
+# a bad setting: say which and what was expected, exit 2 before anything is made
+refuse() {
+    echo "$(basename "$0"): $*" >&2
+    exit 2
+}
+# whether $1 is an integer from $2 to $3 (no leading zero, six digits at most: bash's arithmetic
+# cannot wrap it round into the range)
+int_in() { [[ "$1" =~ ^(0|[1-9][0-9]{0,5})$ ]] && (($1 >= $2 && $1 <= $3)); }
+int_in "$NODES" 1 100000 || refuse "NODES must be an integer from 1 to 100000, got '$NODES'"
+int_in "$GPUS" 0 1024 ||
+    refuse "GPUS_PER_NODE must be an integer from 0 (CPU) to 1024, got '$GPUS'"
+int_in "$CPUS" 1 100000 ||
+    refuse "CPUS_PER_TASK must be an integer from 1 to 100000, got '$CPUS'"
+[[ "$TIMEOUT_S" =~ ^[0-9]+(\.[0-9]+)?[smhd]?$ && "$TIMEOUT_S" =~ [1-9] ]] ||
+    refuse "TIMEOUT_S must be a duration above 0 in seconds (or timeout(1)'s 10m, 1h), got '$TIMEOUT_S'"
 if [[ "$GPUS" == 0 ]]; then
     TASKS=1
     DEVICE=cpu
@@ -66,6 +82,8 @@ command -v srun >/dev/null || fail "srun not found: run this on a SLURM login no
 WORK="${DMT_SLURM_WORK:-}"
 if [[ -z "$WORK" ]]; then
     WORK="$(mktemp -d "$ROOT/slurm-acceptance.XXXXXX")"
+elif [[ "$WORK" != /* ]]; then
+    WORK="$PWD/$WORK" # from where the script runs: the steps run in WORK and name paths in it
 fi
 mkdir -p "$WORK/log"
 NAME="dmt-acceptance-$$"
@@ -128,7 +146,10 @@ finish() {
     wait "$BG" || rc=$?
     BG=
     [[ $rc == 0 ]] || {
-        grep -v -e "Bypassing sacct error" -e "accounting storage is disabled" "$1" | tail -n 60
+        # (an empty log, or one of those lines only: grep's status 1 must not end the script
+        # under pipefail before the FAIL line)
+        { grep -v -e "Bypassing sacct error" -e "accounting storage is disabled" "$1" || true; } |
+            tail -n 60
         fail "$2 (exit status $rc; log $1)"
     }
 }

@@ -1,0 +1,327 @@
+"""The study and launcher scripts' own logic: where a relative path the caller gives lands, bad
+settings refused with a one-line message before anything runs or is made, a rerun that goes on.
+Each script runs from a copy of it in a stand-in checkout (``the repo``, with a space) whose
+``.venv/bin`` tools only record how they were called; SLURM's and iproute2's commands are
+stand-ins on ``PATH``: nothing trains, no job is submitted and no namespace is made."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "scripts"
+
+# every .venv tool of the stand-in checkout: records its name, arguments and directory in
+# $CALLS (and makes the hydra.run.dir it is given); fails (status 1, output "boom") when its first argument is $FAIL; `python -c` (the
+# scripts' own checks) runs for real
+TOOL = f"""#!{sys.executable}
+import json, os, sys
+if sys.argv[1:2] == ["-c"]:
+    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])
+call = {{"tool": os.path.basename(sys.argv[0]), "argv": sys.argv[1:], "cwd": os.getcwd()}}
+for arg in sys.argv[1:]:  # a training makes its run directory
+    if arg.startswith("hydra.run.dir="):
+        os.makedirs(arg.partition("=")[2], exist_ok=True)
+with open(os.environ["CALLS"], "a") as f:
+    f.write(json.dumps(call) + "\\n")
+if sys.argv[1:2] == [os.environ.get("FAIL")]:
+    print("boom")
+    sys.exit(1)
+"""
+
+
+def _checkout(tmp_path: Path, *scripts: str) -> Path:
+    """A stand-in checkout holding copies of ``scripts`` and recording tools."""
+    root = tmp_path / "the repo"
+    (root / "scripts").mkdir(parents=True)
+    for name in scripts:
+        shutil.copy(SCRIPTS / name, root / "scripts" / name)
+    (root / "scripts" / "setup.sh").write_text("exit 0\n")
+    (root / ".venv" / "bin").mkdir(parents=True)
+    for tool in ("python", "dmt-train", "dmt-partition", "dmt-eval"):
+        (root / ".venv" / "bin" / tool).write_text(TOOL)
+        (root / ".venv" / "bin" / tool).chmod(0o755)
+    return root
+
+
+def _run(
+    tmp_path: Path, script: Path, *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
+    """``bash script args`` in ``cwd``; its result and the tools' calls."""
+    calls = tmp_path / "calls.jsonl"
+    cwd.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(
+        ["bash", str(script), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "CALLS": str(calls), "PYTHONPATH": str(REPO), **(env or {})},
+    )
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    return result, [json.loads(line) for line in lines]
+
+
+def _value(argv: list[str], option: str) -> str:
+    return argv[argv.index(option) + 1]
+
+
+def test_scale_study_takes_a_relative_out_from_the_callers_directory(tmp_path: Path) -> None:
+    """Reproduced: the script ran the study with its default --out and the caller's relative
+    one, which then named a directory in the repository."""
+    root = _checkout(tmp_path, "scale_study.sh")
+    caller = tmp_path / "call dir"
+    script = root / "scripts" / "scale_study.sh"
+    for given in (["--out", "my study"], ["--out=my study"]):
+        result, calls = _run(tmp_path, script, *given, "--presets", "h100", cwd=caller)
+        assert result.returncode == 0, result.stderr
+        assert calls[-1]["argv"] == [
+            "benchmarks/scale_study.py", "--out", f"{caller}/my study", "--presets", "h100"
+        ]  # fmt: skip
+        assert calls[-1]["cwd"] == str(root)
+    result, calls = _run(tmp_path, script, "--gpus", "64", cwd=caller)  # the default: in the repo
+    argv = calls[-1]["argv"]
+    assert _value(argv, "--out").startswith("outputs/scale_study/") and argv[-2:] == [
+        "--gpus",
+        "64",
+    ]
+    assert argv.count("--out") == 1
+
+
+def _study_calls(calls: list[dict]) -> tuple[list[str], list[dict], list[dict]]:
+    """The base training's arguments, the dmt-partition calls and the seeds.py calls."""
+    (train,) = [c["argv"] for c in calls if c["argv"][:2] == ["-m", "dmt.train"]]
+    partition = [c for c in calls if c["tool"] == "dmt-partition"]
+    seeds = [c for c in calls if c["argv"][:1] == ["scripts/seeds.py"]]
+    return train, partition, seeds
+
+
+@pytest.mark.parametrize("script", ["criteo_sample_study.sh", "dmt_projection_study.sh"])
+def test_study_takes_a_relative_out_dir_from_the_callers_directory(
+    tmp_path: Path, script: str
+) -> None:
+    """Reproduced: ``criteo_sample_study.sh myout`` trained into <repo>/myout. The base training
+    resumes its own interrupted run (reproduced: a rerun after an interrupted base training was
+    refused by dmt-train, as a directory holding another run's history.jsonl)."""
+    root = _checkout(tmp_path, script)
+    caller = tmp_path / "caller"
+    env = {"ONLY": "base tp4_d16"}  # (dmt_projection_study.sh: two configs)
+    result, calls = _run(tmp_path, root / "scripts" / script, "myout", "2", cwd=caller, env=env)
+    assert result.returncode == 0, result.stderr
+    out = caller / "myout"
+    train, partition, seeds = _study_calls(calls)
+    assert f"hydra.run.dir={out}/base_ckpt" in train
+    assert "trainer.resume_from=auto" in train and "trainer.checkpoint=true" in train
+    assert partition and all(
+        _value(c["argv"], "--checkpoint") == f"{out}/base_ckpt/checkpoints"
+        and _value(c["argv"], "--out").startswith(f"{out}/tp")
+        for c in partition
+    )
+    assert seeds and all(_value(c["argv"], "--out") == str(out) for c in seeds)
+    assert all(_value(c["argv"], "--seeds") == "2" for c in seeds)
+    assert any(
+        f"model.partition.path={out}/tp4/partition.yaml" in a for c in seeds for a in c["argv"]
+    )
+    assert not (root / "myout").exists()
+
+
+@pytest.mark.parametrize("script", ["criteo_sample_study.sh", "dmt_projection_study.sh"])
+@pytest.mark.parametrize("seeds", ["0-", "0", "3-1", "a,b"])
+def test_study_refuses_bad_seeds_before_training(tmp_path: Path, script: str, seeds: str) -> None:
+    """Reproduced: ``criteo_sample_study.sh myout 0-`` trained the base model and ran
+    dmt-partition three times before seeds.py refused ``--seeds 0-``."""
+    root = _checkout(tmp_path, script)
+    result, calls = _run(tmp_path, root / "scripts" / script, "out", seeds, cwd=tmp_path / "c")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"{script}: SEEDS {seeds!r}: ")
+    assert result.stderr.count("\n") == 1
+    assert calls == []
+    assert list((tmp_path / "c").iterdir()) == []
+
+
+def test_study_refuses_an_out_dir_with_whitespace(tmp_path: Path) -> None:
+    """The caller's directory is part of a relative OUT_DIR: one with a space is refused (the
+    study's configs name paths in it), before anything runs."""
+    root = _checkout(tmp_path, "criteo_sample_study.sh")
+    caller = tmp_path / "a b"
+    result, calls = _run(tmp_path, root / "scripts" / "criteo_sample_study.sh", "o", cwd=caller)
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"OUT_DIR '{caller}/o' has whitespace; the study's configs name paths in it: choose one "
+        "without\n"
+    )
+    assert calls == []
+
+
+def test_projection_study_shows_the_tail_of_both_training_logs(tmp_path: Path) -> None:
+    """Reproduced: with both training processes failed, ``tail -5`` of the two logs failed
+    itself (tail: option used in invalid context -- 5) instead of showing them."""
+    root = _checkout(tmp_path, "dmt_projection_study.sh")
+    caller = tmp_path / "caller"
+    result, _ = _run(
+        tmp_path,
+        root / "scripts" / "dmt_projection_study.sh",
+        "out",
+        "2",
+        cwd=caller,
+        env={"ONLY": "base tp4_d16", "FAIL": "scripts/seeds.py"},
+    )
+    assert result.returncode == 1
+    out = caller / "out"
+    assert result.stderr == (
+        f"training failed: see {out}/train_a.log and {out}/train_b.log\n"
+        f"==> {out}/train_a.log <==\nboom\n\n==> {out}/train_b.log <==\nboom\n"
+    )
+
+
+def test_quickstart_takes_a_relative_run_directory_from_the_callers_directory(
+    tmp_path: Path,
+) -> None:
+    """The job runs in the repository (its outputs/ and the configs' data paths, README Quick
+    start); a relative hydra.run.dir / hydra.sweep.dir the caller gives is the caller's, quoted
+    for Hydra (the caller's directory may hold spaces, commas or quotes)."""
+    root = _checkout(tmp_path, "quickstart.sh")
+    caller = tmp_path / "it's, here"
+    args = ["model=dcn", "hydra.run.dir=my run", "++hydra.sweep.dir=s/${now:%H}"]
+    args += ["hydra.run.dir='a b'", "hydra.run.dir=/abs", "hydra.run.dir=${oc.env:HOME}"]
+    result, calls = _run(tmp_path, root / "scripts" / "quickstart.sh", *args, cwd=caller)
+    assert result.returncode == 0, result.stderr
+    (call,) = calls
+    assert call["tool"] == "dmt-train" and call["cwd"] == str(root)
+    argv = call["argv"]
+    assert argv[0] == "model=dcn" and argv[4:] == args[4:]  # absolute, interpolated: as given
+    parser = OverridesParser.create()
+    assert parser.parse_override(argv[1]).value() == f"{caller}/my run"
+    assert parser.parse_override(argv[2]).value() == f"{caller}/s/${{now:%H}}"
+    assert parser.parse_override(argv[3]).value() == f"{caller}/a b"
+    result, calls = _run(tmp_path, root / "scripts" / "quickstart.sh", cwd=caller)
+    assert calls[-1]["argv"] == []  # the default run directory: outputs/ in the repository
+
+
+# netns_throttle.sh: only its arguments are checked here. Stand-ins for ip and tc record any
+# call and fail, so that no namespace is made whatever the script does.
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hosts"], "--hosts needs a value"),  # reproduced: "$2: unbound variable"
+        (["--rate"], "--rate needs a value"),
+        (["--rate", "--", "true"], "--rate needs a value"),
+        (["--burst"], "--burst needs a value"),
+        (["--hosts", "0", "--", "true"], "--hosts must be an integer from 1 to 200, got '0'"),
+        (
+            ["--hosts", "18446744073709551617", "--", "true"],
+            "--hosts must be an integer from 1 to 200, got '18446744073709551617'",
+        ),  # fmt: skip
+        # reproduced: refused by tc only after the namespaces were made
+        (
+            ["--rate", "1gbt", "--", "true"],
+            "--rate must be a rate in tc's form, a number above 0 with a unit (1gbit, 2500mbit, "
+            "500kbit, 100mbps), got '1gbt'",
+        ),
+        (
+            ["--rate", "0mbit", "--", "true"],
+            "--rate must be a rate in tc's form, a number above 0 with a unit (1gbit, 2500mbit, "
+            "500kbit, 100mbps), got '0mbit'",
+        ),
+        (
+            ["--burst", "512 kb", "--", "true"],
+            "--burst must be a size in tc's form, a number above 0 of bytes or with a unit (512kb, "
+            "1mb, 64kbit), got '512 kb'",
+        ),
+    ],
+)
+def test_netns_throttle_refuses_bad_arguments_before_anything(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for tool in ("ip", "tc"):
+        (bin_ / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >>"{tmp_path}/net_calls"\nexit 1\n')
+        (bin_ / tool).chmod(0o755)
+    result = subprocess.run(
+        ["bash", str(SCRIPTS / "netns_throttle.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"},
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"netns_throttle.sh: {message}\n"
+    assert not (tmp_path / "net_calls").exists()
+
+
+def _slurm_stand_ins(tmp_path: Path) -> dict[str, str]:
+    """srun and scancel that do nothing, and a timeout (the script's way into every step) that
+    records its directory and arguments and fails, saying so (its log): the script ends at its
+    first step."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_ / "scancel").write_text("#!/bin/sh\nexit 0\n")
+    (bin_ / "timeout").write_text(
+        f'#!/bin/sh\npwd >"{tmp_path}/step"\nprintf "%s\\n" "$@" >>"{tmp_path}/step"\n'
+        "echo 'stand-in step failed'\nexit 1\n"
+    )
+    for tool in bin_.iterdir():
+        tool.chmod(0o755)
+    return {"PATH": f"{bin_}:{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"NODES": "2x"}, "NODES must be an integer from 1 to 100000, got '2x'"),
+        ({"NODES": "0"}, "NODES must be an integer from 1 to 100000, got '0'"),  # division by 0
+        (
+            {"NODES": "99999999999999999999"},
+            "NODES must be an integer from 1 to 100000, got '99999999999999999999'",
+        ),  # fmt: skip
+        (
+            {"GPUS_PER_NODE": "abc"},
+            "GPUS_PER_NODE must be an integer from 0 (CPU) to 1024, got 'abc'",
+        ),  # fmt: skip
+        ({"CPUS_PER_TASK": "0"}, "CPUS_PER_TASK must be an integer from 1 to 100000, got '0'"),
+        (
+            {"TIMEOUT_S": "ten"},
+            "TIMEOUT_S must be a duration above 0 in seconds (or timeout(1)'s 10m, 1h), got 'ten'",
+        ),  # fmt: skip
+    ],
+)
+def test_slurm_acceptance_refuses_bad_settings_before_anything(
+    tmp_path: Path, setting: dict[str, str], message: str
+) -> None:
+    """Reproduced: NODES=2x ("value too great for base"), NODES=0 (division by 0) and
+    GPUS_PER_NODE=abc (unbound variable) failed after DMT_SLURM_WORK/log was made."""
+    root = _checkout(tmp_path, "slurm_acceptance.sh")
+    work = tmp_path / "work"
+    env = {**_slurm_stand_ins(tmp_path), "DMT_SLURM_WORK": str(work), **setting}
+    result, _ = _run(tmp_path, root / "scripts" / "slurm_acceptance.sh", cwd=tmp_path, env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"slurm_acceptance.sh: {message}\n"
+    assert not work.exists() and not (tmp_path / "step").exists()
+
+
+def test_slurm_acceptance_takes_a_relative_work_directory_from_the_caller(tmp_path: Path) -> None:
+    """Reproduced: DMT_SLURM_WORK=work ran each step in work/ and named its sweep directory
+    work/multirun there: work/work/multirun."""
+    root = _checkout(tmp_path, "slurm_acceptance.sh")
+    caller = tmp_path / "caller"
+    env = {**_slurm_stand_ins(tmp_path), "DMT_SLURM_WORK": "work"}
+    result, _ = _run(tmp_path, root / "scripts" / "slurm_acceptance.sh", cwd=caller, env=env)
+    assert result.returncode == 1  # the first step failed (the stand-in timeout)
+    assert "FAIL: dmt-train -m hydra/launcher=slurm failed" in result.stderr
+    assert "stand-in step failed" in result.stdout
+    cwd, *argv = (tmp_path / "step").read_text().splitlines()
+    assert cwd == str(caller / "work")
+    assert f"hydra.sweep.dir={caller}/work/multirun" in argv
+    assert (caller / "work" / "log" / "sweep.log").exists()
