@@ -8,7 +8,11 @@ Builds a ~1 GB raw file by repeating the Kaggle sample (``../shared/data``) unde
 * torchrec: ``BinaryCriteoUtils.tsv_to_npys`` then ``BinaryCriteoUtils.sparse_to_contiguous``
             (frequency threshold 3), the documented TorchRec path from TSV to contiguous ids.
 
-Each run is a fresh process. Reported: wall time (including interpreter start and imports),
+Each run is a fresh process; the tools' outputs and logs go to a new directory of this
+invocation's own, ``<workdir>/run-<date>-<time>-<random>/`` (the logs stay there, named in the
+results; never over an earlier run's or a user's files). The repeated file is reused when one of
+that size is there (and then left, even without ``--keep``); a file of that name and another size
+is refused, not replaced. Reported: wall time (including interpreter start and imports),
 rows/s, peak memory of the whole process tree (PSS, sampled every 50 ms from /proc, so workers
 count once each) and the largest single process's peak RSS (``getrusage``). Also the start-up
 cost of each command alone. Prints the median of each figure with its range (min-max) over the
@@ -36,6 +40,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -80,19 +85,45 @@ def sample_problem(sample: Path) -> str | None:
     return None if problem is None else f"--sample {sample}:1: {problem} (Criteo Kaggle TSV)"
 
 
-def build_raw(sample: Path, target: Path, size_bytes: int) -> tuple[Path, int]:
-    """Repeat ``sample`` until the file holds at least ``size_bytes``; returns (path, rows). A
-    file of that size already there is reused."""
+RAW_NAME = "kaggle_repeated.tsv"
+
+
+def _repeat(sample: Path, size_bytes: int) -> tuple[bytes, int]:
+    """The bytes of ``sample`` (ending in a newline) and how many copies make ``size_bytes``."""
     data = sample.read_bytes()
     if not data.endswith(b"\n"):
         data += b"\n"
-    copies = max(1, -(-size_bytes // len(data)))
+    return data, max(1, -(-size_bytes // len(data)))
+
+
+def raw_problem(sample: Path, target: Path, size_bytes: int) -> str | None:
+    """Why ``target`` may not be (re)built from ``sample``: something of that name that is not
+    the repeated file of this size (a file of another size, or not a file) is not replaced, as
+    it may not be this benchmark's; ``None`` if ``target`` is missing or may be reused."""
+    if not target.exists() and not target.is_symlink():
+        return None
+    data, copies = _repeat(sample, size_bytes)
+    if target.is_file() and not target.is_symlink() and target.stat().st_size == copies * len(data):
+        return None
+    return (
+        f"--workdir {target.parent}: {target.name} exists and is not the {copies * len(data):,} "
+        "bytes this --sample and --size-gb repeat to; not replaced (this run did not make it): "
+        "remove it, or choose another --workdir"
+    )
+
+
+def build_raw(sample: Path, target: Path, size_bytes: int) -> tuple[Path, int]:
+    """Repeat ``sample`` until the file holds at least ``size_bytes``; returns (path, rows). A
+    file of that size already there is reused (another is refused first: :func:`raw_problem`);
+    the file is written under a fresh temporary name, then renamed."""
+    data, copies = _repeat(sample, size_bytes)
     rows = copies * data.count(b"\n")
     if target.is_file() and target.stat().st_size == copies * len(data):
         return target, rows
-    tmp = target.with_suffix(".partial")
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+    tmp = Path(name)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             for _ in range(copies):
                 f.write(data)
         tmp.rename(target)
@@ -196,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(problem)
     if REPO in args.workdir.resolve().parents or args.workdir.resolve() == REPO:
         p.error(f"--workdir {args.workdir}: must be outside the repository (raw Criteo rows)")
+    if args.workdir.exists() and not args.workdir.is_dir():
+        p.error(f"--workdir {args.workdir} is a file; expected a directory")
+    if not args.workdir.exists() and (error := existing_output(args.workdir, "--workdir", False)):
+        p.error(error)  # under a file
+    if error := raw_problem(args.sample, args.workdir / RAW_NAME, int(args.size_gb * 1e9)):
+        p.error(error)
     built: list[Path] = []
     with output_directory(args.workdir):
         try:
@@ -217,11 +254,15 @@ def _run(args: argparse.Namespace, json_path: Path, built: list[Path]) -> int:
     ``built`` first (taken away by the caller if the run fails)."""
     load_start = os.getloadavg()
     print(f"load average before: {_load(load_start)}", flush=True)
-    target = args.workdir / "kaggle_repeated.tsv"
+    target = args.workdir / RAW_NAME
     existed = target.exists()
-    raw, rows = build_raw(args.sample, target, int(args.size_gb * 1e9))
     if not existed:
-        built.append(raw)
+        built.append(target)
+    raw, rows = build_raw(args.sample, target, int(args.size_gb * 1e9))
+    # the tools' outputs and logs: a directory of this run's own, never an earlier run's names
+    # (its logs stay beside its results; a user's out-dmt/ in the workdir is not touched)
+    run_dir = Path(tempfile.mkdtemp(prefix=time.strftime("run-%Y%m%d-%H%M%S-"), dir=args.workdir))
+    built.append(run_dir)
     size_gb = raw.stat().st_size / 1e9
     print(f"raw file: {raw} ({size_gb:.2f} GB, {rows:,} rows)")
     # PYTHONSAFEPATH (Python 3.11+): no dmt/ or torchrec/ of the working directory shadows the real ones
@@ -253,10 +294,9 @@ def _run(args: argparse.Namespace, json_path: Path, built: list[Path]) -> int:
     results: dict[str, list[dict[str, float]]] = {t: [] for t in tools}
     for run in range(args.runs):
         for name in tools if run % 2 == 0 else reversed(list(tools)):
-            out = args.workdir / f"out-{name}"
-            log = args.workdir / f"{name}-run{run + 1}.log"
-            built += [out, log]
-            shutil.rmtree(out, ignore_errors=True)
+            out = run_dir / f"out-{name}"
+            log = run_dir / f"{name}-run{run + 1}.log"
+            shutil.rmtree(out, ignore_errors=True)  # this run's own, from its run before
             if name == "torchrec":
                 out.mkdir()
             r = measure(tools[name](out), env=env, log=log)
@@ -301,6 +341,7 @@ def _run(args: argparse.Namespace, json_path: Path, built: list[Path]) -> int:
         "load_avg_start": list(load_start),
         "load_avg_end": list(load_end),
         "startup_s": startup_s,
+        "logs": str(run_dir),
         "results": results,
         "medians": summary,
         "ranges": ranges,
@@ -310,10 +351,10 @@ def _run(args: argparse.Namespace, json_path: Path, built: list[Path]) -> int:
         report["speedup_dmt_vs_torchrec"] = ratio
         print(f"  dmt is {ratio:.1f}x faster than TorchRec (median wall time)")
     write_json(json_path, report, replace=args.overwrite)
-    print(f"results: {json_path}")
+    print(f"results: {json_path}; the tools' logs: {run_dir}")
     if args.smoke:
         print("WARNING: --smoke run: not a result", file=sys.stderr)
-    if not args.keep:
+    if not args.keep and not existed:  # a file an earlier run kept (--keep) stays
         raw.unlink()
     return 0
 

@@ -237,8 +237,21 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
                 f"--world-size {G} is {G // L} hosts of --local-world-size {L}: not a multiple "
                 f"of --hosts-per-tower {K} (every tower spans K whole hosts)"
             )
+    if not 0 <= args.node_rank < args.nnodes:
+        p.error(
+            f"--node-rank {args.node_rank}: expected 0 to {args.nnodes - 1} (this launcher's "
+            f"index among --nnodes {args.nnodes})"
+        )
     if args.nnodes > 1 and not args.init_file:
         p.error("--nnodes > 1 needs --init-file (a file every launcher can reach)")
+    if args.init_file:  # file:// takes an absolute path ("file://rdv": no path, a traceback)
+        args.init_file = os.path.abspath(args.init_file)
+        folder = os.path.dirname(args.init_file)
+        if os.path.isdir(args.init_file) or not os.path.isdir(folder):
+            p.error(
+                f"--init-file {args.init_file}: expected a file in an existing directory (the "
+                "launchers' rendezvous)"
+            )
     return args
 
 

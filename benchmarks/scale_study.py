@@ -36,7 +36,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dmt.results import config_options, output_directory, write_json
+from dmt.results import config_options, existing_output, output_directory, write_json
 from dmt.sptt.plan import SHARDING_KINDS
 
 PAPER = {
@@ -416,6 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--out {args.out} is a file: give a new directory")
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"--out {args.out} exists and is not empty: give a new directory")
+    if not args.out.exists() and (error := existing_output(args.out, "--out", False)):
+        parser.error(error)  # under a file: it could not be made, after the arguments passed
     points_to_plan = scale_points(parser, args)
     with output_directory(args.out):
         try:

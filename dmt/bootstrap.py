@@ -179,6 +179,8 @@ def row_bootstrap(
         raise ValueError(f"row_bootstrap: resamples={resamples} must be >= 1")
     if not 0 < level < 1:
         raise ValueError(f"row_bootstrap: level={level} must be between 0 and 1")
+    if seed < 0:  # NumPy's own message ("expected non-negative integer") names no seed
+        raise ValueError(f"row_bootstrap: seed={seed} must be >= 0")
     y = np.asarray(labels, dtype=np.float64)
     n = len(y)
     if not 1 <= block <= n:

@@ -18,16 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import statistics
 import warnings
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from scipy.stats import mannwhitneyu
 
-from dmt.results import write_json
+from dmt.results import _one_line, existing_output, write_json
 from dmt.run_dir import outputs_of
 
 ALTERNATIVES = ("two-sided", "greater", "less")
@@ -101,8 +103,19 @@ def study(
     """Run (or read) every config at every seed; summary and comparisons as a JSON-able dict.
 
     ``pairs`` lists the ``(a, b)`` comparisons; by default the first config against each other.
+    Every run is checked before the first one trains: the runs found are read back (same
+    settings, the metric present), and the config of every missing one is composed and validated
+    (``ValueError``, one line, for a bad override or setting, a ``metric`` its runs do not
+    report, or a config name that is not a single directory name), so that a mistake in a later
+    config does not stop the study after the earlier ones trained.
     """
     names = list(configs)
+    for name in names:
+        if not is_directory_name(name):
+            raise ValueError(
+                f"config name {name!r}: its runs go to {out}/<name>/; give a single directory "
+                "name (no '/', not '.' or '..')"
+            )
     unknown = sorted({n for pair in pairs for n in pair} - set(names))
     if unknown:
         raise ValueError(f"--pair names unknown config(s) {unknown}; the configs are {names}")
@@ -112,56 +125,119 @@ def study(
         raise ValueError(
             f"seeds {list(seeds)}: comparing configs (Mann-Whitney U) needs at least 2 seeds"
         )
-    from dmt.train import (  # noqa: PLC0415  (keeps --help fast)
-        compose_config,
-        run_metric_names,
-        to_config,
-        train,
-    )
+    from dmt.train import train  # noqa: PLC0415  (keeps --help fast)
 
-    results: dict[str, Any] = {}
+    runs = []  # a loop, not a comprehension: _check_same_run's warning names study's caller
     for name, overrides in configs.items():
-        values = []
         for seed in seeds:
-            run_dir = out / name / f"seed_{seed}"
-            path = run_dir / "metrics.json"
-            settings = [*common, *overrides, f"trainer.seed={seed}"]
-            if path.exists():
-                _check_same_run(run_dir, name, settings)
-                metrics = json.loads(path.read_text())
-            elif train_missing:
-                args = [*_quiet(list(common) + overrides), *settings]
-                cfg = compose_config(*args)  # a bad override fails before anything is written
-                known = run_metric_names(to_config(cfg))
-                if metric not in known:  # before the run trains, not after it
-                    raise ValueError(
-                        f"--metric {metric!r} is not a metric of config {name}'s runs; choose "
-                        f"one of {sorted(known)}"
-                    )
-                ckpt = str(cfg.trainer.checkpoint_dir)
-                if (run_dir / RUN_FILE).exists() and outputs_of(run_dir, ckpt):
-                    # an earlier call stopped in this run after a checkpoint: go on from the
-                    # latest, if it ran these settings
-                    _check_same_run(run_dir, name, settings)
-                    if cfg.trainer.resume_from is None:
-                        cfg.trainer.resume_from = "auto"
-                        args.append("trainer.resume_from=auto")
-                else:  # nothing trained here yet (or nothing kept): these settings are the run's
-                    write_json(run_dir / RUN_FILE, {"config": name, "overrides": settings})
-                print(f"[{name} seed {seed}] dmt-train {' '.join(args)}", flush=True)
-                metrics = train(cfg, run_dir)
-            else:
-                raise ValueError(f"{path} is missing (run without --no-train to train it)")
+            runs.append(_plan_run(name, overrides, seed, out, metric, common, train_missing))
+    values: dict[str, list[float]] = {name: [] for name in names}
+    for run in runs:
+        metrics = run.metrics
+        if metrics is None:  # to train (checked above with every other run)
+            assert run.cfg is not None
+            if not run.resume:  # nothing trained here yet (or nothing kept): the run's settings
+                write_json(run.run_dir / RUN_FILE, {"config": run.name, "overrides": run.settings})
+            print(f"[{run.name} seed {run.seed}] dmt-train {' '.join(run.args)}", flush=True)
+            metrics = train(run.cfg, run.run_dir)
             if metric not in metrics:
+                path = run.run_dir / "metrics.json"
                 raise ValueError(f"{path} has no {metric!r} (has {sorted(metrics)})")
-            values.append(metrics[metric])
-        results[name] = {"overrides": [*common, *overrides], **summarize(values)}
+        values[run.name].append(metrics[metric])
+    results: dict[str, Any] = {
+        name: {"overrides": [*common, *overrides], **summarize(values[name])}
+        for name, overrides in configs.items()
+    }
     chosen = list(pairs) or [(names[0], other) for other in names[1:]]
     comparisons = [
         {"a": a, "b": b, **compare(results[a]["values"], results[b]["values"], alternative, method)}
         for a, b in chosen
     ]
     return {"metric": metric, "seeds": list(seeds), "configs": results, "comparisons": comparisons}
+
+
+def is_directory_name(name: str) -> bool:
+    """Whether ``name`` is one directory's name inside another (no ``/``, not ``.`` or ``..``,
+    not empty): a config's runs go to ``<out>/<name>/``, never outside ``<out>``."""
+    return name not in ("", ".", "..") and "/" not in name and "\x00" not in name
+
+
+@dataclass
+class _Run:
+    """One run of a study: read back (``metrics``) or to train (``cfg``, composed and checked)."""
+
+    name: str
+    seed: int
+    run_dir: Path
+    settings: list[str]
+    metrics: dict[str, Any] | None = None
+    cfg: Any = None
+    args: list[str] = field(default_factory=list)
+    resume: bool = False
+
+
+def _plan_run(
+    name: str,
+    overrides: list[str],
+    seed: int,
+    out: Path,
+    metric: str,
+    common: Sequence[str],
+    train_missing: bool,
+) -> _Run:
+    """Config ``name``'s run at ``seed``, checked (``ValueError``) before any run trains."""
+    run_dir = out / name / f"seed_{seed}"
+    path = run_dir / "metrics.json"
+    settings = [*common, *overrides, f"trainer.seed={seed}"]
+    run = _Run(name, seed, run_dir, settings)
+    if path.exists():
+        _check_same_run(run_dir, name, settings)
+        run.metrics = _read_metrics(path)
+        if metric not in run.metrics:
+            raise ValueError(f"{path} has no {metric!r} (has {sorted(run.metrics)})")
+        return run
+    if not train_missing:
+        raise ValueError(f"{path} is missing (run without --no-train to train it)")
+    from hydra.errors import HydraException  # noqa: PLC0415  (keeps --help fast)
+    from omegaconf.errors import OmegaConfBaseException  # noqa: PLC0415
+
+    from dmt.train import compose_config, run_metric_names, to_config  # noqa: PLC0415
+
+    run.args = [*_quiet(list(common) + overrides), *settings]
+    try:  # a bad override or setting fails before anything is written or trained
+        run.cfg = compose_config(*run.args)
+        conf = to_config(run.cfg)
+    except (ValueError, HydraException, OmegaConfBaseException) as e:  # Hydra's: many lines
+        raise ValueError(f"{_one_line(e)} (config {name!r})") from e
+    known = run_metric_names(conf)
+    if metric not in known:  # before the run trains, not after it
+        raise ValueError(
+            f"--metric {metric!r} is not a metric of config {name}'s runs; choose "
+            f"one of {sorted(known)}"
+        )
+    ckpt = str(run.cfg.trainer.checkpoint_dir)
+    if (run_dir / RUN_FILE).exists() and outputs_of(run_dir, ckpt):
+        # an earlier call stopped in this run after a checkpoint: go on from the latest, if it
+        # ran these settings
+        _check_same_run(run_dir, name, settings)
+        run.resume = True
+        if run.cfg.trainer.resume_from is None:
+            run.cfg.trainer.resume_from = "auto"
+            run.args.append("trainer.resume_from=auto")
+    return run
+
+
+def _read_metrics(path: Path) -> dict[str, Any]:
+    """A run's ``metrics.json``; ``ValueError`` naming the file if it is not a JSON object."""
+    try:
+        metrics = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path}: not a readable metrics.json ({type(e).__name__}: {e})") from e
+    if not isinstance(metrics, dict):
+        raise ValueError(
+            f"{path}: expected a JSON object of metrics, found {type(metrics).__name__}"
+        )
+    return metrics
 
 
 class StaleRun(ValueError):
@@ -175,7 +251,7 @@ def _check_same_run(run_dir: Path, name: str, settings: list[str]) -> None:
         warnings.warn(
             f"{run_dir} has no {RUN_FILE} (a run of an older dmt): its overrides cannot be "
             f"checked against config {name!r}'s; its metrics are read as they are",
-            stacklevel=3,
+            stacklevel=4,  # the caller of study()
         )
         return
     ran = json.loads(record.read_text()).get("overrides")
@@ -235,6 +311,25 @@ def box_plot(report: dict[str, Any], path: Path, *, replace: bool = True) -> Non
     ax.set_title(f"{report['metric']} per config, {len(report['seeds'])} seeds")
     ax.grid(axis="y", alpha=0.3)
     save_figure(fig, path, replace=replace)
+
+
+def split_overrides(parser: argparse.ArgumentParser, option: str, text: str) -> list[str]:
+    """The Hydra overrides in ``text`` (one quoted string of ``option``), split as a shell
+    would; an unclosed quote is ``parser.error`` (exit 2, one line), not a traceback."""
+    try:
+        return shlex.split(text)
+    except ValueError as e:  # "No closing quotation", "No escaped character"
+        parser.error(f"{option} {text!r}: {e}; expected Hydra overrides in one string")
+
+
+def output_dir_problem(path: Path, option: str) -> str | None:
+    """Why ``path`` (given as ``option``) cannot be a command's output directory: it is a file,
+    or lies under one; ``None`` if it is a directory or can be made."""
+    if path.exists() and not path.is_dir():
+        return f"{option} {path} is a file; expected a directory"
+    if not path.exists():
+        return existing_output(path, option, False)  # a parent that is a file
+    return None
 
 
 def seeds_option(text: str) -> list[int]:

@@ -82,7 +82,16 @@ def read_trials(sweep_dir: str | Path) -> list[Trial]:
     for overrides_file in sweep_dir.glob(f"**/{OVERRIDES_FILE}"):
         run_dir = overrides_file.parent.parent
         overrides: dict[str, str] = {}
-        for item in yaml.safe_load(overrides_file.read_text()) or []:
+        try:
+            items = yaml.safe_load(overrides_file.read_text()) or []
+        except (OSError, ValueError, yaml.YAMLError) as e:
+            items = e
+        if not isinstance(items, list):  # a damaged file: named, not a traceback from yaml
+            raise ValueError(
+                f"{overrides_file}: expected Hydra's YAML list of overrides, found "
+                f"{type(items).__name__}: {' '.join(str(items).split())}"
+            )
+        for item in items:
             key, _, value = str(item).partition("=")
             overrides[key] = value
         hydra_file = run_dir / HYDRA_FILE
@@ -92,16 +101,34 @@ def read_trials(sweep_dir: str | Path) -> list[Trial]:
                 if hydra_file.is_file()
                 else int(run_dir.name)
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, yaml.YAMLError) as e:
             raise ValueError(
                 f"{run_dir}: holds {OVERRIDES_FILE} but no trial number (expected hydra.job.num "
-                f"in {HYDRA_FILE}, or a directory named by the number): {type(e).__name__}: {e}; "
+                f"in {HYDRA_FILE}, or a directory named by the number): {type(e).__name__}: "
+                f"{' '.join(str(e).split())}; "
                 "move what is not a trial of the sweep out of its directory"
             ) from e
         metrics_file = run_dir / METRICS_FILE
-        metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else None
+        metrics = _read_metrics(metrics_file) if metrics_file.is_file() else None
         trials.append(Trial(number, run_dir, overrides, metrics))
     return sorted(trials, key=lambda t: (t.number, str(t.directory)))
+
+
+def _read_metrics(path: Path) -> dict[str, float]:
+    """A trial's ``metrics.json``; ``ValueError`` naming the file when it is not a JSON object
+    (a damaged file failed with a bare ``JSONDecodeError`` that named no file)."""
+    try:
+        metrics = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(
+            f"{path}: not a readable metrics.json ({type(e).__name__}: {e}); move it, or the "
+            "trial's directory, out of the sweep"
+        ) from e
+    if not isinstance(metrics, dict):
+        raise ValueError(
+            f"{path}: expected a JSON object of metrics, found {type(metrics).__name__}"
+        )
+    return metrics
 
 
 def varying_overrides(trials: list[Trial], swept: Collection[str] = ()) -> list[str]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,15 @@ from typing import Any
 import yaml
 
 from dmt.results import write_json
-from dmt.seeds import StaleRun, box_plot, format_report, parse_seeds, seeds_option, study
+from dmt.seeds import (
+    box_plot,
+    format_report,
+    output_dir_problem,
+    parse_seeds,
+    seeds_option,
+    split_overrides,
+    study,
+)
 from dmt.trials import Trial, override_list, read_trials, top_trials, trial_names
 
 CONFIRM_FILE = "confirm.json"
@@ -111,10 +118,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if len(args.seeds) < 2:
         parser.error(f"--seeds {args.seeds}: a median and a comparison need at least 2 seeds")
     out = args.out or args.sweep_dir / "confirm"
+    if (error := output_dir_problem(out, "--out")) is not None:
+        parser.error(error)
+    common = split_overrides(parser, "--common", args.common)
     for name in (CONFIRM_FILE, "seeds.json", "seeds.png"):
         if (out / name).exists() and not args.overwrite:
             parser.error(f"{out / name} exists (--overwrite to replace it)")
-    trials = read_trials(args.sweep_dir)
+    try:  # a folder of the sweep that is no trial, a damaged metrics.json: named, one line
+        trials = read_trials(args.sweep_dir)
+    except ValueError as e:
+        parser.error(str(e))
     if not trials:
         parser.error(
             f"{args.sweep_dir} holds no trials (run directories with .hydra/overrides.yaml)"
@@ -144,10 +157,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.seeds,
             out,
             metric=args.metric,
-            common=shlex.split(args.common),
+            common=common,
             pairs=[(names[0], n) for n in names[1:]],
         )
-    except StaleRun as err:  # a mistake of the command line, not of dmt: no traceback
+    except ValueError as err:  # a mistake of the command line (a bad override, StaleRun)
         parser.error(str(err))
     ranking = rank(report, sweep_values, maximize=maximize)
     result = {

@@ -13,11 +13,12 @@ Score each run on the same rows with ``dmt-eval --predictions``, e.g. the runs o
         --group dmt4 'study/tp4/seed_*/pred_test.npz' --out study/row_bootstrap_test.json
 
 Each ``--group NAME FILE...`` is a model: its runs' predictions files, one per run (a quoted
-glob stands for the files it matches). The first group is compared with every other one, or the pairs given with ``--pair A B``
-(B against A): the difference of their mean AUCs over runs, resampled over the rows (the
-difference of their medians, as the seeds' tables report them, beside it). Prints a table and
-writes every comparison's report (``--out``, JSON; an existing file is refused unless
-``--overwrite``).
+glob stands for the files it matches; the path of an existing file is that file, glob characters
+and all, as in Hydra's sweep directories: ``mlp=[64,16]/pred.npz``). The first group is compared
+with every other one, or the pairs given with ``--pair A B`` (B against A): the difference of
+their mean AUCs over runs, resampled over the rows (the difference of their medians, as the
+seeds' tables report them, beside it). Prints a table and writes every comparison's report
+(``--out``, JSON; an existing file is refused unless ``--overwrite``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, help="write the reports here (JSON)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
+    if args.seed < 0:  # NumPy's message named no option
+        parser.error(f"--seed {args.seed}: expected a non-negative integer")
     if error := existing_output(args.out, "--out", args.overwrite):
         parser.error(error)
     files: dict[str, list[str]] = {}
@@ -76,7 +79,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parser.error(f"--group {name} is given twice")
         files[name] = []
         for pattern in patterns:
-            matched = sorted(glob.glob(pattern, recursive=True))
+            # an existing file is itself, not a pattern: Hydra's sweep directories are named by
+            # their overrides, brackets and all (mlp=[64,16]/pred.npz)
+            literal = Path(pattern).is_file()
+            matched = [pattern] if literal else sorted(glob.glob(pattern, recursive=True))
             if not matched:
                 parser.error(f"--group {name}: no file matches {pattern!r}")
             files[name] += [f for f in matched if f not in files[name]]

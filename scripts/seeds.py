@@ -28,7 +28,6 @@ training, unless ``--overwrite`` (the runs themselves are read back, never repla
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,8 +37,11 @@ from dmt.seeds import (
     ALTERNATIVES,
     box_plot,
     format_report,
+    is_directory_name,
+    output_dir_problem,
     parse_seeds,
     seeds_option,
+    split_overrides,
     study,
 )
 
@@ -102,6 +104,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--overwrite", action="store_true", help="replace an earlier summary of that name in OUT"
     )
     args = parser.parse_args(argv)
+    if (error := output_dir_problem(args.out, "--out")) is not None:
+        parser.error(error)
+    if args.name is not None and not is_directory_name(args.name):
+        parser.error(
+            f"--name {args.name!r}: expected a file stem inside --out (no '/', not '.' or '..')"
+        )
     stem = args.name or ("seeds" if args.metric == "test_auc" else f"seeds_{args.metric}")
     table, plot = args.out / f"{stem}.json", args.out / f"{stem}.png"
     for path in (table, plot):
@@ -110,22 +118,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{path} exists (an earlier summary): pass --overwrite to replace it, or --name "
                 "for another"
             )
-    configs = {name: shlex.split(overrides) for name, overrides in args.config}
+    configs: dict[str, list[str]] = {}
+    for name, overrides in args.config:
+        if not is_directory_name(name):
+            parser.error(
+                f"--config {name!r}: a config's name is its directory in --out "
+                "(OUT/NAME/seed_<S>); give a single name (no '/', not '.' or '..')"
+            )
+        configs[name] = split_overrides(parser, f"--config {name}", overrides)
     if len(configs) != len(args.config):
         parser.error("config names must be unique")
+    common = split_overrides(parser, "--common", args.common)
     try:
         report = study(
             configs,
             args.seeds,
             args.out,
             metric=args.metric,
-            common=shlex.split(args.common),
+            common=common,
             train_missing=not args.no_train,
             alternative=args.alternative,
             method=args.method,
             pairs=[tuple(pair) for pair in args.pair],
         )
-    except ValueError as err:  # a mistake of the command line (StaleRun too): no traceback
+    except ValueError as err:  # a mistake of the command line (StaleRun, a bad override too)
         parser.error(str(err))
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(table, report, replace=args.overwrite)

@@ -494,3 +494,88 @@ def test_bench_pipeline_imports_this_repositorys_dmt_in_any_directory(tmp_path, 
         bench.run(True, 1, ["+trainer.no_such_key=1"], tmp_path / "run")
     assert "another dmt" not in str(failed.value)
     assert "no_such_key" in str(failed.value)
+
+
+def test_bench_sptt_checks_the_node_rank_and_makes_the_init_file_absolute(
+    tmp_path, capsys, monkeypatch
+):
+    """A relative --init-file was a traceback of torch's file:// rendezvous ("path missing");
+    --node-rank -1 (or >= --nnodes) was never checked and failed in gloo."""
+    bench = _load(REPO / "benchmarks" / "bench_sptt.py")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["bench_sptt.py"])
+    common = ["--nnodes", "2", "--world-size", "4"]
+    args = bench._parse([*common, "--node-rank", "0", "--init-file", "rdv"])
+    assert args.init_file == str(tmp_path / "rdv")
+    for rank in ("-1", "2"):
+        with pytest.raises(SystemExit) as exit_:
+            bench._parse([*common, "--node-rank", rank, "--init-file", "rdv"])
+        assert exit_.value.code == 2
+        assert _error(capsys) == (
+            f"bench_sptt.py: error: --node-rank {rank}: expected 0 to 1 (this launcher's index "
+            "among --nnodes 2)"
+        )
+    with pytest.raises(SystemExit):
+        bench._parse([*common, "--init-file", "no/such/dir/rdv"])
+    assert _error(capsys) == (
+        f"bench_sptt.py: error: --init-file {tmp_path / 'no/such/dir/rdv'}: expected a file in an "
+        "existing directory (the launchers' rendezvous)"
+    )
+
+
+def test_scale_study_refuses_an_out_under_a_file_before_any_work(tmp_path, capsys, monkeypatch):
+    """``--out afile/sub`` passed the checks and was a NotADirectoryError traceback."""
+    monkeypatch.setattr(sys, "argv", ["scale_study.py"])
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    study = _load(REPO / "benchmarks" / "scale_study.py")
+    monkeypatch.setattr(study, "_study", lambda args, scale: pytest.fail("the study started"))
+    with pytest.raises(SystemExit) as exit_:
+        study.main(["--out", str(afile / "sub"), "--gpus", "16", *_SMALL_STUDY])
+    assert exit_.value.code == 2
+    assert (
+        _error(capsys)
+        == f"scale_study.py: error: --out {afile / 'sub'}: {afile} is not a directory"
+    )
+    assert afile.read_text() == "mine\n"
+
+
+def test_bench_preprocess_never_removes_or_replaces_what_it_did_not_make(tmp_path, monkeypatch):
+    """Reproduced bugs: a run removed <workdir>/out-dmt/ (a user's notes in it too) and wrote
+    over <workdir>/dmt-run1.log, and a second run (another --json) replaced the first run's
+    logs. The tools are stand-ins (the interpreter is ``true``): only the files are tested."""
+    bench = _load(REPO / "benchmarks" / "bench_preprocess.py")
+    sample, workdir = tmp_path / "sample.tsv", tmp_path / "wd"
+    sample.write_text(_ROW * 3)
+    (workdir / "out-dmt").mkdir(parents=True)
+    (workdir / "out-dmt" / "notes.txt").write_text("mine\n")
+    (workdir / "dmt-run1.log").write_text("my log\n")
+    true = shutil.which("true")
+    assert true is not None
+    monkeypatch.setattr(sys, "executable", true)
+    argv = ["--sample", str(sample), "--smoke", "--runs", "1", "--workdir", str(workdir)]
+    argv += ["--size-gb", "0.000001", "--skip-torchrec"]
+    assert bench.main([*argv, "--json", str(tmp_path / "first.json")]) == 0
+    assert (workdir / "out-dmt" / "notes.txt").read_text() == "mine\n"
+    assert (workdir / "dmt-run1.log").read_text() == "my log\n"
+    first = Path(json.loads((tmp_path / "first.json").read_text())["logs"])
+    assert first.parent == workdir and sorted(p.name for p in first.iterdir()) == ["dmt-run1.log"]
+    (first / "dmt-run1.log").write_text("the first run's log\n")
+    assert bench.main([*argv, "--json", str(tmp_path / "second.json")]) == 0
+    second = Path(json.loads((tmp_path / "second.json").read_text())["logs"])
+    assert second != first and (second / "dmt-run1.log").is_file()
+    assert (first / "dmt-run1.log").read_text() == "the first run's log\n"
+    assert not (workdir / "kaggle_repeated.tsv").exists()  # built and taken away (no --keep)
+    # a repeated file of another size is not this run's to replace: refused before building
+    (workdir / "kaggle_repeated.tsv").write_text("mine\n")
+    with pytest.raises(SystemExit) as exit_:
+        bench.main([*argv, "--json", str(tmp_path / "third.json")])
+    assert exit_.value.code == 2
+    assert (workdir / "kaggle_repeated.tsv").read_text() == "mine\n"
+    assert not (tmp_path / "third.json").exists()
+    # one of this size (an earlier --keep run's) is reused, and left as it was found
+    (workdir / "kaggle_repeated.tsv").unlink()
+    assert bench.main([*argv, "--keep", "--json", str(tmp_path / "keep.json")]) == 0
+    kept = (workdir / "kaggle_repeated.tsv").stat().st_mtime_ns
+    assert bench.main([*argv, "--json", str(tmp_path / "reuse.json")]) == 0
+    assert (workdir / "kaggle_repeated.tsv").stat().st_mtime_ns == kept

@@ -206,3 +206,104 @@ def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
     assert "error: optim.lr=-1.0 must be positive" in capsys.readouterr().err
     fixed = seeds.main([*bad, "--config", "base", "model=dlrm optim.lr=0.01"])
     assert len(fixed["configs"]["base"]["values"]) == 1
+
+
+def _last_error(capsys) -> str:
+    """The last line of stderr: the usage error, one line (a traceback would end otherwise)."""
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    return err.splitlines()[-1]
+
+
+def test_command_line_mistakes_are_one_line_errors_before_anything_is_written(tmp_path, capsys):
+    """Reproduced bugs: an unclosed quote in --config or --common (shlex), a misspelt override or
+    an unknown config group (Hydra's ConfigCompositionException, 58 lines), --out naming a file
+    (NotADirectoryError) were tracebacks; a damaged metrics.json was a JSON message naming no
+    file; a config name or --name with '..' or '/' wrote outside --out."""
+    out = tmp_path / "study"
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    for argv, message in [
+        (["--config", "a", "trainer=smoke 'x"],
+         "error: --config a \"trainer=smoke 'x\": No closing quotation; expected Hydra overrides "
+         "in one string"),
+        (["--config", "a", "trainer=smoke", "--common", "'x"],
+         "error: --common \"'x\": No closing quotation; expected Hydra overrides in one string"),
+        (["--config", "a", "trainer.epocs=1"],
+         "error: Could not override 'trainer.epocs'. To append to your config use "
+         "+trainer.epocs=1: Key 'epocs' not in 'TrainerConfig' full_key: trainer.epocs "
+         "reference_type=TrainerConfig object_type=TrainerConfig (config 'a')"),
+        (["--config", "a", "model=nonexistent"],
+         "error: In 'config': Could not find 'model/nonexistent' Available options in 'model': "
+         "base_model dcn dlrm (config 'a')"),
+        (["--config", "..", "trainer=smoke"],
+         "error: --config '..': a config's name is its directory in --out (OUT/NAME/seed_<S>); "
+         "give a single name (no '/', not '.' or '..')"),
+        (["--config", "a/../../x", "trainer=smoke"],
+         "error: --config 'a/../../x': a config's name is its directory in --out "
+         "(OUT/NAME/seed_<S>); give a single name (no '/', not '.' or '..')"),
+        (["--config", "a", "trainer=smoke", "--name", "../x"],
+         "error: --name '../x': expected a file stem inside --out (no '/', not '.' or '..')"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as exit_:
+            seeds.main(["--seeds", "2", "--out", str(out), *argv])
+        assert exit_.value.code == 2
+        assert _last_error(capsys).endswith(message), argv
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written
+    for where, message in [
+        (afile, f"error: --out {afile} is a file; expected a directory"),
+        (afile / "sub", f"error: --out {afile / 'sub'}: {afile} is not a directory"),
+    ]:
+        with pytest.raises(SystemExit):
+            seeds.main(["--seeds", "2", "--out", str(where), "--config", "a", "trainer=smoke"])
+        assert _last_error(capsys).endswith(message)
+        assert afile.read_text() == "mine\n"
+    # a damaged metrics.json is named
+    run = out / "a" / "seed_0"
+    run.mkdir(parents=True)
+    (run / "metrics.json").write_text('{"test_auc": 0.7')
+    (run / "seed_run.json").write_text(json.dumps({"overrides": ["x=1", "trainer.seed=0"]}))
+    with pytest.raises(SystemExit):
+        seeds.main(["--seeds", "1", "--out", str(out), "--config", "a", "x=1", "--no-train"])
+    error = _last_error(capsys)
+    assert f"error: {run / 'metrics.json'}: not a readable metrics.json (JSONDecodeError: " in error
+
+
+def test_every_config_is_checked_before_the_first_run_trains(tmp_path, capsys, monkeypatch):
+    """Reproduced bug: each config was composed and validated only when its turn came, so a bad
+    setting (or a --metric its runs do not report) in the second config stopped the study after
+    every run of the first had trained. Stand-in training: only the order is tested."""
+    import dmt.train
+
+    trained = []
+
+    def fake_train(cfg, run_dir):
+        trained.append(run_dir)
+        metrics = {"test_auc": 0.7 + cfg.trainer.seed / 100, "oracle_test_auc": 0.8}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "metrics.json").write_text(json.dumps(metrics))
+        return metrics
+
+    monkeypatch.setattr(dmt.train, "train", fake_train)
+    out = tmp_path / "study"
+    base = ["--seeds", "2", "--out", str(out), "--config", "a", "trainer=smoke"]
+    with pytest.raises(SystemExit):
+        seeds.main([*base, "--config", "b", "trainer=smoke model.embedding_dim=8"])
+    assert trained == [] and not out.exists()
+    assert _last_error(capsys).endswith("set model.bottom_mlp[-1] to 8 (config 'b')")
+    # the metric: oracle_test_auc is a metric of a's runs (planted data evaluated whole), not b's
+    planted = "trainer=smoke trainer.eval_max_batches=-1"
+    with pytest.raises(SystemExit):
+        seeds.main(["--seeds", "2", "--out", str(out), "--metric", "oracle_test_auc",
+                    "--config", "a", planted, "--config", "b", "trainer=smoke"])  # fmt: skip
+    assert "error: --metric 'oracle_test_auc' is not a metric of config b's runs" in _last_error(
+        capsys
+    )
+    assert trained == [] and not out.exists()
+    # with every config valid, every run trains, each config's runs under its name
+    report = seeds.main([*base, "--config", "b", "trainer=smoke optim.lr=0.5"])
+    assert [p.relative_to(out).as_posix() for p in trained] == [
+        "a/seed_0", "a/seed_1", "b/seed_0", "b/seed_1"
+    ]  # fmt: skip
+    assert report["configs"]["b"]["values"] == [0.7, 0.71]
+    capsys.readouterr()

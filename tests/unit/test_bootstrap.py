@@ -305,3 +305,47 @@ def test_blocks_find_rows_that_come_in_runs() -> None:
     truth = row_bootstrap(a, b, labels, resamples=300, seed=1)  # the 200 rows themselves
     assert blocks["rows_std"] > 4 * rows["rows_std"]
     assert 0.7 < blocks["rows_std"] / truth["rows_std"] < 1.4
+
+
+def _driver():
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location(
+        "row_bootstrap", ROOT / "scripts" / "row_bootstrap.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_existing_path_is_a_file_not_a_glob_and_seed_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reproduced bugs: every --group argument was a glob, so a file in a Hydra sweep directory
+    (``mlp=[64,16]/pred.npz``: brackets are a glob's character class) matched nothing; --seed -1
+    was NumPy's "expected non-negative integer", naming no option."""
+    rng = np.random.default_rng(8)
+    logit, labels = _world(rng, 300)
+    files = {}
+    for name, noise in (("mlp=[64,16]", 1.0), ("mlp=[32]", 0.8)):
+        (tmp_path / name).mkdir()
+        files[name] = _save(tmp_path / name / "pred.npz", _runs(rng, logit, noise, 1)[0], labels)
+    argv = ["--group", "a", str(files["mlp=[64,16]"]), "--group", "b", str(files["mlp=[32]"])]
+    reports = _driver().main([*argv, "--resamples", "20"])
+    assert reports["b vs a"]["a_files"] == [str(files["mlp=[64,16]"])]
+    assert reports["b vs a"]["b_files"] == [str(files["mlp=[32]"])]
+    capsys.readouterr()
+    # a pattern is still a glob (it is no file); one that matches nothing is refused
+    pattern = str(tmp_path / "mlp=?32?" / "pred.npz")
+    both = _driver().main(["--group", "a", str(files["mlp=[64,16]"]), "--group", "b", pattern,
+                           "--resamples", "20"])  # fmt: skip
+    assert both["b vs a"]["b_files"] == [str(files["mlp=[32]"])]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        _driver().main([*argv, "--seed", "-1"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines()[-1].endswith("error: --seed -1: expected a non-negative integer")
+    with pytest.raises(ValueError, match=r"^row_bootstrap: seed=-1 must be >= 0$"):
+        row_bootstrap([labels * 0.5 + 0.1], [labels * 0.5 + 0.2], labels, seed=-1)

@@ -455,3 +455,69 @@ def test_a_run_without_a_trial_number_is_named(tmp_path: Path) -> None:
         ".hydra/hydra.yaml, or a directory named by the number): ValueError: invalid literal for "
         "int() with base 10: 'run'; move what is not a trial of the sweep out of its directory"
     )
+
+
+def test_confirm_trials_mistakes_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reproduced bugs, each a traceback: an unclosed quote in --common (shlex), a misspelt
+    override in --common (Hydra's ConfigCompositionException), a folder of the sweep that is no
+    trial, a damaged metrics.json (a JSONDecodeError naming no file), --out naming a file."""
+    sweep = fake_sweep(tmp_path / "sweep")
+    out = tmp_path / "c"
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    confirm = _confirm_driver()
+
+    def error(*argv: str) -> str:
+        with pytest.raises(SystemExit) as exit_:
+            confirm.main([str(sweep), "--top", "1", "--seeds", "5,6", *argv])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert "Traceback" not in err
+        return err.splitlines()[-1]
+
+    assert error("--out", str(out), "--common", "trainer=smoke 'x").endswith(
+        'error: --common "trainer=smoke \'x": No closing quotation; expected Hydra overrides in '
+        "one string"
+    )
+    assert error("--out", str(out), "--common", "trainer.epocs=3").endswith(
+        "error: Could not override 'trainer.epocs'. To append to your config use +trainer.epocs=3: "
+        "Key 'epocs' not in 'TrainerConfig' full_key: trainer.epocs reference_type=TrainerConfig "
+        "object_type=TrainerConfig (config 'trial10')"
+    )
+    assert not out.exists()  # refused before a run
+    assert error("--out", str(afile)).endswith(
+        f"error: --out {afile} is a file; expected a directory"
+    )
+    assert error("--out", str(afile / "sub")).endswith(
+        f"error: --out {afile / 'sub'}: {afile} is not a directory"
+    )
+    assert afile.read_text() == "mine\n"
+    extra = sweep / "extra"
+    (extra / ".hydra").mkdir(parents=True)
+    (extra / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["optim.lr=1"]))
+    assert error("--out", str(out)).endswith(
+        f"error: {extra}: holds .hydra/overrides.yaml but no trial number (expected hydra.job.num "
+        "in .hydra/hydra.yaml, or a directory named by the number): ValueError: invalid literal "
+        "for int() with base 10: 'extra'; move what is not a trial of the sweep out of its "
+        "directory"
+    )
+    (extra / ".hydra" / "overrides.yaml").unlink()
+    (sweep / "3" / "metrics.json").write_text('{"val_auc": 0.7')
+    assert (
+        f"error: {sweep / '3' / 'metrics.json'}: not a readable metrics.json (JSONDecodeError: "
+        in (error("--out", str(out)))
+    )
+    with pytest.raises(ValueError, match=r"3/metrics\.json: not a readable metrics\.json"):
+        read_trials(sweep)
+    (sweep / "3" / "metrics.json").write_text("[0.7]")
+    with pytest.raises(ValueError, match=r"3/metrics\.json: expected a JSON object of metrics, "):
+        read_trials(sweep)
+    (sweep / "3" / "metrics.json").write_text('{"val_auc": 0.73}')
+    (sweep / "3" / ".hydra" / "overrides.yaml").write_text("[optim.lr=1\n")
+    with pytest.raises(
+        ValueError, match=r"overrides\.yaml: expected Hydra's YAML list of overrides"
+    ):
+        read_trials(sweep)
+    assert not out.exists()
