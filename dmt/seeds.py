@@ -156,6 +156,16 @@ def study(
     return {"metric": metric, "seeds": list(seeds), "configs": results, "comparisons": comparisons}
 
 
+def check_seeds_argument(argv: Sequence[str]) -> None:
+    """``python -c '...' SCRIPT SEEDS`` of the study scripts: exit with ``SCRIPT: SEEDS 'TEXT':
+    why`` when :func:`parse_seeds` refuses ``SEEDS`` (before their expensive steps)."""
+    script, text = argv
+    try:
+        parse_seeds(text)
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        raise SystemExit(f"{script}: SEEDS {text!r}: {str(e).partition(': ')[2] or e}") from None
+
+
 def is_directory_name(name: str) -> bool:
     """Whether ``name`` is one directory's name inside another (no ``/``, not ``.`` or ``..``,
     not empty): a config's runs go to ``<out>/<name>/``, never outside ``<out>``."""

@@ -45,13 +45,7 @@ if [[ "$OUT" =~ [[:space:]] ]]; then  # seeds.py splits each config's overrides 
 fi
 PY=.venv/bin/python
 # a bad SEEDS ends the study here, not after the base training and the partitions
-"$PY" -c 'import sys
-from dmt.seeds import parse_seeds
-try:
-    parse_seeds(sys.argv[2])
-except ValueError as e:  # "--seeds TEXT: why"
-    why = str(e).partition(": ")[2]
-    sys.exit(f"{sys.argv[1]}: SEEDS {sys.argv[2]!r}: {why}")' \
+"$PY" -c 'import sys; from dmt.seeds import check_seeds_argument; check_seeds_argument(sys.argv[1:])' \
   "$(basename "$0")" "$SEEDS" || exit 2
 DATA="data=criteo_sample_forward"
 DMT="experiment=criteo_forward_dmt_dlrm $DATA"

@@ -17,6 +17,7 @@ from sklearn.metrics import roc_auc_score
 
 from dmt.bootstrap import auc, format_report, load_predictions, row_bootstrap
 from dmt.metrics import click_metrics
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -308,15 +309,7 @@ def test_blocks_find_rows_that_come_in_runs() -> None:
 
 
 def _driver():
-    import importlib.util  # noqa: PLC0415
-
-    spec = importlib.util.spec_from_file_location(
-        "row_bootstrap", ROOT / "scripts" / "row_bootstrap.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "scripts" / "row_bootstrap.py")
 
 
 def test_an_existing_path_is_a_file_not_a_glob_and_seed_is_named(
