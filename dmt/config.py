@@ -18,6 +18,7 @@ from typing import Any, Literal
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from dmt.results import file_in_the_way
 from dmt.run_dir import register_resolvers
 
 PARTITION_KINDS = ("none", "naive", "tp", "per_feature", "explicit")
@@ -853,15 +854,12 @@ def _check_checkpoint_dir(path: str) -> None:
             "directory of the checkpoints' own, relative to the run directory (e.g. checkpoints, "
             "the default) or absolute"
         )
-    if os.path.isabs(normal):  # (a relative one is made in the new run's directory)
-        existing = normal
-        while not os.path.exists(existing):
-            existing = os.path.dirname(existing)
-        if not os.path.isdir(existing):
-            raise ValueError(
-                f"trainer.checkpoint_dir={path!r}: {existing} is not a directory (the run would "
-                "train, then fail at its first checkpoint)"
-            )
+    # (a relative one is made in the new run's directory)
+    if os.path.isabs(normal) and (blocking := file_in_the_way(normal)) is not None:
+        raise ValueError(
+            f"trainer.checkpoint_dir={path!r}: {blocking} is not a directory (the run would "
+            "train, then fail at its first checkpoint)"
+        )
 
 
 # on import: every reader of a run's .hydra/config.yaml (dmt-eval, dmt-partition) resolves it

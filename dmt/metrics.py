@@ -15,14 +15,13 @@ from torchmetrics.functional.classification import binary_auroc
 #: covers the clamp), so the two agree; scores beyond it tie (``|logit| > 16.1``).
 #: :func:`dmt.bootstrap.auc` clamps alike, so it reproduces dmt-eval's AUC from its predictions.
 PROB_EPS = 1e-7
-_EPS = PROB_EPS
 #: the metrics :func:`click_metrics` and :class:`StreamingClickMetrics` report
 CLICK_METRICS = ("auc", "logloss", "ne", "calibration", "num_samples")
 
 
 def binary_entropy(p: float) -> float:
     """Entropy (nats) of a Bernoulli(p)."""
-    p = min(max(p, _EPS), 1 - _EPS)
+    p = min(max(p, PROB_EPS), 1 - PROB_EPS)
     return -(p * math.log(p) + (1 - p) * math.log(1 - p))
 
 
@@ -37,7 +36,7 @@ def click_metrics(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]
     nonfinite = int((~torch.isfinite(probs)).sum())
     if nonfinite:
         return _diverged(nonfinite, labels.numel())
-    probs = probs.clamp(_EPS, 1 - _EPS)
+    probs = probs.clamp(PROB_EPS, 1 - PROB_EPS)
     logloss = float(torch.nn.functional.binary_cross_entropy(probs, labels))
     ctr = float(labels.mean()) if labels.numel() else float("nan")
     return {
@@ -120,7 +119,7 @@ class StreamingClickMetrics:
         # counted, and kept out of the bins (a NaN's bin index would be garbage), without a
         # host sync: compute() reads the count
         finite = torch.isfinite(p)
-        p = torch.where(finite, p, 0.5).clamp(_EPS, 1 - _EPS)
+        p = torch.where(finite, p, 0.5).clamp(PROB_EPS, 1 - PROB_EPS)
         y = labels.detach().reshape(-1).to(self.state.device, torch.float64)
         logloss = -(y * p.log() + (1 - y) * torch.log1p(-p))
         count = torch.full((), p.numel(), dtype=torch.float64, device=p.device)  # no host copy

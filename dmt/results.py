@@ -28,6 +28,16 @@ if TYPE_CHECKING:
     from dmt.config import Config
 
 
+def file_in_the_way(directory: str | os.PathLike[str]) -> Path | None:
+    """The file that would stop ``directory`` from being made: its nearest existing part
+    (itself or an ancestor; the missing ones are made when written into) if that is not a
+    directory, else ``None``."""
+    existing = Path(os.path.abspath(directory))
+    while not existing.exists():
+        existing = existing.parent
+    return None if existing.is_dir() else existing
+
+
 def existing_output(
     path: str | os.PathLike[str] | None,
     option: str,
@@ -47,12 +57,8 @@ def existing_output(
     if any(target.resolve() == Path(p).resolve() for p in inputs):
         return f"{option} {path} is one of the command's input files; write elsewhere"
     if not target.exists() and not target.is_symlink():
-        parent = target.absolute().parent  # made when the file is written, where missing
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir():
-            return f"{option} {path}: {parent} is not a directory"
-        return None
+        blocking = file_in_the_way(target.absolute().parent)
+        return None if blocking is None else f"{option} {path}: {blocking} is not a directory"
     if target.is_dir():
         return f"{option} {path} is a directory; give the path of a file"
     if not overwrite:

@@ -34,6 +34,7 @@ from dmt.data.criteo_preprocess import (
     read_manifest,
     transform_tsv,
 )
+from dmt.results import file_in_the_way
 
 
 def _days(text: str) -> list[int]:
@@ -214,11 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{option} {mib:g}: expected a positive number of MiB")
     block_bytes = max(1 << 16, int(args.block_mib * 2**20))
     unit_bytes = max(1 << 16, int(args.unit_mib * 2**20))
-    out_parent = Path(os.path.abspath(args.output)).parent  # made when missing
-    while not out_parent.exists():
-        out_parent = out_parent.parent
-    if not out_parent.is_dir():
-        parser.error(f"output directory {args.output}: {out_parent} is not a directory")
+    if (blocking := file_in_the_way(Path(os.path.abspath(args.output)).parent)) is not None:
+        parser.error(f"output directory {args.output}: {blocking} is not a directory")
     try:
         if args.vocab_from is not None:
             out = transform_tsv(

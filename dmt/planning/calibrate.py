@@ -61,7 +61,7 @@ from dmt.planning.timing import (
     compute_load,
     predict_modes,
 )
-from dmt.results import output_directory, write_atomic, write_json
+from dmt.results import file_in_the_way, output_directory, write_atomic, write_json
 
 GBIT = 1e9
 COUNTED_STEPS = {  # CommStats step -> (model step, op, group, overlappable when pipelined)
@@ -531,12 +531,8 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--{name} {path} exists: pass --overwrite to replace it, or another path")
         if path is not None and path.is_dir():
             p.error(f"--{name} {path} is a directory: give a file")
-        if path is not None:  # missing parents are made when it is written
-            parent = path.absolute().parent
-            while not parent.exists():
-                parent = parent.parent
-            if not parent.is_dir():
-                p.error(f"--{name} {path}: {parent} is not a directory")
+        if path is not None and (blocking := file_in_the_way(path.absolute().parent)):
+            p.error(f"--{name} {path}: {blocking} is not a directory")
     if not args.runs.is_dir():
         p.error(
             f"runs directory {args.runs} does not exist"
