@@ -244,12 +244,16 @@ def check_affinity(affinity: np.ndarray | torch.Tensor) -> np.ndarray:
     """Validate an affinity matrix and return it as a float64 array.
 
     Raises:
-        ValueError: if it is not a square ``(F, F)`` matrix with ``F >= 1``, holds NaN or inf,
-            has values outside [0, 1], or is not symmetric (atol 1e-6).
+        ValueError: if it does not hold real numbers, is not a square ``(F, F)`` matrix with
+            ``F >= 1``, holds NaN or inf, has values outside [0, 1], or is not symmetric
+            (atol 1e-6).
     """
     if isinstance(affinity, torch.Tensor):
         affinity = affinity.detach().cpu().numpy()
-    matrix = np.asarray(affinity, dtype=np.float64)
+    given = np.asarray(affinity)
+    if given.dtype.kind not in "biuf":  # a complex one would lose its imaginary parts silently
+        raise ValueError(f"affinity must hold real numbers, got dtype {given.dtype}")
+    matrix = given.astype(np.float64, copy=False)
     if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1] or matrix.shape[0] == 0:
         raise ValueError(
             f"affinity must be a non-empty square (F, F) matrix, got shape {matrix.shape}"

@@ -260,8 +260,25 @@ def test_model_affinity_names_what_it_needs():
             "affinity file '{path}': affinity must be symmetric, but affinity[0, 1] = 0.5 and "
             "affinity[1, 0] = 0.0 (difference 0.5 > 1e-06)",
         ),
+        (
+            None,
+            np.eye(3) + 0.5j,  # as a float array, its imaginary parts would be dropped
+            "affinity file '{path}': affinity must hold real numbers, got dtype complex128",
+        ),
+        (
+            None,
+            np.array([["1", "0"], ["0", "1"]]),
+            "affinity file '{path}': affinity must hold real numbers, got dtype <U1",
+        ),
     ],
-    ids=["sidecar-without-names", "sidecar-not-json", "sidecar-duplicates", "not-symmetric"],
+    ids=[
+        "sidecar-without-names",
+        "sidecar-not-json",
+        "sidecar-duplicates",
+        "not-symmetric",
+        "complex",
+        "strings",
+    ],
 )
 def test_load_affinity_errors_name_the_file(tmp_path, sidecar_text, matrix, message):
     path = tmp_path / "affinity.npy"
