@@ -417,7 +417,9 @@ def least_host_memory_on_grid(
     default :data:`GRID_ENTRIES`): each table's host memory rounded up to whole cells gives
     a set whose true host memory is at most its cells' (so a set that fits on the grid fits),
     rounded down a bound that the least set cannot beat. The two differ by at most one cell
-    per table: with 200 tables, 0.24% of their host memory together."""
+    per table: with 200 tables, 0.24% of their host memory together. The set that gives the
+    bound saves enough too (HBM saved is not rounded); of the two sets, the one whose true
+    host memory is the smaller is chosen."""
     if need <= 0:
         return GriddedChoice((), 0, 0, 1)
     if sum(saved for saved, _ in items) < need:
@@ -443,16 +445,22 @@ def least_host_memory_on_grid(
             best[w:] = np.where(better, candidate, best[w:])
         return best, took
 
-    best_down, _ = most_saved(down)
-    lower = int(np.argmax(best_down >= need)) * cell  # the first count that saves enough
-    best_up, took = most_saved(up)
-    count = int(np.argmax(best_up >= need))
-    chosen = []
-    for k in range(n - 1, -1, -1):  # back through the tables: was k in the set of `count`?
-        if took[k, count]:
-            chosen.append(k)
-            count -= up[k]
-    chosen.reverse()
+    def least_set(weights: list[int]) -> tuple[list[int], int]:
+        """The set of the fewest cells that saves enough, and its count of cells."""
+        best, took = most_saved(weights)
+        count = first = int(np.argmax(best >= need))
+        chosen = []
+        for k in range(n - 1, -1, -1):  # back through the tables: was k in the set of `count`?
+            if took[k, count]:
+                chosen.append(k)
+                count -= weights[k]
+        chosen.reverse()
+        return chosen, first
+
+    from_down, lowest = least_set(down)
+    lower = lowest * cell
+    from_up, _ = least_set(up)
+    chosen = min(from_up, from_down, key=lambda c: sum(items[k][1] for k in c))
     host = sum(items[k][1] for k in chosen)
     return GriddedChoice(tuple(chosen), host, min(lower, host), cell)
 

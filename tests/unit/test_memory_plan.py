@@ -14,6 +14,7 @@ from dmt.config import ShardingConfig, validate_sharding
 from dmt.memory import (
     FUSED,
     FUSED_UVM_CACHING,
+    GriddedChoice,
     MemoryBudget,
     choose_kernels,
     least_host_memory,
@@ -243,6 +244,15 @@ def test_the_grid_bounds_the_brute_force_optimum():
         assert list(got.chosen) == sorted(set(got.chosen))
         if got.cell == 1:
             assert got.host == got.lower == least
+
+
+def test_the_grid_takes_the_lower_bounds_set_where_it_takes_less_host_memory():
+    """A reproduced refusal: on a grid of 14 bytes both tables take 2 cells rounded up, and the
+    rounded-up search kept the first (28 bytes), though the second saves enough with 25 (1 cell
+    rounded down): a budget of 25-27 bytes was refused. The set behind the lower bound saves
+    enough too, and is taken where its true host memory is the smaller."""
+    got = least_host_memory_on_grid([(7, 28), (2, 25)], 1, entries=8)
+    assert got == GriddedChoice(chosen=(1,), host=25, lower=14, cell=14)
 
 
 def test_the_grid_takes_the_sizes_the_exact_search_gives_up_on():
