@@ -419,7 +419,8 @@ def least_host_memory_on_grid(
     rounded down a bound that the least set cannot beat. The two differ by at most one cell
     per table: with 200 tables, 0.24% of their host memory together. The set that gives the
     bound saves enough too (HBM saved is not rounded); of the two sets, the one whose true
-    host memory is the smaller is chosen."""
+    host memory is the smaller is chosen, without any table it does not need (tables of no cells
+    rounded down come free on the grid)."""
     if need <= 0:
         return GriddedChoice((), 0, 0, 1)
     if sum(saved for saved, _ in items) < need:
@@ -454,8 +455,14 @@ def least_host_memory_on_grid(
             if took[k, count]:
                 chosen.append(k)
                 count -= weights[k]
-        chosen.reverse()
-        return chosen, first
+        # tables of 0 cells (rounded down) come free on the grid: drop any the set does not
+        # need, the largest first
+        surplus = int(saved[chosen].sum()) - need
+        for k in sorted(chosen, key=lambda k: -items[k][1]):
+            if items[k][0] <= surplus:
+                chosen.remove(k)
+                surplus -= items[k][0]
+        return sorted(chosen), first
 
     from_down, lowest = least_set(down)
     lower = lowest * cell

@@ -253,6 +253,10 @@ def test_the_grid_takes_the_lower_bounds_set_where_it_takes_less_host_memory():
     enough too, and is taken where its true host memory is the smaller."""
     got = least_host_memory_on_grid([(7, 28), (2, 25)], 1, entries=8)
     assert got == GriddedChoice(chosen=(1,), host=25, lower=14, cell=14)
+    # cells of 26 bytes: "a" and "b" take none rounded down, so that set took both (25 bytes)
+    # where "a" alone (8 bytes) saves enough
+    got = least_host_memory_on_grid([(10, 8), (4, 17), (15, 26)], 10, entries=8)
+    assert got == GriddedChoice(chosen=(0,), host=8, lower=0, cell=26)
 
 
 def test_the_grid_takes_the_sizes_the_exact_search_gives_up_on():
