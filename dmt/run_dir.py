@@ -50,6 +50,7 @@ METRICS_FILE = "metrics.json"
 HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
 STAMP_RESOLVER = "dmt.run_stamp"
 RANK_LOG_RESOLVER = "dmt.rank_log_suffix"
+JOB_RECORD_RESOLVER = "dmt.job_record"
 
 
 # -- unique names -------------------------------------------------------------------------------
@@ -135,12 +136,15 @@ def rank_log_suffix() -> str:
 
 
 def register_resolvers() -> None:
-    """Register ``${dmt.run_stamp:}`` (cached per config, like Hydra's ``${now:}``) and
-    ``${dmt.rank_log_suffix:}`` (:func:`rank_log_suffix`)."""
+    """Register ``${dmt.run_stamp:}`` (cached per config, like Hydra's ``${now:}``),
+    ``${dmt.rank_log_suffix:}`` (:func:`rank_log_suffix`) and ``${dmt.job_record:}``
+    (:func:`job_record`)."""
     if not OmegaConf.has_resolver(STAMP_RESOLVER):
         OmegaConf.register_new_resolver(STAMP_RESOLVER, _resolve_run_stamp, use_cache=True)
     if not OmegaConf.has_resolver(RANK_LOG_RESOLVER):
         OmegaConf.register_new_resolver(RANK_LOG_RESOLVER, rank_log_suffix)
+    if not OmegaConf.has_resolver(JOB_RECORD_RESOLVER):
+        OmegaConf.register_new_resolver(JOB_RECORD_RESOLVER, job_record)
 
 
 # -- lock ---------------------------------------------------------------------------------------
@@ -379,12 +383,19 @@ def sweep_outputs(sweep_dir: Path, checkpoint_dir: str, *, subdir: str | None = 
     return found
 
 
+def starts_afresh(found: list[str], resume_from: str | None) -> bool:
+    """Whether a run that does not resume the outputs ``found`` in its directory
+    (:func:`outputs_of`) starts afresh over them: ``auto`` where no run finished (no
+    ``metrics.json``), e.g. one stopped before its first complete checkpoint."""
+    return resume_from == "auto" and METRICS_FILE not in found
+
+
 def check_outputs(run_dir: Path, *, resume_from: str | None, checkpoint_dir: str) -> None:
     """Raise if ``run_dir`` holds another run's outputs and this run does not resume it."""
     run_dir = run_dir.absolute()
     found = outputs_of(run_dir, checkpoint_dir)
     if found and not resumes(run_dir, resume_from, checkpoint_dir):
-        if resume_from == "auto" and METRICS_FILE not in found:
+        if starts_afresh(found, resume_from):
             # e.g. a SLURM job preempted while it wrote its first checkpoint, and requeued
             log.warning(
                 "run directory %s holds no complete checkpoint and no %s, only %s: "
@@ -547,6 +558,33 @@ def check_resume_config(
         check_ends_after(int(read_meta(path)["step"]), conf.trainer.max_steps, path, conf.trainer)
 
 
+def job_record(*, _root_: DictConfig) -> str | None:
+    """``hydra.output_subdir`` (``${dmt.job_record:}``, ``conf/config.yaml``): ``.hydra``, where
+    Hydra records a job's config and overrides; ``None``, no record, for a multirun job that
+    :func:`claim_run_dir` will refuse for the run in its directory (its outputs, and a checkpoint
+    this job's config may not resume). Hydra writes a job's record before any callback runs:
+    it replaced that run's record with the refused job's settings (a second multirun with a
+    subdir per seed, a sweep resumed with other settings), and the trials table read the run's
+    ``metrics.json`` as the result of settings that never ran."""
+    mode = OmegaConf.select(_root_, "hydra.mode", default=None)
+    output_dir = OmegaConf.select(_root_, "hydra.runtime.output_dir", default=None)
+    if getattr(mode, "name", mode) != "MULTIRUN" or not output_dir:
+        return ".hydra"  # a single run: RunDirGuard.on_run_start refuses it before the record
+    run_dir = Path(str(output_dir))
+    resume_from = OmegaConf.select(_root_, "trainer.resume_from", default=None)
+    checkpoint_dir = str(OmegaConf.select(_root_, "trainer.checkpoint_dir", default="checkpoints"))
+    found = outputs_of(run_dir, checkpoint_dir)
+    if not found or starts_afresh(found, resume_from):
+        return ".hydra"
+    if not resumes(run_dir, resume_from, checkpoint_dir):
+        return None
+    try:
+        check_resume_config(_root_, run_dir, str(resume_from), checkpoint_dir)
+    except ValueError:  # the job says why, once it runs
+        return None
+    return ".hydra"
+
+
 def job_config(config: DictConfig) -> Any:
     """The typed config the job's task function gets: ``config`` without ``hydra``, as Hydra
     makes it (``run_job``)."""
@@ -618,8 +656,8 @@ class RunDirGuard(Callback):
         directory with outputs, and an earlier Optuna sweep's ``optimization_results.yaml``
         whatever the subdir. Jobs in directories named otherwise (e.g.
         ``subdir=seed_${trainer.seed}``, to add seeds to a study) go on, each refused by
-        :func:`claim_run_dir` if its directory holds outputs, though only after Hydra has
-        written its ``.hydra/`` there. A sweep that resumes (``trainer.resume_from`` set) goes
+        :func:`claim_run_dir` if its directory holds outputs, with no ``.hydra/`` record of its
+        own there (:func:`job_record`). A sweep that resumes (``trainer.resume_from`` set) goes
         on where each numbered job directory holds nothing, or what it resumes."""
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
@@ -633,7 +671,7 @@ class RunDirGuard(Callback):
                 # job would not resume (auto: no complete checkpoint) stop it before Hydra
                 # writes the job's .hydra/ over their record (and the trials table reads them)
                 found = outputs_of(job, checkpoint_dir)
-                afresh = resume_from == "auto" and METRICS_FILE not in found
+                afresh = starts_afresh(found, resume_from)
                 if found and not afresh and not resumes(job, resume_from, checkpoint_dir):
                     sys.exit(
                         f"Error: sweep directory {sweep_dir}: job directory {job} holds another "

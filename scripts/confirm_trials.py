@@ -77,11 +77,33 @@ def rank(
 
 
 def sweep_seed(trial: Trial) -> int | None:
-    """The ``trainer.seed`` the trial ran with (its ``.hydra/config.yaml``); None if unknown."""
+    """The ``trainer.seed`` the trial ran with (its ``.hydra/config.yaml``); None if unknown.
+
+    Raises:
+        ValueError: the file is not a YAML mapping with a mapping ``trainer`` (a damaged file,
+            named in one line, not a traceback from yaml).
+    """
     config = trial.directory / ".hydra" / "config.yaml"
     if not config.is_file():
         return None
-    trainer = (yaml.safe_load(config.read_text()) or {}).get("trainer") or {}
+    try:
+        cfg = yaml.safe_load(config.read_text()) or {}
+    except (OSError, ValueError, yaml.YAMLError) as e:  # a truncated file, UnicodeDecodeError
+        raise ValueError(
+            f"{config}: not a readable Hydra config ({type(e).__name__}: "
+            f"{' '.join(str(e).split())}); move it, or the trial's directory, out of the sweep"
+        ) from e
+    if not isinstance(cfg, dict):
+        raise ValueError(
+            f"{config}: expected the trial's Hydra config, a YAML mapping, found "
+            f"{type(cfg).__name__}"
+        )
+    trainer = cfg.get("trainer") or {}
+    if not isinstance(trainer, dict):
+        raise ValueError(
+            f"{config}: expected the trial's Hydra config with a trainer mapping, found trainer: "
+            f"{type(trainer).__name__}"
+        )
     seed = trainer.get("seed")
     return seed if isinstance(seed, int) else None
 
@@ -137,7 +159,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         best = top_trials(trials, args.metric, args.top, maximize=maximize)
     except ValueError as e:
         parser.error(f"{args.sweep_dir}: {e}")
-    used = sorted({s for t in best if (s := sweep_seed(t)) is not None} & set(args.seeds))
+    try:  # a damaged .hydra/config.yaml: named, one line
+        used = sorted({s for t in best if (s := sweep_seed(t)) is not None} & set(args.seeds))
+    except ValueError as e:
+        parser.error(str(e))
     if used:
         parser.error(
             f"--seeds {args.seeds} include the seed(s) {used} the sweep scored its trials with; "

@@ -201,3 +201,46 @@ def test_a_sweep_into_another_sweeps_directory_stops_before_rewriting_its_record
                    f"hydra.sweep.dir={study}", "hydra.sweep.subdir=seed_${trainer.seed}")  # fmt: skip
         assert run.returncode == 0, run.stderr[-3000:]
     assert all((study / f"seed_{s}" / "metrics.json").exists() for s in (0, 1))
+
+
+def test_a_refused_sweep_job_keeps_the_record_of_the_run_in_its_directory(tmp_path):
+    """Reproduced bugs: Hydra writes a job's .hydra/ record before any callback runs, so a job
+    refused for the run in its directory replaced that run's record with its own settings; the
+    trials table (and confirm_trials.py) then read the run's metrics.json as the result of
+    settings that never ran: in a second multirun with a subdir per seed, and in a sweep resumed
+    with other settings (trainer.resume_from=auto; an Optuna sweep continued with another
+    search space draws other settings for its numbered jobs)."""
+    study = tmp_path / "study"
+    first = _cli("-m", *TINY, "trainer=smoke", "optim.lr=1e-3", "trainer.seed=0",
+                 f"hydra.sweep.dir={study}", "hydra.sweep.subdir=seed_${trainer.seed}")  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = _files(study / "seed_0")
+    second = _cli("-m", *TINY, "trainer=smoke", "optim.lr=2e-3", "trainer.seed=0,1",
+                  f"hydra.sweep.dir={study}", "hydra.sweep.subdir=seed_${trainer.seed}")  # fmt: skip
+    assert second.returncode == 1
+    assert f"run directory {study / 'seed_0'} already holds another run's outputs" in second.stderr
+    after = _files(study / "seed_0")
+    assert {k: v for k, v in after.items() if k not in ("run.lock", "train.log")} == {
+        k: v for k, v in before.items() if k not in ("run.lock", "train.log")
+    }
+    assert (study / "seed_1" / "metrics.json").exists()
+    assert b"optim.lr=0.002" in (study / "seed_1" / ".hydra" / "overrides.yaml").read_bytes()
+    rows = (study / "trials.csv").read_text().splitlines()
+    assert rows[1].startswith("0,ok,") and ",0.001,0" in rows[1]  # seed_0: its own lr
+    assert rows[2].startswith("1,ok,") and ",0.002,1" in rows[2]
+
+    sweep = tmp_path / "sweep"
+    ckpt = ["trainer=smoke", "trainer.checkpoint=true", f"hydra.sweep.dir={sweep}"]
+    first = _cli("-m", *TINY, *ckpt, "optim.lr=1e-3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = _files(sweep / "0")
+    other = _cli("-m", *TINY, *ckpt, "optim.lr=2e-3", "trainer.resume_from=auto")
+    assert other.returncode == 1
+    assert "this run's config differs from the checkpoint's" in other.stderr
+    after = _files(sweep / "0")
+    assert {k: v for k, v in after.items() if k not in ("run.lock", "train.log")} == {
+        k: v for k, v in before.items() if k not in ("run.lock", "train.log")
+    }
+    same = _cli("-m", *TINY, *ckpt, "optim.lr=1e-3", "trainer.resume_from=auto")
+    assert same.returncode == 0, same.stderr[-3000:]  # the same settings resume their run
+    assert b"trainer.resume_from=auto" in (sweep / "0" / ".hydra" / "overrides.yaml").read_bytes()

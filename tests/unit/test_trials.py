@@ -521,3 +521,48 @@ def test_confirm_trials_mistakes_are_one_line_errors(
     ):
         read_trials(sweep)
     assert not out.exists()
+
+
+READABLE = "; move it, or the trial's directory, out of the sweep"
+
+
+@pytest.mark.parametrize(
+    ("text", "start", "end"),
+    [
+        (  # truncated
+            "trainer:\n  seed: [1\n",
+            "not a readable Hydra config (ParserError: while parsing a flow sequence in ",
+            f"but got '<stream end>' in \"<unicode string>\", line 3, column 1: ^){READABLE}",
+        ),
+        ("- trainer\n", "expected the trial's Hydra config, a YAML mapping, found list", ""),
+        (
+            "trainer: 5\n",
+            "expected the trial's Hydra config with a trainer mapping, found trainer: int",
+            "",
+        ),
+        (
+            "\udcff",
+            "not a readable Hydra config (UnicodeDecodeError: 'utf-8' codec can't decode byte "
+            "0xff in position 0: invalid start byte)",
+            READABLE,
+        ),
+    ],
+)
+def test_confirm_trials_names_a_damaged_trial_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, start: str, end: str
+) -> None:
+    """Reproduced: a trial's damaged ``.hydra/config.yaml`` (read for the seed the sweep scored it
+    with) failed with a traceback from yaml (or AttributeError: 'list' object has no attribute
+    'get'); it is named in one line, as a damaged metrics.json is."""
+    sweep = fake_sweep(tmp_path / "sweep")
+    config = sweep / "10" / ".hydra" / "config.yaml"
+    config.write_bytes(text.encode("utf-8", "surrogateescape"))
+    out = tmp_path / "c"
+    with pytest.raises(SystemExit) as exit_:
+        _confirm_driver().main([str(sweep), "--top", "2", "--seeds", "5,6", "--out", str(out)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    message = err.strip().splitlines()[-1].partition(" error: ")[2]
+    assert message.startswith(f"{config}: {start}") and message.endswith(end), message
+    assert not out.exists()
