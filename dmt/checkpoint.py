@@ -25,6 +25,7 @@ group (``dmt-eval``, ``dmt-partition --checkpoint``, ``dmt-export``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ import random
 import re
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
@@ -160,7 +161,8 @@ def fused_table_modules(model: nn.Module) -> list[SplitTableBatchedEmbeddingBags
 
 def _fused_optimizer_step(model: nn.Module) -> int | None:
     """The step count FBGEMM's fused optimizers keep (``iter``: Adam's and LAMB's bias
-    correction; every forward counts, evaluation too), the same in every kernel of a run; it is
+    correction; every forward counts, but :class:`~dmt.trainer.Trainer` keeps evaluation's out:
+    :func:`fused_optimizer_step_kept`), the same in every kernel of a run; it is
     in no state dict, so a checkpoint carries it in ``meta.json``. ``None``: no kernel here."""
     steps = [int(m.iter.item()) for m in fused_table_modules(model)]
     return max(steps) if steps else None
@@ -168,10 +170,31 @@ def _fused_optimizer_step(model: nn.Module) -> int | None:
 
 def _restore_fused_optimizer_step(model: nn.Module, step: int) -> None:
     for module in fused_table_modules(model):
-        if module.optimizer != OptimType.NONE:
-            module.set_optimizer_step(step)
-            # the kernel counts in iter_cpu, refilled from iter at its next forward only while 0
-            module.iter_cpu.fill_(0)
+        _set_kernel_step(module, step)
+
+
+def _set_kernel_step(module: SplitTableBatchedEmbeddingBagsCodegen, step: int) -> None:
+    if module.optimizer != OptimType.NONE:
+        module.set_optimizer_step(step)
+        # the kernel counts in iter_cpu, refilled from iter at its next forward only while 0
+        module.iter_cpu.fill_(0)
+
+
+@contextlib.contextmanager
+def fused_optimizer_step_kept(model: nn.Module) -> Iterator[None]:
+    """Keep the step count of FBGEMM's fused optimizers (:func:`_fused_optimizer_step`) as it
+    is while the block runs the model without training it: their Adam and LAMB count every
+    forward, evaluation too (``SplitTableBatchedEmbeddingBagsCodegen.forward``, whatever
+    ``training``), so each evaluated batch would move the bias correction of every later
+    update, and a run's weights would depend on how often, and on how much, it evaluates. One
+    host read per kernel, before and after."""
+    kernels = [(m, int(m.iter.item())) for m in fused_table_modules(model)]
+    try:
+        yield
+    finally:
+        for module, step in kernels:
+            if int(module.iter.item()) != step:
+                _set_kernel_step(module, step)
 
 
 def _sharded_dmt(model: nn.Module) -> ShardedDMT | None:

@@ -182,12 +182,18 @@ class Trainer:
     def evaluate(self, source: BatchSource) -> dict[str, float]:
         """Metrics of :class:`StreamingClickMetrics` over every rank's share of ``source``: each
         rank keeps running sums, then one ``all_reduce`` adds them (no prediction leaves a rank).
-        With ``trainer.ema_decay`` the dense weights are their moving average meanwhile."""
+        With ``trainer.ema_decay`` the dense weights are their moving average meanwhile. The
+        fused sparse optimizer's step count stays as it was
+        (:func:`~dmt.checkpoint.fused_optimizer_step_kept`: FBGEMM's Adam counts evaluation's
+        forwards too), so training does not depend on how often it is evaluated."""
         self.model.eval()
         acc = StreamingClickMetrics(device=self.rt.device)
         cap = self.cfg.trainer.eval_max_batches
         batches = itertools.islice(source.batches(0), cap if cap > 0 else None)
-        with self.ema.applied() if self.ema is not None else contextlib.nullcontext():
+        with (
+            self.ema.applied() if self.ema is not None else contextlib.nullcontext(),
+            checkpoint.fused_optimizer_step_kept(self.model),
+        ):
             for logits, labels in self._eval_steps(batches):
                 acc.update(torch.sigmoid(logits), labels)
         self.model.train()

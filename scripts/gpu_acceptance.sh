@@ -87,6 +87,9 @@ pytest_step resume_dropout_cuda \
   "tests/integration/test_train.py::test_resume_with_dropout_draws_the_masks_of_an_uninterrupted_run_cpu_and_cuda[cuda]"
 # a resumed fused-Adam run continues FBGEMM's bias-correction step (meta.json fused_optimizer_step)
 pytest_step resume_fused_adam_cuda tests/integration/test_train.py -k "fused_adam and cuda"
+# evaluation leaves fused Adam's bias-correction step to training (same weights, any eval_every)
+pytest_step eval_keeps_fused_adam_step_cuda \
+  "tests/integration/test_train.py::test_evaluation_leaves_the_fused_optimizer_step_to_training_cpu_and_cuda[cuda-optim=adam]"
 step checkpoint_and_eval bash -c "'$PY' ${TRAIN[*]} trainer=smoke trainer.checkpoint=true hydra.run.dir='$WORK/ck' && '$ROOT/.venv/bin/dmt-eval' --checkpoint '$WORK/ck/checkpoints' --data test --device cuda --out '$WORK/ck/eval.json'"
 # two ranks on one GPU are refused at start with dmt's message, not NCCL's at the first collective
 step shared_gpu_refused bash -c "CUDA_VISIBLE_DEVICES=${VISIBLE[0]} '$PY' -m torch.distributed.run --standalone --nproc-per-node=2 ${TRAIN[*]} trainer=smoke hydra.run.dir='$WORK/shared' > '$OUT/shared.out' 2>&1; grep 'share one GPU' '$OUT/shared.out'"

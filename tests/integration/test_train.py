@@ -160,6 +160,38 @@ def test_resume_with_fused_adam_continues_its_bias_correction_cuda(tmp_path):
         torch.testing.assert_close(state[k].cpu(), full_state[k].cpu(), **tol, msg=k)
 
 
+@pytest.mark.parametrize(
+    ("device", "optim"),
+    [
+        ("cpu", "optim=default"),
+        pytest.param(
+            "cuda",
+            "optim=adam",
+            marks=pytest.mark.skipif(
+                not torch.cuda.is_available(), reason="fused sparse Adam needs a GPU"
+            ),
+        ),
+    ],
+)
+def test_evaluation_leaves_the_fused_optimizer_step_to_training_cpu_and_cuda(
+    tmp_path, device, optim
+):
+    """Reproduced: FBGEMM's fused optimizers count every forward as a step, evaluation's too
+    (row-wise Adagrad's counter, on CPU; Adam's bias correction, on GPUs): 12 steps evaluated
+    every 4 counted 16, one more per evaluated batch, and a GPU run's sparse Adam updates
+    depended on ``trainer.eval_every``. Evaluation keeps the count: the same weights either
+    way."""
+    common = [optim, "optim.schedule.warmup_steps=2", "trainer.epochs=1", "trainer.max_steps=12"]
+    _, every = _run([*common, "trainer.eval_every=4"], tmp_path / "every", device)
+    _, at_end = _run(common, tmp_path / "end", device)
+    assert every["fused optimizer step"][:, 0].tolist() == [12] * len(every["fused optimizer step"])
+    # CUDA kernels may sum in another order from run to run
+    tol = {"rtol": 0, "atol": 0} if device == "cpu" else {"rtol": 1e-5, "atol": 1e-6}
+    assert every.keys() == at_end.keys()
+    for k in every:
+        torch.testing.assert_close(every[k].cpu(), at_end[k].cpu(), **tol, msg=k)
+
+
 def test_resume_from_a_periodic_checkpoint_reproduces_an_uninterrupted_run(tmp_path):
     """``trainer.checkpoint_every`` saves mid-run; resuming one continues at exactly its step and
     data position: mid-epoch (step 20 = epoch 1, batch 4) and at an epoch boundary (step 16 =
