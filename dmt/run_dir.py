@@ -574,10 +574,10 @@ def job_record(*, _root_: DictConfig) -> str | None:
     resume_from = OmegaConf.select(_root_, "trainer.resume_from", default=None)
     checkpoint_dir = str(OmegaConf.select(_root_, "trainer.checkpoint_dir", default="checkpoints"))
     found = outputs_of(run_dir, checkpoint_dir)
-    if not found or starts_afresh(found, resume_from):
+    if not found:
         return ".hydra"
     if not resumes(run_dir, resume_from, checkpoint_dir):
-        return None
+        return ".hydra" if starts_afresh(found, resume_from) else None
     try:
         check_resume_config(_root_, run_dir, str(resume_from), checkpoint_dir)
     except ValueError:  # the job says why, once it runs

@@ -244,3 +244,26 @@ def test_a_refused_sweep_job_keeps_the_record_of_the_run_in_its_directory(tmp_pa
     same = _cli("-m", *TINY, *ckpt, "optim.lr=1e-3", "trainer.resume_from=auto")
     assert same.returncode == 0, same.stderr[-3000:]  # the same settings resume their run
     assert b"trainer.resume_from=auto" in (sweep / "0" / ".hydra" / "overrides.yaml").read_bytes()
+
+
+def test_a_sweep_job_refused_by_a_stopped_runs_checkpoint_keeps_the_runs_record(tmp_path):
+    """Reproduced: a job directory holding a run stopped after a complete checkpoint, without
+    its metrics.json (preempted), counted as one that trainer.resume_from=auto starts afresh
+    over, so a sweep resumed with other settings wrote its record over that run's before the
+    trainer refused to resume the checkpoint with them: the record said lr=0.002 of a run that
+    trained with lr=0.001."""
+    sweep = tmp_path / "sweep"
+    ckpt = ["trainer=smoke", "trainer.checkpoint=true", f"hydra.sweep.dir={sweep}"]
+    first = _cli("-m", *TINY, *ckpt, "optim.lr=1e-3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    (sweep / "0" / "metrics.json").unlink()  # stopped after its checkpoint at step 2
+    before = _files(sweep / "0")
+    other = _cli("-m", *TINY, *ckpt, "optim.lr=2e-3", "trainer.resume_from=auto",
+                 "trainer.max_steps=4")  # fmt: skip
+    assert other.returncode == 1
+    assert "this run's config differs from the checkpoint's" in other.stderr
+    after = _files(sweep / "0")
+    assert {k: v for k, v in after.items() if k not in ("run.lock", "train.log")} == {
+        k: v for k, v in before.items() if k not in ("run.lock", "train.log")
+    }
+    assert b"optim.lr=0.001" in (sweep / "0" / ".hydra" / "overrides.yaml").read_bytes()
