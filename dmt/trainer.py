@@ -407,8 +407,11 @@ class Trainer:
         metrics.update({f"val_{k}": v for k, v in val.items()})
         metrics.update({f"test_{k}": v for k, v in test.items()})
         train_samples = (self.step - start_step) * self.cfg.data.batch_size  # global batches
-        # this attempt's throughput; the run's samples, a resumed run's earlier attempts too
-        metrics["train_samples_per_s"] = train_samples / train_time if train_time > 0 else 0.0
+        # this attempt's throughput (NaN: it trained nothing); the run's samples, a resumed
+        # run's earlier attempts too
+        metrics["train_samples_per_s"] = (
+            train_samples / train_time if train_samples > 0 and train_time > 0 else float("nan")
+        )
         metrics["num_train_samples"] = float(self.step * self.cfg.data.batch_size)
         metrics["num_steps"] = float(self.step)
         if pending:

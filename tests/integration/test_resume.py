@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import subprocess
 from pathlib import Path
 
@@ -227,6 +228,11 @@ def test_resuming_a_finished_run_keeps_its_metrics_and_a_resume_counts_all_sampl
     branch = _train(tmp_path / "branch", *args, f"trainer.resume_from={run}/checkpoints/step_4")
     assert branch["num_train_samples"] == 8 * 256
     assert branch["test_auc"] == pytest.approx(first["test_auc"], abs=1e-6)
+    # the finished checkpoint in a run of its own: nothing trained there, and no earlier attempt
+    # of that run to take the figures from: no throughput (it said 0 samples/s), no loss
+    ended = _train(tmp_path / "ended", *args, f"trainer.resume_from={run}/checkpoints/step_8")
+    assert ended["num_train_samples"] == 8 * 256 and ended["num_steps"] == 8
+    assert math.isnan(ended["train_samples_per_s"]) and math.isnan(ended["train_loss_last"])
 
 
 def test_resume_auto_without_a_checkpoint_does_not_replace_a_finished_run(tmp_path: Path) -> None:
