@@ -7,7 +7,8 @@ Each run is ``dmt.train.train`` in this process with ``trainer.seed=<seed>``, wr
 ``<out>/<config>/seed_<seed>/metrics.json``, with the overrides it trained with in
 ``seed_run.json`` beside it (written before the run trains). Runs whose ``metrics.json`` exists
 are read back, not rerun, and only if they trained with the same overrides (a study's config given
-other settings is refused, not reported with the old run's figures); a run that has
+other settings is refused, not reported with the old run's figures; a run without
+``seed_run.json``, e.g. of a Hydra multirun, is checked by its ``.hydra/config.yaml``); a run that has
 ``seed_run.json`` and a checkpoint but no ``metrics.json`` (the call stopped while it trained)
 goes on from its latest checkpoint (``trainer.resume_from=auto``, unless its overrides set
 ``trainer.resume_from``), under the same check; without a checkpoint it starts afresh.
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from scipy.stats import mannwhitneyu
 
 from dmt.results import _one_line, existing_output, write_json
@@ -255,11 +257,18 @@ class StaleRun(ValueError):
 
 
 def _check_same_run(run_dir: Path, name: str, settings: list[str]) -> None:
-    """Raise :class:`StaleRun` unless the run in ``run_dir`` trained with ``settings``."""
+    """Raise :class:`StaleRun` unless the run in ``run_dir`` trained with ``settings``: its
+    :data:`RUN_FILE`'s overrides, or else (a run of a Hydra multirun, or of an older dmt) its
+    Hydra record ``.hydra/config.yaml`` against the config ``settings`` compose, in what a
+    resume may not change (:func:`dmt.checkpoint.config_differences`)."""
     record = run_dir / RUN_FILE
     if not record.exists():
+        hydra_record = run_dir / ".hydra" / "config.yaml"
+        if hydra_record.is_file():
+            _check_hydra_record(hydra_record, run_dir, name, settings)
+            return
         warnings.warn(
-            f"{run_dir} has no {RUN_FILE} (a run of an older dmt): its overrides cannot be "
+            f"{run_dir} has no {RUN_FILE} and no .hydra/config.yaml: its settings cannot be "
             f"checked against config {name!r}'s; its metrics are read as they are",
             stacklevel=4,  # the caller of study()
         )
@@ -269,6 +278,30 @@ def _check_same_run(run_dir: Path, name: str, settings: list[str]) -> None:
         raise StaleRun(
             f"{run_dir} trained with {ran}, but config {name!r} is now {settings}: its metrics "
             "are not this config's; choose another --out (or another config name)"
+        )
+
+
+def _check_hydra_record(record: Path, run_dir: Path, name: str, settings: list[str]) -> None:
+    from hydra.errors import HydraException  # noqa: PLC0415  (keeps --help fast)
+    from omegaconf.errors import OmegaConfBaseException  # noqa: PLC0415
+
+    from dmt.checkpoint import config_differences  # noqa: PLC0415
+    from dmt.config import config_yaml  # noqa: PLC0415
+    from dmt.evaluate import read_config  # noqa: PLC0415
+    from dmt.train import compose_config, to_config  # noqa: PLC0415
+
+    ran = yaml.safe_load(config_yaml(read_config(record)))  # ValueError naming the file
+    try:
+        now = yaml.safe_load(config_yaml(to_config(compose_config(*settings))))
+    except (ValueError, HydraException, OmegaConfBaseException) as e:  # Hydra's: many lines
+        raise ValueError(f"{_one_line(e)} (config {name!r})") from e
+    differences = config_differences(ran, now, allow_change=False)
+    if differences:
+        raise StaleRun(
+            f"{run_dir} trained with another config than {name!r}'s ({record}: "
+            + "; ".join(differences)
+            + "): its metrics are not this config's; choose another --out (or another config "
+            "name)"
         )
 
 

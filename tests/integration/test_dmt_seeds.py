@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import re
+import warnings
 
 import matplotlib.image
 import pytest
@@ -307,3 +308,34 @@ def test_every_config_is_checked_before_the_first_run_trains(tmp_path, capsys, m
     ]  # fmt: skip
     assert report["configs"]["b"]["values"] == [0.7, 0.71]
     capsys.readouterr()
+
+
+def test_runs_of_a_hydra_multirun_are_checked_by_their_hydra_record(tmp_path, capsys):
+    """Reproduced: a run collected from a Hydra multirun (no seed_run.json) was read with a
+    warning only ("a run of an older dmt"), whatever settings it trained with; its
+    ``.hydra/config.yaml`` (as Hydra writes it) is now held against the config's, and other
+    settings are refused, naming the keys."""
+    from omegaconf import OmegaConf
+
+    from dmt.train import compose_config
+
+    out = tmp_path / "study"
+    for seed in (0, 1):
+        run = out / "a" / f"seed_{seed}"
+        (run / ".hydra").mkdir(parents=True)
+        ran = compose_config(
+            "logger=disabled", "trainer=smoke", "optim.lr=0.001", f"trainer.seed={seed}"
+        )
+        OmegaConf.save(ran, run / ".hydra" / "config.yaml")
+        (run / "metrics.json").write_text(json.dumps({"test_auc": 0.7 + seed / 100}))
+    argv = ["--seeds", "2", "--out", str(out), "--no-train", "--config", "a"]
+    with pytest.raises(SystemExit):
+        seeds.main([*argv, "trainer=smoke optim.lr=0.002"])
+    error = _last_error(capsys)
+    assert f"error: {out / 'a' / 'seed_0'} trained with another config than 'a''s (" in error
+    assert "optim.lr: 0.001 -> 0.002" in error and not (out / "seeds.json").exists()
+    # the settings the runs trained with (wandb, the default logger, is how they ran: free)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = seeds.main([*argv, "trainer=smoke optim.lr=0.001"])
+    assert report["configs"]["a"]["values"] == [0.7, 0.71]
