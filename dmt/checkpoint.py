@@ -666,6 +666,18 @@ def check_ends_after(step: int, end: int, path: str | Path, trainer: Any) -> Non
         )
 
 
+def end_known_from(meta: dict[str, Any], trainer: Any) -> int | None:
+    """The step a run with ``trainer``'s settings ends at, as far as a checkpoint's ``meta``
+    tells without the data: ``trainer.max_steps``, and ``trainer.epochs`` times the steps per
+    epoch that its position gives once it is past its first epoch (the data and the batch size
+    are settings a resume may not change); ``None``: not known before the data is."""
+    ends = [trainer.max_steps] if trainer.max_steps > 0 else []
+    epoch, batch = int(meta.get("epoch", 0)), int(meta.get("batch_in_epoch", 0))
+    if epoch >= 1:
+        ends.append((int(meta["step"]) - batch) // epoch * trainer.epochs)
+    return min(ends) if ends else None
+
+
 def read_meta(path: Path) -> dict[str, Any]:
     """``meta.json`` of a complete checkpoint directory ``step_N``."""
     return dict(json.loads((Path(path) / META_FILE).read_text()))

@@ -534,6 +534,7 @@ def check_resume_config(
         check_config,
         check_ends_after,
         check_not_going_back,
+        end_known_from,
         read_meta,
         resume_checkpoint,
     )
@@ -554,8 +555,10 @@ def check_resume_config(
     except OmegaConfBaseException:  # e.g. ${hydra:...} in a task key: unset before the job runs
         return  # the trainer checks the config again, once Hydra has set its job up
     check_config(path, config_yaml(conf), allow_change=conf.trainer.resume_allow_config_change)
-    if conf.trainer.max_steps > 0:  # (an end set by epochs alone needs the data: the trainer)
-        check_ends_after(int(read_meta(path)["step"]), conf.trainer.max_steps, path, conf.trainer)
+    meta = read_meta(path)
+    end = end_known_from(meta, conf.trainer)  # (None: in the first epoch, the trainer checks)
+    if end is not None:
+        check_ends_after(int(meta["step"]), end, path, conf.trainer)
 
 
 def job_record(*, _root_: DictConfig) -> str | None:

@@ -178,6 +178,30 @@ def test_a_resume_past_the_runs_end_is_refused_before_a_directory_is_made(tmp_pa
     assert not (tmp_path / "b").exists()
 
 
+def test_a_resume_past_an_end_lowered_by_epochs_is_refused_before_hydra_writes(tmp_path):
+    """Reproduced: a run resumed with trainer.epochs lowered below its checkpoint's step (an end
+    set by epochs alone) was refused by the trainer only, after Hydra had rewritten the run's
+    .hydra/ record with the refused settings. Past its first epoch a checkpoint's position
+    gives the steps per epoch (16 here): step 20 is past 1 epoch's end, refused up front."""
+    run = tmp_path / "run"
+    args = [*TINY, "trainer=smoke", "trainer.epochs=2", f"hydra.run.dir={run}"]
+    first = _cli(*args, "trainer.max_steps=20", "trainer.checkpoint_every=10")
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = _files(run)
+    lowered = _cli(*args, "trainer.epochs=1", "trainer.max_steps=-1", "trainer.resume_from=auto",
+                   "trainer.resume_allow_config_change=true")  # fmt: skip
+    assert lowered.returncode == 1
+    step = run / "checkpoints" / "step_20"
+    assert lowered.stderr.strip() == (
+        f"Error: trainer.resume_from='{step}' is at step 20, past this run's end at step 16 "
+        "(trainer.max_steps=-1, trainer.epochs=1): a run cannot train back to an earlier step; "
+        "raise trainer.max_steps (or trainer.epochs), or score the checkpoint with dmt-eval"
+    ), lowered.stderr[-3000:]
+    assert {k: v for k, v in _files(run).items() if k != "run.lock"} == {
+        k: v for k, v in before.items() if k != "run.lock"
+    }
+
+
 def test_a_sweep_into_another_sweeps_directory_stops_before_rewriting_its_records(tmp_path):
     """A reproduced bug: the second sweep rewrote job 0's .hydra/overrides.yaml (so its
     metrics.json was read as the result of settings that never ran) before job 0 was refused.
