@@ -37,6 +37,9 @@ from dmt.run_dir import outputs_of
 ALTERNATIVES = ("two-sided", "greater", "less")
 #: beside each run's metrics.json: the overrides it trained with
 RUN_FILE = "seed_run.json"
+#: settings a resume may change (:func:`dmt.checkpoint.config_differences`) that change what a
+#: run's evaluation reports: a run collected by its Hydra record must match them too
+READ_BY_EVALUATION = ("trainer.eval_max_batches", "trainer.ema_decay")
 
 
 def summarize(values: Sequence[float]) -> dict[str, Any]:
@@ -285,7 +288,7 @@ def _check_hydra_record(record: Path, run_dir: Path, name: str, settings: list[s
     from hydra.errors import HydraException  # noqa: PLC0415  (keeps --help fast)
     from omegaconf.errors import OmegaConfBaseException  # noqa: PLC0415
 
-    from dmt.checkpoint import config_differences  # noqa: PLC0415
+    from dmt.checkpoint import config_differences, flatten_keys  # noqa: PLC0415
     from dmt.config import config_yaml  # noqa: PLC0415
     from dmt.evaluate import read_config  # noqa: PLC0415
     from dmt.train import compose_config, to_config  # noqa: PLC0415
@@ -296,6 +299,11 @@ def _check_hydra_record(record: Path, run_dir: Path, name: str, settings: list[s
     except (ValueError, HydraException, OmegaConfBaseException) as e:  # Hydra's: many lines
         raise ValueError(f"{_one_line(e)} (config {name!r})") from e
     differences = config_differences(ran, now, allow_change=False)
+    # free for a resume (the weights are the same), not for the metrics a study reads
+    was, then = flatten_keys(ran), flatten_keys(now)
+    for key in READ_BY_EVALUATION:
+        if was.get(key) != then.get(key):
+            differences.append(f"{key}: {was.get(key)!r} -> {then.get(key)!r}")
     if differences:
         raise StaleRun(
             f"{run_dir} trained with another config than {name!r}'s ({record}: "

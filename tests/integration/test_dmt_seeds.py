@@ -334,6 +334,13 @@ def test_runs_of_a_hydra_multirun_are_checked_by_their_hydra_record(tmp_path, ca
     error = _last_error(capsys)
     assert f"error: {out / 'a' / 'seed_0'} trained with another config than 'a''s (" in error
     assert "optim.lr: 0.001 -> 0.002" in error and not (out / "seeds.json").exists()
+    # a setting a resume may change, but that changes what evaluation reports
+    with pytest.raises(SystemExit):
+        seeds.main([*argv, "trainer=smoke optim.lr=0.001 trainer.eval_max_batches=-1"])
+    assert _last_error(capsys).endswith(
+        "(" + str(out / "a" / "seed_0" / ".hydra" / "config.yaml") + ": trainer.eval_max_batches: "
+        "1 -> -1): its metrics are not this config's; choose another --out (or another config name)"
+    )
     # the settings the runs trained with (wandb, the default logger, is how they ran: free)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
