@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,8 @@ class AffinityAccumulator:
 
         Args:
             pooled: a ``(B, F, N)`` tensor, or a sequence of ``F`` tensors ``(B, N_i)`` (one per
-                feature, as from ``KeyedTensor.to_dict()``); all ``N_i`` must be equal.
+                feature, e.g. the values of ``KeyedTensor.to_dict()`` in feature order); all
+                ``N_i`` must be equal.
         """
         if isinstance(pooled, torch.Tensor):
             if pooled.dim() != 3:
@@ -102,6 +103,12 @@ class AffinityAccumulator:
                     f"pooled embeddings must have shape (B, F, N), got {tuple(pooled.shape)}"
                 )
             stacked = pooled
+        elif isinstance(pooled, Mapping):  # iterating it would give the names, not the tensors
+            raise TypeError(
+                "pooled embeddings must be a (B, F, N) tensor or a sequence of F (B, N) tensors, "
+                "got a mapping (e.g. KeyedTensor.to_dict()); pass its tensors in feature order, "
+                "e.g. [pooled[name] for name in feature_names]"
+            )
         else:
             stacked = self._stack(list(pooled))
         num_features = stacked.shape[1]

@@ -28,6 +28,7 @@ that selects the best restart (and that is returned) is always the exact one, ov
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -147,7 +148,8 @@ def fit_euclidean_embedding(
         # All targets are 0: every feature at the origin is an exact solution.
         return np.zeros((num_features, dim)), 0.0
 
-    generator = torch.Generator().manual_seed(seed)
+    # operator.index: a NumPy integer seed is a seed (torch's manual_seed takes Python ints only)
+    generator = torch.Generator().manual_seed(operator.index(seed))
     target = torch.from_numpy(np.asarray(distances, dtype=np.float32)) / scale
     fit: _FullBatch | _SampledOffsets
     if num_features - 1 <= partners:

@@ -49,7 +49,8 @@ def save_partition(
     affinity_source: str | None = None,
 ) -> Path:
     """Write the partition YAML (see the module docstring) and return its path."""
-    names = list(feature_names)
+    # plain Python values: yaml.safe_dump cannot write NumPy scalars (np.str_ names, np.int64 seed)
+    names = [str(name) for name in feature_names]
     if len(names) != result.num_features:
         raise ValueError(
             f"got {len(names)} feature names for a partition of {result.num_features} features"
@@ -58,11 +59,11 @@ def save_partition(
         "towers": [[names[i] for i in tower] for tower in result.towers],
         "num_towers": result.num_towers,
         "num_features": result.num_features,
-        "strategy": result.strategy,
-        "seed": result.seed,
+        "strategy": str(result.strategy),
+        "seed": int(result.seed),
         "stress": float(result.stress),
         "max_size_ratio": float(result.max_size_ratio),
-        "embed_dim": result.embed_dim,
+        "embed_dim": int(result.embed_dim),
         "affinity_source": affinity_source,
         "pre_groups": (
             None

@@ -227,6 +227,20 @@ def test_seed_and_embed_dim_are_checked_before_any_work(kwargs, message):
         partition_hierarchical(affinity, 2, [list(range(4)), list(range(4, 8))], **kwargs)
 
 
+def test_numpy_integer_seed_and_embed_dim_partition_as_python_ints():
+    # The checks accept NumPy integers (a seed from np.arange or a Generator), but the embedding
+    # handed the seed to torch's manual_seed, which raised "TypeError: an integer is required".
+    affinity, _ = planted_affinity([4, 4, 3], seed=0)
+    groups = [list(range(6)), list(range(6, 11))]
+    for numpy_int in (np.int64, np.uint32):
+        flat = tower_partition(affinity, 3, seed=numpy_int(5), embed_dim=numpy_int(2), steps=50)
+        reference = tower_partition(affinity, 3, seed=5, embed_dim=2, steps=50)
+        assert flat.towers == reference.towers
+        np.testing.assert_array_equal(flat.coords, reference.coords)
+        nested = partition_hierarchical(affinity, 3, groups, seed=numpy_int(5), steps=50)
+        assert nested.towers == partition_hierarchical(affinity, 3, groups, seed=5, steps=50).towers
+
+
 def test_check_partition_arguments():
     names = [f"cat_{i}" for i in range(6)]
     assert check_partition_arguments(6, 3) is None

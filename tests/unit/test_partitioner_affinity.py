@@ -105,6 +105,15 @@ def test_accumulator_errors():
         accumulator.update(torch.randn(2, 5, 4))
     with pytest.raises(ValueError, match="no samples accumulated"):
         AffinityAccumulator().result()
+    # a KeyedTensor.to_dict() itself: iterating it gave the names ('str' has no attribute 'dim')
+    pooled = {"cat_0": torch.randn(2, 4), "cat_1": torch.randn(2, 4)}
+    with pytest.raises(TypeError) as error:
+        AffinityAccumulator().update(pooled)
+    assert str(error.value) == (
+        "pooled embeddings must be a (B, F, N) tensor or a sequence of F (B, N) tensors, got a "
+        "mapping (e.g. KeyedTensor.to_dict()); pass its tensors in feature order, e.g. "
+        "[pooled[name] for name in feature_names]"
+    )
 
 
 def test_model_affinity_uses_ebc_outputs():

@@ -13,8 +13,8 @@ import yaml
 
 from dmt.config import PartitionConfig
 from dmt.models.partition import check_partition, load_partition_file, resolve_partition
-from dmt.partitioner import cli as partitioner_cli
 from dmt.partitioner import (
+    PartitionResult,
     format_summary,
     load_partition,
     plot_affinity_heatmap,
@@ -22,6 +22,7 @@ from dmt.partitioner import (
     save_partition,
     tower_partition,
 )
+from dmt.partitioner import cli as partitioner_cli
 from dmt.partitioner.cli import load_pre_groups, main, run_partition
 from dmt.partitioner.synthetic import planted_affinity
 
@@ -153,6 +154,27 @@ def test_save_and_load_partition(tmp_path):
     (tmp_path / "empty.yaml").write_text("strategy: coherent\n")
     with pytest.raises(ValueError, match="'towers' must be a non-empty list of non-empty lists"):
         load_partition(tmp_path / "empty.yaml")
+
+
+def test_save_partition_writes_numpy_values_as_plain_ones(tmp_path):
+    # Names from a NumPy array, a strategy picked from one and NumPy integer settings: the YAML
+    # writer (yaml.safe_dump) raised RepresenterError on them after the partition was made.
+    affinity, _ = planted_affinity([2, 3], seed=0)
+    names = [f"cat_{i}" for i in range(5)]
+    reference = tower_partition(affinity, 2, "diverse", seed=3, embed_dim=2, steps=50)
+    result = PartitionResult(
+        towers=reference.towers,
+        strategy=np.array(["coherent", "diverse"])[1],
+        seed=np.int64(3),
+        stress=np.float64(reference.stress),
+        coords=reference.coords,
+        max_size_ratio=np.float64(1.0),
+        embed_dim=np.int64(2),
+    )
+    path = save_partition(tmp_path / "numpy.yaml", result, np.array(names))
+    expected = save_partition(tmp_path / "plain.yaml", reference, names)
+    assert path.read_text() == expected.read_text()
+    assert load_partition_file(path) == [[names[i] for i in tower] for tower in reference.towers]
 
 
 def test_summary_table():
