@@ -670,7 +670,10 @@ def end_known_from(meta: dict[str, Any], trainer: Any) -> int | None:
     """The step a run with ``trainer``'s settings ends at, as far as a checkpoint's ``meta``
     tells without the data: ``trainer.max_steps``, and ``trainer.epochs`` times the steps per
     epoch that its position gives once it is past its first epoch (the data and the batch size
-    are settings a resume may not change); ``None``: not known before the data is."""
+    are settings a resume may not change); ``None``: only ``trainer.epochs`` bounds the run and
+    the checkpoint is in its first epoch, before the end of any run of one epoch or more
+    (its ``batch_in_epoch`` is below the steps per epoch: the trainer saves an epoch's last
+    step as the next epoch's start)."""
     ends = [trainer.max_steps] if trainer.max_steps > 0 else []
     epoch, batch = int(meta.get("epoch", 0)), int(meta.get("batch_in_epoch", 0))
     if epoch >= 1:

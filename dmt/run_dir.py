@@ -556,7 +556,7 @@ def check_resume_config(
         return  # the trainer checks the config again, once Hydra has set its job up
     check_config(path, config_yaml(conf), allow_change=conf.trainer.resume_allow_config_change)
     meta = read_meta(path)
-    end = end_known_from(meta, conf.trainer)  # (None: in the first epoch, the trainer checks)
+    end = end_known_from(meta, conf.trainer)  # None: in its first epoch, before any end
     if end is not None:
         check_ends_after(int(meta["step"]), end, path, conf.trainer)
 
