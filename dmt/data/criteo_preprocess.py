@@ -83,7 +83,12 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 from tqdm import tqdm
 
-from dmt.data.criteo_config import CriteoConfig
+from dmt.data.criteo_config import (
+    DEFAULT_EVAL_DAY,
+    DEFAULT_SPLIT_FRACTIONS,
+    DEFAULT_TRAIN_DAYS,
+    CriteoConfig,
+)
 from dmt.data.criteo_parse import (
     DEFAULT_BLOCK_BYTES,
     MAX_BAD_EXAMPLES,
@@ -171,6 +176,13 @@ def preprocess_criteo(
         raise ValueError("raw_path is not set; expected the raw Criteo file or directory of days")
     raw = Path(cfg.raw_path)
     if raw.is_dir():
+        if unread := unread_layout_settings(cfg, days=True):
+            raise ValueError(
+                f"{', '.join(unread)} applies only to one input file, but raw_path {str(raw)!r} "
+                "is a directory of days, which train_days, val_day and eval_day split instead: "
+                "it would be ignored; set raw_path to one file, or leave split_fractions at its "
+                "default"
+            )
         split_of_day = {d: "train" for d in cfg.train_days}
         layout = split_layout(cfg, days=True)
         if not cfg.val_split:
@@ -195,6 +207,13 @@ def preprocess_criteo(
             return out
 
     elif raw.is_file():
+        if unread := unread_layout_settings(cfg, days=False):
+            raise ValueError(
+                f"{', '.join(unread)} apply only to a directory of days, but raw_path "
+                f"{str(raw)!r} is one file, which split_fractions {list(cfg.split_fractions)} "
+                "cut instead: they would be ignored; set raw_path to the directory of day_<d> "
+                "files, or leave train_days, val_day and eval_day at their defaults"
+            )
         if not cfg.val_split and cfg.split_fractions[1] != 0:
             raise ValueError(
                 f"val_split is false (no validation rows) but split_fractions "
@@ -469,6 +488,21 @@ def _describe_source(path: Path) -> _Source:
     )
 
 
+def unread_layout_settings(cfg: CriteoConfig, *, days: bool) -> list[str]:
+    """The split settings of ``cfg`` (other than their defaults) that its input would not read,
+    each as ``<name> <value>``: ``split_fractions`` for a directory of days (``days``), or
+    ``train_days``, ``val_day`` and ``eval_day`` for one file."""
+    if days:
+        given = {"split_fractions": list(cfg.split_fractions) != list(DEFAULT_SPLIT_FRACTIONS)}
+    else:
+        given = {
+            "train_days": sorted(cfg.train_days) != list(DEFAULT_TRAIN_DAYS),
+            "val_day": cfg.val_day is not None,
+            "eval_day": cfg.eval_day != DEFAULT_EVAL_DAY,
+        }
+    return [f"{name} {getattr(cfg, name)!r}" for name, set_ in given.items() if set_]
+
+
 def split_layout(cfg: CriteoConfig, *, days: bool) -> dict[str, Any]:
     """The ``settings.layout`` of a manifest made from ``cfg``: a directory of days, or one
     file cut by ``split_fractions``."""
@@ -500,6 +534,9 @@ def settings_differences(cfg: CriteoConfig, manifest: dict[str, Any]) -> list[st
     kind = there["layout"].get("kind")
     if kind in ("days", "fractions"):
         out += _dict_differences(there["layout"], split_layout(cfg, days=kind == "days"), "layout.")
+        if unread := unread_layout_settings(cfg, days=kind == "days"):
+            other = "fractions" if kind == "days" else "days"
+            out.append(f"layout.kind: {kind!r} there, {other!r} asked ({', '.join(unread)})")
     return out
 
 

@@ -31,6 +31,7 @@ from dmt.data.criteo_preprocess import (
     output_damage,
     preprocess_criteo,
     read_manifest,
+    settings_differences,
     transform_tsv,
 )
 from dmt.data.criteo_vocab import hash_ids
@@ -423,6 +424,47 @@ def test_no_val_split_on_one_file_needs_no_validation_fraction(tmp_path: Path) -
     assert not (tmp_path / "out").exists()
     out = preprocess_criteo(dataclasses.replace(cfg, split_fractions=[0.8, 0.0, 0.2]), **SMALL)
     assert read_manifest(out)["splits"]["val"]["rows"] == 0
+
+
+@pytest.mark.parametrize("data", ["criteo_1tb_forward", "criteo_sample_forward"])
+def test_split_settings_the_input_would_not_read_are_refused(tmp_path: Path, data: str) -> None:
+    """data=criteo_1tb_forward on one file (the Terabyte day-0 head) and data=criteo_sample_forward
+    on a directory of days: the split they name (days 0-21/22/23, fractions 80/10/10) is not the
+    one the input gets, so preprocessing stops, as dmt-preprocess refuses those options there;
+    a directory made without them and read as it is (auto_preprocess=false) is warned about."""
+    if data == "criteo_1tb_forward":
+        raw = write(tmp_path / "day_0.tsv", make_rows(20, seed=60))
+        unread, kinds = f"train_days {list(range(22))}, val_day 22", ("fractions", "days")
+        message = (
+            f"{unread} apply only to a directory of days, but raw_path {str(raw)!r} is one "
+            "file, which split_fractions [0.85, 0.075, 0.075] cut instead: they would be "
+            "ignored; set raw_path to the directory of day_<d> files, or leave train_days, "
+            "val_day and eval_day at their defaults"
+        )
+    else:
+        raw = tmp_path / "days"
+        raw.mkdir()
+        for d in range(24):
+            write(raw / f"day_{d}", make_rows(3, seed=60 + d))
+        unread, kinds = "split_fractions [0.8, 0.1, 0.1]", ("days", "fractions")
+        message = (
+            f"{unread} applies only to one input file, but raw_path {str(raw)!r} is a directory "
+            "of days, which train_days, val_day and eval_day split instead: it would be "
+            "ignored; set raw_path to one file, or leave split_fractions at its default"
+        )
+    cfg = typed_config(f"data={data}", f"data.criteo.raw_path={raw}").data.criteo
+    assert cfg is not None
+    cfg = dataclasses.replace(cfg, preprocessed_dir=str(tmp_path / "out"), num_workers=1)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        preprocess_criteo(cfg, **SMALL)
+    assert not (tmp_path / "out").exists()
+    made = dataclasses.replace(
+        cfg, split_fractions=[0.85, 0.075, 0.075], train_days=list(range(23)), val_day=None
+    )
+    manifest = read_manifest(preprocess_criteo(made, **SMALL))
+    assert settings_differences(cfg, manifest) == [
+        f"layout.kind: {kinds[0]!r} there, {kinds[1]!r} asked ({unread})"
+    ]
 
 
 def test_terabyte_without_val_day_keeps_the_halving_layout(tmp_path: Path) -> None:
