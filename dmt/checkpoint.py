@@ -64,6 +64,7 @@ from dmt.host_memory import (
     staging_shortfall,
 )
 from dmt.sptt.dmt_sharding import ShardedDMT
+from dmt.sptt.plan import column_split
 from dmt.sptt.sharded_state import plain_name
 
 log = logging.getLogger(__name__)
@@ -912,6 +913,30 @@ def _check_column_blocks(path: Path, absent: list[str], saved: Iterable[str]) ->
                 "sptt.hosts_per_tower), or train with optim.sparse._target_=torch.optim.Adagrad "
                 "or torch.optim.SGD, whose state reshards freely"
             )
+
+
+def check_sptt_column_blocks(path: Path, *, sharding_type: str, tower_size: int) -> None:
+    """Raise ``ValueError`` (:func:`load`'s) if the SPTT checkpoint ``path`` keeps the row-wise
+    optimizer state of a table in other column blocks than a run with ``sptt.sharding_type``
+    ``sharding_type`` and ``tower_size`` ranks per tower (``K L``) splits it into
+    (:func:`dmt.sptt.plan.column_split`; such state exists only with a fused optimizer, whose
+    blocks are multiples of 4 columns): a resume that :func:`load` would refuse, found from the
+    checkpoint's metadata before the run writes anything."""
+    saved = tensor_keys(path, prefix="")
+    for key, md in tensor_keys(path).items():  # the model's, under its state-dict keys
+        if ".embedding_bags." not in key or not key.endswith(".weight") or len(md.size) != 2:
+            continue
+        base, N = f"optim.{key}.", md.size[1]
+        states = {
+            k.removeprefix(base).split(".cols_")[0]
+            for k, v in saved.items()
+            if k.startswith(base) and len(v.size) == 1
+        }
+        blocks = column_split(N, tower_size, 4) if sharding_type == "column_wise" else [(0, N)]
+        needed = [""] if len(blocks) == 1 else [f".cols_{a}_{b}" for a, b in blocks]
+        for state in sorted(states):
+            wanted = [f"{base}{state}{block}" for block in needed]
+            _check_column_blocks(path, [k for k in wanted if k not in saved][:1], saved)
 
 
 def _drop(tree: Any, keys: set[str], prefix: str) -> Any:

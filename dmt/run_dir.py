@@ -529,16 +529,21 @@ def check_resume_config(
 ) -> None:
     """Raise ``ValueError`` if the run that resumes ``trainer.resume_from`` (in ``run_dir`` or
     elsewhere) has a config its checkpoint refuses (:func:`dmt.checkpoint.check_config`, as the
-    trainer checks it again), goes back in ``run_dir`` or ends before the checkpoint's step."""
+    trainer checks it again), an SPTT layout that splits a table into other column blocks than
+    its row-wise optimizer state was saved in
+    (:func:`dmt.checkpoint.check_sptt_column_blocks`), goes back in ``run_dir`` or ends before
+    the checkpoint's step."""
     from dmt.checkpoint import (  # noqa: PLC0415 (torch)
         check_config,
         check_ends_after,
         check_not_going_back,
+        check_sptt_column_blocks,
         end_known_from,
         read_meta,
         resume_checkpoint,
     )
     from dmt.config import config_yaml  # noqa: PLC0415 (dmt.config imports this module)
+    from dmt.runtime import world_from_env  # noqa: PLC0415 (torch)
     from dmt.train import to_config  # noqa: PLC0415 (dmt.train imports this module)
 
     ckpt = Path(checkpoint_dir)
@@ -555,6 +560,13 @@ def check_resume_config(
     except OmegaConfBaseException:  # e.g. ${hydra:...} in a task key: unset before the job runs
         return  # the trainer checks the config again, once Hydra has set its job up
     check_config(path, config_yaml(conf), allow_change=conf.trainer.resume_allow_config_change)
+    if conf.sptt.enabled:  # L as the trainer takes it (dmt.sptt.dmt_sharding.topology_from)
+        local = conf.sptt.local_world_size or world_from_env(os.environ).local_world_size
+        check_sptt_column_blocks(
+            path,
+            sharding_type=conf.sptt.sharding_type,
+            tower_size=conf.sptt.hosts_per_tower * local,
+        )
     meta = read_meta(path)
     end = end_known_from(meta, conf.trainer)  # None: in its first epoch, before any end
     if end is not None:

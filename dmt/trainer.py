@@ -465,9 +465,11 @@ class Trainer:
     def _find_resume(self, *, flat: bool) -> tuple[Path | None, dict[str, int] | None]:
         """The checkpoint to resume from: ``trainer.resume_from`` resolved, or with ``auto`` the
         newest complete checkpoint of this run (``None``: start fresh), its config checked
-        against this run's (:func:`dmt.checkpoint.check_config`); for a ``flat`` run also its
-        tables' column blocks (:func:`dmt.checkpoint.row_wise_state_blocks`). Rank 0 decides;
-        its error is every rank's."""
+        against this run's (:func:`dmt.checkpoint.check_config`, and for an SPTT run the
+        column blocks of its row-wise optimizer state:
+        :func:`dmt.checkpoint.check_sptt_column_blocks`); for a ``flat`` run also its tables'
+        column blocks (:func:`dmt.checkpoint.row_wise_state_blocks`). Rank 0 decides; its error
+        is every rank's."""
         setting = self.cfg.trainer.resume_from
         if not setting:
             return None, None
@@ -488,6 +490,14 @@ class Trainer:
                         self.config_yaml(),
                         allow_change=self.cfg.trainer.resume_allow_config_change,
                     )
+                    if not flat:  # before this run's plan is written
+                        sptt = self.cfg.sptt
+                        local = sptt.local_world_size or self.rt.local_world_size
+                        checkpoint.check_sptt_column_blocks(
+                            found[0],
+                            sharding_type=sptt.sharding_type,
+                            tower_size=sptt.hosts_per_tower * local,
+                        )
                 if found[0] is not None and flat:
                     found[1] = checkpoint.row_wise_state_blocks(found[0])
                     split = sorted(t for t, k in found[1].items() if k > 1)

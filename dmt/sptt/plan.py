@@ -362,6 +362,19 @@ def _blocks(size: int, parts: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+def column_split(
+    embedding_dim: int, tower_size: int, column_multiple: int = 1
+) -> list[tuple[int, int]]:
+    """The column blocks ``[start, stop)`` of a column-wise table of ``embedding_dim`` (``N``)
+    columns in a tower of ``tower_size`` (``K L``) ranks: ``min(K L, N / column_multiple)``
+    near-equal blocks, each a multiple of ``column_multiple`` wide (:func:`build_plan`'s)."""
+    units = embedding_dim // column_multiple
+    return [
+        (column_multiple * a, column_multiple * b)
+        for a, b in _blocks(units, min(tower_size, units))
+    ]
+
+
 def build_plan(
     topology: Topology,
     feature_names: Sequence[str],
@@ -442,11 +455,7 @@ def build_plan(
                 shards.append(TableShard(f, topology.rank_at(t, p), start, stop, 0, N))
         for f in (f for f in tower if kinds[f] == "column_wise"):
             first = _least_loaded(load)
-            units = N // column_multiple
-            for i, (start, stop) in enumerate(
-                (column_multiple * a, column_multiple * b)
-                for a, b in _blocks(units, min(KL, units))
-            ):
+            for i, (start, stop) in enumerate(column_split(N, KL, column_multiple)):
                 p = (first + i) % KL
                 load[p] += costs[f] * (stop - start) / N
                 shards.append(

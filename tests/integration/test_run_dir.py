@@ -13,7 +13,7 @@ import time
 import pytest
 
 from dmt.train import train
-from tests.conftest import REPO, compose_config
+from tests.conftest import REPO, compose_config, torchrun
 
 TINY = [
     "logger=disabled",
@@ -197,6 +197,35 @@ def test_a_resume_past_an_end_lowered_by_epochs_is_refused_before_hydra_writes(t
         "(trainer.max_steps=-1, trainer.epochs=1): a run cannot train back to an earlier step; "
         "raise trainer.max_steps (or trainer.epochs), or score the checkpoint with dmt-eval"
     ), lowered.stderr[-3000:]
+    assert {k: v for k, v in _files(run).items() if k != "run.lock"} == {
+        k: v for k, v in before.items() if k != "run.lock"
+    }
+
+
+def test_a_resume_into_other_column_blocks_is_refused_before_hydra_writes(tmp_path):
+    """Reproduced: an SPTT run with row-wise Adagrad on column-wise tables (2 ranks per tower: 2
+    column blocks) resumed by one process (the whole table: its state cannot be resharded) was
+    refused by the trainer only, once it loaded the checkpoint: after Hydra had rewritten the
+    run's .hydra/ record and the trainer the run's sharding_plan.txt with the plan of a layout
+    that never trained."""
+    run = tmp_path / "run"
+    args = [*TINY, "trainer=smoke", "experiment=dmt_4t_dlrm", "model.partition.num_towers=1",
+            "sptt=on", "sptt.sharding_type=column_wise", f"hydra.run.dir={run}"]  # fmt: skip
+    cmd, env = torchrun("-m", "dmt.train", *args, "trainer.checkpoint=true")
+    first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = _files(run)
+    one = _cli(*args, "trainer.max_steps=3", "trainer.resume_from=auto")
+    assert one.returncode == 1
+    step = run / "checkpoints" / "step_2"
+    assert one.stderr.strip() == (
+        f"Error: cannot resume from {step}: model.towers.0.embedding_bag_collection.embedding_bags"
+        ".t_cat_0.weight.momentum_1 (row-wise optimizer state of a column-wise table) was saved "
+        "for column blocks ['.cols_0_8', '.cols_8_16'], and this run needs (whole table); resume "
+        "with the same sptt.sharding_type and ranks per tower (sptt.local_world_size x "
+        "sptt.hosts_per_tower), or train with optim.sparse._target_=torch.optim.Adagrad or "
+        "torch.optim.SGD, whose state reshards freely"
+    ), one.stderr[-3000:]
     assert {k: v for k, v in _files(run).items() if k != "run.lock"} == {
         k: v for k, v in before.items() if k != "run.lock"
     }
