@@ -860,6 +860,11 @@ def load(
         if f"rng.rank_{rank}.cuda" not in saved:  # saved on the CPU, or by an older dmt
             rng.pop("cuda", None)
         state["rng"] = {f"rank_{rank}": rng}
+    if "optim" in state and not state["optim"]:
+        # this rank's optimizer holds no state (no table shard here and a dense optimizer
+        # without any, as SGD): left as {}, DCP's load plan takes it for a saved value to load
+        # ("Missing key in checkpoint state_dict: optim", while the other ranks load theirs)
+        del state["optim"]
     try:
         dcp.load(state, checkpoint_id=path)
     # DCP gathers every rank's error into one CheckpointException, a BaseException

@@ -173,6 +173,38 @@ def test_sptt_resume_on_another_topology_matches_uninterrupted(
         assert _max_diff(raw, got) > 1e-4
 
 
+@pytest.mark.parametrize("sptt", [True, False])
+def test_resume_with_a_rank_that_holds_no_optimizer_state(tmp_path: Path, sptt: bool) -> None:
+    """One table on two ranks and plain SGD on the dense part: rank 1 holds no table shard and
+    its dense optimizer no state, so it has no optimizer state to load. It resumes all the same,
+    and the run ends where the uninterrupted one does (before, DCP took its empty state for a
+    saved key: "Missing key in checkpoint state_dict: optim")."""
+    one_table = [
+        *(SPTT if sptt else FLAT),
+        "data.synthetic.num_sparse=1",
+        "data.synthetic.num_groups=1",
+        "optim.dense._target_=torch.optim.SGD",
+        "~optim.dense.eps",
+    ]
+    if sptt:  # one tower of two ranks
+        one_table = [*one_table, "model.partition.num_towers=1", "sptt.local_world_size=2"]
+    ref = tmp_path / "ref"
+    _run(2, [*one_table, "trainer.checkpoint_every=4"], ref)
+    resumed = tmp_path / "resumed"
+    _run(
+        2,
+        [
+            *one_table,
+            "trainer.checkpoint=true",
+            f"trainer.resume_from={ref / 'checkpoints' / 'step_4'}",
+        ],
+        resumed,
+    )
+    want = checkpoint.load_model_state(ref / "checkpoints" / "step_8")
+    assert _max_diff(checkpoint.load_model_state(resumed / "checkpoints"), want) < 1e-5
+    assert _max_diff(checkpoint.load_model_state(ref / "checkpoints" / "step_4"), want) > 1e-3
+
+
 def test_sptt_rowwise_state_of_column_blocks_needs_the_same_split(tmp_path: Path) -> None:
     ref = tmp_path / "ref"
     sptt = [*SPTT, "sptt.sharding_type=column_wise"]  # row-wise Adagrad: state per column block
