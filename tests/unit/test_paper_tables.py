@@ -6,10 +6,12 @@ backward of the dense part, on the meta device); the paper's from the PyTorch pr
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dmt.inspect import inspect_config
-from tests.conftest import typed_config
+from tests.conftest import REPO, typed_config
 
 # experiment -> (paper MFlops/sample, paper parameters in G); Tables 3, 4 and 5.
 TABLE_3 = {
@@ -78,3 +80,24 @@ def test_dcn_towers_cost_one_global_vector_each():
     ]
     assert flops[1] - flops[0] == pytest.approx(2 * step, rel=1e-6)
     assert flops[2] - flops[1] == pytest.approx(4 * step, rel=1e-6)
+
+
+def test_readme_figures_with_the_base_top_mlp():
+    """README note (1): what the DMT-DLRM rows would cost with the base model's top MLP
+    (1024-1024-512-256-1), as ``dmt-inspect`` counts it. A reproduced bug: it gave 15.64 for
+    16T (15.04: one more 1024 x 1024 layer, 6.29 MFLOPs, over 8.75)."""
+    readme = (REPO / "README.md").read_text()
+    stated = re.search(
+        r"with the base's top MLP the rows cost ([\d.]+), ([\d.]+) for\s+16T, and ([\d./]+) in "
+        r"Table 5",
+        readme,
+    )
+    assert stated is not None, "README's note (1) on the DMT-DLRM top MLP has moved"
+    base_top = "model.top_mlp=[1024,1024,512,256,1]"
+    rows = ["paper_dmt_2t_dlrm", "paper_dmt_16t_dlrm"]
+    rows += [f"paper_dmt_8t_dlrm_cr{r}" for r in (2, 4, 8, 16)]
+    counted = [
+        f"{inspect_config(typed_config(f'experiment={name}', base_top))['train_mflops_per_sample']:.2f}"
+        for name in rows
+    ]
+    assert [stated[1], stated[2], *stated[3].split("/")] == counted
