@@ -59,7 +59,7 @@ class DLRMTowerConfig(TowerConfig):
     dim: int = 64  # D: size of every output vector
     c: int = 1  # output vectors per feature (projection N -> c*D of each embedding)
     p: int = 0  # output vectors per tower (linear F_t*N -> p*D of the flattened embeddings)
-    skip_square: bool = False  # leave out a linear whose output size equals its input size
+    skip_square: bool = False  # leave out a square linear (the tower linear: over one feature)
     init: str = "default"  # the linears' init: default (PyTorch's) or isometric (orthogonal, keeps dot products on average, zero bias)
     bias: bool = True  # the linears' bias (shared by the tower's features)
 
@@ -76,7 +76,7 @@ class DCNTowerConfig(TowerConfig):
     dcn_low_rank: int = 64  # rank of each of its layers
     c: int = 1  # output vectors per feature (Listing 2 as printed: c=1, p=0)
     p: int = 0  # output vectors per tower
-    skip_square: bool = False  # leave out the projection when F_t*N equals its output size
+    skip_square: bool = False  # leave out a one-feature tower's projection when N = O_t
 
 
 @dataclass

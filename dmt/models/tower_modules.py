@@ -201,8 +201,9 @@ class DCNTowerModule(TowerModule):
         dcn_low_rank: rank of each cross layer.
         c: output vectors per feature (``>= 0``).
         p: output vectors per tower (``>= 0``); ``c + p >= 1``.
-        skip_square: leave out the projection when ``F_t N = O_t`` (as the paper's 16T row
-            does for its one-feature towers; see :class:`DLRMTowerModule`).
+        skip_square: leave out the projection of a one-feature tower when ``N = O_t`` (as
+            the paper's 16T row does; see :class:`DLRMTowerModule`). Over several features a
+            square projection mixes them and stays.
     """
 
     def __init__(
@@ -234,7 +235,11 @@ class DCNTowerModule(TowerModule):
         self.crossnet = LowRankCrossNet(
             in_features=width, num_layers=dcn_num_layers, low_rank=dcn_low_rank
         )
-        self.projection = _projection(width, self.num_vectors * dim, skip_square)
+        # as DLRMTowerModule's tower linear: left out over one feature only (over several, e.g.
+        # Listing 2's c=1, p=0 with D = N, it mixes them, and leaving it out changes the model)
+        self.projection = _projection(
+            width, self.num_vectors * dim, skip_square and num_features == 1
+        )
 
     def forward(self, embs: torch.Tensor) -> torch.Tensor:
         self._check_input(embs)

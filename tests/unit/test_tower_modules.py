@@ -97,6 +97,20 @@ def test_dcn_tower_module_is_listing_2(F, N, D, layers, rank, c, p):
             ),
             0,
         ),
+        # Listing 2 as printed (c=1, p=0) with D = N: Linear(3N -> 3N) over three features mixes
+        # them after the CrossNet, so it stays (it was dropped); over one feature it goes
+        (
+            lambda s: DCNTowerModule(
+                3, 8, 8, dcn_num_layers=1, dcn_low_rank=2, c=1, p=0, skip_square=s
+            ),
+            0,
+        ),
+        (
+            lambda s: DCNTowerModule(
+                1, 8, 8, dcn_num_layers=1, dcn_low_rank=2, c=1, p=0, skip_square=s
+            ),
+            1,
+        ),
     ],
 )
 def test_skip_square_leaves_out_only_square_linears(make, linears):
