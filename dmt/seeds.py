@@ -111,8 +111,9 @@ def study(
     Every run is checked before the first one trains: the runs found are read back (same
     settings, the metric present), and the config of every missing one is composed and validated
     (``ValueError``, one line, for a bad override or setting, a ``metric`` its runs do not
-    report, or a config name that is not a single directory name), so that a mistake in a later
-    config does not stop the study after the earlier ones trained.
+    report or would all report as NaN (a validation metric of data without validation rows), or
+    a config name that is not a single directory name), so that a mistake in a later config does
+    not stop the study after the earlier ones trained.
     """
     names = list(configs)
     for name in names:
@@ -216,7 +217,12 @@ def _plan_run(
     from hydra.errors import HydraException  # noqa: PLC0415  (keeps --help fast)
     from omegaconf.errors import OmegaConfBaseException  # noqa: PLC0415
 
-    from dmt.train import compose_config, run_metric_names, to_config  # noqa: PLC0415
+    from dmt.train import (  # noqa: PLC0415
+        compose_config,
+        run_metric_names,
+        to_config,
+        undefined_metric,
+    )
 
     run.args = [*_quiet(list(common) + overrides), *settings]
     try:  # a bad override or setting fails before anything is written or trained
@@ -229,6 +235,11 @@ def _plan_run(
         raise ValueError(
             f"--metric {metric!r} is not a metric of config {name}'s runs; choose "
             f"one of {sorted(known)}"
+        )
+    if (why := undefined_metric(conf, metric)) is not None:  # NaN in every run, after training
+        raise ValueError(
+            f"--metric {metric!r} with config {name!r}: {why}, so it would be NaN in every run; "
+            "choose a metric this data defines, e.g. --metric test_auc"
         )
     ckpt = str(run.cfg.trainer.checkpoint_dir)
     if (run_dir / RUN_FILE).exists() and outputs_of(run_dir, ckpt):

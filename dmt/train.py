@@ -214,23 +214,34 @@ def check_sweep_metric(conf: Config) -> None:
             f"trainer.optimize_metric={name!r} is not a metric of this run; choose one of "
             f"{sorted(known)}"
         )
+    why = undefined_metric(conf, name)
+    if why is not None:
+        raise ValueError(
+            f"trainer.optimize_metric={name!r}: {why}, so it would be NaN in every job; choose a "
+            "metric this data defines, e.g. trainer.optimize_metric=test_auc"
+        )
+
+
+def undefined_metric(conf: Config, name: str) -> str | None:
+    """Why ``name``, a metric of :func:`run_metric_names`, is NaN in every run of ``conf``: a
+    validation metric of data without validation rows; None when the data defines it."""
     c = conf.data.criteo
     if name.startswith("val_") and conf.data.kind == "criteo" and c is not None:
         # days: validation from val_day or half of eval_day; no raw path: the preprocessed one
         by_day = c.raw_path is None or Path(c.raw_path).is_dir()
         if not c.val_split or (not by_day and c.split_fractions[1] == 0):
-            raise ValueError(
-                f"trainer.optimize_metric={name!r}: this data has no validation rows "
-                "(data.criteo.split_fractions[1] = 0 or data.criteo.val_split=false, e.g. "
-                "data=criteo_sample_holdout), so it would be NaN in every job; choose a metric "
-                "this data defines, e.g. trainer.optimize_metric=test_auc"
+            return (
+                "this data has no validation rows (data.criteo.split_fractions[1] = 0 or "
+                "data.criteo.val_split=false, e.g. data=criteo_sample_holdout)"
             )
+    return None
 
 
 def sweep_value(metrics: dict[str, float], name: str, *, fail_diverged: bool = False) -> float:
     """``metrics[name]``, the number a Hydra sweeper optimizes; a missing or NaN value is a
     ``ValueError`` naming the metric (a sweeper would rank points by nothing), except NaN from a
-    run that diverged (its last training loss not finite): that trial failed, the sweep goes on.
+    run that diverged (its last training loss, or its predictions, not finite: :func:`_divergence`):
+    that trial failed, the sweep goes on.
     A diverged trial returns its NaN (Hydra's basic sweeper: the trials table says "failed"), or
     with ``fail_diverged`` raises :class:`DivergedTrial` (the Optuna sweeper records a job that
     raised as a failed trial and goes on; the NaN it refuses, and the refusal stopped the sweep)."""
@@ -240,11 +251,9 @@ def sweep_value(metrics: dict[str, float], name: str, *, fail_diverged: bool = F
             f"trainer.optimize_metric={name!r} is not a metric of this run; "
             f"choose one of {sorted(metrics)}"
         )
-    if math.isnan(value) and not math.isfinite(metrics.get("train_loss_last", 0.0)):
-        message = (
-            f"trainer.optimize_metric={name!r} is NaN: this run diverged "
-            f"(train_loss_last={metrics.get('train_loss_last')})"
-        )
+    evidence = _divergence(metrics) if math.isnan(value) else None
+    if evidence is not None:
+        message = f"trainer.optimize_metric={name!r} is NaN: this run diverged ({evidence})"
         if fail_diverged:
             raise DivergedTrial(
                 f"{message}; the sweeper records this trial as failed, and goes on while "
@@ -259,6 +268,24 @@ def sweep_value(metrics: dict[str, float], name: str, *, fail_diverged: bool = F
             f"this data defines, e.g. trainer.optimize_metric=test_auc"
         )
     return value
+
+
+def _divergence(metrics: dict[str, float]) -> str | None:
+    """What shows that a run diverged, or None: its last training loss is not finite, or a
+    split's logloss is NaN over rows (predictions that were not finite: a finite one's logloss
+    is finite, clamped; :func:`dmt.metrics.click_metrics`). The loss alone misses a run whose
+    last step made the weights NaN: that step's loss was computed before it."""
+    loss = metrics.get("train_loss_last", 0.0)
+    if not math.isfinite(loss):
+        return f"train_loss_last={loss}"
+    for split in ("val", "test"):
+        rows = metrics.get(f"{split}_num_samples", 0.0)
+        if rows > 0 and math.isnan(metrics.get(f"{split}_logloss", 0.0)):
+            return (
+                f"train_loss_last={loss}, but {split}_logloss=nan over {rows:.0f} rows: its "
+                "predictions are not finite"
+            )
+    return None
 
 
 class DivergedTrial(RuntimeError):

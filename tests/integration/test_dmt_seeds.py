@@ -310,6 +310,41 @@ def test_every_config_is_checked_before_the_first_run_trains(tmp_path, capsys, m
     capsys.readouterr()
 
 
+def test_a_validation_metric_of_data_without_validation_rows_is_refused_before_training(
+    tmp_path, capsys, monkeypatch
+):
+    """Reproduced bug: --metric val_auc on data without validation rows
+    (data=criteo_sample_holdout) trained every run, then reported each one's NaN as a run that
+    is "not finite", as a diverged one is (a sweep refuses that metric before its jobs train).
+    Stand-in training: the metrics such a run writes."""
+    import dmt.train
+
+    trained = []
+
+    def fake_train(cfg, run_dir):
+        trained.append(run_dir)
+        metrics = {"val_auc": math.nan, "val_num_samples": 0.0, "test_auc": 0.76}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "metrics.json").write_text(json.dumps(metrics))
+        return metrics
+
+    monkeypatch.setattr(dmt.train, "train", fake_train)
+    raw = tmp_path / "train.tsv"
+    raw.write_text("")
+    out = tmp_path / "study"
+    holdout = f"data=criteo_sample_holdout data.criteo.raw_path={raw}"
+    with pytest.raises(SystemExit):
+        seeds.main(["--seeds", "2", "--out", str(out), "--metric", "val_auc",
+                    "--config", "holdout", holdout])  # fmt: skip
+    assert trained == [] and not out.exists()
+    assert _last_error(capsys).endswith(
+        "error: --metric 'val_auc' with config 'holdout': this data has no validation rows "
+        "(data.criteo.split_fractions[1] = 0 or data.criteo.val_split=false, e.g. "
+        "data=criteo_sample_holdout), so it would be NaN in every run; choose a metric this data "
+        "defines, e.g. --metric test_auc"
+    )
+
+
 def test_runs_of_a_hydra_multirun_are_checked_by_their_hydra_record(tmp_path, capsys):
     """Reproduced: a run collected from a Hydra multirun (no seed_run.json) was read with a
     warning only ("a run of an older dmt"), whatever settings it trained with; its

@@ -131,6 +131,28 @@ def test_the_sweep_metric_must_exist_and_be_a_number():
     )
 
 
+def test_a_run_whose_last_step_diverged_is_a_failed_trial_not_a_split_without_clicks():
+    """A reproduced bug: a trial whose last step made the weights NaN (dmt-train -m
+    trainer.max_steps=1 optim.lr=1e30) has a finite train_loss_last, computed before that step;
+    its NaN val_auc stopped the sweep with the error of a split without rows or clicks."""
+    last_step = {  # its metrics.json: NaN predictions over 1024 rows
+        "val_auc": math.nan, "val_logloss": math.nan, "val_num_samples": 1024.0,
+        "test_auc": math.nan, "test_logloss": math.nan, "test_num_samples": 1024.0,
+        "train_loss_last": 0.6716,
+    }  # fmt: skip
+    assert math.isnan(sweep_value(last_step, "val_auc"))
+    with pytest.raises(DivergedTrial) as failed:
+        sweep_value(last_step, "val_auc", fail_diverged=True)
+    assert str(failed.value).startswith(
+        "trainer.optimize_metric='val_auc' is NaN: this run diverged (train_loss_last=0.6716, "
+        "but val_logloss=nan over 1024 rows: its predictions are not finite); the sweeper "
+    )
+    # a split without clicks has a finite logloss: still the data's error
+    no_clicks = {**last_step, "val_logloss": 0.35, "test_auc": 0.7, "test_logloss": 0.5}
+    with pytest.raises(ValueError, match=r"^trainer.optimize_metric='val_auc' is NaN in this run"):
+        sweep_value(no_clicks, "val_auc")
+
+
 def test_a_sweeps_metric_is_checked_before_its_jobs_train(tmp_path):
     """A reproduced bug: a misspelt trainer.optimize_metric, or val_auc on data without
     validation rows, failed only after every job of the sweep had trained."""
