@@ -30,11 +30,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([DMT_TRAIN, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
-def _files(run_dir) -> dict[str, bytes]:
+def _files(run_dir, but: str = "") -> dict[str, bytes]:
+    """Every file under ``run_dir`` by relative path, with its bytes (``but``: one left out)."""
     return {
         str(p.relative_to(run_dir)): p.read_bytes()
         for p in sorted(run_dir.rglob("*"))
-        if p.is_file()
+        if p.is_file() and str(p.relative_to(run_dir)) != but
     }
 
 
@@ -63,9 +64,7 @@ def test_a_second_run_into_the_same_directory_stops_and_a_resume_goes_on(tmp_pat
                             "differs from the checkpoint's "), error  # fmt: skip
     assert "model.name" in error
     # all but the lock's holder record (the refused run held the lock while it checked)
-    assert {k: v for k, v in _files(run).items() if k != "run.lock"} == {
-        k: v for k, v in before.items() if k != "run.lock"
-    }
+    assert _files(run, but="run.lock") == {k: v for k, v in before.items() if k != "run.lock"}
     before = _files(run)
 
     with pytest.raises(ValueError, match="already holds another run's outputs"):  # from Python too
@@ -154,9 +153,7 @@ def test_going_back_in_a_run_is_refused_before_hydra_rewrites_its_record(tmp_pat
         "checkpoint directory holds the newer step_2, "
     ), back.stderr[-3000:]
     # the finished run's record (.hydra/overrides.yaml) does not claim a resume that never ran
-    assert {k: v for k, v in _files(run).items() if k != "run.lock"} == {
-        k: v for k, v in before.items() if k != "run.lock"
-    }
+    assert _files(run, but="run.lock") == {k: v for k, v in before.items() if k != "run.lock"}
 
 
 def test_a_resume_past_the_runs_end_is_refused_before_a_directory_is_made(tmp_path):
@@ -197,9 +194,7 @@ def test_a_resume_past_an_end_lowered_by_epochs_is_refused_before_hydra_writes(t
         "(trainer.max_steps=-1, trainer.epochs=1): a run cannot train back to an earlier step; "
         "raise trainer.max_steps (or trainer.epochs), or score the checkpoint with dmt-eval"
     ), lowered.stderr[-3000:]
-    assert {k: v for k, v in _files(run).items() if k != "run.lock"} == {
-        k: v for k, v in before.items() if k != "run.lock"
-    }
+    assert _files(run, but="run.lock") == {k: v for k, v in before.items() if k != "run.lock"}
 
 
 def test_a_resume_into_other_column_blocks_is_refused_before_hydra_writes(tmp_path):
@@ -226,9 +221,7 @@ def test_a_resume_into_other_column_blocks_is_refused_before_hydra_writes(tmp_pa
         "sptt.hosts_per_tower), or train with optim.sparse._target_=torch.optim.Adagrad or "
         "torch.optim.SGD, whose state reshards freely"
     ), one.stderr[-3000:]
-    assert {k: v for k, v in _files(run).items() if k != "run.lock"} == {
-        k: v for k, v in before.items() if k != "run.lock"
-    }
+    assert _files(run, but="run.lock") == {k: v for k, v in before.items() if k != "run.lock"}
 
 
 def test_a_sweep_into_another_sweeps_directory_stops_before_rewriting_its_records(tmp_path):

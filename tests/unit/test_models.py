@@ -160,14 +160,19 @@ def test_dlrm_with_final_bottom_relu_is_torchrecs_dlrm(final_activation):
         dense_arch_layer_sizes=[16, 8],
         over_arch_layer_sizes=[12, 6, 1],
     )
+    _copy_parameters(ours, theirs)
+    dense, sparse = torch.randn(6, 3), kjt(6, multi_hot=2)
+    same = torch.allclose(ours(dense, sparse), theirs(dense, sparse).squeeze(-1))
+    assert same == final_activation
+
+
+def _copy_parameters(ours: torch.nn.Module, theirs: torch.nn.Module) -> None:
+    """``theirs``'s parameters set to ``ours``'s, which must have the same shapes in order."""
     ours_params, theirs_params = list(ours.parameters()), list(theirs.parameters())
     assert [p.shape for p in ours_params] == [p.shape for p in theirs_params]
     with torch.no_grad():
         for a, b in zip(ours_params, theirs_params):
             b.copy_(a)
-    dense, sparse = torch.randn(6, 3), kjt(6, multi_hot=2)
-    same = torch.allclose(ours(dense, sparse), theirs(dense, sparse).squeeze(-1))
-    assert same == final_activation
 
 
 @pytest.mark.parametrize("name", ["paper_dlrm", "paper_dcn"])
@@ -196,11 +201,7 @@ def test_paper_models_are_torchrecs(name):
             dcn_low_rank_dim=m.dcn_low_rank,
             **sizes,
         )
-    ours_params, theirs_params = list(ours.parameters()), list(theirs.parameters())
-    assert [p.shape for p in ours_params] == [p.shape for p in theirs_params]
-    with torch.no_grad():
-        for a, b in zip(ours_params, theirs_params):
-            b.copy_(a)
+    _copy_parameters(ours, theirs)
     dense, sparse = torch.randn(6, 13), kjt(6, multi_hot=2)
     torch.testing.assert_close(ours(dense, sparse), theirs(dense, sparse).squeeze(-1))
 
