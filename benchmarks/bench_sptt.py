@@ -205,6 +205,14 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.comm_precision.split(",")) - set(COMM_PRECISIONS)
     if unknown:
         p.error(f"unknown --comm-precision {sorted(unknown)}; choose from {tuple(COMM_PRECISIONS)}")
+    for option in ("modes", "peer_permute", "pipeline", "comm_precision"):
+        values = getattr(args, option).split(",")
+        if twice := sorted({v for v in values if values.count(v) > 1}):
+            # two variants of one name would pool their step times into one record
+            p.error(
+                f"--{option.replace('_', '-')} {getattr(args, option)!r} names {twice} twice; "
+                "give each setting once"
+            )
     check_runs(p, args.runs, args.smoke)
     check_counts(p, args, ("trace_steps", "iters"), ("warmup",))
     sizes = ("world_size", "nnodes", "hosts_per_tower", "features", "rows", "dim", "tower_dim")
@@ -225,18 +233,19 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 2))
     if args.local_world_size < 1:
         p.error("--local-world-size must be at least 1")
-    if "RANK" not in os.environ:  # this script starts the ranks (torchrun's WORLD_SIZE wins)
-        G, L, K = args.world_size, args.local_world_size, args.hosts_per_tower
-        if G % L:
-            p.error(
-                f"--world-size {G} must be a multiple of --local-world-size {L} (ranks per "
-                "emulated host)"
-            )
-        if G // L % K:
-            p.error(
-                f"--world-size {G} is {G // L} hosts of --local-world-size {L}: not a multiple "
-                f"of --hosts-per-tower {K} (every tower spans K whole hosts)"
-            )
+    # torchrun starts the ranks: its WORLD_SIZE wins over --world-size, checked here too (in
+    # the ranks, Topology's ValueError was a traceback from every rank)
+    torchrun = "RANK" in os.environ
+    G = int(os.environ["WORLD_SIZE"]) if torchrun else args.world_size
+    size = f"torchrun's WORLD_SIZE {G}" if torchrun else f"--world-size {G}"
+    L, K = args.local_world_size, args.hosts_per_tower
+    if G % L:
+        p.error(f"{size} must be a multiple of --local-world-size {L} (ranks per emulated host)")
+    if G // L % K:
+        p.error(
+            f"{size} is {G // L} hosts of --local-world-size {L}: not a multiple "
+            f"of --hosts-per-tower {K} (every tower spans K whole hosts)"
+        )
     if not 0 <= args.node_rank < args.nnodes:
         p.error(
             f"--node-rank {args.node_rank}: expected 0 to {args.nnodes - 1} (this launcher's "

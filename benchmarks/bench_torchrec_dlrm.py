@@ -21,7 +21,8 @@ on the same batches of the Criteo Kaggle sample
 The dmt variants read the loss back every ``trainer.log_every`` steps (default 50), as
 ``Trainer.fit`` does. Both sides: DLRM, dim 64, bottom 512-256-64 (ReLU after its last layer, as
 TorchRec's ``DenseArch``), top 512-256-1, batch 512, exact (not row-wise) Adagrad lr 0.01 on the
-tables and on the dense part; table sizes are dmt's preprocessed cardinalities.
+tables (FBGEMM's eps 1e-8) and on the dense part (torch's default eps 1e-10: ``dlrm_main.py`` gives
+it the LR only); table sizes are dmt's preprocessed cardinalities.
 
 Every run builds a fresh model per variant, runs ``--warmup`` untimed steps of each, then the
 ``--steps`` timed steps in rounds of ``--block`` steps per variant, the variants' order rotating
@@ -99,6 +100,7 @@ OVERRIDES = [
     "optim.sparse._target_=torch.optim.Adagrad",
     f"optim.sparse_lr={LR}",
     f"optim.lr={LR}",
+    "optim.dense.eps=1e-10",  # torch's default, which torchrec_dlrm's dense Adagrad keeps
 ]
 DMT_VARIANTS: dict[str, list[str]] = {
     "dmt default": [],
