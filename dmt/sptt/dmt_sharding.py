@@ -328,11 +328,15 @@ def _data_parallel(
     step: str,
     group_name: str,
 ) -> DistributedDataParallel:
+    # gradients as views into DDP's buckets, as TorchRec's DMP wraps the flat baseline's dense
+    # part: otherwise the buckets hold a second copy of every gradient, which the memory plan
+    # (dmt.planning.memory, parameters + gradients + optimizer state) does not count
     ddp = DistributedDataParallel(
         module,
         device_ids=[device] if device.type == "cuda" else None,
         process_group=group,
         forward_sync_buffers=False,
+        gradient_as_bucket_view=True,
     )
     if stats is not None:
         ranks = dist.get_process_group_ranks(group)

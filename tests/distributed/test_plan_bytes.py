@@ -8,7 +8,8 @@ steps a, d, f and the tower-module and dense all-reduces, total and cross-host, 
 The busiest-rank summary (:func:`sptt_collectives`) is checked against the per-rank maxima when
 every rank's batch has the same id counts. Flat TorchRec sharding (DMP at G = 4 and 8, two ranks
 per host; the planner's plan and one with table-, column-, row- and table-row-wise tables) is
-compared with :class:`CommTrace`'s measurement of every collective, by op.
+compared with :class:`CommTrace`'s measurement of every collective, by op. The dense state
+the plan's memory counts on a rank (:func:`sptt_rank_memory`) is what the rank holds after a step.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import cast
 import pytest
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
 from torchrec.distributed.sharding_plan import (
@@ -31,6 +33,7 @@ from torchrec.distributed.sharding_plan import (
 )
 from torchrec.distributed.types import ShardingPlan
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.optim.keyed import KeyedOptimizer
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dmt.config import OptimConfig, ShardingConfig
@@ -46,6 +49,7 @@ from dmt.planning.collectives import (
     sptt_collectives,
     sptt_rank_collectives,
 )
+from dmt.planning.memory import dense_optimizer_states, sptt_rank_memory
 from dmt.runtime import Runtime
 from dmt.sharding import memory_budget, plan_tables
 from dmt.sptt.comm_stats import CommStats
@@ -359,3 +363,74 @@ def test_flat_plan_bytes_equal_traced(world_size: int) -> None:
     model decides) and a plan with table-, column-, row- and table-row-wise tables."""
     kinds = run_on_ranks(_flat_worker, world_size, timeout_s=180)
     assert {"table_wise", "column_wise", "row_wise", "table_row_wise"} <= set(kinds[0])
+
+
+# ---- memory: the dense state a rank holds -----------------------------------------------------
+
+ADAM = OptimConfig(
+    sparse_lr=0.05,
+    lr=0.01,
+    sparse={"_target_": "torch.optim.SGD", "_partial_": True, "lr": "${..sparse_lr}"},
+    dense={"_target_": "torch.optim.Adam", "_partial_": True, "lr": "${..lr}"},
+)
+
+
+def _held_dense_bytes(
+    module: torch.nn.Module, params: list[torch.nn.Parameter], optimizer: KeyedOptimizer
+) -> int:
+    """What a rank holds for ``params`` after a step: the parameters, their gradients, the
+    optimizer's state tensors and DDP's gradient buckets unless they are the gradients."""
+    held = sum(
+        t.numel() * t.element_size()
+        for p in params
+        for t in (p, p.grad, *optimizer.state.get(p, {}).values())
+        if isinstance(t, torch.Tensor) and t.dim() > 0
+    )
+    for m in module.modules():
+        if isinstance(m, DistributedDataParallel):
+            logged = m._get_ddp_logging_data()  # DDP's own record of its buckets
+            if not logged["gradient_as_bucket_view"]:
+                held += sum(int(n) for n in str(logged["bucket_sizes"]).split(","))
+    return held
+
+
+def _dense_memory_worker(rank: int, world_size: int) -> list[tuple[int, int]]:
+    out = []
+    for L, K in TOPOLOGIES[world_size]:
+        topo = Topology(world_size, L, K)
+        runtime = Runtime(rank, world_size, rank % L, L, torch.device("cpu"), "gloo")
+        model = small_dmt_model(topo.num_towers, "dlrm")
+        towers = list(cast(torch.nn.ModuleList, model.towers))
+        tower_bytes = [_param_bytes(cast(torch.nn.Module | None, t.tower_module)) for t in towers]
+        dense_bytes = _param_bytes(model) - sum(_param_bytes(t) for t in towers)
+        task, optimizer = shard_dmt(
+            TrainTask(model), runtime, topology=topo, optim_cfg=ADAM, even_batches=True
+        )
+        for step in range(2):
+            optimizer.zero_grad()
+            loss, _ = task(_batch(rank, step, 4))
+            loss.backward()
+            optimizer.step()
+        sharded = task.model
+        assert isinstance(sharded, ShardedDMT)
+        planned = sptt_rank_memory(
+            sharded.dataflow.plan,
+            rank,
+            local_batch=4,
+            dense_param_bytes=dense_bytes,
+            dense_optimizer_states=dense_optimizer_states(torch.optim.Adam, {}),
+            tower_param_bytes=tower_bytes,
+        )
+        params = [p for _, p in sharded.named_dense_parameters()]
+        out.append((planned.dense_bytes, _held_dense_bytes(sharded, params, optimizer)))
+    return out
+
+
+def test_plan_dense_bytes_equal_held() -> None:
+    """The dense state the SPTT plan counts on a rank (parameters of the dense arch and its
+    tower module, their gradients, Adam's two state tensors) is what the rank holds after a
+    step. DDP's gradient buckets are the gradients (as in TorchRec's DMP, the flat baseline):
+    before, each rank held them a second time, one more copy of its dense parameters."""
+    for per_topology in run_on_ranks(_dense_memory_worker, 2, timeout_s=120):
+        for planned, held in per_topology:
+            assert planned == held
