@@ -17,6 +17,7 @@ backend (NCCL rounds at every hop), where SPTT's sums the rounded partial sums i
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -57,6 +58,7 @@ from torchrec.distributed.types import (
     ShardMetadata,
 )
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.optim import RowWiseAdagrad
 
 from dmt.config import ShardingConfig
 from dmt.memory import MemoryBudget
@@ -147,8 +149,9 @@ def table_constraints(
     blocks: a table saved in ``k > 1`` blocks is split column-wise into the same ``k`` blocks
     (of ``dim / k`` columns) at any world size, and one saved whole is never split column-wise.
 
-    Raises ``ValueError`` for a table whose dimension does not split into ``k`` blocks of a
-    multiple of 4 columns, as TorchRec's are.
+    Raises ``ValueError`` for a table whose dimension is not a multiple of 4 (FBGEMM's fused
+    kernels, which TorchRec builds for every shard, take no other), or does not split into
+    ``k`` blocks of a multiple of 4 columns, as TorchRec's are.
     """
     cuda = memory is not None and memory.compute_device == "cuda"
     cache = CacheParams(load_factor=memory.uvm_cache_load_factor) if cuda and memory else None
@@ -158,6 +161,12 @@ def table_constraints(
         if not isinstance(m, EmbeddingBagCollection):
             continue
         for table in m.embedding_bag_configs():
+            if table.embedding_dim % 4:
+                raise ValueError(
+                    f"table {table.name}: its dimension {table.embedding_dim} "
+                    "(model.embedding_dim) must be a multiple of 4 for FBGEMM's fused embedding "
+                    "kernels, which TorchRec's sharded tables run in"
+                )
             types, min_partition = list(SHARDED_TYPES), None
             k = blocks.get(table.name)
             if k is not None and k > 1:
@@ -296,12 +305,40 @@ def plan_tables(
         constraints=table_constraints(module, memory, column_blocks=column_blocks),
     )
     try:
-        return planner.plan(module, flat_sharders(comm_precision))
+        plan = planner.plan(module, flat_sharders(comm_precision))
     except PlannerError as e:
         raise ValueError(
             f"TorchRec's planner found no sharding of the tables within the memory budget "
             f"({memory.describe()}; sharding.hbm_gb, sharding.ddr_gb): {e}"
         ) from e
+    _warn_row_wise_state_split(module, plan)
+    return plan
+
+
+def _warn_row_wise_state_split(module: nn.Module, plan: ShardingPlan) -> None:
+    """Warn when ``plan`` splits a table with row-wise Adagrad (TorchRec's fused
+    ``RowWiseAdagrad``, attached in backward) into column blocks: each block keeps its own
+    accumulator per row, so training differs from the whole table's (as SPTT warns for its
+    column-wise tables)."""
+    fused = {
+        name.rsplit(".", 2)[-2]: getattr(p, "_optimizer_classes", [])
+        for name, p in module.named_parameters()
+        if name.endswith(".weight") and ".embedding_bags." in name
+    }
+    split = sorted(
+        name
+        for name, ps in table_shardings(plan).items()
+        if ps.sharding_type in ("column_wise", "table_column_wise")
+        and len(ps.ranks or []) > 1
+        and RowWiseAdagrad in fused.get(name, [])
+    )
+    if split:
+        warnings.warn(
+            f"row-wise Adagrad on column-wise shards keeps one accumulator per row and shard, "
+            f"not per row of the whole table: the plan splits {', '.join(split)} into column "
+            "blocks, so training differs slightly from the unsharded model",
+            stacklevel=3,
+        )
 
 
 def place_on_devices(plan: ShardingPlan, devices: Sequence[torch.device]) -> ShardingPlan:

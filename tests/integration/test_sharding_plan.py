@@ -92,6 +92,20 @@ def test_runs_fail_before_training_when_tables_exceed_the_budget(tmp_path, one_t
     assert not (tmp_path / "metrics.json").exists()
 
 
+def test_flat_run_refuses_a_table_dimension_fbgemm_cannot_take(tmp_path, one_thread):
+    """TorchRec builds every flat shard in FBGEMM's fused kernels, which take a multiple of 4
+    columns only: the run stops with the setting (as SPTT's ``DMTSharder.plan`` does), not with
+    TorchRec's AssertionError from inside ``DistributedModelParallel``."""
+    dim = ["model.embedding_dim=6", "model.bottom_mlp=[64,6]"]
+    with pytest.raises(ValueError) as err:
+        train(compose_config(*TINY, *dim), tmp_path)
+    assert str(err.value) == (
+        "table t_cat_0: its dimension 6 (model.embedding_dim) must be a multiple of 4 for "
+        "FBGEMM's fused embedding kernels, which TorchRec's sharded tables run in"
+    )
+    assert not (tmp_path / "metrics.json").exists()
+
+
 BIG = ["data.synthetic.cardinality=100000", "trainer.checkpoint=true"]
 SHORT = "sharding.hbm_gb=0.021"
 #: the SPTT plan of the CUDA test's short run: (UVM-cached, in HBM) of its 6 tables
