@@ -54,7 +54,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from dmt.config import NO_DEFAULT, component_default, schema_default
+from dmt.config import NO_DEFAULT, OptimConfig, component_default, schema_default
 from dmt.ema import DenseEMA
 from dmt.host_memory import (
     RankMemory,
@@ -63,6 +63,7 @@ from dmt.host_memory import (
     staged_bytes,
     staging_shortfall,
 )
+from dmt.optim import sparse_optimizer_name, sparse_optimizer_spec
 from dmt.sptt.dmt_sharding import ShardedDMT
 from dmt.sptt.plan import column_split
 from dmt.sptt.sharded_state import plain_name
@@ -920,13 +921,20 @@ def _check_column_blocks(path: Path, absent: list[str], saved: Iterable[str]) ->
             )
 
 
-def check_sptt_column_blocks(path: Path, *, sharding_type: str, tower_size: int) -> None:
+def check_sptt_column_blocks(
+    path: Path, *, sharding_type: str, tower_size: int, optim: OptimConfig
+) -> None:
     """Raise ``ValueError`` (:func:`load`'s) if the SPTT checkpoint ``path`` keeps the row-wise
     optimizer state of a table in other column blocks than a run with ``sptt.sharding_type``
     ``sharding_type`` and ``tower_size`` ranks per tower (``K L``) splits it into
     (:func:`dmt.sptt.plan.column_split`; such state exists only with a fused optimizer, whose
     blocks are multiples of 4 columns): a resume that :func:`load` would refuse, found from the
-    checkpoint's metadata before the run writes anything."""
+    checkpoint's metadata before the run writes anything. Only a run whose sparse optimizer
+    (``optim``: its settings) keeps row-wise state reads it: another one (exact
+    Adagrad, SGD, Adam; with ``trainer.resume_allow_config_change``) starts its state afresh,
+    as :func:`load` does."""
+    if sparse_optimizer_name(sparse_optimizer_spec(optim)[0]) != "rowwise_adagrad":
+        return
     saved = tensor_keys(path, prefix="")
     for key, md in tensor_keys(path).items():  # the model's, under its state-dict keys
         if ".embedding_bags." not in key or not key.endswith(".weight") or len(md.size) != 2:

@@ -566,6 +566,7 @@ def check_resume_config(
             path,
             sharding_type=conf.sptt.sharding_type,
             tower_size=conf.sptt.hosts_per_tower * local,
+            optim=conf.optim,
         )
     meta = read_meta(path)
     end = end_known_from(meta, conf.trainer)  # None: in its first epoch, before any end

@@ -497,6 +497,7 @@ class Trainer:
                             found[0],
                             sharding_type=sptt.sharding_type,
                             tower_size=sptt.hosts_per_tower * local,
+                            optim=self.cfg.optim,
                         )
                 if found[0] is not None and flat:
                     found[1] = checkpoint.row_wise_state_blocks(found[0])

@@ -222,6 +222,13 @@ def test_a_resume_into_other_column_blocks_is_refused_before_hydra_writes(tmp_pa
         "torch.optim.SGD, whose state reshards freely"
     ), one.stderr[-3000:]
     assert _files(run, but="run.lock") == {k: v for k, v in before.items() if k != "run.lock"}
+    # the remedy the message names: exact Adagrad starts its state afresh and resumes (the
+    # check had read the checkpoint's row-wise state whatever this run's optimizer keeps)
+    exact = _cli(*args, "trainer.max_steps=3", "trainer.resume_from=auto",
+                 "trainer.resume_allow_config_change=true",
+                 "optim.sparse._target_=torch.optim.Adagrad")  # fmt: skip
+    assert exact.returncode == 0, exact.stderr[-3000:]
+    assert json.loads((run / "metrics.json").read_text())["num_steps"] == 3
 
 
 def test_a_sweep_into_another_sweeps_directory_stops_before_rewriting_its_records(tmp_path):
