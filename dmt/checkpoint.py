@@ -935,11 +935,13 @@ def check_sptt_column_blocks(
     as :func:`load` does."""
     if sparse_optimizer_name(sparse_optimizer_spec(optim)[0]) != "rowwise_adagrad":
         return
-    saved = tensor_keys(path, prefix="")
-    for key, md in tensor_keys(path).items():  # the model's, under its state-dict keys
-        if ".embedding_bags." not in key or not key.endswith(".weight") or len(md.size) != 2:
+    saved = tensor_keys(path, prefix="")  # one read of the checkpoint's index
+    for key, md in saved.items():
+        model_key = key.removeprefix("model.")  # the model's tensors, under their state-dict keys
+        table = model_key != key and ".embedding_bags." in key and key.endswith(".weight")
+        if not table or len(md.size) != 2:
             continue
-        base, N = f"optim.{key}.", md.size[1]
+        base, N = f"optim.{model_key}.", md.size[1]
         states = {
             k.removeprefix(base).split(".cols_")[0]
             for k, v in saved.items()

@@ -39,6 +39,17 @@ def _files(run_dir, but: str = "") -> dict[str, bytes]:
     }
 
 
+def _refused_leaving_the_run(run, *overrides) -> str:
+    """dmt-train with ``overrides`` on the run in ``run``: it must exit 1 and leave every file
+    there as it was but the lock's holder record (the refused run held the lock while it
+    checked); returns its error (stderr, stripped)."""
+    before = _files(run, but="run.lock")
+    refused = _cli(*overrides)
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert _files(run, but="run.lock") == before
+    return refused.stderr.strip()
+
+
 def test_a_second_run_into_the_same_directory_stops_and_a_resume_goes_on(tmp_path):
     run = tmp_path / "run"
     first = _cli(*TINY, "trainer=smoke", "trainer.checkpoint=true", f"hydra.run.dir={run}")
@@ -144,16 +155,14 @@ def test_going_back_in_a_run_is_refused_before_hydra_rewrites_its_record(tmp_pat
     run = tmp_path / "run"
     first = _cli(*TINY, "trainer=smoke", "trainer.checkpoint_every=1", f"hydra.run.dir={run}")
     assert first.returncode == 0, first.stderr[-3000:]
-    before = _files(run)
-    back = _cli(*TINY, "trainer=smoke", "trainer.checkpoint_every=1",
-                f"trainer.resume_from={run}/checkpoints/step_1", f"hydra.run.dir={run}")  # fmt: skip
-    assert back.returncode == 1
-    assert back.stderr.strip().startswith(
+    # the finished run's record (.hydra/overrides.yaml) does not claim a resume that never ran
+    back = _refused_leaving_the_run(run, *TINY, "trainer=smoke", "trainer.checkpoint_every=1",
+                                    f"trainer.resume_from={run}/checkpoints/step_1",
+                                    f"hydra.run.dir={run}")  # fmt: skip
+    assert back.startswith(
         f"Error: trainer.resume_from='{run}/checkpoints/step_1' goes back in this run: its "
         "checkpoint directory holds the newer step_2, "
-    ), back.stderr[-3000:]
-    # the finished run's record (.hydra/overrides.yaml) does not claim a resume that never ran
-    assert _files(run, but="run.lock") == {k: v for k, v in before.items() if k != "run.lock"}
+    ), back
 
 
 def test_a_resume_past_the_runs_end_is_refused_before_a_directory_is_made(tmp_path):
@@ -184,17 +193,15 @@ def test_a_resume_past_an_end_lowered_by_epochs_is_refused_before_hydra_writes(t
     args = [*TINY, "trainer=smoke", "trainer.epochs=2", f"hydra.run.dir={run}"]
     first = _cli(*args, "trainer.max_steps=20", "trainer.checkpoint_every=10")
     assert first.returncode == 0, first.stderr[-3000:]
-    before = _files(run)
-    lowered = _cli(*args, "trainer.epochs=1", "trainer.max_steps=-1", "trainer.resume_from=auto",
-                   "trainer.resume_allow_config_change=true")  # fmt: skip
-    assert lowered.returncode == 1
+    lowered = _refused_leaving_the_run(run, *args, "trainer.epochs=1", "trainer.max_steps=-1",
+                                       "trainer.resume_from=auto",
+                                       "trainer.resume_allow_config_change=true")  # fmt: skip
     step = run / "checkpoints" / "step_20"
-    assert lowered.stderr.strip() == (
+    assert lowered == (
         f"Error: trainer.resume_from='{step}' is at step 20, past this run's end at step 16 "
         "(trainer.max_steps=-1, trainer.epochs=1): a run cannot train back to an earlier step; "
         "raise trainer.max_steps (or trainer.epochs), or score the checkpoint with dmt-eval"
-    ), lowered.stderr[-3000:]
-    assert _files(run, but="run.lock") == {k: v for k, v in before.items() if k != "run.lock"}
+    )
 
 
 def test_a_resume_into_other_column_blocks_is_refused_before_hydra_writes(tmp_path):
@@ -209,19 +216,16 @@ def test_a_resume_into_other_column_blocks_is_refused_before_hydra_writes(tmp_pa
     cmd, env = torchrun("-m", "dmt.train", *args, "trainer.checkpoint=true")
     first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
-    before = _files(run)
-    one = _cli(*args, "trainer.max_steps=3", "trainer.resume_from=auto")
-    assert one.returncode == 1
+    one = _refused_leaving_the_run(run, *args, "trainer.max_steps=3", "trainer.resume_from=auto")
     step = run / "checkpoints" / "step_2"
-    assert one.stderr.strip() == (
+    assert one == (
         f"Error: cannot resume from {step}: model.towers.0.embedding_bag_collection.embedding_bags"
         ".t_cat_0.weight.momentum_1 (row-wise optimizer state of a column-wise table) was saved "
         "for column blocks ['.cols_0_8', '.cols_8_16'], and this run needs (whole table); resume "
         "with the same sptt.sharding_type and ranks per tower (sptt.local_world_size x "
         "sptt.hosts_per_tower), or train with optim.sparse._target_=torch.optim.Adagrad or "
         "torch.optim.SGD, whose state reshards freely"
-    ), one.stderr[-3000:]
-    assert _files(run, but="run.lock") == {k: v for k, v in before.items() if k != "run.lock"}
+    )
     # the remedy the message names: exact Adagrad starts its state afresh and resumes (the
     # check had read the checkpoint's row-wise state whatever this run's optimizer keeps)
     exact = _cli(*args, "trainer.max_steps=3", "trainer.resume_from=auto",
