@@ -574,15 +574,34 @@ def register_configs() -> None:
 
 WANDB_MODE_RESOLVER = "dmt.wandb_mode"
 # wandb's other names of its modes (wandb_settings.py)
-_WANDB_MODE_ALIASES = {"": "offline", "dryrun": "offline", "run": "online"}
+_WANDB_MODE_ALIASES = {"dryrun": "offline", "run": "online"}
+# the values of WANDB_MODE wandb starts with (its Settings.mode), whatever mode it is given
+_WANDB_ENV_MODES = (*WANDB_MODES, *_WANDB_MODE_ALIASES, "shared")
+
+
+def wandb_mode_env() -> str | None:
+    """The environment variable ``WANDB_MODE``, None when unset. wandb reads it whatever mode
+    ``wandb.init`` is given and does not start on a value it does not know (an empty one too),
+    so such a value is a ``ValueError`` naming it, not a run that goes on without wandb."""
+    value = os.environ.get("WANDB_MODE")
+    if value is not None and value not in _WANDB_ENV_MODES:
+        raise ValueError(
+            f"the environment variable WANDB_MODE={value!r} is not one of "
+            f"{list(_WANDB_ENV_MODES)}: wandb reads it whatever logger.mode says, and would not "
+            "start; unset it or set one of those (logger=disabled: no wandb)"
+        )
+    return value
 
 
 def wandb_mode_from_env() -> str:
     """``${dmt.wandb_mode:}``, ``conf/logger/wandb.yaml``'s ``mode``: the environment variable
-    ``WANDB_MODE`` (wandb's ``dryrun`` is ``offline``, ``run`` is ``online``), else offline."""
-    value = os.environ.get("WANDB_MODE", "")
-    mode = _WANDB_MODE_ALIASES.get(value.strip(), value.strip())
-    if mode not in WANDB_MODES:
+    ``WANDB_MODE`` (:func:`wandb_mode_env`; wandb's ``dryrun`` is ``offline``, ``run`` is
+    ``online``), else offline."""
+    value = wandb_mode_env()
+    if value is None:
+        return "offline"
+    mode = _WANDB_MODE_ALIASES.get(value, value)
+    if mode not in WANDB_MODES:  # wandb's shared
         raise ValueError(
             f"the environment variable WANDB_MODE={value!r} (logger.mode's default) is not one "
             f"of {list(WANDB_MODES)} (or wandb's dryrun, run); unset it or set logger.mode"

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dmt.config import LoggerConfig
+from dmt.config import LoggerConfig, wandb_mode_env
 from dmt.results import write_atomic
 
 log = logging.getLogger(__name__)
@@ -180,8 +180,12 @@ def open_logger(
     """wandb on rank 0 (``None`` elsewhere or with ``logger.mode=disabled``); ``group`` (a
     Hydra multirun's sweep directory) groups a sweep's points unless ``logger.group`` is set.
     A run that cannot start even offline (a full disk, no wandb service) is logged, and the
-    training goes on without wandb (``None``)."""
-    if cfg.mode == "disabled" or not is_main:
+    training goes on without wandb (``None``); a ``WANDB_MODE`` that wandb does not know is a
+    ``ValueError`` (:func:`dmt.config.wandb_mode_env`)."""
+    if cfg.mode == "disabled":
+        return None
+    wandb_mode_env()  # on every rank: one that stopped alone would leave the others waiting
+    if not is_main:
         return None
     output_dir.mkdir(parents=True, exist_ok=True)
     try:

@@ -214,18 +214,48 @@ def test_a_run_that_fails_finishes_its_wandb_run_as_failed(
 
 def test_wandb_mode_comes_from_the_environment_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
     assert to_config(compose_config()).logger.mode == "offline"
-    for env, mode in (("disabled", "disabled"), ("dryrun", "offline"), ("run", "online"),
-                      ("", "offline")):  # fmt: skip
+    for env, mode in (("disabled", "disabled"), ("dryrun", "offline"), ("run", "online")):
         monkeypatch.setenv("WANDB_MODE", env)
         assert to_config(compose_config()).logger.mode == mode
     assert to_config(compose_config("logger.mode=online")).logger.mode == "online"
-    monkeypatch.setenv("WANDB_MODE", "bogus")
+    monkeypatch.setenv("WANDB_MODE", "shared")  # wandb's, but no mode of dmt's
     with pytest.raises(InterpolationResolutionError) as e:
         to_config(compose_config())
     assert (
-        "the environment variable WANDB_MODE='bogus' (logger.mode's default) is not one of "
+        "the environment variable WANDB_MODE='shared' (logger.mode's default) is not one of "
         "['online', 'offline', 'disabled'] (or wandb's dryrun, run); unset it or set logger.mode"
     ) in str(e.value)
+    for env in ("bogus", ""):  # nor wandb's: see the next test
+        monkeypatch.setenv("WANDB_MODE", env)
+        with pytest.raises(InterpolationResolutionError) as e:
+            to_config(compose_config())
+        assert f"the environment variable WANDB_MODE={env!r} is not one of" in str(e.value)
+
+
+def test_a_wandb_mode_wandb_does_not_know_stops_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reproduced bug: wandb reads WANDB_MODE whatever mode it is given, and did not start on
+    a value it does not know (an empty one too, which dmt took for offline), so the run trained
+    without wandb, with only a traceback in its log."""
+    small = ["data.synthetic.num_train=512", "data.batch_size=256", "trainer.progress_bar=false"]
+    for env in ("bogus", "", " offline"):
+        monkeypatch.setenv("WANDB_MODE", env)
+        run = tmp_path / f"run{len(env)}"
+        with pytest.raises(ValueError) as e:
+            train(to_config(compose_config("logger.mode=offline", *small)), run)
+        assert str(e.value) == (
+            f"the environment variable WANDB_MODE={env!r} is not one of ['online', 'offline', "
+            "'disabled', 'dryrun', 'run', 'shared']: wandb reads it whatever logger.mode says, "
+            "and would not start; unset it or set one of those (logger=disabled: no wandb)"
+        )
+        assert not (run / "history.jsonl").exists()  # stopped before training
+    train(to_config(compose_config("logger=disabled", *small)), tmp_path / "disabled")
+    assert not (tmp_path / "disabled" / "wandb").exists()
+    monkeypatch.setenv("WANDB_MODE", "shared")  # wandb's: logger.mode wins
+    logger = _open(tmp_path / "shared")
+    assert logger.run.settings.mode == "offline"
+    logger.finish()
 
 
 def test_a_file_system_without_flock_is_named(
