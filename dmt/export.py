@@ -11,62 +11,81 @@ of ``dmt.models.build_model(...)``'s ``state_dict()``, whole tables), for servin
 
     model = build_model(cfg.model, ...); model.load_state_dict(torch.load("model.pt"))
 
-The run's ``config.yaml`` is copied beside it (``model.pt.config.yaml``), before the model. An
-existing output is never replaced, even one that appears while the checkpoint loads, and nothing
-half-written is left (each file is written to a temporary file, fsynced and linked into place).
+The checkpoint's ``config.yaml`` is copied beside it (``model.pt.config.yaml``); a checkpoint
+without one is refused. An existing output is never replaced, even one that appears while the
+checkpoint loads, and nothing half-written is left: each file is written to a temporary file and
+fsynced, both before either is linked into place (the config first), and ``SIGTERM`` (``kill``,
+``timeout``, a scheduler's) removes the temporary files as an error does.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
 import torch
 
 from dmt import checkpoint
+from dmt.evaluate import find_checkpoint
 
 
 def export(checkpoint_path: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
     """Write the plain model state of checkpoint ``checkpoint_path`` to ``out``; returns it.
 
     Raises:
-        ValueError: the checkpoint is missing or damaged, or ``out`` (or its config sidecar)
-            exists already.
+        ValueError: the checkpoint is missing, damaged or without its ``config.yaml``, or
+            ``out`` (or its config sidecar) exists already.
     """
     out = Path(out)
     sidecar = out.with_name(out.name + ".config.yaml")
     for path in (out, sidecar):
         if path.exists():
             raise ValueError(f"{path} exists already; dmt-export never replaces a file")
-    step_dir = checkpoint.resolve(Path(checkpoint_path), setting="--checkpoint")
+    step_dir = find_checkpoint(checkpoint_path)
+    config = step_dir / checkpoint.CONFIG_FILE
+    if not config.is_file():
+        raise ValueError(
+            f"checkpoint {step_dir} has no {checkpoint.CONFIG_FILE} (the training config that "
+            "builds its model, written with every checkpoint); copy the run's config there "
+            "(<run>/.hydra/config.yaml)"
+        )
     state = {
         key.removeprefix("model."): tensor
         for key, tensor in checkpoint.load_model_state(step_dir).items()
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    config = step_dir / checkpoint.CONFIG_FILE
-    published = False
-    if config.is_file():  # the sidecar first: a model file never stands without its config
-        _publish(sidecar, lambda f: f.write(config.read_bytes()))
-        published = True
-    try:
-        _publish(out, lambda f: torch.save(state, f))
-    except BaseException:
-        if published:  # not a sidecar without its model: a retry would be refused for it
+    # both files whole before either name appears: a kill while the model (minutes for a large
+    # one) is written leaves neither, not a sidecar that a retry is refused for
+    with (
+        _staged(out, lambda f: torch.save(state, f)) as model_tmp,
+        _staged(sidecar, lambda f: f.write(config.read_bytes())) as config_tmp,
+    ):
+        _link(config_tmp, sidecar)  # the sidecar first: a model file never stands without it
+        try:
+            _link(model_tmp, out)
+        except BaseException:  # not a sidecar without its model: a retry would be refused for it
             sidecar.unlink(missing_ok=True)
-        raise
+            raise
     return out
 
 
 def _publish(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Write ``path`` whole or not at all, never over a file: into a temporary file of its own
-    beside it, fsynced, then linked to ``path`` (which fails if ``path`` appeared meanwhile, e.g.
-    from a concurrent export); the temporary file is removed in every case."""
+    """Write ``path`` whole or not at all, never over a file (:func:`_staged`, :func:`_link`)."""
+    with _staged(path, write) as tmp:
+        _link(tmp, path)
+
+
+@contextmanager
+def _staged(path: Path, write: Callable[[BinaryIO], object]) -> Iterator[Path]:
+    """A temporary file of its own beside ``path``, written by ``write`` and fsynced; removed
+    when the block ends, in every case (once linked, ``path`` keeps its data)."""
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     tmp = Path(name)
     try:
@@ -79,17 +98,23 @@ def _publish(path: Path, write: Callable[[BinaryIO], object]) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            raise ValueError(f"{path} exists already; dmt-export never replaces a file") from None
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        yield tmp
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _link(tmp: Path, path: Path) -> None:
+    """Link the whole file ``tmp`` to ``path`` and fsync the directory; fails if ``path`` exists
+    (it may have appeared meanwhile, e.g. from a concurrent export)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise ValueError(f"{path} exists already; dmt-export never replaces a file") from None
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -104,11 +129,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--out", required=True, help="output .pt file (never replaced)")
     args = p.parse_args(argv)
+    stopped: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        """``SIGTERM`` (kill, timeout, a scheduler) as an exception, so that the temporary files
+        are removed on the way out, as on an error."""
+        stopped.append(signum)
+        raise SystemExit(128 + signum)
+
+    handler = signal.signal(signal.SIGTERM, stop)
     try:
         path = export(args.checkpoint, args.out)
-    except (ValueError, OSError) as e:  # OSError: e.g. no space left for the output
+    except BaseException as e:
+        if stopped:  # torch.save's writer may raise its own error over the SystemExit
+            print(f"dmt-export: stopped by {signal.Signals(stopped[0]).name}", file=sys.stderr)
+            return 128 + stopped[0]
+        if not isinstance(e, (ValueError, OSError)):  # OSError: e.g. no space for the output
+            raise
         print(f"dmt-export: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, handler)
     print(f"written to {path}")
     return 0
 

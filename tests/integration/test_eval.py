@@ -741,6 +741,68 @@ def test_export_never_replaces_a_file_that_appears_while_it_works(tmp_path: Path
     assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]
 
 
+_EXPORT_KILLED_WHILE_IT_WRITES = """
+import os, signal, sys, torch
+from dmt.export import main
+save = torch.save
+def save_then_stop(obj, f):  # kill, timeout or a scheduler, in the middle of the model's write
+    f.write(b"the first bytes")
+    os.kill(os.getpid(), signal.SIGTERM)
+    save(obj, f)
+torch.save = save_then_stop
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_export_killed_while_it_writes_leaves_nothing_and_a_retry_works(
+    synthetic_run: Path, tmp_path: Path
+) -> None:
+    """A reproduced bug: SIGTERM while the model was written (the long part of an export) left
+    the config sidecar, published before it, and a hidden partial model file; every retry was
+    refused for the sidecar ("model.pt.config.yaml exists already")."""
+    from dmt.export import main as export_main  # noqa: PLC0415
+
+    out = tmp_path / "out" / "model.pt"
+    argv = ["--checkpoint", str(synthetic_run / "checkpoints"), "--out", str(out)]
+    res = subprocess.run(
+        [sys.executable, "-c", _EXPORT_KILLED_WHILE_IT_WRITES, *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert sorted(p.name for p in out.parent.iterdir()) == []
+    assert res.returncode == 128 + 15, res.stderr[-3000:]
+    assert res.stderr.endswith("dmt-export: stopped by SIGTERM\n"), res.stderr[-3000:]
+    assert export_main(argv) == 0
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.pt", "model.pt.config.yaml"]
+
+
+def test_an_export_without_its_checkpoint_or_config_is_refused_naming_it(
+    synthetic_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Reproduced bugs: a checkpoint without its config.yaml was exported without the sidecar
+    (exit 0), which the documented way back into Python needs; a step directory that does not
+    exist was reported as a save that did not finish."""
+    from dmt.export import main as export_main  # noqa: PLC0415
+
+    run = _copy_run(synthetic_run, tmp_path / "run")
+    (run / "checkpoints" / "step_3" / "config.yaml").unlink()
+    out = tmp_path / "out" / "model.pt"
+    assert export_main(["--checkpoint", str(run / "checkpoints"), "--out", str(out)]) == 1
+    assert capsys.readouterr().err == (
+        f"dmt-export: error: checkpoint {run / 'checkpoints' / 'step_3'} has no config.yaml (the "
+        "training config that builds its model, written with every checkpoint); copy the run's "
+        "config there (<run>/.hydra/config.yaml)\n"
+    )
+    assert not out.parent.exists()
+    typo = synthetic_run / "checkpoints" / "step_30"
+    assert export_main(["--checkpoint", str(typo), "--out", str(out)]) == 1
+    assert capsys.readouterr().err == (
+        f"dmt-export: error: --checkpoint {str(typo)!r}: no such directory\n"
+    )
+    assert not out.parent.exists()
+
+
 def test_a_report_is_never_replaced_unless_asked(
     synthetic_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
