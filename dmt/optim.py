@@ -344,6 +344,21 @@ class LRSchedule:
                 f"warmup_steps={self.warmup_steps}, decay_start={self.decay_start} and "
                 f"decay_steps={self.decay_steps} must be >= 0"
             )
+        # a fraction is no share of the run: warmup_steps=0.1 made step 0's LR 10x the peak
+        fractional = [
+            f"{name}={value}"
+            for name, value in (
+                ("warmup_steps", self.warmup_steps),
+                ("decay_start", self.decay_start),
+                ("decay_steps", self.decay_steps),
+            )
+            if not math.isfinite(value) or value != int(value)
+        ]
+        if fractional:
+            raise ValueError(
+                f"{', '.join(fractional)}: warmup_steps, decay_start and decay_steps are counts "
+                "of steps and must be whole numbers"
+            )
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         unread = [
@@ -418,6 +433,35 @@ def build_lr_scheduler(
     return scheduler
 
 
+def schedule_beyond_run(cfg: OptimConfig, total_steps: int) -> list[str]:
+    """What of dmt's LR schedule (``optim.schedule``, :func:`warmup_decay_schedule`) a run of
+    ``total_steps`` steps never reaches, one message each: the peak LR after a warmup longer
+    than the run, a decay that starts at or after its last step. Empty for another
+    ``_target_``."""
+    node = _component(cfg, "schedule")
+    if node._target_ != f"{__name__}.{warmup_decay_schedule.__name__}":
+        return []
+    settings = OmegaConf.to_container(node)
+    assert isinstance(settings, dict)
+    s = LRSchedule(total_steps, **{str(k): v for k, v in settings.items() if k not in _HYDRA_KEYS})
+    out = []
+    if s.warmup_steps > total_steps:
+        out.append(
+            f"optim.schedule.warmup_steps={s.warmup_steps} is longer than the run "
+            f"({total_steps} steps: trainer.epochs, trainer.max_steps): the LR never reaches its "
+            f"peak (optim.lr, optim.sparse_lr), {s(total_steps - 1):.3g} of it at the last step"
+        )
+    start = max(s.decay_start, s.warmup_steps)
+    if s.decay != "none" and start >= total_steps - 1:
+        out.append(
+            f"optim.schedule.decay={s.decay} starts at step {start} (the later of decay_start="
+            f"{s.decay_start} and warmup_steps={s.warmup_steps}), but the run's last step is "
+            f"{total_steps - 1} ({total_steps} steps: trainer.epochs, trainer.max_steps): the LR "
+            "never decays"
+        )
+    return out
+
+
 def check_optim(cfg: OptimConfig) -> None:
     """Build ``cfg``'s dense optimizer and LR schedule over a dummy parameter and resolve its
     sparse optimizer, so that their own checks fail before any data is read
@@ -433,6 +477,9 @@ def check_optim(cfg: OptimConfig) -> None:
             "(e.g. torchrec.optim.Adam for beta1/beta2, torchrec.optim.RowWiseAdagrad for "
             "weight_decay_mode)"
         ) from None
+    except ValueError as e:  # the class's own range checks ("Invalid weight_decay value: -0.1")
+        target = _component(cfg, "sparse")._target_
+        raise ValueError(f"optim.sparse (_target_={target}): {e}") from None
     opt = dense_optimizer([nn.Parameter(torch.zeros(1))], cfg)
     build_lr_scheduler(opt, cfg, total_steps=1)
 

@@ -42,6 +42,7 @@ from dmt.optim import (
     build_optimizer,
     check_sparse_optimizer,
     restore_lr_scheduler,
+    schedule_beyond_run,
 )
 from dmt.runtime import Runtime
 from dmt.sharding import job_gpus, memory_budget, shard_model, write_sharding_plan
@@ -149,6 +150,9 @@ class Trainer:
         if cfg.trainer.max_steps > 0:
             self.total_steps = min(self.total_steps, cfg.trainer.max_steps)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim, self.total_steps)
+        if runtime.is_main:
+            for problem in schedule_beyond_run(cfg.optim, self.total_steps):
+                log.warning(problem)
         # trainer.ema_decay: evaluation reads an average of the dense weights (dmt/ema.py)
         self.ema = (
             DenseEMA(dense_parameters(self.model), cfg.trainer.ema_decay)

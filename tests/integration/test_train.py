@@ -493,6 +493,18 @@ def test_a_world_of_one_trains_with_the_plain_loop_unless_told_to_pipeline_it(tm
             "(trainer.checkpoint=true writes one at the end, trainer.checkpoint_every=N every N "
             "steps)",
         ),
+        (  # the LRs of a 4-step run: 1/8 .. 4/8 of the peaks
+            ["trainer.max_steps=4", "optim.schedule.warmup_steps=8"],
+            "optim.schedule.warmup_steps=8 is longer than the run (4 steps: trainer.epochs, "
+            "trainer.max_steps): the LR never reaches its peak (optim.lr, optim.sparse_lr), 0.5 "
+            "of it at the last step",
+        ),
+        (  # step 3's LR is the decay's first, the peak
+            ["trainer.max_steps=4", "optim.schedule.decay_start=3", "optim.schedule.decay=linear"],
+            "optim.schedule.decay=linear starts at step 3 (the later of decay_start=3 and "
+            "warmup_steps=0), but the run's last step is 3 (4 steps: trainer.epochs, "
+            "trainer.max_steps): the LR never decays",
+        ),
     ],
 )
 def test_settings_that_another_turns_off_are_warned_of(tmp_path, caplog, overrides, warning):

@@ -113,6 +113,15 @@ def test_paper_configs_match_the_paper_accounting():
             ["optim.dense.lr=-1"],
             r"optim.dense \(_target_=torch.optim.Adam\): Invalid learning rate",
         ),
+        (  # a reproduced bug: the sparse optimizer's own checks named no setting
+            ["+optim.sparse.weight_decay=-0.1"],
+            r"^optim.sparse \(_target_=torchrec.optim.RowWiseAdagrad\): Invalid weight_decay "
+            r"value: -0.1$",
+        ),
+        (
+            ["optim.sparse.eps=-1"],
+            r"^optim.sparse \(_target_=torchrec.optim.RowWiseAdagrad\): Invalid epsilon value",
+        ),
         (["optim.schedule.decay=step"], r"optim.schedule: decay='step' is not one of"),
         (["optim.lr=-1"], r"optim.lr=-1.0 must be positive"),
         (["logger.mode=loud"], r"logger.mode='loud' is not supported"),

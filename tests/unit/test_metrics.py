@@ -182,6 +182,26 @@ def test_decay_settings_without_a_decay_are_refused():
     validate(typed_config("optim.schedule.decay=linear", "optim.schedule.min_lr_ratio=0.1"))
 
 
+def test_fractional_step_counts_are_refused():
+    """A reproduced bug: optim.schedule.warmup_steps=0.1 (a share of the run, as a warmup
+    ratio) trained step 0 at 10x the peak LR, 2.5 step 2 at 1.2x; 1e3 (Hydra's float) is 1000."""
+    with pytest.raises(ValueError) as refused:
+        typed_config("optim.schedule.warmup_steps=0.1")
+    assert str(refused.value) == (
+        "optim.schedule: warmup_steps=0.1: warmup_steps, decay_start and decay_steps are counts "
+        "of steps and must be whole numbers"
+    )
+    with pytest.raises(ValueError, match=r"^optim.schedule: decay_start=2.5, decay_steps=0.5: "):
+        typed_config(
+            "optim.schedule.decay=linear",
+            "optim.schedule.decay_start=2.5",
+            "optim.schedule.decay_steps=0.5",
+        )
+    warmup = typed_config("optim.schedule.warmup_steps=1e3").optim.schedule["warmup_steps"]
+    s = LRSchedule(2000, warmup_steps=warmup)
+    assert [s(0), s(499), s(999), s(1000)] == pytest.approx([0.001, 0.5, 1.0, 1.0])
+
+
 def test_lr_schedule_is_its_configs_target():
     """Any factory (optimizer, total_steps, **kwargs) -> LRScheduler is a schedule; a resume
     replays it to the checkpoint's step."""
