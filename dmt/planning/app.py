@@ -205,8 +205,9 @@ def _partition(conf: PlanConfig, names: list[str], topo: Topology) -> list[list[
     return partition
 
 
-def _dense_optimizer_states(conf: PlanConfig) -> int:
-    """State tensors per dense parameter of ``optim.dense`` (its class and kwargs)."""
+def _dense_states(conf: PlanConfig) -> int:
+    """State tensors per dense parameter: ``optim.dense``'s (its class and kwargs) and, with
+    ``trainer.ema_decay``, the average the evaluation reads (:class:`dmt.ema.DenseEMA`)."""
     node = OmegaConf.structured(conf.optim).dense
     kwargs = OmegaConf.to_container(node, resolve=True)
     assert isinstance(kwargs, dict)
@@ -215,7 +216,8 @@ def _dense_optimizer_states(conf: PlanConfig) -> int:
         cls = get_class(target)
     except Exception as e:  # hydra raises ImportError/ValueError variants
         raise ValueError(f"optim.dense: cannot import _target_={target!r}: {e}") from e
-    return dense_optimizer_states(cls, {str(k): v for k, v in kwargs.items()})
+    ema = 0 if conf.trainer.ema_decay is None else 1
+    return dense_optimizer_states(cls, {str(k): v for k, v in kwargs.items()}) + ema
 
 
 @dataclass(frozen=True)
@@ -299,7 +301,7 @@ def check_plan_config(conf: PlanConfig) -> PlanInputs:
         num_dense=num_dense,
         gpu_bytes=gpu_bytes,
         budget=budget,
-        dense_states=_dense_optimizer_states(conf),
+        dense_states=_dense_states(conf),
         sparse_spec=sparse_spec,
         partition=partition,
         flat_search=_flat_search(conf.flat_search, len(names), topo.world_size),

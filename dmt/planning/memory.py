@@ -14,7 +14,8 @@ What counts against a GPU's memory (``device_bytes``):
   ``P (2 + s)`` bytes for ``P`` bytes of parameters and ``s`` state tensors of a parameter's
   shape (:func:`dense_optimizer_states`, from ``optim.dense``'s class and kwargs: SGD 0, with
   momentum 1; Adam, AdamW 2, with amsgrad 3; Adagrad 1; RMSprop 1, +1 with momentum, +1
-  centered; per-parameter scalars such as Adam's ``step`` left out);
+  centered; per-parameter scalars such as Adam's ``step`` left out; ``dmt-plan`` adds 1 for
+  ``trainer.ema_decay``'s average of the dense weights);
 * an activations estimate, ``2 x 4 x E`` bytes: every fp32 element the step keeps for the
   backward, counted once for the activation and once for its gradient, where ``E`` is
 

@@ -201,6 +201,8 @@ def test_dense_memory_counts_the_dense_optimizers_state() -> None:
     sgd = ["optim.dense._target_=torch.optim.SGD", "~optim.dense.eps"]
     assert dense(*sgd, "+optim.dense.momentum=0.9") == 3 * params
     assert dense(*sgd) == 2 * params
+    # trainer.ema_decay: the average of every dense parameter, one more copy (dmt.ema.DenseEMA)
+    assert dense("trainer.ema_decay=0.9") == 5 * params
 
 
 def test_an_unknown_dense_optimizer_is_named() -> None:
