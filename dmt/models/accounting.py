@@ -14,6 +14,8 @@ writes the inverse fraction; Table 5 reports this one.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,17 +73,43 @@ def dense_flops(model: RecModel | DMTModel, batch_size: int = 4) -> tuple[float,
     with fwd:
         out = model.dense_forward(dense, pooled)
     total = FlopCounterMode(display=False)
-    fused = [m for m in model.modules() if isinstance(m, DotInteraction) and m.fused_backward]
+    with _autograd_backward(model), total:
+        out = model.dense_forward(dense, pooled)
+        out.sum().backward()
+    return fwd.get_total_flops() / batch_size, total.get_total_flops() / batch_size
+
+
+@contextmanager
+def _autograd_backward(module: nn.Module) -> Iterator[None]:
+    """``module``'s dot interactions backward as autograd computes it (the counted convention),
+    not in their one fused product."""
+    fused = [m for m in module.modules() if isinstance(m, DotInteraction) and m.fused_backward]
     try:
         for m in fused:
             m.fused_backward = False
-        with total:
-            out = model.dense_forward(dense, pooled)
-            out.sum().backward()
+        yield
     finally:
         for m in fused:
             m.fused_backward = True
-    return fwd.get_total_flops() / batch_size, total.get_total_flops() / batch_size
+
+
+def tower_train_flops(model: DMTModel, batch_size: int = 4) -> list[float]:
+    """Forward + backward FLOPs of each tower module per sample of its tower's batch, counted
+    as :func:`dense_flops` counts them (their sum is the towers' part of its training FLOPs).
+    Works on meta modules; a pass-through tower has none."""
+    out = []
+    for tower in model.towers:
+        module = tower.tower_module
+        param = next(module.parameters(), None)  # none: pass-through, no FLOPs anywhere
+        device = param.device if param is not None else torch.device("cpu")
+        embs = torch.zeros(
+            batch_size, module.num_features, module.embedding_dim, device=device, requires_grad=True
+        )
+        counter = FlopCounterMode(display=False)
+        with _autograd_backward(module), counter:
+            module(embs).sum().backward()
+        out.append(counter.get_total_flops() / batch_size)
+    return out
 
 
 def tower_output_sizes(model: DMTModel) -> list[int]:

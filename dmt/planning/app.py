@@ -367,6 +367,7 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
                 model,
                 ids_per_sample=max(sptt_lookup_rows(sptt_plan, workload)) / B,
                 sparse_optimizer=sparse_name,
+                busiest_tower=True,
             ),
             passthrough=not any(tower_bytes),
         )

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import io
 import json
 import math
 import os
@@ -188,8 +189,18 @@ def _bench_args(command: str) -> argparse.Namespace:
     import bench_sptt  # benchmarks/ is no package: its model builder is the truth for its runs
 
     argv = shlex.split(command)
-    i = next(i for i, a in enumerate(argv) if a.endswith("bench_sptt.py"))
-    return bench_sptt._parse(argv[i + 1 :])
+    i = next((i for i, a in enumerate(argv) if a.endswith("bench_sptt.py")), None)
+    if i is None:
+        raise ValueError(f"its command runs no bench_sptt.py: {command!r}")
+    refused = io.StringIO()  # bench_sptt's usage, which would read as this command's
+    try:
+        with contextlib.redirect_stderr(refused):
+            return bench_sptt._parse(argv[i + 1 :])
+    except SystemExit:
+        why = refused.getvalue().strip().rpartition("error: ")[2]
+        raise ValueError(
+            f"its command's arguments are not bench_sptt.py's ({why}): {command!r}"
+        ) from None
 
 
 def _compute_loads(args: argparse.Namespace, towers: int) -> dict[str, ComputeLoad]:
@@ -199,7 +210,9 @@ def _compute_loads(args: argparse.Namespace, towers: int) -> dict[str, ComputeLo
 
     # the average rank's rows, F x hotness: the benchmark records no plan to find its busiest
     # rank's (dmt-plan's sptt_lookup_rows / flat_lookup_rows). Its 26 tables on 4 or 8 ranks put
-    # 7 or 4 on the busiest, 8-23% above the average, on a lookup of about 1-2% of these steps
+    # 7 or 4 on the busiest, 8-23% above the average, on a lookup of about 1-2% of these steps;
+    # the towers' mean tower-module FLOPs likewise (compute_load's default: at G = 8 the busiest
+    # tower's rank computes 1.4% more, at G = 4 the towers are equal)
     ids = args.features * args.hotness
     # the benchmark's tables train with its OPTIM's fused optimizer (row-wise Adagrad)
     sparse = sparse_optimizer_name(sparse_optimizer_spec(bench_sptt.OPTIM)[0])
@@ -256,7 +269,10 @@ def _run_of(path: Path, data: dict[str, Any], statistic: str, repeats: Sequence[
             if r["mode"] in runs_ms and r.get("peer_permute") in (None, "output"):
                 runs_ms[r["mode"]] += r["ms_per_step_runs"]
     pick = min if statistic == "min" else statistics.median
-    args = _bench_args(data["command"])
+    try:
+        args = _bench_args(data["command"])
+    except ValueError as e:
+        raise ValueError(f"{path}: not a bench_sptt.py record ({e})") from None
     loads = _compute_loads(args, _towers(records["sptt"], g, local))
     collectives = {
         "flat": _flat_collectives(records["flat"], records["sptt"], g),
@@ -542,6 +558,11 @@ def main(argv: list[str] | None = None) -> None:
     paths = sorted(args.runs.glob("*.json"))
     if not paths:
         p.error(f"no *.json in runs directory {args.runs}")
+    measured = {run.resolve() for run in (*paths, *args.runs.glob("repeats/*.json"))}
+    for name in ("out", "json"):  # a measured run is never replaced, even with --overwrite
+        path = getattr(args, name)
+        if path is not None and path.resolve() in measured:
+            p.error(f"--{name} {path} is one of the measured runs it reads; write elsewhere")
     try:
         runs = [
             load_run(path, args.statistic, sorted(args.runs.glob(f"repeats/{path.name}")))

@@ -304,13 +304,17 @@ def sptt_rank_collectives(
     )  # fmt: skip
 
     received, sent = step_d_split_sizes(plan, rank, T * B)
-    for direction, elements in (("forward", sent), ("backward", received)):
-        out.append(
-            CollectiveBytes(
-                "d", "all_to_all", "tower", direction, KL,
-                *_split(rank, mates, [e * size for e in elements], host_of), False,
-            )
-        )  # fmt: skip
+    # a tower of row-wise tables only moves nothing in this all-to-all: left out, since below
+    # fp32 its reduce-scatter is an all-to-all too, which the summary would merge with this one
+    # and the time model time again as its transposed backward (beside the all-gather)
+    if any(received):
+        for direction, elements in (("forward", sent), ("backward", received)):
+            out.append(
+                CollectiveBytes(
+                    "d", "all_to_all", "tower", direction, KL,
+                    *_split(rank, mates, [e * size for e in elements], host_of), False,
+                )
+            )  # fmt: skip
     block = step_d_reduce_scatter_block(plan, rank, T * B)
     if block:
         # below fp32 the reduce-scatter runs as an all-to-all of the blocks and a local sum

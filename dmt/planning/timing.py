@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from torch import nn
 
 from dmt.memory import VALUE_BYTES, optimizer_state_bytes
-from dmt.models.accounting import dense_flops
+from dmt.models.accounting import dense_flops, tower_train_flops
 from dmt.models.dmt import DMTModel
 from dmt.models.rec_model import RecModel
 from dmt.planning.collectives import CollectiveBytes
@@ -113,13 +113,19 @@ def compute_load(
     ids_per_sample: float,
     sparse_optimizer: str,
     element_bytes: int = 4,
+    busiest_tower: bool = False,
 ) -> ComputeLoad:
     """The :class:`ComputeLoad` of ``model``: dense training FLOPs measured by
     :func:`dmt.models.accounting.dense_flops` (bottom MLP, tower modules, interaction, top MLP;
-    per rank per local sample, which holds for SPTT too: a tower's ranks run its module over
-    ``T`` times their local batch, for ``1 / T`` of the towers' FLOPs), the bottom MLP's share,
-    and the embedding rows touched (``ids_per_sample`` ids of ``embedding_dim`` elements,
-    :func:`lookup_passes` of ``sparse_optimizer`` times).
+    per rank per local sample: a tower's ranks run its module over ``T`` times their local
+    batch, which for towers of equal modules is ``1 / T`` of the towers' FLOPs), the bottom
+    MLP's share, and the embedding rows touched (``ids_per_sample`` ids of ``embedding_dim``
+    elements, :func:`lookup_passes` of ``sparse_optimizer`` times).
+
+    ``busiest_tower``: the tower modules' FLOPs of a rank of the tower whose module computes
+    the most (``T`` times its FLOPs per sample, :func:`~dmt.models.accounting.tower_train_flops`),
+    which the step waits for (step f), in place of their mean; ``dmt-plan`` counts it, as
+    it counts the busiest rank's lookup.
 
     ``ids_per_sample``: rows of ``embedding_dim`` the rank looks up per sample of its local
     batch ``B``: its shards serve all ``G`` local batches, so the busiest rank's (``dmt-plan``:
@@ -132,6 +138,9 @@ def compute_load(
         raise ValueError(f"ids_per_sample={ids_per_sample!r} must be >= 0")
     passes = lookup_passes(sparse_optimizer)
     _, train = dense_flops(model)
+    if busiest_tower and isinstance(model, DMTModel):
+        towers = tower_train_flops(model)
+        train += len(towers) * max(towers) - sum(towers)
     bottom = sum(
         2 * m.in_features * m.out_features
         for m in model.bottom.modules()

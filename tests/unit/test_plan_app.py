@@ -10,7 +10,9 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from dmt.planning.app import PlanConfig, format_report, plan
+from dmt.models.accounting import dense_flops
+from dmt.planning.app import PlanConfig, check_plan_config, format_report, plan
+from dmt.planning.network import collective_time_s
 from dmt.train import CONF_MODULE
 
 # 8 one-hot features of 100 rows, N = 16; 2 hosts x 2 GPUs; 64 samples a step (B = 16 per GPU)
@@ -70,6 +72,43 @@ def test_bf16_halves_the_embedding_collectives() -> None:
         assert a["intra_host_bytes"] + a["cross_host_bytes"] == 2 * (
             b["intra_host_bytes"] + b["cross_host_bytes"]
         )
+
+
+def test_row_wise_towers_below_fp32_time_step_d_by_its_own_collectives() -> None:
+    """Reproduced bug: with row-wise towers at bf16, step d's reduce-scatter (an all-to-all
+    below fp32) was merged with the tower's empty all-to-all and timed again as that one's
+    transposed backward, beside the all-gather: bf16 predicted step d slower than fp32."""
+    overrides = ("sptt.sharding_type=row_wise", "model.pooling=sum")
+    bf16 = plan(_conf(*overrides, "sptt.comm_precision=bf16"))
+    fp32 = plan(_conf(*overrides))
+    cluster = _conf().cluster
+    for report, scatter in ((bf16, "all_to_all"), (fp32, "reduce_scatter")):
+        mode = report["modes"]["sptt"]
+        d = [c for c in mode["collectives"] if c["step"] == "d"]
+        assert [(c["op"], c["direction"]) for c in d] == [
+            (scatter, "forward"),
+            ("all_gather", "backward"),
+        ]
+        wire = [
+            1e3
+            * collective_time_s(
+                c["op"],
+                group_size=c["group_size"],
+                ranks_per_host=2,
+                intra_host_bytes=c["intra_host_bytes"],
+                cross_host_bytes=c["cross_host_bytes"],
+                intra=cluster.intra,
+                inter=cluster.inter,
+                ranks_per_nic=cluster.ranks_per_nic,
+            )
+            for c in d
+        ]
+        timed = [c["time_ms"] for c in mode["breakdown"]["collectives"] if c["step"] == "d"]
+        assert timed == wire
+    assert (
+        bf16["modes"]["sptt"]["breakdown"]["exposed_ms_by_step"]["d"]
+        < fp32["modes"]["sptt"]["breakdown"]["exposed_ms_by_step"]["d"]
+    )
 
 
 def test_hosts_not_divisible_by_hosts_per_tower() -> None:
@@ -163,6 +202,23 @@ def test_tables_are_planned_within_sharding_hbm_gb() -> None:
         assert cached["uvm_cache_bytes"] > 0 and cached["uvm_host_bytes"] > 0, (mode, cached)
 
 
+def test_a_budget_only_the_flat_planner_refuses_fails_in_planning() -> None:
+    """5,500 bytes hold a rank's two UVM-cached tables in SPTT's plan (2 x 2,480), not in
+    TorchRec's, which counts their input and output buffers too: the settings pass the check
+    that runs before Hydra writes the run directory (check_plan_config), and planning refuses
+    them (README: with overwrite=true an earlier plan.json goes; it said it stays)."""
+    conf = _conf(f"sharding.hbm_gb={5500 / 2**30}")
+    sptt = check_plan_config(conf).sptt["sptt"][2]
+    assert {s.compute_kernel for s in sptt.shards} == {"fused_uvm_caching"}
+    with pytest.raises(ValueError) as e:
+        plan(conf)
+    assert str(e.value).startswith(
+        "flat: TorchRec's planner found no sharding of the tables within the memory budget "
+        "(cuda: HBM 5.37 KiB (5500 bytes), host memory 128 GiB (137438953472 bytes) per rank, "
+        "UVM cache load factor 0.2; sharding.hbm_gb, sharding.ddr_gb): "
+    )
+
+
 def test_dry_run_of_an_experiment_without_tower_modules() -> None:
     # the default experiment has no towers: dmt is sptt (pass-through towers), and its dry run
     # is sptt's; 4 hosts of 2 GPUs, 2 hosts per tower: T = 2 towers of 4 ranks
@@ -218,6 +274,22 @@ def test_fused_adam_on_the_tables_slows_the_lookup_by_seven_thirds() -> None:
         assert adam[mode]["breakdown"]["lookup_ms"] == pytest.approx(
             rowwise[mode]["breakdown"]["lookup_ms"] * 7 / 3
         )
+
+
+def test_the_tower_modules_compute_is_the_busiest_towers() -> None:
+    """Reproduced bug: 7 features in 2 towers (4 and 3) with DLRM tower modules (N -> D per
+    feature, 6 N D = 768 training FLOPs a feature and sample): a rank of the 4-feature tower
+    runs its module over T B samples, 2 x 4 x 768 FLOPs per sample of its local batch, and the
+    step waits for it; dmt-plan charged the towers' mean, 7 x 768."""
+    conf = _conf(
+        "experiment=dmt_4t_dlrm", "model.partition.num_towers=2", "data.synthetic.num_sparse=7"
+    )
+    model = check_plan_config(conf).sptt["dmt"][1]
+    assert [t.num_features for t in model.towers] == [4, 3]
+    flops = dense_flops(model)[1] + (2 * 4 - 7) * 6 * 16 * 8
+    rate = conf.cluster.dense_tflops * conf.cluster.compute_efficiency * 1e12
+    compute_ms = plan(conf)["modes"]["dmt"]["breakdown"]["compute_ms"]
+    assert compute_ms == pytest.approx(1e3 * 16 * flops / rate)  # B = 16
 
 
 def test_the_lookup_time_is_the_busiest_ranks() -> None:

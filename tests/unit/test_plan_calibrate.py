@@ -308,7 +308,8 @@ def test_impossible_hardware_and_outputs_are_refused_before_the_fit(
     """Reproduced bugs: ``--peak-tflops -1`` and ``--cores 0`` fitted and printed a preset,
     ``--memory-gbps 0`` ended in a ZeroDivisionError; a ``--json`` or ``--out`` in a missing
     directory failed after the fit (the other one written), and ``--json x --out x`` wrote the
-    preset over the JSON; a missing runs directory read "no *.json in"."""
+    preset over the JSON; a missing runs directory read "no *.json in"; ``--json`` naming a
+    measured run replaced it (with ``--overwrite``)."""
     runs = tmp_path / "runs"
     runs.mkdir()
     for rate, batch in (("1gbit", 512), ("none", 512)):
@@ -335,6 +336,16 @@ def test_impossible_hardware_and_outputs_are_refused_before_the_fit(
     assert _refused(capsys, [str(tmp_path / "nowhere")]) == (
         f"runs directory {tmp_path / 'nowhere'} does not exist"
     )
+    # reproduced: --json (or --out) naming a measured run replaced it with the report
+    (runs / "repeats").mkdir()
+    _run_file(runs / "repeats" / "G4_none_B512.json", "none", 512, dict.fromkeys(MODES, 50.0))
+    for flag, run in (("--json", "G4_1gbit_B512.json"), ("--out", "repeats/G4_none_B512.json")):
+        before = (runs / run).read_text()
+        argv = [str(runs), "--holdout", "rate=none", flag, str(runs / run), "--overwrite"]
+        assert _refused(capsys, argv) == (
+            f"{flag} {runs / run} is one of the measured runs it reads; write elsewhere"
+        )
+        assert (runs / run).read_text() == before
     # a missing parent directory is made, and both files are written whole
     report, preset = tmp_path / "new" / "report.json", tmp_path / "new2" / "fitted.yaml"
     main([str(runs), "--holdout", "rate=none", "--json", str(report), "--out", str(preset)])
@@ -380,7 +391,9 @@ def test_files_that_are_not_records_and_a_single_run_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Reproduced bugs: a JSON file without the record's keys among the runs was a KeyError
-    traceback; --holdout each with one run fitted, then failed with a traceback."""
+    traceback, one recording another command than bench_sptt.py's a StopIteration, one whose
+    command has an argument bench_sptt.py does not take printed bench_sptt's usage as this
+    command's; --holdout each with one run fitted, then failed with a traceback."""
     runs = tmp_path / "runs"
     runs.mkdir()
     _run_file(runs / "G4_1gbit_B512.json", "1gbit", 512, dict.fromkeys(MODES, 60.0))
@@ -395,6 +408,23 @@ def test_files_that_are_not_records_and_a_single_run_are_refused(
     (runs / "bad.json").write_text("{")
     assert _refused(capsys, [str(runs), "--holdout", "name=bad"]).startswith(
         f"{runs / 'bad.json'}: not a bench_sptt.py record (JSONDecodeError: "
+    )
+    # reproduced: a record of another command was a StopIteration traceback
+    _run_file(runs / "bad.json", "none", 512, dict.fromkeys(MODES, 60.0))
+    record = json.loads((runs / "bad.json").read_text())
+    record["command"] = "python bench.py --world-size 4"
+    (runs / "bad.json").write_text(json.dumps(record))
+    assert _refused(capsys, [str(runs), "--holdout", "name=bad"]) == (
+        f"{runs / 'bad.json'}: not a bench_sptt.py record (its command runs no bench_sptt.py: "
+        "'python bench.py --world-size 4')"
+    )
+    # reproduced: "calibrate.py: error: unrecognized arguments: --bogus 2", naming no file
+    record["command"] = "python benchmarks/bench_sptt.py --bogus 2"
+    (runs / "bad.json").write_text(json.dumps(record))
+    assert _refused(capsys, [str(runs), "--holdout", "name=bad"]) == (
+        f"{runs / 'bad.json'}: not a bench_sptt.py record (its command's arguments are not "
+        "bench_sptt.py's (unrecognized arguments: --bogus 2): "
+        "'python benchmarks/bench_sptt.py --bogus 2')"
     )
     (runs / "bad.json").unlink()
     (runs / "repeats").mkdir()

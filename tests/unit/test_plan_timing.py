@@ -8,7 +8,7 @@ import pytest
 
 from dmt.config import DLRMTowerConfig, DotInteractionConfig, ModelConfig, PartitionConfig
 from dmt.models import build_dmt_model, build_model, naive_partition
-from dmt.models.accounting import dense_flops
+from dmt.models.accounting import dense_flops, tower_train_flops
 from dmt.planning.collectives import CollectiveBytes as Coll
 from dmt.planning.hardware import ClusterConfig
 from dmt.planning.network import collective_time_s
@@ -240,6 +240,38 @@ def test_compute_load_of_a_dmt_model() -> None:
     assert load.bottom_mflops_per_sample == pytest.approx(3 * 2 * (13 * 32 + 32 * 8) / 1e6)
     assert load.dense_mflops_per_sample == pytest.approx(dense_flops(model)[1] / 1e6)
     assert load.lookup_bytes_per_sample == 12 * 16 * 4 * 3  # ids x N x fp32 x (read, read, write)
+
+
+def test_compute_load_counts_the_busiest_towers_module() -> None:
+    """Reproduced bug: with towers of 4 and 2 features, a rank of the first runs its module
+    (N -> D per feature: 6 N D training FLOPs a feature and sample) over T B samples, 4 x 2 x
+    768 FLOPs per sample of its local batch, and the step waits for it (step f); dmt-plan
+    charged the towers' mean, 6 x 768."""
+    names = [f"f{i}" for i in range(6)]
+    cfg = ModelConfig(
+        name="dlrm",
+        interaction=DotInteractionConfig(),
+        embedding_dim=16,
+        bottom_mlp=[32, 8],
+        top_mlp=[16, 1],
+        tower=DLRMTowerConfig(dim=8, c=1, p=0),
+        partition=PartitionConfig(kind="explicit"),
+    )
+    towers = [names[:4], names[4:]]
+    model = build_dmt_model(
+        cfg, towers, feature_names=names, cardinalities=[10] * 6, num_dense=13, dense_device="meta"
+    )
+    per_feature = 6 * 16 * 8
+    assert tower_train_flops(model) == [4 * per_feature, 2 * per_feature]
+    mean = compute_load(model, ids_per_sample=12, sparse_optimizer="rowwise_adagrad")
+    busiest = compute_load(
+        model, ids_per_sample=12, sparse_optimizer="rowwise_adagrad", busiest_tower=True
+    )
+    assert mean.dense_mflops_per_sample == pytest.approx(dense_flops(model)[1] / 1e6)
+    assert (busiest.dense_mflops_per_sample - mean.dense_mflops_per_sample) * 1e6 == (
+        pytest.approx(2 * 4 * per_feature - 6 * per_feature)
+    )
+    assert busiest.bottom_mflops_per_sample == mean.bottom_mflops_per_sample
 
 
 def _flat_model():  # type: ignore[no-untyped-def]
