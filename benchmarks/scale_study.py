@@ -20,7 +20,7 @@ Usage (outside the test suite; about a minute per point on 2 cores with the full
 seconds with ``--flat-search uniform``)::
 
     python benchmarks/scale_study.py --out scale_study
-    bash scripts/scale_study.sh            # the same, into outputs/scale_study/<date>
+    bash scripts/scale_study.sh            # the same, into outputs/scale_study/<date>-<time>
 """
 
 from __future__ import annotations

@@ -413,6 +413,12 @@ def check_outputs(run_dir: Path, *, resume_from: str | None, checkpoint_dir: str
             if restarts.isdigit() and int(restarts) > 0
             else ""
         )
+        if resume_from == "auto":  # a finished run without a complete checkpoint
+            raise ValueError(
+                f"run directory {run_dir} already holds another run's outputs ({', '.join(found)})"
+                f" and no complete checkpoint that trainer.resume_from=auto resumes{requeued}; "
+                "choose another hydra.run.dir (or leave it unset for a new one)"
+            )
         raise ValueError(
             f"run directory {run_dir} already holds another run's outputs ({', '.join(found)})"
             f"{requeued}; choose another hydra.run.dir (or leave it unset for a new one), or "

@@ -331,7 +331,8 @@ def _markdown(
     failed = sum(r["status"] != "ok" for r in rows)
     try:
         best = best_row(rows, metric, maximize=maximize)
-        settings = ", ".join(f"`{k}={best[k]}`" for k in params)
+        # a column another multirun in the sweep directory set is None in trials without it
+        settings = ", ".join(f"`{k}={best[k]}`" for k in params if best[k] is not None)
         which = f"trial {best['trial']}" + (f" ({best['run']})" if "run" in best else "")
         summary = (
             f"Best of {len(rows)} trials ({failed} failed): {which}, "

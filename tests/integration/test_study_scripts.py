@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -95,6 +96,19 @@ def test_scale_study_takes_a_relative_out_from_the_callers_directory(tmp_path: P
         "64",
     ]
     assert argv.count("--out") == 1
+
+
+def test_scale_study_default_out_is_the_directory_the_readme_names(tmp_path: Path) -> None:
+    """Reproduced: the README said the study went into outputs/scale_study/<date>/, but the
+    script names the directory by date and time (outputs/scale_study/2026-12-06-213900)."""
+    root = _checkout(tmp_path, "scale_study.sh")
+    result, calls = _run(tmp_path, root / "scripts" / "scale_study.sh", cwd=tmp_path / "caller")
+    assert result.returncode == 0, result.stderr
+    out = _value(calls[-1]["argv"], "--out")
+    assert re.fullmatch(r"outputs/scale_study/\d{4}-\d{2}-\d{2}-\d{6}", out), out
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "`bash scripts/scale_study.sh` predicts" in readme
+    assert "into `outputs/scale_study/<date>-<time>/`" in readme
 
 
 def _study_calls(calls: list[dict]) -> tuple[list[str], list[dict], list[dict]]:

@@ -57,6 +57,21 @@ def test_two_step_smoke_writes_metrics(tmp_path, model):
     assert written == pytest.approx(metrics, nan_ok=True)
 
 
+def test_a_capped_evaluation_writes_no_oracle_auc_as_the_readme_says(tmp_path):
+    """Reproduced: the README said every run on planted synthetic data writes
+    ``oracle_test_auc``; one that caps its evaluation (``trainer.eval_max_batches`` > 0, as
+    ``trainer=smoke`` does) writes none, nor ``oracle_val_auc``."""
+    train(compose_config(*TINY, "trainer=smoke"), tmp_path)
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert "test_auc" in written
+    assert not {"oracle_test_auc", "oracle_val_auc"} & written.keys()
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert (
+        "`oracle_test_auc` and `oracle_val_auc` on planted synthetic data evaluated whole "
+        "(`trainer.eval_max_batches` <= 0, the default; `trainer=smoke` evaluates one batch)"
+    ) in readme
+
+
 def test_default_dlrm_gets_within_003_of_the_oracle(tmp_path):
     """The README's main job (default config, planted synthetic data)."""
     m = train(compose_config("logger=disabled", "trainer.progress_bar=false"), tmp_path)

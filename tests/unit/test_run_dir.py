@@ -87,6 +87,15 @@ def test_the_default_run_and_sweep_directories_use_the_stamp():
     )  # points of one sweep: one directory each
 
 
+def test_the_readme_names_the_default_directories_by_the_stamp():
+    """Reproduced: the README's SLURM sweep example put its jobs in multirun/<date>/<time>/{0,1},
+    a directory no run has: the stamp's pid follows the time (``run_stamp``)."""
+    readme = (REPO / "README.md").read_text()
+    named = re.findall(r"(?:outputs|multirun)/<date>/<time>[^/`\s]*", readme)
+    assert named and set(named) == {"outputs/<date>/<time>-<pid>", "multirun/<date>/<time>-<pid>"}
+    assert run_stamp(SECOND, 4242) == "2025-01-31/14-03-59-4242"  # <date>/<time>-<pid>
+
+
 def test_the_ranks_of_a_job_adopt_the_first_ranks_stamp():
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ranks = [
@@ -146,6 +155,22 @@ def _outputs_error(run_dir) -> str:
         f"run directory {run_dir} already holds another run's outputs (metrics.json, checkpoints/); "
         "choose another hydra.run.dir (or leave it unset for a new one), or resume that run "
         f"with trainer.resume_from=auto or trainer.resume_from=<a checkpoint in {run_dir}>"
+    )
+
+
+def test_resume_auto_refused_over_a_finished_run_says_it_has_no_checkpoint(tmp_path):
+    """Reproduced: ``trainer.resume_from=auto`` into the directory of a run that finished without
+    a checkpoint was refused with "or resume that run with trainer.resume_from=auto", the very
+    setting given."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_4").mkdir(parents=True)  # incomplete: no meta.json
+    (run / "metrics.json").write_text("{}")
+    with pytest.raises(ValueError) as e:
+        check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
+    assert str(e.value) == (
+        f"run directory {run} already holds another run's outputs (metrics.json, checkpoints/) "
+        "and no complete checkpoint that trainer.resume_from=auto resumes; choose another "
+        "hydra.run.dir (or leave it unset for a new one)"
     )
 
 

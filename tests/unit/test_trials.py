@@ -398,6 +398,20 @@ def test_the_table_is_written_after_every_job_of_a_multirun(tmp_path: Path) -> N
     assert sorted(p.name for p in sweep.iterdir() if p.name.startswith(".")) == []  # no temporary
 
 
+def test_the_best_trial_is_named_by_the_settings_it_had(tmp_path: Path) -> None:
+    """A reproduced bug: seeds added to a study (README: ``hydra.sweep.subdir=seed_${trainer.seed}``)
+    make ``trainer.seed`` a column; the best trial, which set no seed, was summarised with
+    ``trainer.seed=None``, an override it never had (and that Hydra reads as the string "None")."""
+    sweep = tmp_path / "sweep"
+    _trial(sweep, "0", 0, ["optim.lr=0.001"], 0.74)
+    _trial(sweep, "1", 1, ["optim.lr=0.002"], 0.72)
+    _trial(sweep, "seed_5", 0, ["trainer.seed=5"], 0.73)
+    write_trials(sweep, "val_auc")
+    assert (sweep / TRIALS_MD).read_text().splitlines()[0] == (
+        "Best of 3 trials (0 failed): trial 0 (0), val_auc 0.7400: `optim.lr=0.001`"
+    )
+
+
 def test_two_multiruns_in_one_sweep_directory_are_told_apart(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
