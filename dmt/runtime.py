@@ -169,9 +169,21 @@ def _torchrun_world(env: Mapping[str, str]) -> World:
         )
     world_size = _int(env, "WORLD_SIZE")
     rank = _int(env, "RANK")
+    # a rank outside the world would wait in the rendezvous until the timeout (rank 0 waits for
+    # ranks 0 .. WORLD_SIZE-1 only), and so would its peers
+    if not 0 <= rank < world_size:
+        raise ValueError(
+            f"RANK={rank} is not a rank of a world of WORLD_SIZE={world_size} (expected 0 <= "
+            f"RANK < WORLD_SIZE; {_seen(env)})"
+        )
     # without them, every rank on one host, numbered as torchrun numbers them (agree_on_hosts
     # refuses a world whose ranks run elsewhere than these say)
     local_world_size = _int(env, "LOCAL_WORLD_SIZE", world_size)
+    if local_world_size < 1:
+        raise ValueError(
+            f"LOCAL_WORLD_SIZE={local_world_size}: the ranks on this host must be at least 1 "
+            f"({_seen(env)})"
+        )
     rendezvous = world_size > 1 or "MASTER_ADDR" in env
     if rendezvous and not ("MASTER_ADDR" in env and "MASTER_PORT" in env):
         raise ValueError(

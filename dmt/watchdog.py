@@ -33,10 +33,10 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -54,6 +54,40 @@ FINISHED = 1 << 40
 def heartbeat_interval(timeout_s: float) -> float:
     """Seconds between heartbeats: 1/20 of the timeout, within [0.5, 5] s."""
     return min(max(timeout_s / 20.0, 0.5), 5.0)
+
+
+def store_timeout(timeout_s: float) -> float:
+    """Seconds the watchdog waits for one answer of the job's store: two heartbeats, at least 10."""
+    return max(heartbeat_interval(timeout_s) * 2, 10.0)
+
+
+T = TypeVar("T")
+
+
+def within(seconds: float, call: Callable[[], T]) -> T:
+    """``call()``, or ``TimeoutError`` if it has not returned after ``seconds``.
+
+    A TCPStore client's ``add``, ``set`` and ``check`` wait for the answer without the store's
+    timeout: forever when the process that serves the store is stopped (SIGSTOP) or its host
+    froze (rank 0 serves it under ``srun`` and in a world set by hand). The call runs in a daemon
+    thread of its own, which stays blocked in such a case; the watchdog goes on."""
+    done: list[T] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(call())
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            error.append(e)
+
+    thread = threading.Thread(target=run, name="dmt-watchdog-store", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if error:
+        raise error[0]
+    if not done:
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    return done[0]
 
 
 def job_store(timeout_s: float) -> dist.Store | None:
@@ -103,10 +137,13 @@ class Watchdog:
         self.store = dist.PrefixStore(namespace, store)
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.interval_s = heartbeat_interval(timeout_s)
+        self.store_timeout_s = store_timeout(timeout_s)
         self.peers = watched_peers(rank, world_size)
         self._keys = [f"heartbeat/{r}" for r in self.peers]
         now = time.monotonic()
         self._seen: dict[int, tuple[int, float]] = {r: (-1, now) for r in self.peers}
+        #: each running peer's "<host> <pid> <parent pid>", read once: fail() asks no store
+        self._processes: dict[int, str] = {}
         self._store_ok_at = now
         self._stop = threading.Event()
         self._failing = threading.Lock()
@@ -126,7 +163,7 @@ class Watchdog:
         self._stop.set()
         self._thread.join()
         try:
-            self.store.add(f"heartbeat/{self.rank}", FINISHED)
+            within(self.store_timeout_s, lambda: self.store.add(f"heartbeat/{self.rank}", FINISHED))
         except (RuntimeError, OSError) as e:  # the store's host may have ended first: harmless
             log.debug("rank %d: could not mark itself finished (%s)", self.rank, e)
 
@@ -147,6 +184,9 @@ class Watchdog:
         for r, v in zip(self.peers, values):
             if v != self._seen[r][0]:
                 self._seen[r] = (v, now)
+            key = f"process/{r}"
+            if v > 0 and r not in self._processes and self.store.check([key]):
+                self._processes[r] = self.store.get(key).decode()
 
     def silent_peers(self, min_age_s: float) -> list[tuple[int, float]]:
         """``(rank, seconds without a heartbeat)`` of running peers silent for ``min_age_s`` or
@@ -162,7 +202,7 @@ class Watchdog:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.poll()
+                within(self.store_timeout_s, self.poll)
             except Exception as e:  # noqa: BLE001 - the store may be down with its host
                 silent_for = time.monotonic() - self._store_ok_at
                 if silent_for >= self.timeout_s:
@@ -208,8 +248,8 @@ class Watchdog:
         """SIGKILL ``peer`` if it is a stopped process on this host with our parent (our torchrun
         agent): SIGTERM from the agent would wait until it is continued."""
         try:
-            host, pid, ppid = self.store.get(f"process/{peer}").decode().split()
-        except Exception:  # noqa: BLE001
+            host, pid, ppid = self._processes[peer].split()
+        except (KeyError, ValueError):
             return
         if (
             host != socket.gethostname()
@@ -274,7 +314,7 @@ def watch_ranks(runtime: Runtime, *, timeout_s: float) -> Iterator[Watchdog | No
     watchdog = None
     if runtime.world_size > 1:
         try:
-            store = job_store(timeout_s=max(heartbeat_interval(timeout_s) * 2, 10.0))
+            store = job_store(timeout_s=store_timeout(timeout_s))
             reason = "no MASTER_ADDR/MASTER_PORT"
         except (RuntimeError, ValueError) as e:  # DistNetworkError is a RuntimeError
             store, reason = None, f"cannot reach the job's c10d store: {e}"

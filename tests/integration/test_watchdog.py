@@ -4,19 +4,25 @@ Two ranks train under ``torchrun`` with ``trainer.collective_timeout_s=20``; ran
 mid-training. The job must exit non-zero within the timeout plus a margin, say which rank stopped
 answering, and leave no process behind. The run uses the default run directory, so the test also
 checks that both ranks settled on one directory.
+
+Under ``srun`` and in worlds set by hand, rank 0's process serves the job's store: a frozen rank 0
+must end the job too, not leave its peers' watchdogs waiting for the store's answer.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import torchrun
+from dmt.watchdog import EXIT_CODE
+from tests.conftest import REPO, torchrun
 
 TIMEOUT_S = 20
 MARGIN_S = 40
@@ -96,3 +102,59 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout(tmp_path) -> None:
                 os.kill(pid, signal.SIGCONT)
                 os.kill(pid, signal.SIGKILL)
         job.wait()
+
+
+STORE = """
+import time
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+print(store.port, flush=True)
+time.sleep(600)
+"""
+WATCHED = """
+import sys, time
+import torch.distributed as dist
+from dmt.watchdog import Watchdog
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, wait_for_workers=False)
+Watchdog(store, rank=1, world_size=2, timeout_s=2).start()
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_stopped_store_ends_the_job() -> None:
+    """A TCPStore client's ``add`` waits for the answer of a stopped store forever, whatever its
+    timeout: the watchdog thread waited with it, so a SIGSTOP of rank 0 (which serves the store
+    under srun) hung its peers for good. Now the rank leaves with the watchdog's message."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    server = subprocess.Popen(
+        [sys.executable, "-c", STORE], stdout=subprocess.PIPE, text=True, env=env
+    )
+    rank = None
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        rank = subprocess.Popen(
+            [sys.executable, "-c", WATCHED, str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env, "MASTER_ADDR": "127.0.0.1"},
+        )
+        assert rank.stdout is not None
+        assert rank.stdout.readline() == "started\n"
+        server.send_signal(signal.SIGSTOP)
+        _, err = rank.communicate(timeout=60)  # hung for good before
+        assert rank.returncode == EXIT_CODE, err
+        assert re.search(
+            r"\[dmt watchdog\] rank 1: the job's c10d store stopped answering for \d+ s "
+            r"\(MASTER_ADDR=127\.0\.0\.1; it lives in torchrun's agent or in rank 0\): no answer "
+            r"within 10 s; ending the job",
+            err,
+        ), err
+    finally:
+        for proc in (rank, server):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait()

@@ -222,6 +222,29 @@ def test_torchrun_variables_must_be_complete() -> None:
         world_from_env({"RANK": "0", "WORLD_SIZE": "two"})
 
 
+def test_torchrun_variables_must_describe_a_world() -> None:
+    """Set by hand, a rank outside the world waited in the rendezvous until the timeout (a store
+    timeout naming a key), and LOCAL_WORLD_SIZE=0 failed rank 0's check with a ZeroDivisionError."""
+    seen = "RANK={}, WORLD_SIZE=2, MASTER_ADDR=head, MASTER_PORT=29500"
+    for rank in (2, -1):
+        env = {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "head", "MASTER_PORT": "29500"}
+        with pytest.raises(ValueError) as err:
+            world_from_env(env)
+        assert str(err.value) == (
+            f"RANK={rank} is not a rank of a world of WORLD_SIZE=2 (expected 0 <= RANK < "
+            f"WORLD_SIZE; {seen.format(rank)})"
+        )
+    with pytest.raises(ValueError, match=r"^RANK=0 is not a rank of a world of WORLD_SIZE=0 "):
+        world_from_env({"RANK": "0", "WORLD_SIZE": "0"})
+    env = {**TORCHRUN, "LOCAL_WORLD_SIZE": "0"}
+    with pytest.raises(ValueError) as err:
+        world_from_env(env)
+    assert str(err.value) == (
+        "LOCAL_WORLD_SIZE=0: the ranks on this host must be at least 1 (RANK=3, WORLD_SIZE=4, "
+        "LOCAL_RANK=1, LOCAL_WORLD_SIZE=0, MASTER_ADDR=head, MASTER_PORT=29500)"
+    )
+
+
 def test_same_world_as_submitit(monkeypatch: pytest.MonkeyPatch) -> None:
     """submitit's TorchDistributedEnvironment, the reference for an even layout (not its port)."""
     from submitit.helpers import TorchDistributedEnvironment  # noqa: PLC0415
