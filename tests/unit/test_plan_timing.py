@@ -221,17 +221,21 @@ def test_compute_load_checks() -> None:
     )
 
 
+# a DLRM of 6 features of dim 16 whose towers project each feature to 8 (c = 1, p = 0)
+_SMALL_DMT = ModelConfig(
+    name="dlrm",
+    interaction=DotInteractionConfig(),
+    embedding_dim=16,
+    bottom_mlp=[32, 8],
+    top_mlp=[16, 1],
+    tower=DLRMTowerConfig(dim=8, c=1, p=0),
+    partition=PartitionConfig(kind="explicit"),
+)
+
+
 def test_compute_load_of_a_dmt_model() -> None:
     names = [f"f{i}" for i in range(6)]
-    cfg = ModelConfig(
-        name="dlrm",
-        interaction=DotInteractionConfig(),
-        embedding_dim=16,
-        bottom_mlp=[32, 8],
-        top_mlp=[16, 1],
-        tower=DLRMTowerConfig(dim=8, c=1, p=0),
-        partition=PartitionConfig(kind="explicit"),
-    )
+    cfg = _SMALL_DMT
     model = build_dmt_model(
         cfg, naive_partition(names, 2), feature_names=names, cardinalities=[10] * 6, num_dense=13
     )
@@ -248,15 +252,7 @@ def test_compute_load_counts_the_busiest_towers_module() -> None:
     768 FLOPs per sample of its local batch, and the step waits for it (step f); dmt-plan
     charged the towers' mean, 6 x 768."""
     names = [f"f{i}" for i in range(6)]
-    cfg = ModelConfig(
-        name="dlrm",
-        interaction=DotInteractionConfig(),
-        embedding_dim=16,
-        bottom_mlp=[32, 8],
-        top_mlp=[16, 1],
-        tower=DLRMTowerConfig(dim=8, c=1, p=0),
-        partition=PartitionConfig(kind="explicit"),
-    )
+    cfg = _SMALL_DMT
     towers = [names[:4], names[4:]]
     model = build_dmt_model(
         cfg, towers, feature_names=names, cardinalities=[10] * 6, num_dense=13, dense_device="meta"
