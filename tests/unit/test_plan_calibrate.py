@@ -433,3 +433,38 @@ def test_files_that_are_not_records_and_a_single_run_are_refused(
         f"{runs / 'repeats' / 'G4_1gbit_B512.json'}: not a bench_sptt.py record (TypeError: "
         "list indices must be integers or slices, not str)"
     )
+
+
+def test_the_docs_calibration_commands_run_in_a_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reproduced bug: docs/time_model.md's command that rewrites the shipped preset lacked
+    ``--overwrite``, so it stopped at once with ``--out dmt/conf/cluster/cpu_emulated.yaml exists``.
+    Every ``python -m dmt.planning.calibrate`` line of its Calibration block must pass the argument
+    checks in a checkout (its ``--out`` a copy of the file it names, as it exists there)."""
+    root = Path(__file__).resolve().parents[2]
+    block = (root / "docs" / "time_model.md").read_text().split("## Calibration", 1)[1]
+    block = block.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    commands = [
+        line.split("#", 1)[0].split()[3:]
+        for line in block.splitlines()
+        if line.startswith("python -m dmt.planning.calibrate ")
+    ]
+    assert len(commands) == 2 and any("--out" in argv for argv in commands)
+
+    class _Checked(Exception):
+        """The arguments passed every check: the runs are about to be read."""
+
+    def reached(*args: Any, **kwargs: Any) -> None:
+        raise _Checked
+
+    monkeypatch.setattr(calibrate, "load_run", reached)
+    for argv in commands:
+        argv = [str(root / argv[0]), *argv[1:]]
+        if "--out" in argv:
+            named = root / argv[argv.index("--out") + 1]
+            copy = tmp_path / named.name
+            copy.write_text(named.read_text())
+            argv[argv.index("--out") + 1] = str(copy)
+        with pytest.raises(_Checked):
+            main(argv)
