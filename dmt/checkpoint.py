@@ -64,9 +64,10 @@ from dmt.host_memory import (
     staging_shortfall,
 )
 from dmt.optim import sparse_optimizer_name, sparse_optimizer_spec
-from dmt.sptt.dmt_sharding import ShardedDMT
+from dmt.sptt.dmt_sharding import ShardedDMT, check_num_towers
 from dmt.sptt.plan import column_split
 from dmt.sptt.sharded_state import plain_name
+from dmt.sptt.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -919,6 +920,20 @@ def _check_column_blocks(path: Path, absent: list[str], saved: Iterable[str]) ->
                 "sptt.hosts_per_tower), or train with optim.sparse._target_=torch.optim.Adagrad "
                 "or torch.optim.SGD, whose state reshards freely"
             )
+
+
+def check_sptt_towers(path: Path, topology: Topology) -> None:
+    """Raise ``ValueError`` (:func:`dmt.sptt.dmt_sharding.check_num_towers`'s, as the trainer
+    raises it once Hydra has written the run's record) if the model of checkpoint ``path``,
+    resumed as it was saved, has other towers than ``topology`` (``T = G / (K L)``), found from
+    the checkpoint's metadata before the run writes anything."""
+    saved = tensor_keys(path)  # the trainer's task: the model under "model."
+    towers = {m.group(1) for key in saved if (m := re.match(r"model\.towers\.(\d+)\.", key))}
+    if towers:  # a DMT model's checkpoint
+        try:
+            check_num_towers(len(towers), topology)
+        except ValueError as e:
+            raise ValueError(f"cannot resume from {path}: {e}") from None
 
 
 def check_sptt_column_blocks(

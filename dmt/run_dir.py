@@ -8,8 +8,9 @@
   the ranks adopt the first rank's stamp through the agent's c10d store, so they agree on one
   directory, and the restarts of an elastic job (same ``TORCHELASTIC_RUN_ID``) keep it.
 - **Lock.** Rank 0 holds an ``fcntl.flock`` on ``<run dir>/run.lock`` while the run lives (the
-  kernel drops it when the process dies, however it dies); a second run into a locked directory
-  stops at once, naming the holder; a restart of the holder's own job waits for it a while
+  kernel drops it when the process dies, however it dies), and on ``<sweep dir>/run.lock`` while
+  a multirun lives; a second run into a locked directory stops at once, naming the holder, its
+  ranks before any of them writes there; a restart of the holder's own job waits for it a while
   (:data:`STALE_LOCK_WAIT_S`: on NFS a dead host's lock outlives it).
 - **Outputs.** A directory that holds another run's ``metrics.json``, ``history.jsonl`` or
   checkpoints is refused unless this run resumes it (``trainer.resume_from=auto`` or a checkpoint inside it).
@@ -30,11 +31,11 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
@@ -42,6 +43,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from dmt.history import HISTORY_FILE
+
+if TYPE_CHECKING:
+    from dmt.runtime import World
 
 log = logging.getLogger(__name__)
 
@@ -232,10 +236,10 @@ def _restarted_holder(fields: dict[str, str]) -> str | None:
     return None
 
 
-def _in_use(run_dir: Path, lock_path: Path, waited: str = "") -> ValueError:
+def _in_use(run_dir: Path, lock_path: Path, waited: str = "", kind: str = "run") -> ValueError:
     return ValueError(
-        f"run directory {run_dir} is in use by another run ({_holder(lock_path)}){waited}; "
-        "choose another hydra.run.dir, or wait until that run has ended"
+        f"{kind} directory {run_dir} is in use by another {kind} ({_holder(lock_path)}){waited}; "
+        f"choose another hydra.{kind}.dir, or wait until that {kind} has ended"
     )
 
 
@@ -284,13 +288,18 @@ def _wait_for_earlier_attempt(fd: int, run_dir: Path, lock_path: Path, wait_s: f
 
 
 def lock_run_dir(
-    run_dir: Path, *, record: bool = True, stale_wait_s: float = STALE_LOCK_WAIT_S
+    run_dir: Path,
+    *,
+    record: bool = True,
+    stale_wait_s: float = STALE_LOCK_WAIT_S,
+    kind: str = "run",
 ) -> tuple[RunDirLock, bool]:
     """Lock ``run_dir`` (created if absent) for this process; returns the lock and whether it was
     taken now (False: this process already holds it). Raises ``ValueError`` naming the holder;
     a restart of the holder's own job first waits up to ``stale_wait_s`` for it
     (:data:`STALE_LOCK_WAIT_S`). ``record=False`` leaves the previous holder's record (call
-    :meth:`RunDirLock.record`)."""
+    :meth:`RunDirLock.record`). ``kind``: ``"sweep"`` for a multirun's directory (the error
+    names ``hydra.sweep.dir``)."""
     run_dir = run_dir.absolute()
     if run_dir in _HELD:
         return _HELD[run_dir], False
@@ -301,7 +310,7 @@ def lock_run_dir(
         if not _try_flock(fd, lock_path):
             why = _wait_for_earlier_attempt(fd, run_dir, lock_path, stale_wait_s)
             if why is not None:
-                raise _in_use(run_dir, lock_path, why)
+                raise _in_use(run_dir, lock_path, why, kind)
     except BaseException:
         os.close(fd)
         raise
@@ -519,6 +528,40 @@ def claim_run_dir(
             lock.release()
 
 
+def share_verdict(world: World, error: str | None, *, timeout_s: float) -> str | None:
+    """Rank 0's verdict on the run's (or sweep's) directory (``None``: it holds the directory;
+    else why it is refused) on every rank of ``world``, a world of several, through the
+    launcher's store (:func:`dmt.runtime.launch_store`), before any process group: the other
+    ranks wait for it before Hydra writes their ``.hydra/`` record and log into the directory,
+    so a refused job writes nothing over the records of the run that holds it. Rank 0 passes
+    its ``error``."""
+    import torch.distributed as dist  # noqa: PLC0415 (torch)
+
+    from dmt.runtime import launch_store  # noqa: PLC0415 (torch)
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # the agent's store outlives it
+    store = dist.PrefixStore(
+        f"dmt/run_dir/attempt_{attempt}", launch_store(world, timedelta(seconds=timeout_s))
+    )
+    if world.rank == 0:
+        store.set("verdict", error or "")
+        if error is not None:  # a store rank 0 serves ends with it: the others read it first
+            try:
+                store.wait([f"read/{r}" for r in range(1, world.world_size)])
+            except dist.DistError:
+                pass  # a rank that never came: its launcher ends it
+        return error
+    try:
+        verdict = store.get("verdict").decode()
+    except dist.DistError as e:
+        return (
+            f"rank {world.rank} had no verdict on its directory from rank 0 within "
+            f"trainer.collective_timeout_s={timeout_s:g} s ({e})"
+        )
+    store.set(f"read/{world.rank}", "")
+    return verdict or None
+
+
 def launch_rank() -> int:
     """This process's rank as its launcher gives it (torchrun or a SLURM step), before any
     process group exists; 0 when it cannot be told (the runtime reports that case)."""
@@ -535,8 +578,9 @@ def check_resume_config(
 ) -> None:
     """Raise ``ValueError`` if the run that resumes ``trainer.resume_from`` (in ``run_dir`` or
     elsewhere) has a config its checkpoint refuses (:func:`dmt.checkpoint.check_config`, as the
-    trainer checks it again), an SPTT layout that splits a table into other column blocks than
-    its row-wise optimizer state was saved in
+    trainer checks it again), an SPTT layout that the launcher's world cannot give (a topology
+    whose towers are not the checkpoint model's: :func:`dmt.checkpoint.check_sptt_towers`) or
+    that splits a table into other column blocks than its row-wise optimizer state was saved in
     (:func:`dmt.checkpoint.check_sptt_column_blocks`), goes back in ``run_dir`` or ends before
     the checkpoint's step."""
     from dmt.checkpoint import (  # noqa: PLC0415 (torch)
@@ -544,12 +588,14 @@ def check_resume_config(
         check_ends_after,
         check_not_going_back,
         check_sptt_column_blocks,
+        check_sptt_towers,
         end_known_from,
         read_meta,
         resume_checkpoint,
     )
     from dmt.config import config_yaml  # noqa: PLC0415 (dmt.config imports this module)
     from dmt.runtime import world_from_env  # noqa: PLC0415 (torch)
+    from dmt.sptt.topology import Topology  # noqa: PLC0415
     from dmt.train import to_config  # noqa: PLC0415 (dmt.train imports this module)
 
     ckpt = Path(checkpoint_dir)
@@ -566,12 +612,18 @@ def check_resume_config(
     except OmegaConfBaseException:  # e.g. ${hydra:...} in a task key: unset before the job runs
         return  # the trainer checks the config again, once Hydra has set its job up
     check_config(path, config_yaml(conf), allow_change=conf.trainer.resume_allow_config_change)
-    if conf.sptt.enabled:  # L as the trainer takes it (dmt.sptt.dmt_sharding.topology_from)
-        local = conf.sptt.local_world_size or world_from_env(os.environ).local_world_size
+    if conf.sptt.enabled:  # the topology as the trainer takes it (dmt_sharding.topology_from)
+        world = world_from_env(os.environ)
+        topology = Topology(
+            world_size=world.world_size,
+            local_world_size=conf.sptt.local_world_size or world.local_world_size,
+            hosts_per_tower=conf.sptt.hosts_per_tower,
+        )
+        check_sptt_towers(path, topology)
         check_sptt_column_blocks(
             path,
             sharding_type=conf.sptt.sharding_type,
-            tower_size=conf.sptt.hosts_per_tower * local,
+            tower_size=topology.tower_size,
             optim=conf.optim,
         )
     meta = read_meta(path)
@@ -621,9 +673,9 @@ class RunDirGuard(Callback):
     (exit status 1 and the error on stderr).
 
     Rank 0 (as torchrun or the SLURM step numbers it) takes the lock here and keeps it until the
-    run ends; the other ranks check the outputs only (probing the lock would race with rank 0's
-    claim) and learn rank 0's verdict in :func:`claim_run_dir`. Multirun jobs get fresh
-    directories and are checked by :func:`claim_run_dir`.
+    run ends; the other ranks wait for its verdict (:func:`share_verdict`: probing the lock
+    would race with rank 0's claim), so none of a refused job's ranks writes into the
+    directory. Multirun jobs get fresh directories and are checked by :func:`claim_run_dir`.
     """
 
     def __init__(self) -> None:
@@ -631,7 +683,6 @@ class RunDirGuard(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         from dmt.config import Config, validate  # noqa: PLC0415 (dmt.config imports this module)
-        from dmt.runtime import world_from_env  # noqa: PLC0415 (torch)
 
         try:
             # the settings first: one that fails leaves no run directory behind (.hydra/, a log,
@@ -646,29 +697,51 @@ class RunDirGuard(Callback):
         run_dir = Path(str(config.hydra.run.dir)).absolute()
         resume_from = OmegaConf.select(config, "trainer.resume_from", default=None)
         checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
-        timeout_s = OmegaConf.select(config, "trainer.collective_timeout_s", default=600.0)
-        try:
+        timeout_s = float(OmegaConf.select(config, "trainer.collective_timeout_s", default=600.0))
+
+        def take() -> tuple[RunDirLock, bool]:
             if resume_from:
                 # before Hydra writes this config over the resumed run's .hydra/ record, and
                 # before a new run's directory (and its lock) is made for a resume that cannot run
                 check_resume_config(config, run_dir, resume_from, checkpoint_dir)
+            return claim(
+                run_dir,
+                resume_from=resume_from,
+                checkpoint_dir=checkpoint_dir,
+                stale_wait_s=stale_lock_wait(timeout_s),
+            )
+
+        self._hold(take, timeout_s)
+
+    def _hold(self, take: Callable[[], tuple[RunDirLock, bool]], timeout_s: float) -> None:
+        """Rank 0 of the launcher's world takes the directory (``take``: lock and checks, a
+        ``ValueError`` if refused) and keeps its lock; every rank learns its verdict
+        (:func:`share_verdict`), and all of a refused job's ranks exit with its error."""
+        from dmt.runtime import world_from_env  # noqa: PLC0415 (torch)
+
+        try:
             # the launcher's world, or its error (before two ranks 0 of two worlds both claim)
-            if world_from_env(os.environ).rank == 0:
-                lock, taken = claim(
-                    run_dir,
-                    resume_from=resume_from,
-                    checkpoint_dir=checkpoint_dir,
-                    stale_wait_s=stale_lock_wait(float(timeout_s)),
-                )
-                self.lock = lock if taken else None
-            else:  # the lock is rank 0's to take (claim_run_dir broadcasts its verdict)
-                check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
+            world = world_from_env(os.environ)
         except ValueError as e:
+            sys.exit(f"Error: {e}")
+        error = None
+        if world.rank == 0:
+            try:
+                lock, taken = take()
+                self.lock = lock if taken else None
+            except ValueError as e:
+                error = str(e)
+        if world.world_size > 1:
+            try:
+                error = share_verdict(world, error, timeout_s=timeout_s)
+            except ValueError as e:  # rank 0 cannot serve the store
+                error = str(e)
+        if error is not None:
             if self.lock is not None:
                 self.lock.release()
                 self.lock = None
             # Hydra turns a callback's exception into a warning and runs the job anyway
-            sys.exit(f"Error: {e}")
+            sys.exit(f"Error: {error}")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Refuse a sweep directory that holds another sweep's outputs where this sweep's jobs
@@ -680,36 +753,64 @@ class RunDirGuard(Callback):
         ``subdir=seed_${trainer.seed}``, to add seeds to a study) go on, each refused by
         :func:`claim_run_dir` if its directory holds outputs, with no ``.hydra/`` record of its
         own there (:func:`job_record`). A sweep that resumes (``trainer.resume_from`` set) goes
-        on where each numbered job directory holds nothing, or what it resumes."""
+        on where each numbered job directory holds nothing, or what it resumes. Rank 0 locks the
+        sweep directory until the sweep ends, as a run's (a second sweep started into it while
+        its jobs have no outputs yet is refused)."""
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
         sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
         subdir = str(sweep.get("subdir", "")) if isinstance(sweep, dict) else ""
         numbered = any(form in subdir for form in JOB_NUM_FORMS)
         resume_from = OmegaConf.select(config, "trainer.resume_from", default=None)
-        if resume_from:
-            for job in job_dirs(sweep_dir, subdir) if numbered else []:
-                # as a single run's check_outputs: another run's outputs there that this sweep's
-                # job would not resume (auto: no complete checkpoint) stop it before Hydra
-                # writes the job's .hydra/ over their record (and the trials table reads them)
-                found = outputs_of(job, checkpoint_dir)
-                afresh = starts_afresh(found, resume_from)
-                if found and not afresh and not resumes(job, resume_from, checkpoint_dir):
-                    sys.exit(
-                        f"Error: sweep directory {sweep_dir}: job directory {job} holds another "
-                        f"run's outputs ({', '.join(found)}) and no checkpoint that "
-                        f"trainer.resume_from={resume_from} resumes; choose another "
-                        "hydra.sweep.dir (or leave it unset for a new one)"
-                    )
-            return
-        found = sweep_outputs(sweep_dir, checkpoint_dir, subdir=subdir if numbered else None)
-        if found:
-            shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-            sys.exit(
-                f"Error: sweep directory {sweep_dir} already holds another sweep's outputs "
-                f"({shown}); choose another hydra.sweep.dir (or leave it unset for a new one), "
-                "or resume that sweep with trainer.resume_from=auto"
+        timeout_s = float(OmegaConf.select(config, "trainer.collective_timeout_s", default=600.0))
+
+        def check() -> None:
+            if resume_from:
+                for job in job_dirs(sweep_dir, subdir) if numbered else []:
+                    # as a single run's check_outputs: another run's outputs there that this
+                    # sweep's job would not resume (auto: no complete checkpoint) stop it before
+                    # Hydra writes the job's .hydra/ over their record (and the trials table
+                    # reads them)
+                    found = outputs_of(job, checkpoint_dir)
+                    afresh = starts_afresh(found, resume_from)
+                    if found and not afresh and not resumes(job, resume_from, checkpoint_dir):
+                        raise ValueError(
+                            f"sweep directory {sweep_dir}: job directory {job} holds another "
+                            f"run's outputs ({', '.join(found)}) and no checkpoint that "
+                            f"trainer.resume_from={resume_from} resumes; choose another "
+                            "hydra.sweep.dir (or leave it unset for a new one)"
+                        )
+                return
+            found = sweep_outputs(sweep_dir, checkpoint_dir, subdir=subdir if numbered else None)
+            if found:
+                shown = ", ".join(found[:4])
+                shown += f" and {len(found) - 4} more" if len(found) > 4 else ""
+                raise ValueError(
+                    f"sweep directory {sweep_dir} already holds another sweep's outputs "
+                    f"({shown}); choose another hydra.sweep.dir (or leave it unset for a new "
+                    "one), or resume that sweep with trainer.resume_from=auto"
+                )
+
+        def take() -> tuple[RunDirLock, bool]:
+            # held for the sweep: a second sweep started into it while its jobs have no outputs
+            # yet wrote its multirun.yaml and job 0's .hydra/ record over this sweep's
+            lock, taken = lock_run_dir(
+                sweep_dir, record=False, stale_wait_s=stale_lock_wait(timeout_s), kind="sweep"
             )
+            try:
+                check()
+                if taken:  # a refused sweep leaves the holder's record
+                    lock.record()
+            except BaseException:
+                if taken:
+                    lock.release()
+                raise
+            return lock, taken
+
+        self._hold(take, timeout_s)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self.on_run_end(config)
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.lock is not None:

@@ -693,6 +693,16 @@ def _own_store(world: World, timeout: timedelta, job: str) -> dist.Store:
     only in the same job: a rank that failed a job before its group would otherwise pair its next
     job with its peers' current one.
     """
+    store = _served_store(world, timeout)
+    if world.rank == 0:
+        store.delete_key(_NCCL_DUMP_KEY)  # before any peer's group of this job can start
+    n = next(_own_store_inits.setdefault(job, itertools.count()))
+    return dist.PrefixStore(f"dmt/{job}/group_{n}", store)
+
+
+def _served_store(world: World, timeout: timedelta) -> dist.TCPStore:
+    """The ``TCPStore`` that rank 0 of ``world`` serves at ``MASTER_ADDR:MASTER_PORT``, kept for
+    the life of the process (:func:`_own_store`)."""
     global _own
     assert world.master_addr is not None and world.master_port is not None
     key = (world.master_addr, world.master_port, world.world_size, world.rank)
@@ -724,10 +734,22 @@ def _own_store(world: World, timeout: timedelta, job: str) -> dist.Store:
         _own = (key, store)
     store = _own[1]
     store.set_timeout(timeout)
-    if world.rank == 0:
-        store.delete_key(_NCCL_DUMP_KEY)  # before any peer's group of this job can start
-    n = next(_own_store_inits.setdefault(job, itertools.count()))
-    return dist.PrefixStore(f"dmt/{job}/group_{n}", store)
+    return store
+
+
+def launch_store(world: World, timeout: timedelta) -> dist.Store:
+    """The store the ranks of ``world`` (several) meet in before their first process group:
+    torchrun's agent's, or the one rank 0 serves (:func:`_own_store`, which its groups reuse)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        assert world.master_addr is not None and world.master_port is not None
+        return dist.TCPStore(
+            world.master_addr,
+            world.master_port,
+            is_master=False,
+            wait_for_workers=False,
+            timeout=timeout,
+        )
+    return _served_store(world, timeout)
 
 
 #: how many default groups init_runtime has started in this process (a multirun: one per job)

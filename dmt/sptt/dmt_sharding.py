@@ -94,6 +94,7 @@ __all__ = [
     "DMTSharder",
     "ShardedDMT",
     "check_dmt_model",
+    "check_num_towers",
     "build_sptt_optimizer",
     "shard_dmt",
     "sparse_optimizer_spec",
@@ -105,6 +106,24 @@ __all__ = [
 
 
 _DMT_ATTRIBUTES = ("feature_names", "partition", "towers", "interact")
+
+
+def check_num_towers(num_towers: int, topology: Topology) -> None:
+    """Raise ``ValueError`` unless a model's partition into ``num_towers`` towers has one tower
+    per SPTT tower of ``topology`` (``T = G / (K L)``)."""
+    T = topology.num_towers
+    if num_towers != T:
+        where = (
+            f"G={topology.world_size} ranks, L={topology.local_world_size} per host, "
+            f"K={topology.hosts_per_tower} hosts per tower"
+        )
+        fix = "more" if num_towers > T else "fewer"
+        raise ValueError(
+            f"the model's partition has {num_towers} towers but the topology has T={T} "
+            f"towers ({where}: T = G / (K L)); SPTT needs exactly one model tower per "
+            f"topology tower. Partition the features into {T} towers, or use {fix} ranks or "
+            f"change sptt.hosts_per_tower so that G / (K L) = {num_towers}"
+        )
 
 
 def check_dmt_model(model: nn.Module, topology: Topology, *, dense_on_meta: bool = False) -> None:
@@ -125,20 +144,8 @@ def check_dmt_model(model: nn.Module, topology: Topology, *, dense_on_meta: bool
             )
     if not _is_dmt_model(model):  # narrows the type: the loop above checked the attributes
         raise TypeError(f"{type(model).__name__} is not an nn.Module")
-    T = topology.num_towers
     partition = [list(p) for p in model.partition]
-    where = (
-        f"G={topology.world_size} ranks, L={topology.local_world_size} per host, "
-        f"K={topology.hosts_per_tower} hosts per tower"
-    )
-    if len(partition) != T:
-        fix = "more" if len(partition) > T else "fewer"
-        raise ValueError(
-            f"the model's partition has {len(partition)} towers but the topology has T={T} "
-            f"towers ({where}: T = G / (K L)); SPTT needs exactly one model tower per "
-            f"topology tower. Partition the features into {T} towers, or use {fix} ranks or "
-            f"change sptt.hosts_per_tower so that G / (K L) = {len(partition)}"
-        )
+    check_num_towers(len(partition), topology)
     if len(model.towers) != len(partition):
         raise ValueError(
             f"the model has {len(model.towers)} towers but its partition has {len(partition)}"

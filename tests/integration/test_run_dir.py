@@ -151,6 +151,52 @@ def test_a_running_run_holds_its_directory_and_a_killed_one_does_not(tmp_path):
     assert metrics["num_steps"] == 2 and (run / "metrics.json").exists()
 
 
+def _holding(*args: str, log, multirun: bool = False) -> subprocess.Popen:
+    """dmt-train with ``args`` (training for long, no history.jsonl for a while: no outputs to
+    refuse another run for), once it has written ``log`` (Hydra opens the log after writing
+    ``.hydra/``, and after the lock is taken)."""
+    holder = subprocess.Popen(
+        [DMT_TRAIN, *(["-m"] if multirun else []), *TINY, "trainer.epochs=1000",
+         "trainer.log_every=1000000", *args],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (log.exists() and log.stat().st_size > 0):
+        if holder.poll() is not None or time.monotonic() > deadline:
+            holder.kill()
+            holder.wait()
+            raise AssertionError("the first run did not start")
+        time.sleep(0.2)
+    return holder
+
+
+def test_a_second_jobs_ranks_are_refused_before_writing_into_a_held_directory(tmp_path):
+    """Reproduced: a torchrun job of 2 ranks started into the directory of a running run was
+    refused by its rank 0 only: rank 1, which took no lock and found no outputs yet, went on and
+    Hydra wrote its .hydra/ record (other overrides, other config) over the running run's, and
+    its train.rank1.log, before rank 0's refusal reached it. Now every rank waits for rank 0's
+    verdict before Hydra writes anything."""
+    run = tmp_path / "run"
+    holder = _holding(f"hydra.run.dir={run}", log=run / "train.log")
+    try:
+        record = _files(run / ".hydra")
+        cmd, env = torchrun("-m", "dmt.train", *TINY, "trainer=smoke", "model=dcn",
+                            f"hydra.run.dir={run}")  # fmt: skip
+        second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                                timeout=300)  # fmt: skip
+        assert holder.poll() is None, "the first run ended during the test"
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert second.returncode == 1
+    assert (
+        f"Error: run directory {run} is in use by another run (pid {holder.pid} on host "
+        f"{socket.gethostname()}, started "
+    ) in second.stderr, second.stderr[-3000:]
+    assert _files(run / ".hydra") == record
+    assert not (run / "train.rank1.log").exists()
+
+
 def test_going_back_in_a_run_is_refused_before_hydra_rewrites_its_record(tmp_path):
     run = tmp_path / "run"
     first = _cli(*TINY, "trainer=smoke", "trainer.checkpoint_every=1", f"hydra.run.dir={run}")
@@ -235,6 +281,26 @@ def test_a_resume_into_other_column_blocks_is_refused_before_hydra_writes(tmp_pa
     assert json.loads((run / "metrics.json").read_text())["num_steps"] == 3
 
 
+def test_a_resume_into_other_towers_is_refused_before_hydra_writes(tmp_path):
+    """Reproduced: an SPTT run of 2 towers (2 ranks, one per tower) resumed by one process
+    (T = 1) was refused by the trainer only, with a traceback, once it sharded the model: after
+    Hydra had rewritten the run's .hydra/ record with the refused run's settings."""
+    run = tmp_path / "run"
+    args = [*TINY, "trainer=smoke", "experiment=dmt_4t_dlrm", "model.partition.num_towers=2",
+            "sptt=on", "sptt.local_world_size=1", f"hydra.run.dir={run}"]  # fmt: skip
+    cmd, env = torchrun("-m", "dmt.train", *args, "trainer.checkpoint=true")
+    first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    one = _refused_leaving_the_run(run, *args, "trainer.max_steps=3", "trainer.resume_from=auto")
+    assert one == (
+        f"Error: cannot resume from {run / 'checkpoints' / 'step_2'}: the model's partition has "
+        "2 towers but the topology has T=1 towers (G=1 ranks, L=1 per host, K=1 hosts per "
+        "tower: T = G / (K L)); SPTT needs exactly one model tower per topology tower. "
+        "Partition the features into 1 towers, or use more ranks or change "
+        "sptt.hosts_per_tower so that G / (K L) = 2"
+    )
+
+
 def test_a_sweep_into_another_sweeps_directory_stops_before_rewriting_its_records(tmp_path):
     """A reproduced bug: the second sweep rewrote job 0's .hydra/overrides.yaml (so its
     metrics.json was read as the result of settings that never ran) before job 0 was refused.
@@ -258,6 +324,34 @@ def test_a_sweep_into_another_sweeps_directory_stops_before_rewriting_its_record
                    f"hydra.sweep.dir={study}", "hydra.sweep.subdir=seed_${trainer.seed}")  # fmt: skip
         assert run.returncode == 0, run.stderr[-3000:]
     assert all((study / f"seed_{s}" / "metrics.json").exists() for s in (0, 1))
+
+
+def test_a_second_sweep_into_a_running_sweeps_directory_stops_before_writing(tmp_path):
+    """Reproduced: a sweep started into the directory of a running sweep whose jobs had no
+    outputs yet wrote its multirun.yaml and job 0's .hydra/ record (model=dcn) over the running
+    sweep's, appended its traceback to job 0's train.log once job 0's lock refused it, and
+    wrote a trials table of the running job as if it were its own."""
+    sweep = tmp_path / "sweep"
+    holder = _holding(f"hydra.sweep.dir={sweep}", log=sweep / "0" / "train.log", multirun=True)
+    try:
+        before = _files(sweep)
+        second = _cli("-m", *TINY, "trainer=smoke", "model=dcn", f"hydra.sweep.dir={sweep}")
+        assert holder.poll() is None, "the first sweep ended during the test"
+        after = _files(sweep)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert second.returncode == 1
+    message = second.stderr.strip()
+    assert message.startswith(
+        f"Error: sweep directory {sweep} is in use by another sweep (pid {holder.pid} on host "
+        f"{socket.gethostname()}, started "
+    ), message[-3000:]
+    assert message.endswith("); choose another hydra.sweep.dir, or wait until that sweep has ended")
+    records = [name for name in before if name.endswith(".yaml")]
+    assert "multirun.yaml" in records and "0/.hydra/overrides.yaml" in records
+    assert {name: after[name] for name in records} == {name: before[name] for name in records}
+    assert not (sweep / "trials.csv").exists()
 
 
 def test_a_refused_sweep_job_keeps_the_record_of_the_run_in_its_directory(tmp_path):

@@ -227,3 +227,39 @@ def test_a_rank_without_its_device_fails_every_rank_at_once(tmp_path: Path) -> N
     )
     for line in got:
         assert line == message, out
+
+
+VERDICT = """
+import os, sys
+import torch, torch.distributed as dist
+from dmt.run_dir import share_verdict
+from dmt.runtime import close_runtime, init_runtime, world_from_env
+
+world = world_from_env(os.environ)
+refused = sys.argv[2] == "refused"
+error = "refused by rank 0" if refused and world.rank == 0 else None
+print(f"rank {world.rank} verdict {share_verdict(world, error, timeout_s=30)}", flush=True)
+if not refused:  # the job's group meets in the store that rank 0 served for the verdict
+    init_runtime("cpu", timeout_s=30)
+    total = torch.tensor([1.0])
+    dist.all_reduce(total)
+    print(f"rank {world.rank} sum {total.item():g}", flush=True)
+    close_runtime()
+"""
+
+
+@pytest.mark.parametrize("verdict", ["refused", "held"])
+def test_the_tasks_of_a_step_learn_rank_0s_verdict_on_the_run_directory(
+    tmp_path: Path, verdict: str
+) -> None:
+    """Before Hydra writes into the run directory (dmt.run_dir.RunDirGuard), the tasks of an
+    ``srun`` step learn rank 0's verdict on it in the store rank 0 serves, which it keeps
+    serving until they have read a refusal, and which their process group then reuses."""
+    script = tmp_path / "verdict.py"
+    script.write_text(VERDICT)
+    outs = _start_pair(tmp_path, script, "srun", verdict)
+    for rank, out in enumerate(outs):
+        if verdict == "refused":
+            assert out.splitlines() == [f"rank {rank} verdict refused by rank 0"], out
+        else:
+            assert out.splitlines() == [f"rank {rank} verdict None", f"rank {rank} sum 2"], out
