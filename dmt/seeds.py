@@ -9,9 +9,11 @@ Each run is ``dmt.train.train`` in this process with ``trainer.seed=<seed>``, wr
 are read back, not rerun, and only if they trained with the same overrides (a study's config given
 other settings is refused, not reported with the old run's figures; a run without
 ``seed_run.json``, e.g. of a Hydra multirun, is checked by its ``.hydra/config.yaml``); a run that has
-``seed_run.json`` and a checkpoint but no ``metrics.json`` (the call stopped while it trained)
-goes on from its latest checkpoint (``trainer.resume_from=auto``, unless its overrides set
-``trainer.resume_from``), under the same check; without a checkpoint it starts afresh.
+``seed_run.json`` (or a Hydra multirun's job: ``.hydra/config.yaml``) and a checkpoint but no
+``metrics.json`` (the call stopped while it trained) goes on from its latest checkpoint
+(``trainer.resume_from=auto``, unless its overrides set ``trainer.resume_from``), under the same
+check; without a checkpoint it starts afresh. A run directory with outputs but neither record is
+refused before any run trains.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from dmt.run_dir import outputs_of
 ALTERNATIVES = ("two-sided", "greater", "less")
 #: beside each run's metrics.json: the overrides it trained with
 RUN_FILE = "seed_run.json"
+#: a run of a Hydra multirun (no RUN_FILE): the config it ran
+HYDRA_RECORD = ".hydra/config.yaml"
 #: settings a resume may change (:func:`dmt.checkpoint.config_differences`) that change what a
 #: run's evaluation reports: a run collected by its Hydra record must match them too
 READ_BY_EVALUATION = ("trainer.eval_max_batches", "trainer.ema_decay")
@@ -163,13 +167,20 @@ def study(
 
 
 def check_seeds_argument(argv: Sequence[str]) -> None:
-    """``python -c '...' SCRIPT SEEDS`` of the study scripts: exit with ``SCRIPT: SEEDS 'TEXT':
-    why`` when :func:`parse_seeds` refuses ``SEEDS`` (before their expensive steps)."""
-    script, text = argv
+    """``python -c '...' SCRIPT SEEDS [CONFIGS]`` of the study scripts: exit with ``SCRIPT: SEEDS
+    'TEXT': why`` when :func:`parse_seeds` refuses ``SEEDS``, or when a study of more than one
+    config (``CONFIGS``, default 2) gets one seed, which :func:`study` refuses (before their
+    expensive steps: the base training and the partitions)."""
+    script, text, *configs = argv
     try:
-        parse_seeds(text)
+        seeds = parse_seeds(text)
     except ValueError as e:  # "--seeds TEXT: why"
         raise SystemExit(f"{script}: SEEDS {text!r}: {str(e).partition(': ')[2] or e}") from None
+    if len(seeds) < 2 and int(configs[0] if configs else 2) > 1:
+        raise SystemExit(
+            f"{script}: SEEDS {text!r}: seeds {seeds}: comparing configs (Mann-Whitney U) needs "
+            "at least 2 seeds"
+        )
 
 
 def is_directory_name(name: str) -> bool:
@@ -242,9 +253,16 @@ def _plan_run(
             "choose a metric this data defines, e.g. --metric test_auc"
         )
     ckpt = str(run.cfg.trainer.checkpoint_dir)
-    if (run_dir / RUN_FILE).exists() and outputs_of(run_dir, ckpt):
-        # an earlier call stopped in this run after a checkpoint: go on from the latest, if it
-        # ran these settings
+    if found := outputs_of(run_dir, ckpt):
+        # an earlier call (or a Hydra multirun's job) stopped in this run: go on from its latest
+        # checkpoint, if it ran these settings
+        if not (run_dir / RUN_FILE).exists() and not (run_dir / HYDRA_RECORD).is_file():
+            raise ValueError(
+                f"{run_dir} holds a run's outputs ({', '.join(found)}) but no {RUN_FILE} or "
+                f"{HYDRA_RECORD} that says what it ran (config {name!r}): not a run of this "
+                "study to go on with; move it out of the study's directory, or choose another "
+                "--out"
+            )
         _check_same_run(run_dir, name, settings)
         run.resume = True
         if run.cfg.trainer.resume_from is None:
@@ -277,7 +295,7 @@ def _check_same_run(run_dir: Path, name: str, settings: list[str]) -> None:
     resume may not change (:func:`dmt.checkpoint.config_differences`)."""
     record = run_dir / RUN_FILE
     if not record.exists():
-        hydra_record = run_dir / ".hydra" / "config.yaml"
+        hydra_record = run_dir / HYDRA_RECORD
         if hydra_record.is_file():
             _check_hydra_record(hydra_record, run_dir, name, settings)
             return

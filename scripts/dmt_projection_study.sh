@@ -44,9 +44,6 @@ if [[ "$OUT" =~ [[:space:]] ]]; then  # seeds.py splits each config's overrides 
   exit 2
 fi
 PY=.venv/bin/python
-# a bad SEEDS ends the study here, not after the base training and the partitions
-"$PY" -c 'import sys; from dmt.seeds import check_seeds_argument; check_seeds_argument(sys.argv[1:])' \
-  "$(basename "$0")" "$SEEDS" || exit 2
 DATA="data=criteo_sample_forward"
 DMT="experiment=criteo_forward_dmt_dlrm $DATA"
 tp() {  # towers, D, bias, further overrides
@@ -85,6 +82,10 @@ if [[ -n "${ONLY:-}" ]]; then
   fi
   configs=("${kept[@]}")
 fi
+# a bad SEEDS (or one seed for two configs or more) ends the study here, not after the base
+# training and the partitions
+"$PY" -c 'import sys; from dmt.seeds import check_seeds_argument; check_seeds_argument(sys.argv[1:])' \
+  "$(basename "$0")" "$SEEDS" "$(( ${#configs[@]} / 3 ))" || exit 2
 if [[ ! -f "$OUT/base_ckpt/metrics.json" ]]; then
   "$PY" -m dmt.train experiment=criteo_forward_dlrm "$DATA" logger=disabled trainer.progress_bar=false \
     trainer.checkpoint=true trainer.resume_from=auto "hydra.run.dir=$OUT/base_ckpt"

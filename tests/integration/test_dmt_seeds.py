@@ -345,6 +345,52 @@ def test_a_validation_metric_of_data_without_validation_rows_is_refused_before_t
     )
 
 
+def test_a_stopped_run_without_a_record_is_refused_before_anything_trains(tmp_path, monkeypatch):
+    """Reproduced: a run directory holding another run's outputs but no metrics.json (a Hydra
+    multirun's job that stopped, a run of the user's) got this study's seed_run.json written into
+    it, after the runs before it had trained; dmt-train then refused the directory (naming
+    hydra.run.dir), and the next call took the run for its own and went on with it. Such a run is
+    now refused before anything trains and left as it was; a stopped Hydra job is checked by its
+    .hydra/config.yaml and goes on when it ran the config's settings. Stand-in training."""
+    from omegaconf import OmegaConf
+
+    import dmt.train
+    from dmt.train import compose_config
+
+    trained = []
+
+    def fake_train(cfg, run_dir):
+        trained.append((run_dir.name, cfg.trainer.resume_from))
+        metrics = {"test_auc": 0.7 + cfg.trainer.seed / 100}
+        (run_dir / "metrics.json").write_text(json.dumps(metrics))
+        return metrics
+
+    monkeypatch.setattr(dmt.train, "train", fake_train)
+    out = tmp_path / "study"
+    stopped = out / "a" / "seed_1"
+    stopped.mkdir(parents=True)
+    (stopped / "history.jsonl").write_text('{"step": 1, "train/loss": 0.69}\n')
+    with pytest.raises(ValueError) as e:
+        seed_lib.study({"a": ["trainer=smoke"]}, [0, 1], out)
+    assert str(e.value) == (
+        f"{stopped} holds a run's outputs (history.jsonl) but no seed_run.json or "
+        ".hydra/config.yaml that says what it ran (config 'a'): not a run of this study to go on "
+        "with; move it out of the study's directory, or choose another --out"
+    )
+    assert trained == [] and sorted(p.name for p in stopped.iterdir()) == ["history.jsonl"]
+    # a Hydra multirun's job that stopped: checked by its record, then it goes on
+    (stopped / ".hydra").mkdir()
+    ran = compose_config("trainer=smoke", "optim.lr=0.001", "trainer.seed=1")
+    OmegaConf.save(ran, stopped / ".hydra" / "config.yaml")
+    with pytest.raises(seed_lib.StaleRun, match="optim.lr: 0.001 -> 0.003"):
+        seed_lib.study({"a": ["trainer=smoke"]}, [0, 1], out)
+    assert trained == [] and not (stopped / "seed_run.json").exists()
+    report = seed_lib.study({"a": ["trainer=smoke", "optim.lr=0.001"]}, [0, 1], out)
+    assert trained == [("seed_0", None), ("seed_1", "auto")]
+    assert report["configs"]["a"]["values"] == [0.7, 0.71]
+    assert not (stopped / "seed_run.json").exists()
+
+
 def test_runs_of_a_hydra_multirun_are_checked_by_their_hydra_record(tmp_path, capsys):
     """Reproduced: a run collected from a Hydra multirun (no seed_run.json) was read with a
     warning only ("a run of an older dmt"), whatever settings it trained with; its

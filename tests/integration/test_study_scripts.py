@@ -149,10 +149,11 @@ def test_study_takes_a_relative_out_dir_from_the_callers_directory(
 
 
 @pytest.mark.parametrize("script", ["criteo_sample_study.sh", "dmt_projection_study.sh"])
-@pytest.mark.parametrize("seeds", ["0-", "0", "3-1", "a,b"])
+@pytest.mark.parametrize("seeds", ["0-", "0", "3-1", "a,b", "1", "5-5"])
 def test_study_refuses_bad_seeds_before_training(tmp_path: Path, script: str, seeds: str) -> None:
     """Reproduced: ``criteo_sample_study.sh myout 0-`` trained the base model and ran
-    dmt-partition three times before seeds.py refused ``--seeds 0-``."""
+    dmt-partition three times before seeds.py refused ``--seeds 0-``; so did one seed (``1``,
+    ``5-5``), which seeds.py refuses for a study that compares configs."""
     root = _checkout(tmp_path, script)
     result, calls = _run(tmp_path, root / "scripts" / script, "out", seeds, cwd=tmp_path / "c")
     assert result.returncode == 2, result.stderr
@@ -160,6 +161,37 @@ def test_study_refuses_bad_seeds_before_training(tmp_path: Path, script: str, se
     assert result.stderr.count("\n") == 1
     assert calls == []
     assert list((tmp_path / "c").iterdir()) == []
+
+
+def test_projection_study_of_one_config_takes_one_seed(tmp_path: Path) -> None:
+    """One seed is refused only where configs are compared: ``ONLY=base`` runs with it."""
+    root = _checkout(tmp_path, "dmt_projection_study.sh")
+    result, calls = _run(
+        tmp_path,
+        root / "scripts" / "dmt_projection_study.sh",
+        "out",
+        "1",
+        cwd=tmp_path / "c",
+        env={"ONLY": "base"},
+    )
+    assert result.returncode == 0, result.stderr
+    _, _, seeds = _study_calls(calls)
+    assert seeds and all(_value(c["argv"], "--seeds") == "1" for c in seeds)
+
+
+def test_readme_runs_the_holdout_study_with_the_holdout_protocol() -> None:
+    """Reproduced: the README gave ``bash scripts/criteo_sample_study.sh`` (5 seeds) as the study
+    of its ``criteo_sample_holdout`` table; the script's defaults are the forward protocol and 9
+    seeds, another study. The command before that table names the protocol and the seeds."""
+    script = (SCRIPTS / "criteo_sample_study.sh").read_text()
+    assert "PROTOCOL=${PROTOCOL:-forward}" in script and "SEEDS=${2:-9}" in script
+    readme = (REPO / "README.md").read_text()
+    before_table = readme[: readme.index("Measured on a 2-core CPU (`data=criteo_sample_holdout`")]
+    paragraph = " ".join(before_table.rstrip().rsplit("\n\n", 1)[-1].split())
+    commands = re.findall(r"`([^`]*scripts/criteo_sample_study\.sh[^`]*)`", paragraph)
+    assert commands == [
+        "PROTOCOL=holdout bash scripts/criteo_sample_study.sh study/criteo_holdout 5"
+    ]
 
 
 def test_study_refuses_an_out_dir_with_whitespace(tmp_path: Path) -> None:
