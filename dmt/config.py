@@ -367,7 +367,8 @@ class OptimConfig:
     # fused embedding optimizer: _target_ a class TorchRec fuses into FBGEMM's kernels
     # (torchrec.optim.RowWiseAdagrad, torch.optim.Adagrad/SGD; torch.optim.Adam on CUDA only),
     # _partial_: true, and the kernel's kwargs (lr, eps, beta1/beta2, ...; weight_decay on CUDA
-    # only, with weight_decay_mode: l2 or decouple, since FBGEMM's CPU kernels ignore it)
+    # only, for row-wise Adagrad with weight_decay_mode: l2 or decouple, for Adam with decouple,
+    # since FBGEMM's CPU kernels and its SGD and Adagrad kernels ignore it)
     sparse: Any = field(
         default_factory=lambda: {
             "_target_": "torchrec.optim.RowWiseAdagrad",

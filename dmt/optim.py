@@ -215,11 +215,12 @@ def sparse_optimizer_name(optimizer_class: type) -> str:
 
 def check_sparse_optimizer(cfg: OptimConfig, device_type: str) -> None:
     """Raise ``ValueError`` unless ``optim.sparse`` can be fused on ``device_type``: FBGEMM's CPU
-    embedding kernels implement only some optimizers."""
+    embedding kernels implement only some optimizers, and its kernels drop some settings
+    (:func:`check_sparse_weight_decay`; ``max_norm`` is applied by the CUDA row-wise Adagrad
+    kernel only: ``tests/integration/test_sparse_weight_decay.py``)."""
     cls, kwargs = sparse_optimizer_spec(cfg)
     fused = fused_optimizer_type(cls)
     sparse_optimizer_name(cls)
-    check_sparse_weight_decay(kwargs, device_type)
     if device_type == "cpu" and fused not in CPU_FUSED_OPTIMIZERS:
         supported = [t.value for t in CPU_FUSED_OPTIMIZERS]
         raise ValueError(
@@ -227,18 +228,41 @@ def check_sparse_optimizer(cfg: OptimConfig, device_type: str) -> None:
             f"needs a CUDA device: FBGEMM's CPU embedding kernels support {supported} "
             "(e.g. torchrec.optim.RowWiseAdagrad, torch.optim.Adagrad, torch.optim.SGD)"
         )
+    check_sparse_weight_decay(kwargs, device_type, fused)
+    max_norm = kwargs.get("max_norm", 0.0) or 0.0
+    if max_norm and (device_type == "cpu" or fused != EmbOptimType.EXACT_ROWWISE_ADAGRAD):
+        raise ValueError(
+            f"optim.sparse.max_norm={max_norm} would do nothing: FBGEMM clips the rows to "
+            f"max_norm in its CUDA row-wise Adagrad kernel only, not in its {fused.value} kernel "
+            f"on {device_type}; set it to 0, or train on CUDA with "
+            "optim.sparse._target_=torchrec.optim.RowWiseAdagrad"
+        )
 
 
-def check_sparse_weight_decay(kwargs: dict[str, Any], device_type: str) -> None:
-    """Raise ``ValueError`` on an ``optim.sparse.weight_decay`` the kernels would ignore.
+def check_sparse_weight_decay(
+    kwargs: dict[str, Any], device_type: str, fused: EmbOptimType
+) -> None:
+    """Raise ``ValueError`` on an ``optim.sparse.weight_decay`` that FBGEMM's ``fused`` kernel
+    would ignore, or apply otherwise than its ``weight_decay_mode`` says.
 
-    FBGEMM's CPU embedding kernels (SGD, Adagrad, row-wise Adagrad) leave the update unchanged
-    whatever the weight decay and its mode (``tests/unit/test_sparse_weight_decay.py`` checks
-    it); its GPU kernels apply it only with a ``weight_decay_mode`` (TorchRec passes NONE
-    otherwise)."""
+    FBGEMM's SGD and Adagrad kernels take no weight decay, on any device (their lookups pass
+    none: ``tests/unit/test_generalisation_levers.py`` reads them). Its CPU row-wise Adagrad
+    leaves the update unchanged whatever the weight decay and its mode
+    (``tests/integration/test_sparse_weight_decay.py`` checks it); its GPU row-wise Adagrad
+    applies it in mode ``l2`` or ``decouple`` only (TorchRec passes NONE otherwise); its Adam
+    (GPU only) always decouples it (``w -= lr * weight_decay * w``, AdamW's), whatever the
+    mode."""
     decay = kwargs.get("weight_decay", 0.0) or 0.0
     if not decay:
         return
+    if fused in (EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ADAGRAD):
+        raise ValueError(
+            f"optim.sparse.weight_decay={decay} would do nothing: FBGEMM's {fused.value} "
+            "embedding kernel takes no weight decay, on CPU or CUDA; set it to 0 (regularise the "
+            "dense part with optim.dense.weight_decay), or on CUDA use "
+            "optim.sparse._target_=torchrec.optim.RowWiseAdagrad with "
+            "+optim.sparse.weight_decay_mode=l2 or decouple"
+        )
     if device_type == "cpu":
         raise ValueError(
             f"optim.sparse.weight_decay={decay} would do nothing: FBGEMM's CPU embedding kernels "
@@ -246,7 +270,17 @@ def check_sparse_weight_decay(kwargs: dict[str, Any], device_type: str) -> None:
             "optim.dense.weight_decay), or train on CUDA with +optim.sparse.weight_decay_mode=l2 "
             "or decouple"
         )
-    if kwargs.get("weight_decay_mode", WeightDecayMode.NONE) == WeightDecayMode.NONE:
+    mode = kwargs.get("weight_decay_mode", WeightDecayMode.NONE)
+    if fused == EmbOptimType.ADAM:
+        if mode != WeightDecayMode.DECOUPLE:
+            raise ValueError(
+                f"optim.sparse.weight_decay={decay} with weight_decay_mode "
+                f"{WeightDecayMode(mode).name.lower()}: FBGEMM's Adam kernel applies it decoupled "
+                "(w -= lr * weight_decay * w, AdamW's) whatever the mode; say so with "
+                "optim.sparse._target_=torchrec.optim.Adam +optim.sparse.weight_decay_mode=decouple"
+            )
+        return
+    if mode == WeightDecayMode.NONE:
         raise ValueError(
             f"optim.sparse.weight_decay={decay} needs +optim.sparse.weight_decay_mode=l2 or "
             "decouple (FBGEMM's kernels ignore the weight decay under mode none; the mode is a "

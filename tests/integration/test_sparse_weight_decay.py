@@ -42,12 +42,13 @@ def _rowwise_adagrad(decay: float, mode: str) -> torch.Tensor:
     return w
 
 
-def _fused_update(decay: float, mode: WeightDecayMode) -> torch.Tensor:
+def _fused_update(decay: float, mode: WeightDecayMode, max_norm: float = 0.0) -> torch.Tensor:
     rt = init_runtime("cpu")
     try:
         module = _Table()
         sparse = {"_target_": "torchrec.optim.RowWiseAdagrad", "_partial_": True, "lr": LR,
-                  "eps": EPS, "weight_decay": decay, "weight_decay_mode": mode}  # fmt: skip
+                  "eps": EPS, "weight_decay": decay, "weight_decay_mode": mode,
+                  "max_norm": max_norm}  # fmt: skip
         apply_sparse_optimizer(list(module.ebc.parameters()), OptimConfig(sparse=sparse))
         model = shard_model(module, rt, batch_size=1)
         weight = model.state_dict()["ebc.embedding_bags.t.weight"].local_shards()[0].tensor
@@ -69,3 +70,12 @@ def test_cpu_rowwise_adagrad_ignores_weight_decay(mode):
     assert (with_decay - without).abs().max() > 0.05  # what the decay would change
     fused = _fused_update(DECAY, WeightDecayMode[mode.upper()])
     torch.testing.assert_close(fused, without, rtol=1e-6, atol=1e-6)
+
+
+def test_cpu_rowwise_adagrad_ignores_max_norm():
+    """FBGEMM clips an updated row to ``max_norm`` in its CUDA kernel only: on CPU the row keeps
+    the plain update, its norm far above the bound (``dmt.optim.check_sparse_optimizer``
+    refuses ``optim.sparse.max_norm`` there)."""
+    fused = _fused_update(0.0, WeightDecayMode.NONE, max_norm=0.05)
+    torch.testing.assert_close(fused, _rowwise_adagrad(0.0, "l2"), rtol=1e-6, atol=1e-6)
+    assert float(fused.norm()) > 1.0

@@ -1,8 +1,16 @@
 """The generalisation levers set from the command line, and the guard on a sparse weight decay
 that FBGEMM's kernels would ignore (its CPU kernels: tests/integration/test_sparse_weight_decay.py)."""
 
+import inspect
+
 import pytest
 import torch
+from fbgemm_gpu.split_embedding_codegen_lookup_invokers import (
+    lookup_adagrad,
+    lookup_adam,
+    lookup_rowwise_adagrad,
+    lookup_sgd,
+)
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 from torch import nn
 
@@ -64,6 +72,93 @@ def test_sparse_weight_decay_is_refused_where_the_kernels_ignore_it():
     check_sparse_optimizer(typed_config("+optim.sparse.weight_decay=0.0").optim, "cpu")  # off
     with pytest.raises(ValueError, match=r"weight_decay_mode='lasso' is not one of \['none'"):
         typed_config("+optim.sparse.weight_decay_mode=lasso")  # checked with the config
+
+
+def test_fbgemm_kernels_take_the_weight_decay_the_guard_expects():
+    """The guard's premise, read from FBGEMM's lookups (one per optimizer, for CPU and CUDA
+    alike): SGD's and Adagrad's hand their kernel no weight decay, Adam's hands it without a
+    mode (its kernel decouples it), row-wise Adagrad's both. When FBGEMM changes this, this
+    fails and ``dmt.optim.check_sparse_weight_decay`` must follow."""
+
+    def passes(lookup, arg: str) -> bool:
+        return f'"{arg}"' in inspect.getsource(lookup.invoke)
+
+    assert not passes(lookup_sgd, "weight_decay") and not passes(lookup_adagrad, "weight_decay")
+    assert passes(lookup_adam, "weight_decay") and not passes(lookup_adam, "weight_decay_mode")
+    assert passes(lookup_rowwise_adagrad, "weight_decay")
+    assert passes(lookup_rowwise_adagrad, "weight_decay_mode")
+
+
+NO_DECAY = (
+    "optim.sparse.weight_decay=0.01 would do nothing: FBGEMM's {} embedding kernel takes no "
+    "weight decay, on CPU or CUDA; set it to 0 (regularise the dense part with "
+    "optim.dense.weight_decay), or on CUDA use optim.sparse._target_=torchrec.optim.RowWiseAdagrad "
+    "with +optim.sparse.weight_decay_mode=l2 or decouple"
+)
+ADAM_DECOUPLES = (
+    "optim.sparse.weight_decay=0.01 with weight_decay_mode {}: FBGEMM's Adam kernel applies it "
+    "decoupled (w -= lr * weight_decay * w, AdamW's) whatever the mode; say so with "
+    "optim.sparse._target_=torchrec.optim.Adam +optim.sparse.weight_decay_mode=decouple"
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["optim.sparse._target_=torchrec.optim.SGD", "+optim.sparse.weight_decay_mode=l2"],
+         NO_DECAY.format("exact_sgd")),
+        (["optim.sparse._target_=torchrec.optim.Adagrad", "+optim.sparse.weight_decay_mode=decouple"],
+         NO_DECAY.format("exact_adagrad")),
+        (["optim=adam", "optim.sparse._target_=torchrec.optim.Adam",
+          "+optim.sparse.weight_decay_mode=l2"], ADAM_DECOUPLES.format("l2")),
+        (["optim=adam"], ADAM_DECOUPLES.format("none")),  # torch.optim.Adam: no mode to give
+    ],
+    ids=["sgd", "adagrad", "adam-l2", "adam-none"],
+)  # fmt: skip
+def test_cuda_sparse_weight_decay_is_refused_unless_the_kernel_applies_it_so(overrides, message):
+    """On CUDA (FBGEMM's GPU kernels, no GPU needed for the check): a weight decay that SGD's
+    and Adagrad's kernels would drop (any mode), or an Adam mode its kernel would not follow,
+    is refused naming what would work, rather than training otherwise than asked."""
+    cfg = typed_config(*overrides, "+optim.sparse.weight_decay=0.01").optim
+    with pytest.raises(ValueError) as err:
+        check_sparse_optimizer(cfg, "cuda")
+    assert str(err.value) == message
+
+
+def test_cuda_sparse_adam_takes_a_decoupled_weight_decay():
+    cfg = typed_config(
+        "optim=adam",
+        "optim.sparse._target_=torchrec.optim.Adam",
+        "+optim.sparse.weight_decay=0.01",
+        "+optim.sparse.weight_decay_mode=decouple",
+    ).optim
+    check_sparse_optimizer(cfg, "cuda")  # what FBGEMM's Adam kernel does
+    _, kwargs = sparse_optimizer_spec(cfg)
+    assert (
+        kwargs["weight_decay_mode"] is WeightDecayMode.DECOUPLE and kwargs["weight_decay"] == 0.01
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "device", "kernel"),
+    [
+        ([], "cpu", "exact_row_wise_adagrad"),
+        (["optim=adam", "optim.sparse._target_=torchrec.optim.Adam"], "cuda", "adam"),
+    ],
+)
+def test_sparse_max_norm_is_refused_where_the_kernel_ignores_it(overrides, device, kernel):
+    """FBGEMM clips rows to ``max_norm`` in its CUDA row-wise Adagrad kernel only (CPU:
+    tests/integration/test_sparse_weight_decay.py); elsewhere the setting is refused, not
+    dropped."""
+    cfg = typed_config(*overrides, "+optim.sparse.max_norm=0.5").optim
+    with pytest.raises(ValueError) as err:
+        check_sparse_optimizer(cfg, device)
+    assert str(err.value) == (
+        "optim.sparse.max_norm=0.5 would do nothing: FBGEMM clips the rows to max_norm in its "
+        f"CUDA row-wise Adagrad kernel only, not in its {kernel} kernel on {device}; set it to 0, "
+        "or train on CUDA with optim.sparse._target_=torchrec.optim.RowWiseAdagrad"
+    )
+    check_sparse_optimizer(typed_config("+optim.sparse.max_norm=0.5").optim, "cuda")
 
 
 def _tiny_dmt() -> nn.Module:
