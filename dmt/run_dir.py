@@ -445,19 +445,31 @@ def claim(
 ) -> tuple[RunDirLock, bool]:
     """Lock ``run_dir`` and check its outputs (a locked directory is reported as in use, not for
     its outputs); returns the lock and whether it was taken now."""
+
+    def check() -> None:
+        check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
+
     if (run_dir / LOCK_FILE).exists() or run_dir.absolute() in _HELD:
-        lock, taken = lock_run_dir(run_dir, record=False, stale_wait_s=stale_wait_s)
-        try:
-            check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
-            if taken:
-                lock.record()
-        except BaseException:
-            if taken:
-                lock.release()
-            raise
-        return lock, taken
-    check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
+        return lock_then_check(run_dir, check, stale_wait_s=stale_wait_s)
+    check()
     return lock_run_dir(run_dir, stale_wait_s=stale_wait_s)
+
+
+def lock_then_check(
+    run_dir: Path, check: Callable[[], None], *, stale_wait_s: float, kind: str = "run"
+) -> tuple[RunDirLock, bool]:
+    """Lock ``run_dir`` (:func:`lock_run_dir`), then ``check()`` it: the lock file keeps its
+    previous holder's record until the check passes, and the lock is released if it raises."""
+    lock, taken = lock_run_dir(run_dir, record=False, stale_wait_s=stale_wait_s, kind=kind)
+    try:
+        check()
+        if taken:
+            lock.record()
+    except BaseException:
+        if taken:
+            lock.release()
+        raise
+    return lock, taken
 
 
 # -- one directory per job ----------------------------------------------------------------------
@@ -794,18 +806,9 @@ class RunDirGuard(Callback):
         def take() -> tuple[RunDirLock, bool]:
             # held for the sweep: a second sweep started into it while its jobs have no outputs
             # yet wrote its multirun.yaml and job 0's .hydra/ record over this sweep's
-            lock, taken = lock_run_dir(
-                sweep_dir, record=False, stale_wait_s=stale_lock_wait(timeout_s), kind="sweep"
+            return lock_then_check(
+                sweep_dir, check, stale_wait_s=stale_lock_wait(timeout_s), kind="sweep"
             )
-            try:
-                check()
-                if taken:  # a refused sweep leaves the holder's record
-                    lock.record()
-            except BaseException:
-                if taken:
-                    lock.release()
-                raise
-            return lock, taken
 
         self._hold(take, timeout_s)
 

@@ -192,6 +192,25 @@ def _ignored(
     return clauses
 
 
+def config_of(args: argparse.Namespace) -> CriteoConfig:
+    """The :class:`CriteoConfig` that ``dmt-preprocess``'s parsed ``args`` preprocess with."""
+    return CriteoConfig(
+        raw_path=args.raw,
+        preprocessed_dir=args.output,
+        split_fractions=list(args.split_fractions),
+        train_days=args.train_days if isinstance(args.train_days, list) else _days(args.train_days),
+        eval_day=args.eval_day,
+        val_day=args.val_day,
+        val_split=not args.no_val,
+        categorical_mode=args.categorical_mode,
+        frequency_threshold=args.frequency_threshold,
+        missing_id=args.missing_id,
+        hash_sizes=list(args.hash_sizes),
+        skip_bad_rows=args.skip_bad_rows,
+        num_workers=args.num_workers,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``dmt-preprocess``; returns the exit status (0 success, 1 bad input, 2 bad usage)."""
     parser = build_parser()
@@ -231,23 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                 unit_bytes=unit_bytes,
             )
         else:
-            cfg = CriteoConfig(
-                raw_path=args.raw,
-                preprocessed_dir=args.output,
-                split_fractions=list(args.split_fractions),
-                train_days=args.train_days
-                if isinstance(args.train_days, list)
-                else _days(args.train_days),
-                eval_day=args.eval_day,
-                val_day=args.val_day,
-                val_split=not args.no_val,
-                categorical_mode=args.categorical_mode,
-                frequency_threshold=args.frequency_threshold,
-                missing_id=args.missing_id,
-                hash_sizes=list(args.hash_sizes),
-                skip_bad_rows=args.skip_bad_rows,
-                num_workers=args.num_workers,
-            )
+            cfg = config_of(args)
             out = preprocess_criteo(
                 cfg,
                 overwrite=args.overwrite,

@@ -977,7 +977,7 @@ def test_the_data_configs_preprocess_commands_make_what_they_ask() -> None:
     0.075 / 0.075) is not the config's (0.857 / 0.0715 / 0.0715): ``dmt-train data=criteo_kaggle``
     then refused the directory as made with other settings. The ``dmt-preprocess`` command in a
     data config's comments must write the directory that config reads, with its settings."""
-    from dmt.data.preprocess_cli import build_parser
+    from dmt.data.preprocess_cli import build_parser, config_of
 
     fields = ("split_fractions", "train_days", "eval_day", "val_day", "val_split")
     fields += ("categorical_mode", "frequency_threshold", "missing_id", "hash_sizes")
@@ -988,19 +988,7 @@ def test_the_data_configs_preprocess_commands_make_what_they_ask() -> None:
         for command in commands:
             args = build_parser().parse_args(command.split())
             asked = typed_config(f"data={path.stem}").data.criteo
-            written = CriteoConfig(
-                raw_path=args.raw,
-                preprocessed_dir=args.output,
-                split_fractions=list(args.split_fractions),
-                train_days=list(args.train_days),  # argparse parses the default "0-22" too
-                eval_day=args.eval_day,
-                val_day=args.val_day,
-                val_split=not args.no_val,
-                categorical_mode=args.categorical_mode,
-                frequency_threshold=args.frequency_threshold,
-                missing_id=args.missing_id,
-                hash_sizes=list(args.hash_sizes),
-            )
+            written = config_of(args)
             assert args.output == asked.preprocessed_dir, path.name
             for name in fields:
                 assert getattr(written, name) == getattr(asked, name), (path.name, name)
