@@ -250,6 +250,13 @@ def test_a_resume_past_an_end_lowered_by_epochs_is_refused_before_hydra_writes(t
     )
 
 
+def _trained_on_two_ranks(*overrides: str) -> None:
+    """``dmt-train`` under torchrun on 2 ranks, which must succeed."""
+    cmd, env = torchrun("-m", "dmt.train", *overrides)
+    run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
 def test_a_resume_into_other_column_blocks_is_refused_before_hydra_writes(tmp_path):
     """Reproduced: an SPTT run with row-wise Adagrad on column-wise tables (2 ranks per tower: 2
     column blocks) resumed by one process (the whole table: its state cannot be resharded) was
@@ -259,9 +266,7 @@ def test_a_resume_into_other_column_blocks_is_refused_before_hydra_writes(tmp_pa
     run = tmp_path / "run"
     args = [*TINY, "trainer=smoke", "experiment=dmt_4t_dlrm", "model.partition.num_towers=1",
             "sptt=on", "sptt.sharding_type=column_wise", f"hydra.run.dir={run}"]  # fmt: skip
-    cmd, env = torchrun("-m", "dmt.train", *args, "trainer.checkpoint=true")
-    first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr[-3000:]
+    _trained_on_two_ranks(*args, "trainer.checkpoint=true")
     one = _refused_leaving_the_run(run, *args, "trainer.max_steps=3", "trainer.resume_from=auto")
     step = run / "checkpoints" / "step_2"
     assert one == (
@@ -288,9 +293,7 @@ def test_a_resume_into_other_towers_is_refused_before_hydra_writes(tmp_path):
     run = tmp_path / "run"
     args = [*TINY, "trainer=smoke", "experiment=dmt_4t_dlrm", "model.partition.num_towers=2",
             "sptt=on", "sptt.local_world_size=1", f"hydra.run.dir={run}"]  # fmt: skip
-    cmd, env = torchrun("-m", "dmt.train", *args, "trainer.checkpoint=true")
-    first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr[-3000:]
+    _trained_on_two_ranks(*args, "trainer.checkpoint=true")
     one = _refused_leaving_the_run(run, *args, "trainer.max_steps=3", "trainer.resume_from=auto")
     assert one == (
         f"Error: cannot resume from {run / 'checkpoints' / 'step_2'}: the model's partition has "
