@@ -50,6 +50,7 @@ from dmt.data.criteo_preprocess import (
     ARRAY_FILES,
     NUM_DENSE,
     SPARSE_NAMES,
+    OtherOutputError,
     missing_id_of,
     open_array,
     output_damage,
@@ -460,7 +461,15 @@ def _preprocess_once(c: CriteoConfig, *, rank: int, world_size: int) -> None:
     """Rank 0 brings ``c.preprocessed_dir`` up to date (a no-op when it is); the others wait."""
 
     def work() -> str:
-        return str(preprocess_criteo(c, rebuild_damaged=True, progress=True))
+        try:
+            return str(preprocess_criteo(c, rebuild_damaged=True, progress=True))
+        except OtherOutputError as exc:  # the directory is in the way: what dmt-train can do
+            raise ValueError(
+                f"{exc} (dmt-train never replaces a preprocessed directory: set "
+                "data.criteo.preprocessed_dir to another one, rebuild this one with "
+                "dmt-preprocess --overwrite, or set data.criteo.auto_preprocess=false to use an "
+                "existing directory as is)"
+            ) from exc
 
     try:
         on_rank_zero(
@@ -472,10 +481,7 @@ def _preprocess_once(c: CriteoConfig, *, rank: int, world_size: int) -> None:
     except ValueError as exc:  # the same on every rank
         raise ValueError(
             f"preprocessing data.criteo.raw_path={c.raw_path!r} into "
-            f"data.criteo.preprocessed_dir={c.preprocessed_dir!r} failed: {exc} (dmt-train "
-            "never replaces a preprocessed directory: set data.criteo.preprocessed_dir to another "
-            "one, rebuild this one with dmt-preprocess --overwrite, or set "
-            "data.criteo.auto_preprocess=false to use an existing directory as is)"
+            f"data.criteo.preprocessed_dir={c.preprocessed_dir!r} failed: {exc}"
         ) from exc
 
 

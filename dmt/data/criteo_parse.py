@@ -347,24 +347,49 @@ def describe_row_problem(raw: bytes) -> str | None:
 
     This is the slow, obviously-correct reference for :func:`parse_block`'s checks.
     """
-    bad_char = next((c for c in raw if c < 32 and c != _TAB), None)
-    if bad_char is not None:
-        return f"contains the control character {bytes([bad_char])!r}; {_ROW_EXPECTED}"
+    at = next((i for i, c in enumerate(raw) if c < 32 and c != _TAB), None)
+    if at is not None:
+        return _control_character_problem(raw, at)
     fields = raw.split(b"\t")
     if len(fields) != NUM_FIELDS:
         return f"found {len(fields)} tab-separated field(s); {_ROW_EXPECTED}"
     if fields[0] not in (b"0", b"1"):
-        return f"label is {_show(fields[0])}; expected 0 or 1"
+        return f"label is {_show(fields[0])}; {_expected('label')}"
     for name, value in zip(RAW_FIELD_NAMES[1 : 1 + NUM_DENSE], fields[1 : 1 + NUM_DENSE]):
         digits = value[1:] if value.startswith(b"-") else value
         if value and not (digits and digits.isdigit()):
-            return f"{name} is {_show(value)}; expected a decimal integer or an empty field"
+            return f"{name} is {_show(value)}; {_expected(name)}"
     for name, value in zip(RAW_FIELD_NAMES[1 + NUM_DENSE :], fields[1 + NUM_DENSE :]):
         if len(value) > 8 or any(c not in b"0123456789abcdefABCDEF" for c in value):
-            return (
-                f"{name} is {_show(value)}; expected up to 8 hexadecimal digits or an empty field"
-            )
+            return f"{name} is {_show(value)}; {_expected(name)}"
     return None
+
+
+def _expected(name: str) -> str:
+    """What the field ``name`` (``label``, ``I<i>`` or ``C<i>``) holds, as ``expected ...``."""
+    if name == "label":
+        return "expected 0 or 1"
+    if name.startswith("I"):
+        return "expected a decimal integer or an empty field"
+    return "expected up to 8 hexadecimal digits or an empty field"
+
+
+def _control_character_problem(raw: bytes, at: int) -> str:
+    """What is wrong with a line whose first control character (not a tab) is ``raw[at]``: the
+    field it is in and what that field holds (a carriage return that ends the line: a Windows
+    line ending)."""
+    char = raw[at : at + 1]
+    index = raw.count(b"\t", 0, at)
+    if index >= NUM_FIELDS:
+        return f"field {index + 1} contains the control character {char!r}; {_ROW_EXPECTED}"
+    name = RAW_FIELD_NAMES[index]
+    if char == b"\r" and at == len(raw) - 1:
+        return (
+            f"{name} ends with the control character {char!r}, a Windows (CRLF) line ending; "
+            "expected lines that end in b'\\n' alone: convert the file first (dos2unix, or "
+            "sed -i 's/\\r$//')"
+        )
+    return f"{name} contains the control character {char!r}; {_expected(name)}"
 
 
 def _show(value: bytes, limit: int = 40) -> str:

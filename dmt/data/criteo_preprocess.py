@@ -140,6 +140,11 @@ _DAY_FILE_NAMES = ("day_{d}", "day_{d}.tsv", "day_{d}.txt", "day_{d}.gz", "day_{
 # ---------------------------------------------------------------------------------------------
 
 
+class OtherOutputError(ValueError):
+    """The output directory holds a dmt-preprocess output made with other settings or sources
+    (or an incomplete one): ``overwrite`` replaces it."""
+
+
 def preprocess_criteo(
     cfg: CriteoConfig,
     *,
@@ -167,9 +172,9 @@ def preprocess_criteo(
     Raises:
         ValueError: bad settings, missing inputs, a malformed row or file (a
             :class:`~dmt.data.criteo_parse.CriteoFormatError` naming file and line), no
-            training rows, an existing output with other settings or damaged when ``overwrite``
-            is False, or an existing directory that may not be replaced (see the module
-            docstring).
+            training rows, an existing output with other settings (an :class:`OtherOutputError`)
+            or damaged when ``overwrite`` is False, or an existing directory that may not be
+            replaced (see the module docstring).
     """
     cfg.validate()
     if cfg.raw_path is None:
@@ -649,7 +654,7 @@ def _check_replaceable(job: _Job, settings_hash: str) -> bool:
             if existing
             else "is an incomplete or unreadable dmt-preprocess output"
         )
-        raise ValueError(
+        raise OtherOutputError(
             f"output directory {str(out_dir)!r} exists and {why}; "
             "pass overwrite=True (--overwrite) to replace it or choose another directory"
         )

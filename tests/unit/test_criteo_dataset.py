@@ -236,6 +236,30 @@ def test_build_criteo_preprocesses_from_raw_path_once(
     assert not (tmp_path / "p2").exists()
 
 
+def test_build_criteo_reports_a_bad_raw_row_without_advice_on_the_directory(
+    tmp_path: Path,
+) -> None:
+    """Reproduced: a malformed row (or a missing input) in data.criteo.raw_path came with the
+    advice for an existing directory of other settings (another preprocessed_dir, dmt-preprocess
+    --overwrite, auto_preprocess=false), none of which helps: the row is what needs fixing."""
+    lines = _raw_rows(200, seed=6).splitlines()
+    fields = lines[41].split("\t")
+    fields[1] = "1.5"
+    lines[41] = "\t".join(fields)
+    raw = tmp_path / "train.txt"
+    raw.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "prep"
+    crit = CriteoConfig(raw_path=str(raw), preprocessed_dir=str(out), num_workers=1)
+    with pytest.raises(ValueError) as err:
+        build_criteo(DataConfig(kind="criteo", batch_size=32, criteo=crit))
+    assert str(err.value) == (
+        f"preprocessing data.criteo.raw_path={str(raw)!r} into data.criteo.preprocessed_dir="
+        f"{str(out)!r} failed: {raw.resolve()}:42: I1 is '1.5'; expected a decimal integer or an "
+        "empty field"
+    )
+    assert not out.exists()
+
+
 # -- training data that cannot train, damaged directories ---------------------------------------
 
 

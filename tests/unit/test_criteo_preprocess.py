@@ -637,8 +637,10 @@ BAD_ROWS = {
     "9 hex digits": (_replace(GOOD[0], 14, "123456789"), "C1 is '123456789'"),
     "bad label": (_replace(GOOD[0], 0, "2"), "label is '2'; expected 0 or 1"),
     "empty label": (_replace(GOOD[0], 0, ""), "label is ''; expected 0 or 1"),
-    "control char": (_replace(GOOD[0], 20, "00\x0000ff"), "control character"),
-    "carriage return": (GOOD[0] + "\r", "control character"),
+    # a control character: its field and what that holds (reproduced: neither was named)
+    "control char": (_replace(GOOD[0], 20, "00\x0000ff"), "C7 contains the control character b'\\x00'; expected up to 8 hexadecimal digits"),
+    "control char in dense": (_replace(GOOD[0], 3, "1\x0b2"), "I3 contains the control character b'\\x0b'; expected a decimal integer"),
+    "carriage return": (GOOD[0] + "\r", "C26 ends with the control character b'\\r', a Windows (CRLF) line ending; expected lines that end in b'\\n' alone: convert the file first (dos2unix, or sed -i 's/\\r$//')"),
 }  # fmt: skip
 
 
@@ -685,6 +687,34 @@ def test_bad_rows_in_many_ranges_are_compacted(tmp_path: Path) -> None:
     check_split(out, "val", rows[255:278], vocab)
     check_split(out, "test", [r for i, r in enumerate(rows) if i >= 278 and i not in bad_at], vocab)
     assert sum(m["splits"][s]["rows"] for s in m["splits"]) == len(kept)
+
+
+def test_an_all_empty_feature_costs_the_rows_the_readme_says(tmp_path: Path) -> None:
+    """Reproduced: the README told users to leave unused fields empty, as costing one embedding
+    row; in hash mode (``criteo_1tb``'s, which it names for directories of days) such a table has
+    its whole ``hash_sizes`` entry, 40M rows there."""
+    rows = [_replace(r, 39, "") for r in make_rows(60, seed=30)]  # C26 always empty
+    raw = write(tmp_path / "train.txt", rows)
+    settings: dict[str, dict[str, object]] = {
+        "vocab": {},
+        "distinct": {"missing_id": "distinct"},
+        "hash": {"categorical_mode": "hash", "hash_sizes": [50]},
+        "hash, per feature": {"categorical_mode": "hash", "hash_sizes": [50] * 25 + [2]},
+    }
+    rows_of_c26 = {}
+    for k, (name, kw) in enumerate(settings.items()):
+        cfg = CriteoConfig(
+            raw_path=str(raw), preprocessed_dir=str(tmp_path / f"out{k}"), num_workers=1, **kw
+        )  # type: ignore[arg-type]
+        rows_of_c26[name] = read_manifest(preprocess_criteo(cfg, **SMALL))["cardinalities"][25]
+    assert rows_of_c26 == {"vocab": 1, "distinct": 2, "hash": 50, "hash, per feature": 2}
+    assert typed_config("data=criteo_1tb").data.criteo.hash_sizes == [40_000_000]
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert (
+        "leave unused fields empty (an all-empty feature costs one embedding row in vocab mode, "
+        "two with `missing_id=distinct`, but its whole `hash_sizes` entry in hash mode, "
+        "`criteo_1tb`'s 40M: give it 2 among 26 per-feature sizes)"
+    ) in " ".join(readme.split())
 
 
 def test_empty_file(tmp_path: Path) -> None:
@@ -916,7 +946,8 @@ def test_all_rows_bad_is_an_error_not_an_empty_output(tmp_path: Path) -> None:
         f"no training rows: all 34 lines read for the train split of {str(raw.resolve())!r} "
         "were malformed and dropped (34 bad rows, skip_bad_rows / --skip-bad-rows), so nothing "
         "was written; likely cause: the file has Windows (CRLF) line endings; convert it first "
-        "(dos2unix, or sed -i 's/\\r$//'); first: " + f"{raw.resolve()}:1: contains the control"
+        "(dos2unix, or sed -i 's/\\r$//'); first: "
+        + f"{raw.resolve()}:1: C26 ends with the control character b'\\r', a Windows (CRLF) line"
     ), msg
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
     other = write(tmp_path / "other.txt", ["x\ty"] * 10)
