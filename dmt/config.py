@@ -12,6 +12,7 @@ import difflib
 import math
 import os
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -880,6 +881,133 @@ def _check_checkpoint_dir(path: str) -> None:
             f"trainer.checkpoint_dir={path!r}: {blocking} is not a directory (the run would "
             "train, then fail at its first checkpoint)"
         )
+
+
+def ignored_settings(cfg: Config, *, world_size: int, total_steps: int) -> list[str]:
+    """The settings of ``cfg`` that a ``dmt-train`` run of ``total_steps`` steps on
+    ``world_size`` ranks never acts on, one message each (the trainer warns of them): a setting
+    is set when it differs from the schema's default (:func:`schema_default`)."""
+    return [
+        *_beyond_run(cfg.trainer, total_steps),
+        *_unread_by_flat(cfg, world_size),
+        *_unread_dcn_sizes(cfg.model),
+        *_unread_data(cfg.data),
+    ]
+
+
+def _set(path: str, node: Any, names: Iterable[str]) -> list[str]:
+    """``path.name=value`` of each of ``names`` whose value in ``node`` is not its default."""
+    return [
+        f"{path}.{name}={getattr(node, name)!r}"
+        for name in names
+        if getattr(node, name) != schema_default(f"{path}.{name}")
+    ]
+
+
+def _listed(settings: list[str]) -> str:
+    return f"{', '.join(settings)} {'is' if len(settings) == 1 else 'are'} set"
+
+
+def _beyond_run(t: TrainerConfig, total_steps: int) -> list[str]:
+    run = f"longer than the run ({total_steps} steps: trainer.epochs, trainer.max_steps)"
+    out = []
+    if t.log_every > total_steps:
+        out.append(
+            f"trainer.log_every={t.log_every} is {run}: no training loss is logged "
+            "(history.jsonl, wandb)"
+        )
+    if t.eval_every > total_steps:
+        out.append(f"trainer.eval_every={t.eval_every} is {run}: validation runs only at the end")
+    if t.checkpoint_every > total_steps:
+        out.append(
+            f"trainer.checkpoint_every={t.checkpoint_every} is {run}: "
+            + (
+                "the only checkpoint is the one at the end (trainer.checkpoint=true)"
+                if t.checkpoint
+                else "the run writes no checkpoint (trainer.checkpoint=true writes one at the end)"
+            )
+        )
+    if t.resume_allow_config_change and not t.resume_from:
+        out.append(
+            "trainer.resume_allow_config_change=true has no effect without trainer.resume_from: "
+            "the run starts fresh, and no checkpoint's config is compared with its own"
+        )
+    return out
+
+
+#: the sptt settings only SPTT reads (sptt.comm_precision sets the flat baseline's too)
+_SPTT_ONLY = ("hosts_per_tower", "local_world_size", "sharding_type", "peer_permute")
+
+
+def _unread_by_flat(cfg: Config, world_size: int) -> list[str]:
+    sp = cfg.sptt
+    if sp.enabled:
+        return []
+    out = []
+    if given := _set("sptt", sp, _SPTT_ONLY):
+        out.append(
+            f"{_listed(given)}, but sptt.enabled=false (flat TorchRec sharding) reads none of "
+            f"sptt.{', sptt.'.join(_SPTT_ONLY)}: sptt=on trains with them"
+        )
+    if world_size == 1 and sp.comm_precision != "fp32":
+        out.append(
+            f"sptt.comm_precision={sp.comm_precision} has no effect on a flat run "
+            "(sptt.enabled=false) in a world of one: TorchRec's collectives of one rank send "
+            f"nothing, so no pooled embedding is rounded to {sp.comm_precision} (sptt=on "
+            "rounds in its collectives at any world size)"
+        )
+    return out
+
+
+def _unread_dcn_sizes(m: ModelConfig) -> list[str]:
+    """``model.dcn_*`` size what conf/model/dcn.yaml and conf/tower/dcn.yaml build."""
+    readers = (CrossInteractionConfig._target_, DCNTowerConfig._target_)
+    if _target(m.interaction) in readers or _target(m.tower) in readers:
+        return []
+    given = _set("model", m, ("dcn_num_layers", "dcn_low_rank"))
+    if not given:
+        return []
+    return [
+        f"{_listed(given)}, but this model has no CrossNet (interaction "
+        f"{_target(m.interaction)}, tower module {_target(m.tower)}): model.dcn_num_layers and "
+        "model.dcn_low_rank size the DCN interaction (model=dcn) and DCN tower modules (tower=dcn)"
+    ]
+
+
+#: the data.synthetic settings only its planted mode reads
+_PLANTED_ONLY = ("tie_prob", "signal_scale", "dense_scale")
+
+
+def _unread_data(d: DataConfig) -> list[str]:
+    out = []
+    synthetic = _set(
+        "data.synthetic", d.synthetic, [f.name for f in dataclasses.fields(d.synthetic)]
+    )
+    if d.kind == "criteo" and synthetic:
+        out.append(
+            f"{_listed(synthetic)}, but data.kind='criteo' reads none of data.synthetic (the "
+            "synthetic generator's settings)"
+        )
+    if d.kind == "synthetic" and d.criteo is not None:
+        out.append(
+            f"data.criteo is set (data.criteo.preprocessed_dir={d.criteo.preprocessed_dir!r}), "
+            "but data.kind='synthetic' trains on generated data and reads none of data.criteo: "
+            "data.kind=criteo trains on it"
+        )
+    planted = _set("data.synthetic", d.synthetic, _PLANTED_ONLY)
+    if d.kind == "synthetic" and d.synthetic.mode == "random" and planted:
+        out.append(
+            f"{_listed(planted)}, but data.synthetic.mode='random' reads none of "
+            f"data.synthetic.{', data.synthetic.'.join(_PLANTED_ONLY)} (ids and labels are drawn "
+            "independently, without a planted signal): data.synthetic.mode=planted plants one"
+        )
+    c = d.criteo
+    if d.kind == "criteo" and c is not None and c.shuffle_window_rows is not None and not d.shuffle:
+        out.append(
+            f"data.criteo.shuffle_window_rows={c.shuffle_window_rows} has no effect with "
+            "data.shuffle=false: the training rows are read in their order"
+        )
+    return out
 
 
 # on import: every reader of a run's .hydra/config.yaml (dmt-eval, dmt-partition) resolves it

@@ -29,7 +29,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from tqdm import tqdm
 
 from dmt import checkpoint, results
-from dmt.config import Config, config_yaml, use_pipeline
+from dmt.config import Config, config_yaml, ignored_settings, use_pipeline
 from dmt.data import BatchSource, DataBundle, build_data, pad_empty_batch
 from dmt.ema import DenseEMA
 from dmt.history import RunHistory
@@ -151,7 +151,10 @@ class Trainer:
             self.total_steps = min(self.total_steps, cfg.trainer.max_steps)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim, self.total_steps)
         if runtime.is_main:
-            for problem in schedule_beyond_run(cfg.optim, self.total_steps):
+            for problem in [
+                *schedule_beyond_run(cfg.optim, self.total_steps),
+                *ignored_settings(cfg, world_size=runtime.world_size, total_steps=self.total_steps),
+            ]:
                 log.warning(problem)
         # trainer.ema_decay: evaluation reads an average of the dense weights (dmt/ema.py)
         self.ema = (

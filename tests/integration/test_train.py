@@ -520,12 +520,66 @@ def test_a_world_of_one_trains_with_the_plain_loop_unless_told_to_pipeline_it(tm
             "warmup_steps=0), but the run's last step is 3 (4 steps: trainer.epochs, "
             "trainer.max_steps): the LR never decays",
         ),
+        (  # TINY's run: 16 steps, none logged (history.jsonl had no training loss)
+            ["trainer.log_every=20"],
+            "trainer.log_every=20 is longer than the run (16 steps: trainer.epochs, "
+            "trainer.max_steps): no training loss is logged (history.jsonl, wandb)",
+        ),
+        (
+            ["trainer.eval_every=20"],
+            "trainer.eval_every=20 is longer than the run (16 steps: trainer.epochs, "
+            "trainer.max_steps): validation runs only at the end",
+        ),
+        (  # the run ended without a checkpoint
+            ["trainer.checkpoint_every=20"],
+            "trainer.checkpoint_every=20 is longer than the run (16 steps: trainer.epochs, "
+            "trainer.max_steps): the run writes no checkpoint (trainer.checkpoint=true writes one "
+            "at the end)",
+        ),
+        (
+            ["trainer.resume_allow_config_change=true"],
+            "trainer.resume_allow_config_change=true has no effect without trainer.resume_from: "
+            "the run starts fresh, and no checkpoint's config is compared with its own",
+        ),
+        (  # the flat run's losses, as without it
+            ["sptt.sharding_type=column_wise"],
+            "sptt.sharding_type='column_wise' is set, but "
+            "sptt.enabled=false (flat TorchRec sharding) reads none of sptt.hosts_per_tower, "
+            "sptt.local_world_size, sptt.sharding_type, sptt.peer_permute: sptt=on trains with "
+            "them",
+        ),
+        (  # one process: the losses of fp32
+            ["sptt.comm_precision=bf16"],
+            "sptt.comm_precision=bf16 has no effect on a flat run (sptt.enabled=false) in a world "
+            "of one: TorchRec's collectives of one rank send nothing, so no pooled embedding is "
+            "rounded to bf16 (sptt=on rounds in its collectives at any world size)",
+        ),
+        (  # DLRM's losses, as without them
+            ["model.dcn_num_layers=5"],
+            "model.dcn_num_layers=5 is set, but this model has no CrossNet (interaction "
+            "dmt.models.interaction.DotInteraction, tower module "
+            "dmt.models.tower_modules.PassThrough): model.dcn_num_layers and model.dcn_low_rank "
+            "size the DCN interaction (model=dcn) and DCN tower modules (tower=dcn)",
+        ),
+        (  # random data's losses, as without them
+            [
+                "data=synthetic_random",
+                "data.synthetic.tie_prob=0.5",
+                "data.synthetic.signal_scale=2",
+            ],
+            "data.synthetic.tie_prob=0.5, data.synthetic.signal_scale=2.0 are set, but "
+            "data.synthetic.mode='random' reads none of data.synthetic.tie_prob, "
+            "data.synthetic.signal_scale, data.synthetic.dense_scale (ids and labels are drawn "
+            "independently, without a planted signal): data.synthetic.mode=planted plants one",
+        ),
     ],
 )
 def test_settings_that_another_turns_off_are_warned_of(tmp_path, caplog, overrides, warning):
     """They were ignored without a word: the run looked as if they applied."""
     for given in (overrides, overrides[-1:] if len(overrides) > 1 else []):
-        conf = to_config(compose_config(*TINY, "trainer.eval_every=0", *given))
+        conf = to_config(
+            compose_config(*TINY, "trainer.eval_every=0", "trainer.log_every=1", *given)
+        )
         rt = init_runtime("cpu")
         caplog.clear()
         try:

@@ -4,7 +4,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from dmt.config import validate
+from dmt.config import ignored_settings, validate
 from dmt.inspect import inspect_config
 from tests.conftest import REPO, compose_config, typed_config
 
@@ -22,6 +22,8 @@ CONTEXT = {
     "partition": ["experiment=dmt_4t_dlrm"],
     "sptt": ["experiment=dmt_4t_dlrm"],
 }
+#: a run long enough for every trainer.*_every, on 8 ranks: only settings nothing reads remain
+LONG_RUN = {"world_size": 8, "total_steps": 10**9}
 #: what each option must set, where a group has a field that names it
 CHOSEN = {
     "model": lambda conf: conf.model.name,
@@ -42,7 +44,8 @@ def options(group: str) -> list[str]:
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_group_option_composes(group):
     """Every option of the group composes and validates (the Criteo data options too: they need
-    their data only to build the data set) and sets what it names."""
+    their data only to build the data set), sets what it names, and nothing its run would not
+    read."""
     opts = options(group)
     assert opts, group
     for opt in opts:
@@ -53,6 +56,7 @@ def test_every_group_option_composes(group):
             assert CHOSEN[group](conf) == expected, (group, opt)
         if group == "data" and conf.data.kind == "criteo":
             assert conf.data.criteo is not None and conf.data.criteo.preprocessed_dir, opt
+        assert ignored_settings(conf, **LONG_RUN) == [], (group, opt)
 
 
 EXPERIMENTS = options("experiment")
@@ -64,6 +68,7 @@ CRITEO_SCHEMA = ([f"cat_{i}" for i in range(26)], [1000] * 26, 13)
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_composes_and_inspects(name, monkeypatch):
     conf = typed_config(f"experiment={name}")
+    assert ignored_settings(conf, **LONG_RUN) == []
     if conf.data.kind != "synthetic":
         assert conf.data.criteo is not None
         assert conf.data.criteo.raw_path == "../shared/data/criteo-kaggle-sample/train.tsv", name
@@ -334,3 +339,84 @@ def test_dmt_inspect_composes_the_training_config(overrides):
         config.pop("logger")
         config.pop("hparams_search", None)
     assert inspect == training
+
+
+@pytest.mark.parametrize(
+    ("overrides", "kwargs", "warning"),
+    [
+        (
+            ["data.synthetic.num_train=1000", "data.synthetic.cardinality=7", "data=criteo_sample"],
+            LONG_RUN,
+            "data.synthetic.cardinality=7, data.synthetic.num_train=1000 are set, but "
+            "data.kind='criteo' reads none of data.synthetic (the synthetic generator's settings)",
+        ),
+        (
+            ["data=criteo_sample", "data.kind=synthetic"],
+            LONG_RUN,
+            "data.criteo is set (data.criteo.preprocessed_dir='data_cache/criteo_sample_t3'), but "
+            "data.kind='synthetic' trains on generated data and reads none of data.criteo: "
+            "data.kind=criteo trains on it",
+        ),
+        (
+            ["data=criteo_sample", "data.shuffle=false", "data.criteo.shuffle_window_rows=1000"],
+            LONG_RUN,
+            "data.criteo.shuffle_window_rows=1000 has no effect with data.shuffle=false: the "
+            "training rows are read in their order",
+        ),
+        (
+            ["trainer.log_every=1", "trainer.checkpoint=true", "trainer.checkpoint_every=20"],
+            {"world_size": 1, "total_steps": 16},
+            "trainer.checkpoint_every=20 is longer than the run (16 steps: trainer.epochs, "
+            "trainer.max_steps): the only checkpoint is the one at the end "
+            "(trainer.checkpoint=true)",
+        ),
+    ],
+)
+def test_settings_a_run_does_not_read_are_named(overrides, kwargs, warning):
+    """What dmt-train ran without a word (the same losses as without them); without the last
+    override, which makes them unread, nothing."""
+    assert ignored_settings(typed_config(*overrides), **kwargs) == [warning]
+    assert ignored_settings(typed_config(*overrides[:-1]), **kwargs) == []
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model=dcn", "model.dcn_num_layers=5", "model.dcn_low_rank=8"],  # the interaction's
+        [  # DMT-DLRM's DCN towers
+            "experiment=dmt_4t_dlrm",
+            "tower=dcn",
+            "model.tower.dim=8",
+            "model.dcn_num_layers=5",
+        ],
+        ["experiment=dmt_4t_dlrm", "sptt=on", "sptt.peer_permute=output", "sptt.hosts_per_tower=2"],
+        ["data=synthetic_random", "data.synthetic.click_rate=0.5", "data.synthetic.skew=1.1"],
+        ["data=criteo_sample", "data.criteo.shuffle_window_rows=1000"],
+        ["trainer.checkpoint_every=20", "trainer.resume_from=auto"],
+    ],
+)
+def test_settings_a_run_reads_are_not_named(overrides):
+    assert ignored_settings(typed_config(*overrides), **LONG_RUN) == []
+
+
+def test_sptt_topology_settings_are_named_on_a_flat_run():
+    flat = typed_config("sptt.local_world_size=4", "sptt.hosts_per_tower=2")
+    assert ignored_settings(flat, **LONG_RUN) == [
+        "sptt.hosts_per_tower=2, sptt.local_world_size=4 are set, but sptt.enabled=false (flat "
+        "TorchRec sharding) reads none of sptt.hosts_per_tower, sptt.local_world_size, "
+        "sptt.sharding_type, sptt.peer_permute: sptt=on trains with them"
+    ]
+
+
+def test_comm_precision_is_named_only_where_nothing_rounds():
+    """A flat run of one rank sends nothing through TorchRec's collectives (a group of one
+    returns its input); SPTT's own collectives round at any world size."""
+    flat = typed_config("sptt.comm_precision=fp16")
+    sptt = typed_config("experiment=dmt_4t_dlrm", "sptt=on", "sptt.comm_precision=fp16")
+    assert ignored_settings(flat, world_size=1, total_steps=100) == [
+        "sptt.comm_precision=fp16 has no effect on a flat run (sptt.enabled=false) in a world of "
+        "one: TorchRec's collectives of one rank send nothing, so no pooled embedding is rounded "
+        "to fp16 (sptt=on rounds in its collectives at any world size)"
+    ]
+    assert ignored_settings(flat, world_size=2, total_steps=100) == []
+    assert ignored_settings(sptt, world_size=1, total_steps=100) == []
