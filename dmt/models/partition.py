@@ -107,6 +107,11 @@ def describe_yaml_error(error: yaml.YAMLError) -> str:
 def load_partition_file(path: str | Path) -> list[list[str]]:
     """The ``towers`` of a partition YAML (other keys, e.g. TP's provenance, are ignored)."""
     path = Path(path)
+    if path.is_dir():  # e.g. dmt-partition's --out
+        raise ValueError(
+            f"partition file {str(path)!r} is a folder; expected a partition YAML file "
+            f"(dmt-partition --out {path} writes {str(path / 'partition.yaml')!r})"
+        )
     if not path.is_file():
         raise ValueError(f"partition file {str(path)!r} does not exist")
     try:

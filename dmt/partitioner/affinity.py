@@ -340,6 +340,11 @@ def load_affinity(path: str | Path) -> tuple[np.ndarray, list[str]]:
             that is not ``{"feature_names": [F unique names]}``.
     """
     path = Path(path)
+    if path.is_dir():  # e.g. dmt-partition's --out
+        raise ValueError(
+            f"affinity file {str(path)!r} is a folder; expected an affinity .npy file "
+            f"(dmt-partition --checkpoint --out {path} writes {str(path / 'affinity.npy')!r})"
+        )
     if not path.is_file():
         raise ValueError(f"affinity file {str(path)!r} does not exist")
     expected = "expected an (F, F) float array saved with numpy.save (as save_affinity writes)"

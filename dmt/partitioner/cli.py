@@ -6,6 +6,9 @@ Examples::
     dmt-partition --checkpoint outputs/<run>/checkpoints --data val --num-towers 8 --out outputs/tp
 
 write ``outputs/tp/partition.yaml`` and ``outputs/tp/affinity_heatmap.png`` and print a summary.
+Files of an earlier partition in ``--out`` are replaced only with ``--overwrite`` (also one that
+appeared while this one was made), and all are put in place or none: an error or ``SIGTERM``
+leaves no half-written partition (and no folder the run made).
 With ``--affinity``, feature names come from the affinity's sidecar ``affinity.features.json``
 (see :mod:`dmt.partitioner.affinity`), else ``cat_0 ..``. With ``--checkpoint`` (a training
 checkpoint, read as ``dmt-eval`` reads it: :mod:`dmt.evaluate`), the affinity is computed from the
@@ -34,7 +37,10 @@ import argparse
 import math
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+import signal
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -329,25 +335,65 @@ def _checked_pre_groups(
     return pre_groups
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point; returns the exit status."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    _check_arguments(parser, args)
-    if args.out.exists() and not args.out.is_dir():
-        parser.error(f"--out {str(args.out)!r} is a file; expected a folder (made if missing)")
-    written = [PARTITION_FILE, HEATMAP_FILE]
-    if args.checkpoint:
-        written += [AFFINITY_FILE, sidecar_path(AFFINITY_FILE).name]
-    existing = [str(args.out / name) for name in written if (args.out / name).exists()]
-    if existing and not args.overwrite:
-        parser.error(
-            f"{', '.join(existing)} exist already (an earlier partition); choose another --out, "
-            "or pass --overwrite to replace them"
-        )
+class _Stop:
+    """The ``SIGTERM`` handler of :func:`main`: the signal (kill, timeout, a scheduler's) as
+    ``SystemExit(143)``, so that the staging folder and the folders the run made are removed on
+    the way out, as on an error; held back while the files are put in place (:meth:`held`), so
+    that they are all new or all as they were."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._holding = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.signum = signum
+        if not self._holding:
+            raise SystemExit(128 + signum)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        if self.signum is not None:
+            raise SystemExit(128 + self.signum)
+
+
+def _publish(staging: Path, out: Path, names: Sequence[str], *, overwrite: bool) -> None:
+    """Move the staged files ``names`` into ``out``: with ``overwrite`` over an earlier
+    partition's; without, never over a file, even one that appeared while this partition was
+    made (another ``dmt-partition`` into the same ``--out``), and then none of them."""
+    if overwrite:
+        for name in names:
+            os.replace(staging / name, out / name)
+        return
+    placed: list[Path] = []
+    try:
+        for name in names:
+            os.link(staging / name, out / name)  # fails if the name exists, unlike os.replace
+            placed.append(out / name)
+    except OSError as error:
+        for path in placed:
+            path.unlink()
+        if isinstance(error, FileExistsError):
+            raise ValueError(
+                f"{out / name} appeared while this partition was made (another dmt-partition "
+                "with this --out?) and is kept, and none of this partition's files are written; "
+                "choose another --out, or pass --overwrite to replace them"
+            ) from None
+        raise
+
+
+def _write_partition(
+    args: argparse.Namespace, written: Sequence[str], stop: _Stop
+) -> tuple[PartitionResult, np.ndarray, list[str]]:
+    """Partition as ``args`` say and write the files ``written`` into ``args.out``; returns the
+    result, the affinity and its feature names."""
     # every file is written into a staging folder beside the others and put in place once all
-    # are written: a failure (a heatmap that cannot be drawn, a full disk) leaves none of them
-    # half-made, and an earlier partition whole
+    # are written: a failure (a heatmap that cannot be drawn, a full disk, SIGTERM) leaves none
+    # of them half-made, and an earlier partition whole
     made = [d for d in (args.out, *args.out.parents) if not d.exists()]
     staging = args.out / f".dmt-partition-{os.getpid()}"
     try:
@@ -382,15 +428,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if args.checkpoint is not None:
             save_affinity(staging / AFFINITY_FILE, affinity, feature_names)
-        for name in written:
-            os.replace(staging / name, args.out / name)
-    except (OSError, ValueError) as error:
-        parser.error(str(error))  # exits with status 2 and the message on stderr
+        with stop.held():
+            _publish(staging, args.out, written, overwrite=args.overwrite)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         for d in made:  # deepest first; only what this run made, and only when empty
             if d.is_dir() and not any(d.iterdir()):
                 d.rmdir()
+    return result, affinity, feature_names
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_arguments(parser, args)
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {str(args.out)!r} is a file; expected a folder (made if missing)")
+    written = [PARTITION_FILE, HEATMAP_FILE]
+    if args.checkpoint:
+        written += [AFFINITY_FILE, sidecar_path(AFFINITY_FILE).name]
+    existing = [str(args.out / name) for name in written if (args.out / name).exists()]
+    if existing and not args.overwrite:
+        parser.error(
+            f"{', '.join(existing)} exist already (an earlier partition); choose another --out, "
+            "or pass --overwrite to replace them"
+        )
+    stop = _Stop()
+    handler = signal.signal(signal.SIGTERM, stop)
+    try:
+        result, affinity, feature_names = _write_partition(args, written, stop)
+    except (OSError, ValueError) as error:
+        if stop.signum is None:
+            parser.error(str(error))  # exits with status 2 and the message on stderr
+        raise SystemExit(128 + stop.signum) from None  # a library's error over the SystemExit
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+        if stop.signum is not None:
+            name = signal.Signals(stop.signum).name
+            print(f"dmt-partition: stopped by {name}", file=sys.stderr)
     print(format_summary(result, affinity, feature_names))
     print("wrote " + ", ".join(str(args.out / name) for name in written))
     return 0

@@ -60,10 +60,12 @@ _MAX_WINDOWS = 4
 def _smallest_min(num_features: int, num_towers: int, max_size_ratio: float, size: int) -> int:
     """The smallest ``size_min`` whose largest allowed tower, ``floor(K size_min)``, holds
     ``size`` features."""
+    # compared as floats: K * size_min overflows to inf for a K near the largest float, which
+    # math.floor cannot take (floor(x) >= n is x >= n for an integer n)
     size_min = max(1, math.ceil(size / max_size_ratio))
-    while size_min > 1 and math.floor(max_size_ratio * (size_min - 1) + 1e-9) >= size:
+    while size_min > 1 and max_size_ratio * (size_min - 1) + 1e-9 >= size:
         size_min -= 1
-    while math.floor(max_size_ratio * size_min + 1e-9) < size:
+    while max_size_ratio * size_min + 1e-9 < size:
         size_min += 1
     return size_min
 
@@ -88,7 +90,8 @@ def _size_windows(
     def window(size_min: int) -> tuple[int, int]:
         size_min = min(max(size_min, lowest), largest_min)
         largest = num_features - (num_towers - 1) * size_min
-        return size_min, min(math.floor(max_size_ratio * size_min + 1e-9), largest)
+        # the cap before the floor: K * size_min may overflow to inf (see _smallest_min)
+        return size_min, math.floor(min(max_size_ratio * size_min, largest) + 1e-9)
 
     with warnings.catch_warnings():  # coinciding points: fewer distinct clusters than asked
         warnings.simplefilter("ignore", ConvergenceWarning)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +29,7 @@ from dmt.partitioner import (
 from dmt.partitioner import cli as partitioner_cli
 from dmt.partitioner.cli import load_pre_groups, main, run_partition
 from dmt.partitioner.synthetic import planted_affinity
+from tests.conftest import REPO
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -537,3 +542,137 @@ def test_tp_partition_errors_name_the_option_and_file(tmp_path):
         with pytest.raises(ValueError) as error:
             resolve_partition(PartitionConfig(kind="tp", path=str(path)), names)
         assert str(error.value) == f"model.partition.path={path}: {message}"
+
+
+def test_a_file_that_appears_in_out_meanwhile_is_never_replaced(saved_affinity, tmp_path, capsys):
+    """A reproduced bug: --out was checked for an earlier partition only at the start, and one
+    that another dmt-partition wrote there meanwhile (a pass over the data takes minutes) was
+    replaced without --overwrite."""
+    out = tmp_path / "out"
+    draw = partitioner_cli.plot_affinity_heatmap
+
+    def draw_while_another_partition_lands(*args, **kwargs):
+        out.mkdir(exist_ok=True)
+        (out / "partition.yaml").write_text("the other partition's\n")
+        return draw(*args, **kwargs)
+
+    argv = ["--affinity", str(saved_affinity[0]), "--num-towers", "3", "--out", str(out)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(partitioner_cli, "plot_affinity_heatmap", draw_while_another_partition_lands)
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: {out / 'partition.yaml'} appeared while this partition was made (another "
+        "dmt-partition with this --out?) and is kept, and none of this partition's files are "
+        "written; choose another --out, or pass --overwrite to replace them\n"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["partition.yaml"]
+    assert (out / "partition.yaml").read_text() == "the other partition's\n"
+    assert main([*argv, "--overwrite"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["affinity_heatmap.png", "partition.yaml"]
+    assert yaml.safe_load((out / "partition.yaml").read_text())["num_towers"] == 3
+
+
+# dmt-partition stopped by SIGTERM (kill, timeout, a scheduler's) while it draws the heatmap,
+# partition.yaml staged already
+_STOPPED_WHILE_IT_DRAWS = """
+import os, signal, sys
+from dmt.partitioner import cli
+draw = cli.plot_affinity_heatmap
+def draw_then_stop(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return draw(*args, **kwargs)
+cli.plot_affinity_heatmap = draw_then_stop
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_leaves_no_staged_files_nor_folders_of_its_own(saved_affinity, tmp_path):
+    """A reproduced bug: SIGTERM left the hidden staging folder (with a partition.yaml in it) in
+    --out, and the folders dmt-partition had made for it."""
+    out = tmp_path / "new" / "out"
+    argv = ["--affinity", str(saved_affinity[0]), "--num-towers", "3", "--out", str(out)]
+    res = subprocess.run(
+        [sys.executable, "-c", _STOPPED_WHILE_IT_DRAWS, *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert res.returncode == 128 + signal.SIGTERM, res.stderr[-3000:]
+    assert res.stderr.endswith("dmt-partition: stopped by SIGTERM\n"), res.stderr[-3000:]
+    assert not (tmp_path / "new").exists()
+    assert main(argv) == 0  # and a retry works
+    assert sorted(p.name for p in out.iterdir()) == ["affinity_heatmap.png", "partition.yaml"]
+
+
+class UnhandledSigterm(Exception):
+    """SIGTERM reached the test's own handler: dmt-partition had none of its own installed."""
+
+
+@pytest.fixture
+def sigterm_raises():
+    """SIGTERM to this process raises :class:`UnhandledSigterm` where dmt-partition does not
+    handle it (its default action would end pytest itself)."""
+
+    def unhandled(signum, frame):
+        raise UnhandledSigterm
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_sigterm_while_the_files_are_put_in_place_waits_until_all_are(
+    saved_affinity, tmp_path, capsys, monkeypatch, sigterm_raises
+):
+    """A reproduced bug: SIGTERM between two of the renames left the new partition.yaml beside
+    the earlier partition's heatmap."""
+    argv = ["--affinity", str(saved_affinity[0]), "--num-towers", "3"]
+    out, expected = tmp_path / "out", tmp_path / "expected"
+    assert main([*argv, "--out", str(out)]) == 0
+    assert main([*argv, "--seed", "7", "--out", str(expected)]) == 0
+    assert _files(out) != _files(expected)
+    capsys.readouterr()
+    draw, replace = partitioner_cli.plot_affinity_heatmap, os.replace
+
+    def replace_then_stop(src, dst):
+        replace(src, dst)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def draw_then_stop_in_place(*args, **kwargs):  # the last step before the files are placed
+        path = draw(*args, **kwargs)
+        monkeypatch.setattr(os, "replace", replace_then_stop)
+        return path
+
+    monkeypatch.setattr(partitioner_cli, "plot_affinity_heatmap", draw_then_stop_in_place)
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--seed", "7", "--overwrite", "--out", str(out)])
+    assert exit_info.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == "dmt-partition: stopped by SIGTERM\n"
+    assert _files(out) == _files(expected)
+
+
+def test_a_folder_given_for_a_file_is_named_as_one(saved_affinity, tmp_path, capsys):
+    """A reproduced bug: dmt-partition's --out folder given as the partition (or the affinity)
+    was reported as a file that "does not exist"."""
+    out = tmp_path / "tp4"
+    assert main(["--affinity", str(saved_affinity[0]), "--num-towers", "3", "--out", str(out)]) == 0
+    with pytest.raises(ValueError) as error:
+        resolve_partition(PartitionConfig(kind="tp", path=str(out)), NAMES)
+    assert str(error.value) == (
+        f"model.partition.path={out}: partition file {str(out)!r} is a folder; expected a "
+        f"partition YAML file (dmt-partition --out {out} writes {str(out / 'partition.yaml')!r})"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--affinity", str(out), "--num-towers", "3", "--out", str(tmp_path / "again")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: affinity file {str(out)!r} is a folder; expected an affinity .npy file "
+        f"(dmt-partition --checkpoint --out {out} writes {str(out / 'affinity.npy')!r})\n"
+    )

@@ -129,3 +129,16 @@ def test_ratio_reaches_unequal_natural_groups():
     # Same groups up to renaming.
     assert len({(int(a), int(b)) for a, b in zip(truth, labels, strict=True)}) == 4
     assert sorted(np.bincount(labels).tolist()) == [10, 15, 15, 20]
+
+
+def test_a_ratio_near_the_largest_float_clusters_as_any_other_loose_one():
+    """A reproduced bug: ``--max-size-ratio 1e308`` (K between 1 and inf, as documented) raised
+    OverflowError (K times a tower size is inf, which math.floor cannot take). Any K of 19 or
+    more caps no tower of 20 features in 4 towers; the windows, and so the labels, are those of
+    K = 1e6."""
+    rng = np.random.default_rng(0)
+    truth = np.repeat(np.arange(4), [2, 3, 7, 8])
+    coords = 10 * rng.normal(size=(4, 2))[truth] + rng.normal(size=(20, 2))
+    loose = balanced_kmeans(coords, 4, max_size_ratio=1e6, seed=0)
+    assert sorted(np.bincount(loose).tolist()) == [2, 3, 7, 8]
+    np.testing.assert_array_equal(balanced_kmeans(coords, 4, max_size_ratio=1e308, seed=0), loose)
