@@ -328,12 +328,17 @@ TOWER_MODULE_NAME = ".tower_module."
 
 
 def keyed_dense_optimizer(
-    params: dict[str, nn.Parameter], cfg: OptimConfig
+    params: dict[str, nn.Parameter], cfg: OptimConfig, *, model_has_tower_parameters: bool = False
 ) -> KeyedOptimizerWrapper:
     """:func:`dense_optimizer` over named ``params`` as a TorchRec keyed optimizer (its state
-    dict keyed by name), the tower modules' parameters (by name) at ``optim.tower_lr_scale``."""
+    dict keyed by name), the tower modules' parameters (by name) at ``optim.tower_lr_scale``.
+
+    ``model_has_tower_parameters``: some tower module of the model has trainable parameters even
+    if ``params`` holds none (an SPTT rank holds its own tower's module only, which may have
+    none: a one-feature tower whose square linear ``skip_square`` left out), so the setting acts
+    and no warning says otherwise."""
     tower = [p for name, p in params.items() if TOWER_MODULE_NAME in f".{name}"]
-    if cfg.tower_lr_scale != 1 and not tower:
+    if cfg.tower_lr_scale != 1 and not tower and not model_has_tower_parameters:
         log.warning(
             "optim.tower_lr_scale=%g does nothing: the model has no tower-module parameters "
             "(a base model, pass-through towers or tower modules without parameters)",

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import MISSING, OmegaConf
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
 
@@ -66,10 +66,16 @@ def _instantiate(node: Any, setting: str, **sizes: int) -> Any:
     (the class's own message for a bad value; the ``_target_`` when it cannot be imported).
 
     ``node``: a component config (dataclass, dict or DictConfig) with a ``_target_``."""
-    if node is None or isinstance(node, str):  # None or MISSING ("???")
+    if node is None or node == MISSING:
         raise ValueError(
             f"{setting} is not set: give it a config with a _target_ (e.g. DotInteractionConfig(), "
             "DLRMTowerConfig(), or a conf/ YAML)"
+        )
+    if isinstance(node, str):  # e.g. model.tower=dcn: a name where its config group was meant
+        raise ValueError(
+            f"{setting}={node!r} is a string, not a config with a _target_: pick a conf/ YAML by "
+            "its config group (e.g. tower=dcn, model=dcn), or give a config (e.g. "
+            "DotInteractionConfig(), DLRMTowerConfig())"
         )
     conf = OmegaConf.create(node)
     target = conf.get("_target_")

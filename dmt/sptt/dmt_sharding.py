@@ -486,6 +486,8 @@ class ShardedDMT(nn.Module):
             dataflow.load_table_weights(weights)
 
         dense_arch = _DenseArch(model)
+        # every tower's, not only this rank's: optim.tower_lr_scale acts if any tower has some
+        self.has_tower_parameters = any(_has_trainable(t.tower_module) for t in model.towers)
         own = model.towers[self.tower].tower_module
         trainable = _has_trainable(own)
         tower_module: nn.Module | None = own
@@ -864,7 +866,9 @@ def build_sptt_optimizer(module: ShardedDMT, cfg: OptimConfig) -> CombinedOptimi
     its ``param_groups``) into the kernels.
     """
     dense = dict(module.named_dense_parameters())
-    optimizers: list[KeyedOptimizer] = [keyed_dense_optimizer(dense, cfg)]
+    optimizers: list[KeyedOptimizer] = [
+        keyed_dense_optimizer(dense, cfg, model_has_tower_parameters=module.has_tower_parameters)
+    ]
     fused = module.fused_optimizer
     return CombinedOptimizer([fused, *optimizers] if fused is not None else optimizers)
 

@@ -12,6 +12,7 @@ process-group set per topology to keep the suite short on two cores.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -62,7 +63,7 @@ TOL = {"rtol": 1e-5, "atol": 1e-6}
 @dataclass(frozen=True)
 class Variant:
     name: str  # base model: "dlrm" or "dcn"
-    tower: str  # "passthrough", "dlrm" or "dcn"
+    tower: str  # "passthrough", "dlrm", "dcn" or "dlrm_skip_square"
     sharding: str | tuple[tuple[int, str], ...] = "table_wise"  # all, or (feature, kind) pairs
     sparse: str = "rowwise_adagrad"
     dense: str = "sgd"
@@ -157,11 +158,12 @@ def _names(case: Case) -> list[str]:
 
 def _build(case: Case, variant: Variant) -> torch.nn.Module:
     names = _names(case)
-    passthrough = variant.tower == "passthrough"
     tower = {
         "passthrough": PassThroughTowerConfig(),
         "dlrm": DLRMTowerConfig(dim=D, c=1, p=1, bias=variant.tower_bias),
         "dcn": DCNTowerConfig(dim=D, dcn_num_layers=1, dcn_low_rank=2),
+        # one N-vector per tower: a one-feature tower's square Linear(N -> N) is left out
+        "dlrm_skip_square": DLRMTowerConfig(dim=N, c=0, p=1, skip_square=True),
     }[variant.tower]
     interaction = {
         "dlrm": DotInteractionConfig(),
@@ -171,7 +173,7 @@ def _build(case: Case, variant: Variant) -> torch.nn.Module:
         name=variant.name,
         interaction=interaction,
         embedding_dim=N,
-        bottom_mlp=[4, N if passthrough else D],
+        bottom_mlp=[4, getattr(tower, "dim", N)],
         top_mlp=[4, 1],
         dcn_num_layers=1,
         dcn_low_rank=2,
@@ -543,6 +545,65 @@ def test_a_failing_rank_fails_the_others_by_timeout() -> None:
         else:
             named.append(int(timeout.group(1)))
     assert named and set(named) == {2000}, results
+
+
+# ---- a tower module without parameters beside one with --------------------------------------
+
+# a one-feature tower (its module has no parameter) and a two-feature one (a Linear(2 N -> N))
+UNEVEN_TOWERS = Case(
+    world_size=2,
+    local_world_size=1,
+    hosts_per_tower=1,
+    partition=((0,), (1, 2)),
+    variants=(
+        Variant("dlrm", "dlrm_skip_square", dense="adam", tower_lr_scale=0.5),
+        Variant("dlrm", "passthrough", tower_lr_scale=0.5),
+    ),
+)
+
+
+class _Warnings(logging.Handler):
+    """The messages of the warnings a logger emits (pytest's ``caplog`` sees no other process)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _warnings_worker(rank: int, world_size: int) -> list[list[str]]:
+    """What ``dmt.optim`` warns of while each variant of ``UNEVEN_TOWERS`` is sharded and
+    trained (and checked against the single-process model)."""
+    case = UNEVEN_TOWERS
+    topo = Topology(world_size, case.local_world_size, case.hosts_per_tower)
+    groups = create_process_groups(topo, timeout=timedelta(seconds=30))
+    runtime = Runtime(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
+    logger = logging.getLogger("dmt.optim")
+    out = []
+    for variant in case.variants:
+        warned = _Warnings()
+        logger.addHandler(warned)
+        try:
+            _variant(case, variant, rank, groups, runtime)
+        finally:
+            logger.removeHandler(warned)
+        out.append(warned.messages)
+    return out
+
+
+def test_tower_lr_scale_acts_when_only_some_towers_have_parameters() -> None:
+    """``optim.tower_lr_scale`` with ``skip_square`` towers of one and two features: the ranks of
+    the two-feature tower train its linear at half the LR, as the single-process model does
+    (checked in the worker), and no rank warns that the setting does nothing (the rank whose
+    tower has no parameter did). Pass-through towers have none anywhere: every rank warns."""
+    results = run_on_ranks(_warnings_worker, 2, timeout_s=120)
+    unused = (
+        "optim.tower_lr_scale=0.5 does nothing: the model has no tower-module parameters (a base "
+        "model, pass-through towers or tower modules without parameters)"
+    )
+    assert results == [[[], [unused]], [[], [unused]]]
 
 
 # ---- the flat TorchRec baseline --------------------------------------------------------------

@@ -96,6 +96,10 @@ def test_paper_configs_match_the_paper_accounting():
             ["model.interaction._target_=dmt.models.Transformer"],
             r"model.interaction: cannot build _target_='dmt.models.Transformer'",
         ),
+        (
+            ["model.interaction=cross"],
+            r"^model.interaction='cross' is a string, not a config with a _target_",
+        ),
         (["model.embedding_dim=0"], r"model.embedding_dim=0 must be positive"),
         (["model.top_mlp=[64,-1,1]"], r"model.top_mlp\[1\]=-1 must be a positive integer"),
         (["model.top_mlp=[64,2]"], r"model.top_mlp must end in 1"),

@@ -207,6 +207,11 @@ def test_bad_partition_files_and_counts_raise(tmp_path):
             r"model.tower: cannot build _target_='dmt.models.MLPTower'",
         ),
         (
+            ["model.tower=dcn"],  # the setting, not its config group (tower=dcn)
+            r"^model.tower='dcn' is a string, not a config with a _target_: pick a conf/ YAML "
+            r"by its config group \(e.g. tower=dcn, model=dcn\)",
+        ),
+        (
             ["model.tower._target_=dmt.models.DotInteraction"],
             r"model.tower: DotInteraction.__init__\(\) got an unexpected keyword argument",
         ),
