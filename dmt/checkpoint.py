@@ -60,7 +60,7 @@ from dmt.host_memory import (
     RankMemory,
     machine_id,
     memory_bounds,
-    staged_bytes,
+    staging_peak_bytes,
     staging_shortfall,
 )
 from dmt.optim import sparse_optimizer_name, sparse_optimizer_spec
@@ -436,7 +436,7 @@ class Checkpointer:
             log.warning("rank %d cannot read its free host memory (%s); not checked", self.rank, e)
             bounds = None
         ranks: list[Any] = [
-            RankMemory(machine_id(), socket.gethostname(), staged_bytes(state), bounds)
+            RankMemory(machine_id(), socket.gethostname(), staging_peak_bytes(state), bounds)
         ]
         if dist.is_initialized() and self.world_size > 1:
             mine, ranks = ranks[0], [None] * self.world_size

@@ -83,8 +83,23 @@ def startup_environ() -> Mapping[str, str]:
         raw = Path("/proc/self/environ").read_bytes()
     except OSError:
         return os.environ
-    pairs = (entry.split(b"=", 1) for entry in raw.split(b"\0") if b"=" in entry)
+    pairs = (entry.split(b"=", 1) for entry in _whole_tunables(raw.split(b"\0")) if b"=" in entry)
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def _whole_tunables(entries: list[bytes]) -> list[bytes]:
+    """``/proc/self/environ``'s entries with ``GLIBC_TUNABLES`` whole: glibc before 2.39 ends
+    each tunable it takes from it with a NUL there, over the ``:`` before the next
+    (``a=1:b=2`` reads ``a=1``, then ``b=2``), and hands the process the whole value, which the
+    pieces spell unless the process changed it since."""
+    whole = b"GLIBC_TUNABLES=" + os.environb.get(b"GLIBC_TUNABLES", b"")
+    for i, entry in enumerate(entries):
+        if entry.startswith(b"GLIBC_TUNABLES="):
+            for j in range(i + 1, len(entries) + 1):
+                if b":".join(entries[i:j]) == whole:
+                    return [*entries[:i], whole, *entries[j:]]
+            break
+    return entries
 
 
 class _MallInfo(ctypes.Structure):

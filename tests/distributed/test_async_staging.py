@@ -1,6 +1,8 @@
 """Asynchronous checkpoints (``trainer.checkpoint_async=true``) and host memory: each rank's
-staging copy is what DCP itself plans to write from that rank, and a save whose copies would not
-fit on some host is written synchronously by every rank alike (no rank left in a collective)."""
+staging copy is what DCP itself plans to write from that rank, the host memory staging takes at
+its peak is what DCP's stager allocates (measured by torch's profiler), and a save whose staging
+would not fit on some host is written synchronously by every rank alike (no rank left in a
+collective)."""
 
 from __future__ import annotations
 
@@ -14,13 +16,15 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import WriteItemType
+from torch.profiler import ProfilerActivity, profile
 
 from dmt import checkpoint
-from dmt.host_memory import staged_bytes
+from dmt.host_memory import staged_bytes, staging_peak_bytes
 from dmt.runtime import Runtime
 from dmt.train import compose_config, to_config
 from dmt.trainer import Trainer
@@ -176,3 +180,74 @@ def test_async_save_stages_what_dcp_writes_and_goes_synchronous_where_memory_is_
         " of checkpoint state in host memory with 1 bytes free; writing it synchronously " in said
     )
     assert ranks[1]["messages"] == []  # rank 0 says it
+
+
+# four tables of 20,000 rows: a table's first copy outweighs what DCP copies after it
+LARGER = ["data.synthetic.num_sparse=4", "data.synthetic.cardinalities=[20000,20000,20000,20000]"]
+SPTT_EMA = [
+    "experiment=dmt_4t_dlrm",
+    "model.partition.num_towers=2",
+    "sptt.local_world_size=1",
+    "trainer.ema_decay=0.9",
+]
+
+
+def _stager_peak(state: dict) -> int:
+    """The most host memory DCP's stager holds at once while it stages ``state``: torch's
+    profiler's CPU allocations and frees, in order."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        dcp.FileSystemWriter(tempfile.mkdtemp()).stage(state)
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    held = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        held += e.nbytes()
+        peak = max(peak, held)
+    return peak
+
+
+def _peak_rank(rank: int, world_size: int, out: str, model: list[str]) -> dict:
+    cfg = to_config(compose_config(*BASE, *LARGER, *model))
+    rt = Runtime(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("dmt.checkpoint").addHandler(handler)
+    trainer = Trainer(cfg, rt, Path(out))
+    trainer.fit()
+    ck = trainer.checkpointer
+    assert ck is not None
+    state = checkpoint.checkpoint_state(
+        trainer.model, trainer.optimizer, rank=rank, ema=trainer.ema
+    )
+    staged, peak, measured = staged_bytes(state), staging_peak_bytes(state), _stager_peak(state)
+    # room for both ranks' copies, not for staging them
+    both: list[tuple[int, int]] = [(0, 0)] * world_size
+    dist.all_gather_object(both, (staged, peak))
+    copies, peaks = zip(*both)
+    free = (sum(copies) + sum(peaks)) // 2
+    ck.host_memory = lambda: {"host": free}
+    ck.save(trainer.model, trainer.optimizer, step=100, epoch=0, batch_in_epoch=0, ema=trainer.ema)
+    pending = ck._pending is not None
+    ck.close()
+    return {
+        "staged": staged,
+        "peak": peak,
+        "measured": measured,
+        "async": pending,
+        "messages": [m for m in messages if "writing it synchronously" in m],
+    }
+
+
+@pytest.mark.parametrize("model", [[], SPTT_EMA], ids=["flat", "sptt-ema"])
+def test_the_staging_peak_is_what_dcps_stager_allocates(tmp_path: Path, model: list[str]) -> None:
+    """DCP's stager deep-copies a sharded table before it makes its own copy (on CPU with the
+    storage of every table of the FBGEMM kernel the shard is a view of): flat and SPTT (with an
+    EMA) alike, the host memory it takes at its peak is :func:`staging_peak_bytes`, well above
+    the copy it keeps. A host with room for the copies but not for staging them saves
+    synchronously (it staged in the background, counting only the copy)."""
+    ranks = run_on_ranks(_peak_rank, 2, str(tmp_path), model, timeout_s=180)
+    for r in ranks:
+        assert r["peak"] == r["measured"] > r["staged"] * 1.25
+    assert [r["async"] for r in ranks] == [False, False]
+    [said] = ranks[0]["messages"]
+    assert f"host {socket.gethostname()} (ranks 0, 1) would stage " in said

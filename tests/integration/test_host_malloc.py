@@ -104,6 +104,29 @@ def test_startup_environment_is_the_one_glibc_read(monkeypatch):
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_a_threshold_tunable_after_another_tunable_is_left_alone():
+    """glibc (before 2.39) ends each tunable it takes from GLIBC_TUNABLES with a NUL in the
+    process's own environment block, so /proc/self/environ read ``arena_max=2`` alone: the
+    trim threshold that glibc set from the second entry was overridden."""
+    tunables = "glibc.malloc.arena_max=2:glibc.malloc.trim_threshold=1000000"
+    script = (
+        "from dmt.host_malloc import reuse_host_memory, startup_environ, user_settings\n"
+        "print(user_settings(startup_environ()), reuse_host_memory())"
+    )
+    drop = (*host_malloc.USER_SETTINGS, "GLIBC_TUNABLES", "LD_PRELOAD")
+    res = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k not in drop} | {"GLIBC_TUNABLES": tunables},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "['GLIBC_TUNABLES=glibc.malloc.trim_threshold=1000000'] False"
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
 def test_an_environment_threshold_keeps_glibcs_own_behaviour():
     """With MALLOC_TOP_PAD_ in the environment the process starts with, reuse_host_memory
     changes nothing: the steps fault as glibc makes them (more: that variable alone stops its
