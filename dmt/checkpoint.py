@@ -31,6 +31,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -418,12 +419,14 @@ class Checkpointer:
             meta["ema_updates"] = ema.num_updates
         writer = dcp.FileSystemWriter(path, sync_files=True)
         if self.async_save and self._staging_fits(state, path):
-            response = dcp.async_save(state, storage_writer=writer, process_group=self._group)
+            with _write_errors_named(path):
+                response = dcp.async_save(state, storage_writer=writer, process_group=self._group)
             # a Future, or (with an asynchronous stager) the staging and upload futures
             future = response if isinstance(response, Future) else response.upload_completion
             self._pending = _Pending(path, future, meta, config)
         else:
-            dcp.save(state, storage_writer=writer)
+            with _write_errors_named(path):
+                dcp.save(state, storage_writer=writer)
             self._finish(path, meta, config)
         return path
 
@@ -460,7 +463,8 @@ class Checkpointer:
         if self._pending is None:
             return
         pending, self._pending = self._pending, None
-        pending.future.result()
+        with _write_errors_named(pending.path):
+            pending.future.result()
         self._finish(pending.path, pending.meta, pending.config)
 
     def poll(self) -> bool:
@@ -503,6 +507,26 @@ class Checkpointer:
             _fsync(path)
         if dist.is_initialized() and self.world_size > 1:
             _barrier()  # no rank goes on before the checkpoint is complete
+
+
+@contextlib.contextmanager
+def _write_errors_named(path: Path) -> Iterator[None]:
+    """Raise DCP's failure to write checkpoint ``path`` as a ``ValueError`` naming it and the
+    free space of its file system: DCP gathers the ranks' errors into a
+    ``CheckpointException``, a ``BaseException`` (past ``except Exception``: Hydra's record of
+    a failed job, a sweep's next job), whose text names neither, and for a full disk not even
+    the cause (torch's zip writer reports it as "unexpected pos 704 vs 598")."""
+    try:
+        yield
+    except (Exception, CheckpointException) as e:
+        try:
+            free = f"{shutil.disk_usage(path).free:,} bytes free"
+        except OSError:
+            free = "its free space unknown"
+        raise ValueError(
+            f"cannot write checkpoint {path} ({free} on its file system; "
+            f"trainer.checkpoint_dir sets where checkpoints go): {e}"
+        ) from e
 
 
 def _make_way(path: Path) -> str | None:
@@ -654,6 +678,28 @@ def resume_checkpoint(resume_from: str, root: Path) -> Path | None:
     ``root`` (the run's checkpoint directory; ``None`` if there is none), else that path
     resolved (:func:`resolve`)."""
     return latest(root) if resume_from == "auto" else resolve(Path(resume_from))
+
+
+def check_data_position(path: Path, batches_per_epoch: int, batch_size: int) -> None:
+    """Raise ``ValueError`` if the data position of checkpoint ``path`` (its ``meta.json``:
+    step, epoch, batch in the epoch) is not one that training data of ``batches_per_epoch``
+    global batches of ``batch_size`` gives: the data is not the checkpoint's (a resume may move
+    it, ``data.criteo.raw_path`` and ``preprocessed_dir``, not change its rows), and training on
+    would start in an epoch at a batch that is not there (a negative one: empty batches and NaN
+    losses). The trainer saves an epoch's last step as the next epoch's start, so the batch is
+    always below ``batches_per_epoch``."""
+    meta = read_meta(path)
+    step, epoch, batch = int(meta["step"]), int(meta["epoch"]), int(meta["batch_in_epoch"])
+    if batch < batches_per_epoch and step == epoch * batches_per_epoch + batch:
+        return
+    here = divmod(step, batches_per_epoch)
+    raise ValueError(
+        f"cannot resume from {path}: it is at step {step}, batch {batch} of epoch {epoch}, and "
+        f"this run's training data ({batches_per_epoch} global batches of data.batch_size="
+        f"{batch_size} per epoch) at batch {here[1]} of epoch {here[0]}: it is not the "
+        "checkpoint's data (a resume may move the data, data.criteo.raw_path and "
+        "data.criteo.preprocessed_dir, not change its rows)"
+    )
 
 
 def check_ends_after(step: int, end: int, path: str | Path, trainer: Any) -> None:

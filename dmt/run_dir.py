@@ -13,7 +13,8 @@
   ranks before any of them writes there; a restart of the holder's own job waits for it a while
   (:data:`STALE_LOCK_WAIT_S`: on NFS a dead host's lock outlives it).
 - **Outputs.** A directory that holds another run's ``metrics.json``, ``history.jsonl`` or
-  checkpoints is refused unless this run resumes it (``trainer.resume_from=auto`` or a checkpoint inside it).
+  checkpoints is refused unless this run resumes it (``trainer.resume_from=auto`` or a checkpoint
+  inside it or its ``trainer.checkpoint_dir``).
 
 :class:`RunDirGuard` (a Hydra callback, ``conf/config.yaml``) applies the checks before Hydra
 writes ``.hydra/`` and the log into the directory; :func:`claim_run_dir` (called by
@@ -326,19 +327,21 @@ def lock_run_dir(
 
 # -- outputs ------------------------------------------------------------------------------------
 def resumes(run_dir: Path, resume_from: str | None, checkpoint_dir: str = "checkpoints") -> bool:
-    """Whether ``trainer.resume_from`` continues the run in ``run_dir``: a path inside it, or
-    ``auto`` when it holds a complete checkpoint (``auto`` with none would start afresh over the
-    outputs there)."""
+    """Whether ``trainer.resume_from`` continues the run in ``run_dir``: a path inside it or
+    inside its checkpoint directory (an absolute ``checkpoint_dir`` is elsewhere: a checkpoint
+    there is the one ``auto`` takes), or ``auto`` when that directory holds a complete
+    checkpoint (``auto`` with none would start afresh over the outputs there)."""
     if not resume_from:
         return False
+    ckpt = Path(checkpoint_dir)
+    root = ckpt if ckpt.is_absolute() else run_dir / ckpt
     if resume_from == "auto":
         from dmt.checkpoint import latest  # noqa: PLC0415 (torch; only when resuming)
 
-        ckpt = Path(checkpoint_dir)
-        return latest(ckpt if ckpt.is_absolute() else run_dir / ckpt) is not None
+        return latest(root) is not None
     # normalized: "<run dir>/../other/checkpoints/step_2" is another run's checkpoint
-    inside = os.path.normpath(Path(resume_from).absolute())
-    return Path(inside).is_relative_to(os.path.normpath(run_dir.absolute()))
+    inside = Path(os.path.normpath(Path(resume_from).absolute()))
+    return any(inside.is_relative_to(os.path.normpath(d.absolute())) for d in (run_dir, root))
 
 
 def outputs_of(run_dir: Path, checkpoint_dir: str) -> list[str]:

@@ -471,8 +471,9 @@ class Trainer:
 
     def _find_resume(self, *, flat: bool) -> tuple[Path | None, dict[str, int] | None]:
         """The checkpoint to resume from: ``trainer.resume_from`` resolved, or with ``auto`` the
-        newest complete checkpoint of this run (``None``: start fresh), its config checked
-        against this run's (:func:`dmt.checkpoint.check_config`, and for an SPTT run the
+        newest complete checkpoint of this run (``None``: start fresh), its config and data
+        position checked against this run's (:func:`dmt.checkpoint.check_config`,
+        :func:`dmt.checkpoint.check_data_position`, and for an SPTT run the
         column blocks of its row-wise optimizer state:
         :func:`dmt.checkpoint.check_sptt_column_blocks`); for a ``flat`` run also its tables'
         column blocks (:func:`dmt.checkpoint.row_wise_state_blocks`). Rank 0 decides; its error
@@ -496,6 +497,9 @@ class Trainer:
                         found[0],
                         self.config_yaml(),
                         allow_change=self.cfg.trainer.resume_allow_config_change,
+                    )
+                    checkpoint.check_data_position(
+                        found[0], self.data.train.num_batches(), self.cfg.data.batch_size
                     )
                     if not flat:  # before this run's plan is written
                         sptt = self.cfg.sptt

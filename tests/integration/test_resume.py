@@ -15,6 +15,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from dmt import checkpoint
 from dmt.train import train
 from tests.conftest import compose_config, torchrun
+from tests.unit.test_criteo_preprocess import make_rows, write
 
 TINY = [
     "logger=disabled",
@@ -104,6 +105,45 @@ def test_going_back_to_an_earlier_checkpoint_of_the_run_is_refused_at_start(
     again = _train(tmp_path / "branch", *args, f"trainer.resume_from={step_4}")
     assert again["test_auc"] == pytest.approx(first["test_auc"], abs=1e-6)
     assert again["num_steps"] == 8
+
+
+def test_a_resume_on_training_data_that_lacks_its_position_is_refused(tmp_path: Path) -> None:
+    """A reproduced bug: a resume may move the data (``data.criteo.raw_path`` and
+    ``preprocessed_dir`` are free), and one pointed at other rows went on silently from a
+    position they do not have: step 12 (batch 2 of epoch 1 of 10 batches) on 15 batches per
+    epoch started epoch 1 at batch -3, and trained 3 steps on empty batches (NaN losses). It is
+    refused, naming the checkpoint and both positions; the same rows moved resume."""
+    crit = ["data=criteo_sample", "data.criteo.num_workers=1", "data.criteo.prefetch_batches=0"]
+    crit += ["data.criteo.categorical_mode=hash", "data.criteo.hash_sizes=[64]"]  # same tables
+    crit += ["data.batch_size=64", "trainer.epochs=2"]
+
+    def data(rows: int, seed: int, name: str) -> list[str]:  # 85% training rows
+        raw = write(tmp_path / f"{name}.tsv", make_rows(rows, seed=seed))
+        return [f"data.criteo.raw_path={raw}", f"data.criteo.preprocessed_dir={tmp_path / name}"]
+
+    first = data(400, 1, "first")  # 340 training rows: 5 batches per epoch
+    _train(tmp_path / "run", *crit, *first, "trainer.max_steps=6", "trainer.checkpoint_every=3")
+    ckpt = tmp_path / "run" / "checkpoints"
+    cases = [  # step, its position, rows of the other data, its batches per epoch, the position
+        (6, "batch 1 of epoch 1", 600, 7, "batch 6 of epoch 0"),
+        (3, "batch 3 of epoch 0", 200, 2, "batch 1 of epoch 1"),
+    ]
+    for step, saved, rows, per_epoch, here in cases:
+        step_dir = ckpt / f"step_{step}"
+        other = data(rows, 2, f"other_{rows}")
+        with pytest.raises(ValueError) as e:
+            _train(tmp_path / f"to_{rows}", *crit, *other, f"trainer.resume_from={step_dir}")
+        assert str(e.value) == (
+            f"cannot resume from {step_dir}: it is at step {step}, {saved}, and this run's "
+            f"training data ({per_epoch} global batches of data.batch_size=64 per epoch) at "
+            f"{here}: it is not the checkpoint's data (a resume may move the data, "
+            "data.criteo.raw_path and data.criteo.preprocessed_dir, not change its rows)"
+        )
+    (tmp_path / "first.tsv").rename(tmp_path / "moved.tsv")
+    moved = [f"data.criteo.raw_path={tmp_path / 'moved.tsv'}"]
+    moved += [f"data.criteo.preprocessed_dir={tmp_path / 'moved'}"]
+    resumed = [*crit, *moved, "trainer.max_steps=6", f"trainer.resume_from={ckpt}"]
+    assert _train(tmp_path / "moved_run", *resumed)["num_steps"] == 6
 
 
 def test_a_new_dense_optimizer_keeps_the_tables_fused_optimizer_step(tmp_path: Path) -> None:

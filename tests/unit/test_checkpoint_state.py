@@ -5,6 +5,8 @@ the dummy step that materializes it for loading, it is reset to a new optimizer'
 from __future__ import annotations
 
 import json
+import resource
+import signal
 
 import pytest
 import torch
@@ -12,13 +14,17 @@ import torch
 from dmt.checkpoint import (
     FORMAT,
     META_FILE,
+    Checkpointer,
     _clear_dense_state,
     _drop,
     _make_way,
+    damage,
+    latest,
     load_model_state,
     row_wise_state_blocks,
     tensor_keys,
 )
+from dmt.host_memory import HOST
 
 OPTIMIZERS = {
     "Adam": lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.01),
@@ -139,3 +145,38 @@ def test_a_damaged_tensor_index_is_named(tmp_path) -> None:
         with pytest.raises(ValueError, match=rf"^cannot read {step / '.metadata'}: ") as error:
             read(step)
         assert str(error.value).count("cannot read") == 1  # the resume's said it twice
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_a_checkpoint_that_cannot_be_written_is_an_error_naming_it(tmp_path, async_save) -> None:
+    """A reproduced bug: a save that failed to write (a full disk; here a file-size limit)
+    raised DCP's CheckpointException, a BaseException past Hydra's record of a failed job,
+    whose text named neither the checkpoint nor, on a full disk, the cause ("unexpected pos
+    704 vs 598"); an asynchronous one at the wait that marks it complete. Its directory stays
+    without meta.json: incomplete, never resumed from."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)  # 48 KiB of weights and Adam moments
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 64)).sum().backward()
+    optimizer.step()
+    saver = Checkpointer(
+        tmp_path, rank=0, world_size=1, async_save=async_save, host_memory=lambda: {HOST: 1 << 40}
+    )
+    step = tmp_path / "step_2"
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limits[1]))
+        with pytest.raises(ValueError) as error:
+            saver.save(model, optimizer, step=2, epoch=0, batch_in_epoch=2)
+            assert async_save, "a synchronous save raises at once"
+            saver.wait()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    message = str(error.value)
+    assert message.startswith(f"cannot write checkpoint {step} ("), message
+    assert " bytes free on its file system; trainer.checkpoint_dir sets where" in message
+    assert "File too large" in message
+    assert damage(step) == f"{step / META_FILE} is missing (the save did not finish)"
+    assert latest(tmp_path) is None

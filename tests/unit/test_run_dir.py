@@ -214,6 +214,28 @@ def test_a_directory_with_outputs_is_refused_unless_the_run_resumes_it(tmp_path)
         check_outputs(run, resume_from=None, checkpoint_dir=str(tmp_path / "ckpt"))
 
 
+def test_a_checkpoint_in_the_runs_absolute_checkpoint_dir_resumes_the_run(tmp_path):
+    """A reproduced bug: with an absolute ``trainer.checkpoint_dir`` (outside the run
+    directory), ``trainer.resume_from`` set to that directory or to one of its ``step_N`` was
+    refused as resuming another run, and told to name a checkpoint inside the run directory,
+    which holds none; ``trainer.resume_from=auto`` resumed the very same checkpoint."""
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    run.mkdir()
+    (run / "metrics.json").write_text("{}")
+    step = ckpt / "step_4"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text('{"files": {}}')
+    (step / ".metadata").write_bytes(b"")  # DCP's index
+    for resume_from in ("auto", str(ckpt), str(step), str(run / ".." / "ckpt" / "step_4")):
+        assert resumes(run, resume_from, str(ckpt)), resume_from
+        check_outputs(run, resume_from=resume_from, checkpoint_dir=str(ckpt))
+    # a checkpoint beside it is still another run's
+    other = str(ckpt / ".." / "other" / "step_4")
+    assert not resumes(run, other, str(ckpt))
+    with pytest.raises(ValueError, match="already holds another run's outputs"):
+        check_outputs(run, resume_from=other, checkpoint_dir=str(ckpt))
+
+
 def test_a_stopped_runs_history_is_an_output(tmp_path):
     """Reproduced bug: a run killed before its end and its first checkpoint left only
     ``history.jsonl`` (and its .hydra/ record), and a second run wrote over both without a
