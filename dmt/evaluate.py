@@ -59,7 +59,7 @@ from dmt import checkpoint, results
 from dmt.config import Config, unread_partition_settings, validate
 from dmt.data import BatchSource, InMemorySource, sparse_feature_names
 from dmt.data.synthetic import SyntheticWorld, cardinalities
-from dmt.metrics import click_metrics
+from dmt.metrics import click_metrics, click_probabilities
 from dmt.models import build_model
 
 log = logging.getLogger(__name__)
@@ -464,7 +464,7 @@ def predict(
             if max_rows is not None and seen >= max_rows:
                 break
             batch = batch.to(device)
-            p = torch.sigmoid(model(batch.dense_features, batch.sparse_features)).cpu()
+            p = click_probabilities(model(batch.dense_features, batch.sparse_features)).cpu()
             y = batch.labels.cpu()
             if max_rows is not None and seen + len(y) > max_rows:
                 p, y = p[: max_rows - seen], y[: max_rows - seen]

@@ -151,12 +151,18 @@ def curves_figure(records: list[dict[str, Any]]) -> Any:
     )
     for ax, (key, title, color) in zip(fig.subplots(1, 3), panels, strict=True):
         points = [(r["samples"], r[key]) for r in records if r.get(key) is not None]
-        # logged but not finite (written as null): a diverged run, not a missing curve
-        lost = [r["samples"] for r in records if key in r and r[key] is None]
+        nulls = [r for r in records if key in r and r[key] is None]
+        # logged but not finite (written as null): a diverged run, not a missing curve; unless
+        # the split leaves the metric undefined (no rows, one class), which is no divergence
+        lost = [r["samples"] for r in nulls if _undefined(r, key) is None]
+        undefined = sorted({why for r in nulls if (why := _undefined(r, key)) is not None})
         if points:
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, marker="o" if len(points) < 30 else None, markersize=3, color=color)
-        if lost:
+        if undefined and not lost and not points:
+            text = f"undefined: {'; '.join(undefined)}"
+            ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+        elif lost:
             ax.axvline(lost[0], color="tab:red", linestyle="--")
             ax.text(
                 0.5,
@@ -173,6 +179,22 @@ def curves_figure(records: list[dict[str, Any]]) -> Any:
         ax.set_xlabel("samples seen")
         ax.grid(alpha=0.3)
     return fig
+
+
+def _undefined(record: dict[str, Any], key: str) -> str | None:
+    """Why the null ``key`` of an evaluation ``record`` is a metric its split does not define
+    (:func:`dmt.metrics.click_metrics`), or None (a value that is not finite: a diverged run).
+    A split without rows leaves every metric undefined; one with rows of one class its AUC and
+    NE (and calibration without clicks), while its logloss stays finite unless the predictions
+    are not."""
+    split = key.split("/", 1)[0]
+    if split not in ("val", "test"):
+        return None
+    if record.get(f"{split}/num_samples") == 0:
+        return "no rows"
+    if record.get(f"{split}/logloss") is not None:
+        return "the rows are of one class"
+    return None
 
 
 def save_figure(fig: Any, path: Path, dpi: int = 100, *, replace: bool = True) -> None:

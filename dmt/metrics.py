@@ -25,6 +25,13 @@ def binary_entropy(p: float) -> float:
     return -(p * math.log(p) + (1 - p) * math.log(1 - p))
 
 
+def click_probabilities(logits: torch.Tensor) -> torch.Tensor:
+    """``sigmoid(logits)``, NaN where a logit is not finite: an infinite logit (an overflow, a
+    diverged model) would be a probability of exactly 0 or 1, which the metrics clamp into finite
+    numbers; as NaN, its metrics are NaN with a warning (:func:`click_metrics`)."""
+    return torch.sigmoid(logits).masked_fill(~torch.isfinite(logits), float("nan"))
+
+
 def click_metrics(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     """``auc``, ``logloss``, ``ne`` (logloss / entropy of the empirical click rate, He et al.
     2014), ``calibration`` (mean predicted / observed click rate) and ``num_samples``, of the
@@ -89,7 +96,7 @@ class StreamingClickMetrics:
 
         acc = StreamingClickMetrics(device=device)
         for batch in batches:
-            acc.update(torch.sigmoid(logits), batch.labels)
+            acc.update(click_probabilities(logits), batch.labels)
         metrics = acc.sync(group).compute()
     """
 

@@ -33,7 +33,7 @@ from dmt.config import Config, config_yaml, ignored_settings, use_pipeline
 from dmt.data import BatchSource, DataBundle, build_data, pad_empty_batch
 from dmt.ema import DenseEMA
 from dmt.history import RunHistory
-from dmt.metrics import StreamingClickMetrics
+from dmt.metrics import StreamingClickMetrics, click_probabilities
 from dmt.models import build_model, embedding_parameters
 from dmt.models.rec_model import RecModel
 from dmt.optim import (
@@ -202,7 +202,7 @@ class Trainer:
             checkpoint.fused_optimizer_step_kept(self.model),
         ):
             for logits, labels in self._eval_steps(batches):
-                acc.update(torch.sigmoid(logits), labels)
+                acc.update(click_probabilities(logits), labels)
         self.model.train()
         return acc.sync().compute()
 

@@ -207,6 +207,26 @@ def test_evaluation_leaves_the_fused_optimizer_step_to_training_cpu_and_cuda(
         torch.testing.assert_close(every[k].cpu(), at_end[k].cpu(), **tol, msg=k)
 
 
+def test_a_model_whose_logits_overflow_has_nan_metrics_with_a_warning(tmp_path):
+    """A reproduced bug: infinite logits (an overflow: a diverged model) became probabilities of
+    exactly 1 or 0, which the metrics clamp: evaluation reported finite numbers (AUC 0.5, NE 7
+    to 21) without a word, for metrics.json and a sweeper to take as a result. NaN logits gave
+    NaN metrics and a warning; infinite ones do too."""
+    rt = init_runtime("cpu")
+    try:
+        trainer = Trainer(to_config(compose_config(*TINY, "trainer=smoke")), rt, tmp_path)
+        linear = [m for m in unwrap(trainer.model).modules() if isinstance(m, torch.nn.Linear)]
+        for logit in (math.inf, -math.inf, math.nan):
+            with torch.no_grad():
+                linear[-1].bias.fill_(logit)  # the top MLP's output: every logit
+            with pytest.warns(RuntimeWarning, match=r"^1024 of 1024 predictions are not finite"):
+                metrics = trainer.evaluate(trainer.data.val)
+            assert metrics["num_samples"] == 1024
+            assert all(math.isnan(metrics[k]) for k in ("auc", "logloss", "ne", "calibration"))
+    finally:
+        close_runtime()
+
+
 def test_resume_from_a_periodic_checkpoint_reproduces_an_uninterrupted_run(tmp_path):
     """``trainer.checkpoint_every`` saves mid-run; resuming one continues at exactly its step and
     data position: mid-epoch (step 20 = epoch 1, batch 4) and at an epoch boundary (step 16 =

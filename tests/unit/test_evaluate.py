@@ -57,6 +57,36 @@ def test_predict_keeps_order_and_stops_after_max_rows(max_rows: int | None) -> N
     torch.testing.assert_close(ys, torch.from_numpy(labels[:k]))
 
 
+class _Overflowing(nn.Module):
+    """Logits of +inf and -inf on the first two rows of every four (an overflow), finite on the
+    others."""
+
+    def forward(self, dense: torch.Tensor, sparse: object) -> torch.Tensor:
+        logits = dense.mean(dim=1)
+        logits[0::4], logits[1::4] = math.inf, -math.inf
+        return logits
+
+
+def test_infinite_logits_are_predictions_that_are_not_finite() -> None:
+    """A reproduced bug: a diverged model's infinite logits became probabilities of exactly 1
+    and 0, which the metrics clamp: dmt-eval reported finite numbers (AUC 0, NE 12 on these
+    rows) without a word, where NaN logits give NaN metrics and a warning."""
+    n = 8
+    dense = np.linspace(-1, 1, n * 2, dtype=np.float32).reshape(n, 2)
+    labels = (np.arange(n) % 2).astype(np.float32)
+    src = InMemorySource(dense, np.zeros((n, 1), np.int64), labels, ["cat_0"], batch_size=4)
+    probs, ys = predict(_Overflowing(), src)
+    overflow = (np.arange(n) % 4) < 2
+    assert torch.isnan(probs[overflow]).all()
+    torch.testing.assert_close(
+        probs[~overflow], torch.sigmoid(torch.from_numpy(dense[~overflow].mean(1)))
+    )
+    with pytest.warns(RuntimeWarning, match=r"^4 of 8 predictions are not finite .*diverged"):
+        m = metrics_of(probs, ys)
+    assert all(math.isnan(m[k]) for k in ("auc", "ne", "logloss", "calibration"))
+    assert m["rows"] == 8 and m["positive_rate"] == 0.5
+
+
 def test_report_json_is_atomic_and_strict(tmp_path: Path) -> None:
     report = {"checkpoint": "/x/step_3", "step": 3, "data": "test", "auc": float("nan"), "rows": 10}
     out = tmp_path / "a" / "eval.json"

@@ -6,12 +6,14 @@ import json
 import math
 
 import pytest
+import torch
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import open_dict
 
 from dmt.history import RunHistory, curves_figure, read_history
+from dmt.metrics import StreamingClickMetrics, click_metrics
 from dmt.tracking import wandb_name, wandb_values
 from dmt.train import (
     CONF_MODULE,
@@ -67,6 +69,30 @@ def test_a_throughput_not_measured_is_left_out_not_drawn_as_not_finite(tmp_path)
     assert [("train/samples_per_s" in r) for r in records] == [True, False]
     # a reproduced bug: the null it was written as drew 'not finite from 2,000 samples'
     assert [t.get_text() for t in curves_figure(records).axes[2].texts] == []
+
+
+def test_a_validation_auc_the_split_leaves_undefined_is_not_drawn_as_a_divergence(tmp_path):
+    """A reproduced bug: a run without validation rows (data=criteo_sample_holdout) or with
+    validation rows of one class drew the mark of a diverged run in curves.png's validation AUC
+    panel, a red line and 'not finite from 448 samples', though its model was fine."""
+    with pytest.warns(RuntimeWarning, match="predictions are not finite"):
+        diverged = click_metrics(torch.tensor([0.2, float("nan")]), torch.tensor([0.0, 1.0]))
+    one_class = click_metrics(torch.tensor([0.2, 0.7, 0.4]), torch.zeros(3))
+    cases = {
+        "undefined: no rows": StreamingClickMetrics().compute(),  # Trainer.evaluate's, no rows
+        "undefined: the rows are of one class": one_class,
+        "not finite from 448 samples": diverged,  # still marked where the run diverged
+    }
+    for i, (text, metrics) in enumerate(cases.items()):
+        h = RunHistory(tmp_path / str(i), batch_size=64)
+        h.log_eval(step=7, metrics=metrics, split="val")
+        h.log_eval(step=7, metrics=metrics, split="test")
+        h.close()
+        records = read_history(h.path)
+        assert records[0]["val/auc"] is None  # null in the file, as before
+        panel = curves_figure(records).axes[1]
+        assert [t.get_text() for t in panel.texts] == [text]
+        assert len(panel.lines) == (1 if text.startswith("not finite") else 0)  # the red line
 
 
 def test_a_resumed_run_keeps_the_records_up_to_its_checkpoint(tmp_path):
