@@ -64,6 +64,7 @@ from dmt.host_memory import (
     staging_peak_bytes,
     staging_shortfall,
 )
+from dmt.models.partition import describe_towers_change
 from dmt.optim import sparse_optimizer_name, sparse_optimizer_spec
 from dmt.sptt.dmt_sharding import ShardedDMT, check_num_towers
 from dmt.sptt.plan import column_split
@@ -749,6 +750,8 @@ def flatten_keys(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 _DEFAULT_SCHEDULE = "dmt.optim.warmup_decay_schedule"
+#: a tp partition file's towers as the run trained them (its checkpoints' config.yaml)
+RECORDED_TOWERS = "model.partition.recorded_towers"
 
 
 def config_differences(
@@ -769,6 +772,16 @@ def config_differences(
     )
     out = []
     for key in sorted(set(a) | set(b)):
+        if key == RECORDED_TOWERS:
+            # compared where both sides hold them: an older dmt's checkpoint does not, nor a
+            # config whose file was not read yet
+            was, now = a.get(key), b.get(key)
+            if was is not None and now is not None and was != now:
+                out.append(
+                    f"{key}: partition file {b.get('model.partition.path')!r} holds other "
+                    f"towers than the checkpoint trained ({describe_towers_change(was, now)})"
+                )
+            continue
         if key in _FREE_KEYS or key.startswith(_FREE_PREFIXES):
             continue
         if key in _RUN_LENGTH_KEYS and not schedule_spans_run:
@@ -811,7 +824,21 @@ def check_config(path: Path, current_yaml: str, *, allow_change: bool) -> None:
         raise ValueError(
             f"checkpoint {path}'s {CONFIG_FILE} holds a {type(saved).__name__}, not a config"
         )
-    diffs = config_differences(saved, yaml.safe_load(current_yaml) or {}, allow_change=allow_change)
+    current = yaml.safe_load(current_yaml) or {}
+    diffs = config_differences(saved, current, allow_change=allow_change)
+    flat_saved, flat_current = flatten_keys(saved), flatten_keys(current)
+    if (
+        flat_saved.get("model.partition.kind") == "tp"
+        and flat_saved.get(RECORDED_TOWERS) is None
+        and flat_current.get(RECORDED_TOWERS) is not None
+    ):
+        log.warning(
+            "checkpoint %s was saved by a dmt that did not record the towers of its partition "
+            "file: %s is not checked against them (other towers fail at the tensor names; the "
+            "same towers in another feature order would go unnoticed)",
+            path,
+            flat_current.get("model.partition.path"),
+        )
     if diffs:
         hint = (
             " (optimizer and schedule keys, optim.*, trainer.epochs and trainer.max_steps, may "

@@ -120,6 +120,9 @@ class PartitionConfig:
         None  # tp: partition YAML with ``towers: [[feature names...], ...]`` (dmt-partition)
     )
     towers: list[list[str]] | None = None  # explicit: feature names of each tower
+    recorded_towers: list[list[str]] | None = (
+        None  # tp: the file's towers as the run trained them (dmt-train records them in its checkpoints' config.yaml); set: the towers built, the file only checked against them
+    )
 
 
 @dataclass
@@ -636,6 +639,7 @@ _PARTITION_READERS = {
     "num_towers": ("naive, tp, per_feature and explicit", "partition=naive|tp"),
     "path": ("tp", "partition=tp"),
     "towers": ("explicit", "model.partition.kind=explicit"),
+    "recorded_towers": ("tp", "partition=tp"),
 }
 
 

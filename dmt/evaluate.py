@@ -19,6 +19,10 @@ How a checkpoint is read:
   ``<run>/checkpoints``), else ``--config`` (a ``--config`` that differs from the checkpoint's
   own is refused, naming the keys). Relative paths in it (preprocessed data, partition
   file) are taken relative to the training job's working directory when they exist there.
+  A tp run's towers are the ones its checkpoint's config records
+  (``model.partition.recorded_towers``, the file's when it trained), with a warning if the file
+  holds others by now; a checkpoint of an older dmt, which records none, builds the file's, with
+  a warning.
 * The weights of every rank are reassembled into the plain (unsharded) model in this one process
   (:func:`dmt.checkpoint.load_model_state`, DCP), so a checkpoint of a ``G``-rank run loads too,
   flat-sharded or SPTT (``sptt=on``: the DMT model with its towers).
@@ -177,7 +181,12 @@ def open_checkpoint(
             warnings.warn(f"{e}; reading --config {str(given)!r} instead", stacklevel=2)
             found = []
         if conf is not None:
-            differ = _differing_keys(conf, read_config(given))
+            given_conf = read_config(given)
+            given_partition = given_conf.model.partition
+            if given_partition.kind == "tp" and given_partition.recorded_towers is None:
+                # e.g. <run>/.hydra/config.yaml: Hydra's record, made before the file was read
+                given_partition.recorded_towers = conf.model.partition.recorded_towers
+            differ = _differing_keys(conf, given_conf)
             if differ:
                 shown = ", ".join(differ[:8]) + (
                     f" and {len(differ) - 8} more" if differ[8:] else ""
@@ -206,7 +215,16 @@ def open_checkpoint(
             _rebase(conf.data.criteo.preprocessed_dir, train_cwd) or ""
         )
         conf.data.criteo.test_path = _rebase(conf.data.criteo.test_path, train_cwd)
-    conf.model.partition.path = _rebase(conf.model.partition.path, train_cwd)
+    partition = conf.model.partition
+    partition.path = _rebase(partition.path, train_cwd)
+    if partition.kind == "tp" and partition.recorded_towers is None:
+        warnings.warn(
+            f"{config_path} does not record the towers of partition file {partition.path!r} "
+            "(a checkpoint of an older dmt): the model is built from the file as it is now, which "
+            "must hold the towers the run trained with (the same towers in another feature "
+            "order would go unnoticed)",
+            stacklevel=2,
+        )
     return RunCheckpoint(
         step_dir, int(meta["step"]), int(meta["world_size"]), conf, config_path, train_cwd
     )
@@ -289,6 +307,12 @@ def _check_state(
         where = (
             f"; table rows come from {ckpt.config.data.criteo.preprocessed_dir}/manifest.json "
             "(was the data preprocessed again with other settings?)"
+        )
+    partition = ckpt.config.model.partition
+    if partition.kind == "tp" and partition.recorded_towers is None:
+        where += (
+            f"; the towers come from partition file {partition.path} (was it replaced since the "
+            "run trained?)"
         )
     raise ValueError(
         f"checkpoint {ckpt.path} does not match the model its config {ckpt.config_path} builds: "

@@ -609,6 +609,7 @@ def check_resume_config(
         resume_checkpoint,
     )
     from dmt.config import config_yaml  # noqa: PLC0415 (dmt.config imports this module)
+    from dmt.models.partition import load_partition_file  # noqa: PLC0415 (dmt.config)
     from dmt.runtime import world_from_env  # noqa: PLC0415 (torch)
     from dmt.sptt.topology import Topology  # noqa: PLC0415
     from dmt.train import to_config  # noqa: PLC0415 (dmt.train imports this module)
@@ -626,6 +627,12 @@ def check_resume_config(
         conf = to_config(task)
     except OmegaConfBaseException:  # e.g. ${hydra:...} in a task key: unset before the job runs
         return  # the trainer checks the config again, once Hydra has set its job up
+    partition = conf.model.partition
+    if partition.kind == "tp" and partition.recorded_towers is None and partition.path:
+        try:  # as the trainer records them; a file it cannot build from, it names
+            partition.recorded_towers = load_partition_file(partition.path)
+        except ValueError:
+            pass
     check_config(path, config_yaml(conf), allow_change=conf.trainer.resume_allow_config_change)
     if conf.sptt.enabled:  # the topology as the trainer takes it (dmt_sharding.topology_from)
         world = world_from_env(os.environ)

@@ -9,7 +9,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from dmt.data import BatchSource, DataBundle, build_data, pad_empty_batch
 from dmt.ema import DenseEMA
 from dmt.history import RunHistory
 from dmt.metrics import StreamingClickMetrics, click_probabilities
-from dmt.models import build_model, embedding_parameters
+from dmt.models import DMTModel, build_model, embedding_parameters
 from dmt.models.rec_model import RecModel
 from dmt.optim import (
     apply_sparse_optimizer,
@@ -93,6 +93,11 @@ class Trainer:
             table_device="meta",
             dense_device=runtime.device,
         )
+        if cfg.model.partition.kind == "tp" and isinstance(plain, DMTModel):
+            # the file's towers, in every checkpoint's config.yaml: its readers build these, and
+            # a resume is refused where the file holds others by then
+            partition = replace(cfg.model.partition, recorded_towers=plain.partition)
+            self.cfg = cfg = replace(cfg, model=replace(cfg.model, partition=partition))
         memory = memory_budget(cfg.sharding, runtime.device.type, gpus=job_gpus(runtime))
         # before sharding: a flat resume plans its tables into the checkpoint's column blocks
         self.resume_from, column_blocks = self._find_resume(flat=not cfg.sptt.enabled)

@@ -10,6 +10,7 @@ Sources: :func:`naive_partition` (the paper's strided baseline, §5.2.3), :func:
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -131,8 +132,46 @@ def load_partition_file(path: str | Path) -> list[list[str]]:
     return [[str(f) for f in tower] for tower in towers]
 
 
+def describe_towers_change(old: Sequence[Sequence[str]], new: Sequence[Sequence[str]]) -> str:
+    """How partition ``new`` differs from ``old``, e.g. ``tower 0: [cat_0, cat_1] -> [cat_1,
+    cat_0] (the same features in another order)``: the tower count, then the first 3 towers that
+    differ."""
+    parts = [] if len(old) == len(new) else [f"{len(old)} towers -> {len(new)}"]
+    changed = [t for t in range(min(len(old), len(new))) if list(old[t]) != list(new[t])]
+    for t in changed[:3]:
+        order = " (the same features in another order)" if sorted(old[t]) == sorted(new[t]) else ""
+        parts.append(f"tower {t}: [{', '.join(old[t])}] -> [{', '.join(new[t])}]{order}")
+    if len(changed) > 3:
+        parts.append(f"and {len(changed) - 3} more towers")
+    return "; ".join(parts)
+
+
+def _warn_if_file_changed(path: str, recorded: list[list[str]]) -> None:
+    """Warn where the partition file ``path`` no longer holds the ``recorded`` towers."""
+    try:
+        now = load_partition_file(path)
+    except ValueError as e:
+        warnings.warn(
+            f"model.partition.path={path}: {e}; building the towers the run trained with "
+            "(model.partition.recorded_towers)",
+            stacklevel=3,
+        )
+        return
+    if now != recorded:
+        warnings.warn(
+            f"partition file {path!r} no longer holds the towers the run trained with "
+            f"({describe_towers_change(recorded, now)}); building the towers the run trained "
+            "with (model.partition.recorded_towers), not the file's",
+            stacklevel=3,
+        )
+
+
 def resolve_partition(cfg: PartitionConfig, feature_names: Sequence[str]) -> list[list[str]]:
-    """The checked partition ``cfg`` describes, over ``feature_names``."""
+    """The checked partition ``cfg`` describes, over ``feature_names``.
+
+    A ``tp`` partition with ``recorded_towers`` (a checkpoint's config: the file's towers when
+    the run trained) is those towers, with a warning if the file holds others by now (replaced,
+    e.g. by ``dmt-partition --overwrite``, or edited): the run's weights fit only its own."""
     names = list(feature_names)
     if cfg.kind == "naive":
         if cfg.num_towers is None:
@@ -148,11 +187,22 @@ def resolve_partition(cfg: PartitionConfig, feature_names: Sequence[str]) -> lis
             raise ValueError(
                 "model.partition.kind='tp' needs model.partition.path (a partition YAML)"
             )
-        try:
-            partition = load_partition_file(cfg.path)
-            check_partition(partition, names)
-        except ValueError as e:
-            raise ValueError(f"model.partition.path={cfg.path}: {e}") from None
+        if cfg.recorded_towers is not None:
+            partition = [list(t) for t in cfg.recorded_towers]
+            try:
+                check_partition(partition, names)
+            except ValueError as e:
+                raise ValueError(
+                    f"model.partition.recorded_towers (the towers of {cfg.path} the run "
+                    f"trained with): {e}"
+                ) from None
+            _warn_if_file_changed(cfg.path, partition)
+        else:
+            try:
+                partition = load_partition_file(cfg.path)
+                check_partition(partition, names)
+            except ValueError as e:
+                raise ValueError(f"model.partition.path={cfg.path}: {e}") from None
     elif cfg.kind == "explicit":
         partition = [list(t) for t in cfg.towers or []]
     else:

@@ -400,6 +400,30 @@ def test_component_keys_added_since_a_checkpoint_compare_with_their_schema_defau
     )
 
 
+def test_recorded_partition_towers_are_compared_where_both_configs_hold_them() -> None:
+    """A tp run's checkpoint records its file's towers; a resume whose file holds others is
+    refused, naming the file and the change. A checkpoint of an older dmt holds none, and a
+    config whose file was not read yet (Hydra's record) none either: nothing to compare."""
+
+    def config(towers: list[list[str]] | None) -> dict:
+        partition = {"kind": "tp", "path": "tp/partition.yaml", "recorded_towers": towers}
+        return {"model": {"partition": partition}}
+
+    trained = [["cat_0", "cat_1"], ["cat_2"]]
+    assert checkpoint.config_differences(config(trained), config(trained), allow_change=False) == []
+    assert checkpoint.config_differences(
+        config(trained), config([["cat_1", "cat_0"], ["cat_2"]]), allow_change=True
+    ) == [
+        "model.partition.recorded_towers: partition file 'tp/partition.yaml' holds other towers "
+        "than the checkpoint trained (tower 0: [cat_0, cat_1] -> [cat_1, cat_0] (the same "
+        "features in another order))"
+    ]
+    older = config(None)
+    del older["model"]["partition"]["recorded_towers"]
+    for saved, current in [(older, config(trained)), (config(trained), config(None))]:
+        assert checkpoint.config_differences(saved, current, allow_change=False) == []
+
+
 def test_resume_auto_takes_the_newest_complete_checkpoint_and_skips_a_damaged_one(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -250,6 +250,30 @@ def test_a_resume_past_an_end_lowered_by_epochs_is_refused_before_hydra_writes(t
     )
 
 
+def test_a_resume_whose_partition_file_changed_is_refused_before_hydra_writes(tmp_path):
+    """The towers of a tp run's partition file are in its checkpoints' config.yaml: a resume
+    whose file holds others by then (the same features in another order here) is refused up
+    front, naming the file (it resumed into a model that fed the weights other features)."""
+    run, partition = tmp_path / "run", tmp_path / "partition.yaml"
+    partition.write_text("towers: [[cat_0, cat_1, cat_2], [cat_3, cat_4, cat_5]]\n")
+    args = [*TINY, "trainer=smoke", "data.synthetic.num_sparse=6", "experiment=dmt_4t_dlrm",
+            "partition=tp", f"model.partition.path={partition}", "model.partition.num_towers=2",
+            f"hydra.run.dir={run}"]  # fmt: skip
+    first = _cli(*args, "trainer.checkpoint=true")
+    assert first.returncode == 0, first.stderr[-3000:]
+    partition.write_text("towers: [[cat_2, cat_1, cat_0], [cat_3, cat_4, cat_5]]\n")
+    refused = _refused_leaving_the_run(
+        run, *args, "trainer.max_steps=3", "trainer.resume_from=auto"
+    )
+    step = run / "checkpoints" / "step_2"
+    assert refused == (
+        f"Error: cannot resume from {step}: this run's config differs from the checkpoint's "
+        f"{step / 'config.yaml'} in model.partition.recorded_towers: partition file "
+        f"'{partition}' holds other towers than the checkpoint trained (tower 0: [cat_0, cat_1, "
+        "cat_2] -> [cat_2, cat_1, cat_0] (the same features in another order))"
+    )
+
+
 def _trained_on_two_ranks(*overrides: str) -> None:
     """``dmt-train`` under torchrun on 2 ranks, which must succeed."""
     cmd, env = torchrun("-m", "dmt.train", *overrides)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import warnings
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -15,9 +17,11 @@ from dmt.config import (
     ModelConfig,
     PartitionConfig,
     validate,
+    validate_towers,
 )
 from dmt.inspect import inspect_config
 from dmt.models import DMTModel, build_model, check_partition, resolve_partition
+from dmt.models.partition import describe_towers_change
 from tests.conftest import REPO, typed_config
 
 NAMES = [f"cat_{i}" for i in range(26)]
@@ -182,6 +186,65 @@ def test_bad_partition_files_and_counts_raise(tmp_path):
     dup = write_partition(tmp_path / "dup.yaml", [SMALL[:4], SMALL[3:]])
     with pytest.raises(ValueError, match=r"feature 'cat_3' appears in towers 0 and 1"):
         resolve_partition(PartitionConfig(kind="tp", path=dup), SMALL)
+
+
+def test_recorded_towers_are_built_and_the_file_only_checked(tmp_path):
+    """A checkpoint's config records the towers its run trained with: a file replaced since
+    (other towers, or the same features in another order) gives way to them, with a warning
+    that says what changed; the tower count is still checked."""
+    trained = [SMALL[:3], SMALL[3:]]
+    path = write_partition(tmp_path / "p.yaml", trained)
+    cfg = PartitionConfig(kind="tp", path=path, recorded_towers=trained)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an unchanged file: no warning
+        assert resolve_partition(cfg, SMALL) == trained
+    write_partition(tmp_path / "p.yaml", [SMALL[2::-1], SMALL[3:]])
+    with pytest.warns(UserWarning) as caught:
+        assert resolve_partition(cfg, SMALL) == trained
+    assert str(caught[0].message) == (
+        f"partition file {path!r} no longer holds the towers the run trained with (tower 0: "
+        "[cat_0, cat_1, cat_2] -> [cat_2, cat_1, cat_0] (the same features in another order)); "
+        "building the towers the run trained with (model.partition.recorded_towers), not the "
+        "file's"
+    )
+    write_partition(tmp_path / "p.yaml", [SMALL[:2], SMALL[2:4], SMALL[4:]])
+    with pytest.warns(
+        UserWarning,
+        match=r"\(2 towers -> 3; tower 0: \[cat_0, cat_1, cat_2\] -> \[cat_0, cat_1\]; ",
+    ):
+        assert resolve_partition(cfg, SMALL) == trained
+    (tmp_path / "p.yaml").unlink()
+    with pytest.warns(UserWarning, match=r"p.yaml' does not exist; building the towers the run"):
+        assert resolve_partition(cfg, SMALL) == trained
+    write_partition(tmp_path / "p.yaml", trained)
+    with pytest.raises(ValueError, match=r"num_towers=3 but the tp partition in '.*p.yaml' has 2"):
+        resolve_partition(replace(cfg, num_towers=3), SMALL)
+    with pytest.raises(
+        ValueError,
+        match=r"model.partition.recorded_towers \(the towers of .*p.yaml the run trained "
+        r"with\): partition misses feature\(s\) \['cat_5'\]",
+    ):
+        resolve_partition(replace(cfg, recorded_towers=[SMALL[:3], SMALL[3:5]]), SMALL)
+    # only tp reads them
+    with pytest.raises(
+        ValueError, match=r"model.partition.recorded_towers=.* is set, but model.partition.kind="
+    ):
+        validate_towers(
+            ModelConfig(
+                name="dlrm",
+                interaction=DotInteractionConfig(),
+                partition=PartitionConfig(kind="naive", num_towers=2, recorded_towers=trained),
+            )
+        )
+
+
+def test_describe_towers_change():
+    old = [["a", "b"], ["c"], ["d"], ["e"], ["f"]]
+    new = [["b", "a"], ["c", "d"], ["e"], ["f"]]
+    assert describe_towers_change(old, new) == (
+        "5 towers -> 4; tower 0: [a, b] -> [b, a] (the same features in another order); "
+        "tower 1: [c] -> [c, d]; tower 2: [d] -> [e]; and 1 more towers"
+    )
 
 
 @pytest.mark.parametrize(
