@@ -26,6 +26,7 @@ group (``dmt-eval``, ``dmt-partition --checkpoint``, ``dmt-export``).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -54,6 +55,7 @@ from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.staging import AsyncStager
 
 from dmt.config import NO_DEFAULT, OptimConfig, component_default, schema_default
 from dmt.ema import DenseEMA
@@ -61,7 +63,7 @@ from dmt.host_memory import (
     RankMemory,
     machine_id,
     memory_bounds,
-    staging_peak_bytes,
+    staged_bytes,
     staging_shortfall,
 )
 from dmt.models.partition import describe_towers_change
@@ -318,6 +320,46 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+@torch.no_grad()
+def host_copy(state: Any) -> Any:
+    """A copy of ``state`` (a nested dict/list/tuple, as :meth:`Checkpointer.save` hands to DCP)
+    in new host memory: each tensor's own elements, contiguous, a ``ShardedTensor``'s local
+    shards alike (``ShardedTensor.to``: a shard that is a view into FBGEMM's buffer of all its
+    kernel's tables is copied alone); other values deep-copied, as DCP's stager does."""
+    if isinstance(state, ShardedTensor):
+        return state.to(device="cpu", copy=True) if state.local_shards() else state
+    if isinstance(state, torch.Tensor):
+        return state.to(device="cpu", copy=True, memory_format=torch.contiguous_format)
+    if isinstance(state, dict):
+        return {k: host_copy(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [host_copy(v) for v in state]
+    if isinstance(state, tuple):
+        return tuple(host_copy(v) for v in state)
+    return copy.deepcopy(state)
+
+
+class HostStager(AsyncStager):
+    """Stages an asynchronous save in host memory (:func:`host_copy`), once, before
+    ``dcp.async_save`` returns: :func:`~dmt.host_memory.staged_bytes`, nothing on the way.
+    ``FileSystemWriter``'s own stager (``_create_cpu_state_dict``) first deep-copies each CPU
+    ``ShardedTensor``, with the whole storage its shard is a view of (for FBGEMM's tables, every
+    table of the kernel: up to twice the state at its peak, and a kernel's buffer copied once
+    per table), and copies a GPU one's shards to the host twice, dropping the first copy."""
+
+    _synchronize_after_execute = False  # staged before stage() returns
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        staged: dict[str, Any] = host_copy(state_dict)
+        return staged
+
+    def synchronize_staging(self) -> None:
+        return None  # staged already
+
+    def close(self) -> None:
+        return None  # holds nothing
+
+
 @dataclass
 class _Pending:
     path: Path
@@ -329,8 +371,9 @@ class _Pending:
 class Checkpointer:
     """Saves DCP checkpoints of one job; every rank calls :meth:`save` and :meth:`wait` alike.
 
-    With ``async_save`` the tensors are staged in memory and written by a background thread over
-    a dedicated gloo group while training goes on (``torch.distributed.checkpoint.async_save``);
+    With ``async_save`` the tensors are staged in host memory (:class:`HostStager`) and written
+    by a background thread over a dedicated gloo group while training goes on
+    (``torch.distributed.checkpoint.async_save``);
     the marker ``meta.json`` is written once the write has finished (at the next save, at
     :meth:`wait`, or at :meth:`close`). A save whose staging copies would not fit in some host's
     free memory (:mod:`dmt.host_memory`; ``host_memory`` reads this rank's) is written
@@ -418,16 +461,24 @@ class Checkpointer:
             meta["lr_scheduler"] = lr_scheduler
         if ema is not None:
             meta["ema_updates"] = ema.num_updates
-        writer = dcp.FileSystemWriter(path, sync_files=True)
         if self.async_save and self._staging_fits(state, path):
+            # no copying ahead from a GPU, as FileSystemWriter's own stager sets: the staged copy
+            # is on the host, and with CUDA the copying-ahead loader would sync a stream of the
+            # writer thread's current device (cuda:0, not necessarily this rank's GPU)
+            writer = dcp.FileSystemWriter(path, sync_files=True, per_thread_copy_ahead=0)
             with _write_errors_named(path):
-                response = dcp.async_save(state, storage_writer=writer, process_group=self._group)
+                response = dcp.async_save(
+                    state,
+                    storage_writer=writer,
+                    process_group=self._group,
+                    async_stager=HostStager(),
+                )
             # a Future, or (with an asynchronous stager) the staging and upload futures
             future = response if isinstance(response, Future) else response.upload_completion
             self._pending = _Pending(path, future, meta, config)
         else:
             with _write_errors_named(path):
-                dcp.save(state, storage_writer=writer)
+                dcp.save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True))
             self._finish(path, meta, config)
         return path
 
@@ -440,7 +491,7 @@ class Checkpointer:
             log.warning("rank %d cannot read its free host memory (%s); not checked", self.rank, e)
             bounds = None
         ranks: list[Any] = [
-            RankMemory(machine_id(), socket.gethostname(), staging_peak_bytes(state), bounds)
+            RankMemory(machine_id(), socket.gethostname(), staged_bytes(state), bounds)
         ]
         if dist.is_initialized() and self.world_size > 1:
             mine, ranks = ranks[0], [None] * self.world_size

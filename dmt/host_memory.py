@@ -1,15 +1,14 @@
 """Host memory for asynchronous checkpoints: what DCP's ``async_save`` stages, and what is free.
 
-``trainer.checkpoint_async=true`` saves through ``torch.distributed.checkpoint.async_save``, whose
-stager (``FileSystemWriter``, a ``BlockingAsyncStager``) first copies every tensor of the rank's
-state, GPU and CPU alike, into new host memory, and keeps that copy until the background write
-has finished. A rank holding 60 GiB of tables and optimizer state therefore needs 60 GiB more host
-memory at every checkpoint, and all ranks of a host stage at once; on CPU up to twice that while
-it copies (:func:`staging_peak_bytes`: it deep-copies each table's shard, with the storage of
-every table it is a view of, before it makes its own copy). Where that is not free the
-kernel's OOM killer ends the job, hours in and without a message. :class:`dmt.checkpoint.
-Checkpointer` checks each save against :func:`staging_shortfall` first and writes a checkpoint
-that would not fit synchronously instead (no copy), saying so.
+``trainer.checkpoint_async=true`` saves through ``torch.distributed.checkpoint.async_save``,
+staged by :class:`dmt.checkpoint.HostStager`: it first copies every tensor of the rank's state,
+GPU and CPU alike, into new host memory (:func:`staged_bytes`, and nothing more on the way), and
+keeps that copy until the background write has finished. A rank holding 60 GiB of tables and
+optimizer state therefore needs 60 GiB more host memory at every checkpoint, and all ranks of a
+host stage at once. Where that is not free the kernel's OOM killer ends the job, hours in and
+without a message. :class:`dmt.checkpoint.Checkpointer` checks each save against
+:func:`staging_shortfall` first and writes a checkpoint that would not fit synchronously instead
+(no copy), saying so.
 
 Free memory is the smaller of the host's (``MemAvailable`` in ``/proc/meminfo``) and the
 headroom of every memory cgroup above the process (cgroup v2 ``memory.max``, v1
@@ -25,7 +24,7 @@ from __future__ import annotations
 
 import math
 import socket
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,9 +38,10 @@ _V1_UNLIMITED = 1 << 62
 
 
 def staged_bytes(state: Any) -> int:
-    """Bytes DCP's stager copies into host memory for this rank's ``state`` (a nested
-    dict/list of tensors, as :meth:`Checkpointer.save` hands to DCP): every tensor's own
-    elements, the local shards of a ``ShardedTensor`` or ``DTensor``; other values count 0."""
+    """Bytes :class:`dmt.checkpoint.HostStager` copies into host memory for this rank's
+    ``state`` (a nested dict/list of tensors, as :meth:`Checkpointer.save` hands to DCP): every
+    tensor's own elements, the local shards of a ``ShardedTensor`` or ``DTensor``; other values
+    count 0. Also the most it holds at once while it copies."""
     if isinstance(state, ShardedTensor):
         return sum(_nbytes(shard.tensor) for shard in state.local_shards())
     if isinstance(state, DTensor):
@@ -57,47 +57,6 @@ def staged_bytes(state: Any) -> int:
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
-
-
-def staging_peak_bytes(state: Any) -> int:
-    """Host memory DCP's stager takes for this rank's ``state`` at its peak, at most: the copy
-    :func:`staged_bytes` counts, and, while it copies a ``ShardedTensor`` or ``DTensor``, a
-    first copy of it that it drops once its own is made (``_create_cpu_state_dict``). That of a
-    ``ShardedTensor`` is a deep copy: of its local shards' whole storages, which for a table of
-    FBGEMM's kernel on CPU hold every table of that kernel (on a GPU it is made there); that of
-    a ``DTensor``, of its local tensor. Counted in the order DCP copies ``state``."""
-    held = peak = 0
-    for copy, first in _staging_steps(state):
-        peak = max(peak, held + first + copy)
-        held += copy
-    return peak
-
-
-def _staging_steps(state: Any) -> Iterator[tuple[int, int]]:
-    """Per tensor of ``state``, in DCP's order: the host bytes of its staged copy, and of the
-    first copy made on the way (:func:`staging_peak_bytes`)."""
-    if isinstance(state, ShardedTensor):
-        shards = [shard.tensor for shard in state.local_shards()]
-        if not shards:  # DCP stages it as it is
-            return
-        if state.device != torch.device("cpu"):  # ``.to("cpu")``: the shards' own elements
-            first = sum(_nbytes(t) for t in shards)
-        else:  # ``copy.deepcopy``: each storage once, on its own device
-            storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in shards}
-            first = sum(s.nbytes() for s in storages.values() if s.device.type == "cpu")
-        yield sum(_nbytes(t) for t in shards), first
-    elif isinstance(state, DTensor):
-        if state.dim() > 0:  # DCP stages a 0-dim one as it is
-            local = _nbytes(state.to_local())
-            yield local, local  # ``.to("cpu")``, or on CPU a clone
-    elif isinstance(state, torch.Tensor):
-        yield _nbytes(state), 0
-    elif isinstance(state, Mapping):
-        for v in state.values():
-            yield from _staging_steps(v)
-    elif isinstance(state, list | tuple):
-        for v in state:
-            yield from _staging_steps(v)
 
 
 HOST = "host"
@@ -273,7 +232,7 @@ def machine_id(root: Path = Path("/")) -> str:
 @dataclass(frozen=True)
 class RankMemory:
     """One rank's side of an asynchronous save: its machine (:func:`machine_id`) and host name,
-    the host memory its staging would take (:func:`staging_peak_bytes`), and what bounds its
+    the host memory its staging would take (:func:`staged_bytes`), and what bounds its
     free memory (:func:`memory_bounds`; ``None``: it could not tell)."""
 
     machine: str
