@@ -12,10 +12,12 @@ of ``dmt.models.build_model(...)``'s ``state_dict()``, whole tables), for servin
     model = build_model(cfg.model, ...); model.load_state_dict(torch.load("model.pt"))
 
 The checkpoint's ``config.yaml`` is copied beside it (``model.pt.config.yaml``); a checkpoint
-without one is refused. An existing output is never replaced, even one that appears while the
-checkpoint loads, and nothing half-written is left: each file is written to a temporary file and
-fsynced, both before either is linked into place (the config first), and ``SIGTERM`` (``kill``,
-``timeout``, a scheduler's) removes the temporary files as an error does.
+without one is refused, and so is one whose ``config.yaml`` does not build a model its weights
+fit (hand-edited, say), as ``dmt-eval`` refuses it (:func:`dmt.evaluate.load_model`). An
+existing output is never replaced, even one that appears while the checkpoint loads, and nothing
+half-written is left: each file is written to a temporary file and fsynced, both before either
+is linked into place (the config first), and ``SIGTERM`` (``kill``, ``timeout``, a
+scheduler's) removes the temporary files as an error does.
 """
 
 from __future__ import annotations
@@ -33,15 +35,16 @@ from typing import BinaryIO
 import torch
 
 from dmt import checkpoint
-from dmt.evaluate import find_checkpoint
+from dmt.evaluate import find_checkpoint, load_model, open_checkpoint
 
 
 def export(checkpoint_path: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
     """Write the plain model state of checkpoint ``checkpoint_path`` to ``out``; returns it.
 
     Raises:
-        ValueError: the checkpoint is missing, damaged or without its ``config.yaml``, or
-            ``out`` (or its config sidecar) exists already.
+        ValueError: the checkpoint is missing, damaged or without its ``config.yaml``, that
+            config does not build a model the weights fit, or ``out`` (or its config sidecar)
+            exists already.
     """
     out = Path(out)
     sidecar = out.with_name(out.name + ".config.yaml")
@@ -56,10 +59,9 @@ def export(checkpoint_path: str | os.PathLike[str], out: str | os.PathLike[str])
             "builds its model, written with every checkpoint); copy the run's config there "
             "(<run>/.hydra/config.yaml)"
         )
-    state = {
-        key.removeprefix("model."): tensor
-        for key, tensor in checkpoint.load_model_state(step_dir).items()
-    }
+    # the model its config.yaml builds, with the weights checked against it (dmt-eval's check):
+    # the sidecar is what builds the model again
+    state = load_model(open_checkpoint(step_dir)).state_dict()
     out.parent.mkdir(parents=True, exist_ok=True)
     # both files whole before either name appears: a kill while the model (minutes for a large
     # one) is written leaves neither, not a sidecar that a retry is refused for

@@ -56,6 +56,9 @@ HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml
 STAMP_RESOLVER = "dmt.run_stamp"
 RANK_LOG_RESOLVER = "dmt.rank_log_suffix"
 JOB_RECORD_RESOLVER = "dmt.job_record"
+JOB_LOG_RESOLVER = "dmt.job_log"
+#: where :func:`job_refused` keeps its answer, in the job config's resolver cache
+JOB_REFUSED_CACHE = "dmt.job_refused"
 
 
 # -- unique names -------------------------------------------------------------------------------
@@ -142,14 +145,16 @@ def rank_log_suffix() -> str:
 
 def register_resolvers() -> None:
     """Register ``${dmt.run_stamp:}`` (cached per config, like Hydra's ``${now:}``),
-    ``${dmt.rank_log_suffix:}`` (:func:`rank_log_suffix`) and ``${dmt.job_record:}``
-    (:func:`job_record`)."""
+    ``${dmt.rank_log_suffix:}`` (:func:`rank_log_suffix`), ``${dmt.job_record:}``
+    (:func:`job_record`) and ``${dmt.job_log:<path>}`` (:func:`job_log`)."""
     if not OmegaConf.has_resolver(STAMP_RESOLVER):
         OmegaConf.register_new_resolver(STAMP_RESOLVER, _resolve_run_stamp, use_cache=True)
     if not OmegaConf.has_resolver(RANK_LOG_RESOLVER):
         OmegaConf.register_new_resolver(RANK_LOG_RESOLVER, rank_log_suffix)
     if not OmegaConf.has_resolver(JOB_RECORD_RESOLVER):
         OmegaConf.register_new_resolver(JOB_RECORD_RESOLVER, job_record)
+    if not OmegaConf.has_resolver(JOB_LOG_RESOLVER):
+        OmegaConf.register_new_resolver(JOB_LOG_RESOLVER, job_log)
 
 
 # -- lock ---------------------------------------------------------------------------------------
@@ -258,6 +263,38 @@ def _try_flock(fd: int, lock_path: Path) -> bool:
             "or choose a hydra.run.dir (hydra.sweep.dir) on a file system that has it"
         ) from e
     return True
+
+
+def lock_held(run_dir: Path) -> bool:
+    """Whether a process holds ``run_dir``'s ``run.lock`` (a live run), told without taking it:
+    a shared ``flock``, which fails while the exclusive one is held, dropped at once. False
+    where it cannot be told (no lock file; a file system without ``flock``: only the outputs
+    tell)."""
+    lock_path = run_dir / LOCK_FILE
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        # shared: conflicts with the holder's exclusive lock, allowed on a read-only descriptor
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # e.g. a file system without flock: only the outputs tell
+        return False
+    finally:
+        os.close(fd)  # drops the lock if it was taken
+    return False
+
+
+def held_by_another(run_dir: Path) -> bool:
+    """Whether another process holds ``run_dir``'s lock (:func:`lock_held`): not this
+    process's own (closing a second descriptor of its file would drop it on NFS), nor an
+    earlier attempt of this job's (which the claim waits for)."""
+    run_dir = run_dir.absolute()
+    if run_dir in _HELD or not lock_held(run_dir):
+        return False
+    return _restarted_holder(_holder_fields(run_dir / LOCK_FILE)) is None
 
 
 def _wait_for_earlier_attempt(fd: int, run_dir: Path, lock_path: Path, wait_s: float) -> str | None:
@@ -657,28 +694,55 @@ def check_resume_config(
 def job_record(*, _root_: DictConfig) -> str | None:
     """``hydra.output_subdir`` (``${dmt.job_record:}``, ``conf/config.yaml``): ``.hydra``, where
     Hydra records a job's config and overrides; ``None``, no record, for a multirun job that
-    :func:`claim_run_dir` will refuse for the run in its directory (its outputs, and a checkpoint
-    this job's config may not resume). Hydra writes a job's record before any callback runs:
-    it replaced that run's record with the refused job's settings (a second multirun with a
-    subdir per seed, a sweep resumed with other settings), and the trials table read the run's
+    :func:`claim_run_dir` will refuse for the run in its directory (:func:`job_refused`). Hydra
+    writes a job's record before any callback runs: it replaced that run's record with the
+    refused job's settings (a second multirun with a subdir per seed, a sweep resumed with other
+    settings, a job whose directory was a live run's), and the trials table read the run's
     ``metrics.json`` as the result of settings that never ran."""
-    mode = OmegaConf.select(_root_, "hydra.mode", default=None)
-    output_dir = OmegaConf.select(_root_, "hydra.runtime.output_dir", default=None)
+    return None if job_refused(_root_) else ".hydra"
+
+
+def job_log(path: str, *, _root_: DictConfig) -> str:
+    """The job's log file (``${dmt.job_log:<path>}``, ``conf/hydra/job_logging/dmt.yaml``):
+    ``path``, or ``os.devnull`` for a multirun job that :func:`claim_run_dir` will refuse for
+    the run in its directory (:func:`job_refused`): Hydra opens the log before any callback
+    runs, and the refused job's lines went into that run's log (its console keeps them)."""
+    return os.devnull if job_refused(_root_) else path
+
+
+def job_refused(root: DictConfig) -> bool:
+    """Whether the multirun job of config ``root`` will be refused for the run in its directory
+    by :func:`claim_run_dir`: a run alive there (:func:`held_by_another`), or its outputs, unless
+    this job resumes them with a config their checkpoint takes. False for a single run
+    (:class:`RunDirGuard` refuses it before Hydra writes). Answered once per job directory, in
+    the config's resolver cache: Hydra opens the log, then writes the record, by one answer."""
+    mode = OmegaConf.select(root, "hydra.mode", default=None)
+    output_dir = OmegaConf.select(root, "hydra.runtime.output_dir", default=None)
     if getattr(mode, "name", mode) != "MULTIRUN" or not output_dir:
-        return ".hydra"  # a single run: RunDirGuard.on_run_start refuses it before the record
-    run_dir = Path(str(output_dir))
-    resume_from = OmegaConf.select(_root_, "trainer.resume_from", default=None)
-    checkpoint_dir = str(OmegaConf.select(_root_, "trainer.checkpoint_dir", default="checkpoints"))
+        return False
+    answers = OmegaConf.get_cache(root).setdefault(JOB_REFUSED_CACHE, {})
+    if str(output_dir) not in answers:
+        answers[str(output_dir)] = _job_refused(root, Path(str(output_dir)))
+    return bool(answers[str(output_dir)])
+
+
+def _job_refused(root: DictConfig, run_dir: Path) -> bool:
+    sweep_dir = os.path.abspath(str(OmegaConf.select(root, "hydra.sweep.dir", default="")))
+    # a job in the sweep directory itself: its lock is the sweep's, which rank 0 holds
+    if os.path.abspath(run_dir) != sweep_dir and held_by_another(run_dir):
+        return True
+    resume_from = OmegaConf.select(root, "trainer.resume_from", default=None)
+    checkpoint_dir = str(OmegaConf.select(root, "trainer.checkpoint_dir", default="checkpoints"))
     found = outputs_of(run_dir, checkpoint_dir)
     if not found:
-        return ".hydra"
+        return False
     if not resumes(run_dir, resume_from, checkpoint_dir):
-        return ".hydra" if starts_afresh(found, resume_from) else None
+        return not starts_afresh(found, resume_from)
     try:
-        check_resume_config(_root_, run_dir, str(resume_from), checkpoint_dir)
+        check_resume_config(root, run_dir, str(resume_from), checkpoint_dir)
     except ValueError:  # the job says why, once it runs
-        return None
-    return ".hydra"
+        return True
+    return False
 
 
 def job_config(config: DictConfig) -> Any:

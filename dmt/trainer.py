@@ -51,6 +51,9 @@ from dmt.tracking import wandb_name, wandb_values
 
 log = logging.getLogger(__name__)
 
+#: ``train_loss_last`` is the mean loss of an attempt's last this many steps
+LAST_STEPS = 50
+
 
 class TrainTask(nn.Module):
     """Model plus loss: ``forward(batch) -> (loss, logits)`` (the module TorchRec shards)."""
@@ -68,7 +71,9 @@ class TrainTask(nn.Module):
 @dataclass
 class TrainResult:
     metrics: dict[str, float]
-    losses: list[float] = field(default_factory=list)  # training loss of every step run here
+    # training loss of every step run here with fit(keep_losses=True), else of the last
+    # LAST_STEPS only (train_loss_last's): a long run holds no float per step
+    losses: list[float] = field(default_factory=list)
 
 
 class Trainer:
@@ -310,7 +315,9 @@ class Trainer:
                 ends.append((self.step // every + 1) * every)
         return min(ends)
 
-    def fit(self) -> TrainResult:
+    def fit(self, *, keep_losses: bool = False) -> TrainResult:
+        """Train, evaluate and write ``metrics.json``; ``keep_losses``: the result holds every
+        step's loss (tests comparing runs step by step), not only the last ``LAST_STEPS``'."""
         t = self.cfg.trainer
         start_epoch = 0
         resume = self.resume_from  # its config checked (_find_resume)
@@ -349,7 +356,9 @@ class Trainer:
         # the losses since the last log step, on the device: read back there, one copy for all
         # (a device tensor per step for the whole run would hold a GPU block per step)
         pending: list[torch.Tensor] = []
-        loss_values: list[float] = []
+        loss_values: collections.deque[float] = collections.deque(
+            maxlen=None if keep_losses else LAST_STEPS
+        )
 
         def read_back() -> None:
             """The pending steps' losses of the global batch: every rank's is the mean over its
@@ -428,9 +437,8 @@ class Trainer:
         metrics["num_steps"] = float(self.step)
         if pending:
             read_back()
-        metrics["train_loss_last"] = (  # this attempt's last 50 steps (fewer after a resume)
-            float(np.mean(loss_values[-50:])) if loss_values else float("nan")
-        )
+        last = list(loss_values)[-LAST_STEPS:]  # this attempt's (fewer steps after a resume)
+        metrics["train_loss_last"] = float(np.mean(last)) if last else float("nan")
         if resume is not None and self.step == start_step:
             # nothing trained here: the run's training figures are its last attempt's
             earlier: list[Any] = [self._earlier_training() if self.rt.is_main else None]
@@ -451,7 +459,7 @@ class Trainer:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             # whole or not at all (a resumed run that had ended rewrites it); NaN stays a float
             results.write_json(self.output_dir / "metrics.json", metrics, standard=False)
-        return TrainResult(metrics, loss_values)
+        return TrainResult(metrics, list(loss_values))
 
     # -- helpers ------------------------------------------------------------------------------
     def _earlier_training(self) -> dict[str, float]:

@@ -25,7 +25,6 @@ and knows nothing of ``plan.json``.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -39,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dmt.results import write_json
-from dmt.run_dir import JOB_NUM_FORMS, LOCK_FILE, job_config, job_dirs, outputs_of
+from dmt.run_dir import JOB_NUM_FORMS, LOCK_FILE, job_config, job_dirs, lock_held, outputs_of
 
 PLAN_FILE = "plan.json"
 
@@ -59,25 +58,6 @@ class RunOutput:
 PLAN = RunOutput(PLAN_FILE, "plan", "dmt-plan")
 
 
-def _locked(run_dir: Path) -> bool:
-    """Whether another process holds ``run_dir``'s ``run.lock`` (a live training run)."""
-    lock_path = run_dir / LOCK_FILE
-    try:
-        fd = os.open(lock_path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        # shared: conflicts with the holder's exclusive lock, allowed on a read-only descriptor
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:  # e.g. a file system without flock: only the outputs tell
-        return False
-    finally:
-        os.close(fd)  # drops the lock if it was taken
-    return False
-
-
 def check_plan_dir(
     run_dir: Path,
     *,
@@ -92,7 +72,7 @@ def check_plan_dir(
     if not run_dir.is_dir():
         return
     training = outputs_of(run_dir, checkpoint_dir)
-    if training or _locked(run_dir):
+    if training or lock_held(run_dir):
         what = ", ".join(training) if training else f"{LOCK_FILE}, held by a live run"
         raise ValueError(
             f"run directory {run_dir} holds a training run's outputs ({what}): {output.tool} "

@@ -48,7 +48,7 @@ def _train(
     cfg = to_config(compose_config(*BASE, *overrides))
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     rt = Runtime(rank, world_size, rank % local_world_size, local_world_size, device, backend)
-    result = Trainer(cfg, rt, Path(out)).fit()
+    result = Trainer(cfg, rt, Path(out)).fit(keep_losses=True)
     return result.metrics["num_steps"], result.losses
 
 

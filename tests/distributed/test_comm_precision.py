@@ -219,7 +219,7 @@ def _flat_train(rank: int, world_size: int, precision: str, out: str):
     codecs = {
         op: (c.forward.quantized_dtype, c.backward.quantized_dtype) for op, c in registry.items()
     }
-    return trainer.fit().losses, codecs
+    return trainer.fit(keep_losses=True).losses, codecs
 
 
 def test_flat_training_uses_torchrec_quantized_comms(tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ def _train(rank: int, world_size: int, overrides: list[str], out: str, backend: 
     rt = Runtime(rank, world_size, rank, world_size, device, backend)
     trainer = Trainer(cfg, rt, Path(out))
     assert (trainer.pipeline is not None) == cfg.trainer.pipeline
-    losses = trainer.fit().losses
+    losses = trainer.fit(keep_losses=True).losses
     # TorchRec's pipeline marks the sharded modules whose input dist it runs a batch ahead
     sharded = [m for m in trainer.model.modules() if isinstance(m, ShardedModule)]
     return losses, sorted(type(m).__name__ for m in sharded if m.is_pipelined)

@@ -803,6 +803,52 @@ def test_an_export_without_its_checkpoint_or_config_is_refused_naming_it(
     assert not out.parent.exists()
 
 
+def test_an_export_whose_config_does_not_fit_its_weights_is_refused(
+    synthetic_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A reproduced bug: dmt-export copied a hand-edited ``step_N/config.yaml`` beside the
+    weights unchecked (exit 0): a sidecar whose model the export did not load into, or no valid
+    config at all. It is refused as dmt-eval refuses it, and nothing is written."""
+    from dmt.export import main as export_main  # noqa: PLC0415
+
+    run = _copy_run(synthetic_run, tmp_path / "run")
+    step = run / "checkpoints" / "step_3"
+    out = tmp_path / "out" / "model.pt"
+    argv = ["--checkpoint", str(run / "checkpoints"), "--out", str(out)]
+    refused = (
+        f"dmt-export: error: checkpoint {step} does not match the model its config "
+        f"{step / 'config.yaml'} builds: "
+    )
+    _edit_config(step, model__embedding_dim=8, model__bottom_mlp=[64, 8])
+    assert export_main(argv) == 1
+    assert capsys.readouterr().err.startswith(
+        refused + "model.embedding_bag_collection.embedding_bags.t_cat_0.weight: checkpoint "
+        "(100, 16), config (100, 8); "
+    )
+    _edit_config(
+        step,
+        model__embedding_dim=16,
+        model__bottom_mlp=[64, 16],
+        sptt__enabled=True,
+        model__partition__kind="naive",
+        model__partition__num_towers=2,
+    )
+    assert export_main(argv) == 1
+    assert capsys.readouterr().err.startswith(
+        refused + "26 tensors missing from the checkpoint (e.g. "
+        "model.towers.0.embedding_bag_collection.embedding_bags.t_cat_0.weight)"
+    )
+    _edit_config(step, sptt__enabled=False, model__partition__kind="none", model__embedding_dim=8)
+    assert export_main(argv) == 1
+    assert capsys.readouterr().err == (
+        f"dmt-export: error: {step / 'config.yaml'}: invalid training config: model.interaction: "
+        "DotInteraction: the dense vector has size 16 (model.bottom_mlp[-1]) but the sparse "
+        "vectors have size 8 (the embedding dim N, or the towers' D); it joins their dot "
+        "products: set model.bottom_mlp[-1] to 8\n"
+    )
+    assert not out.parent.exists()
+
+
 def test_a_report_is_never_replaced_unless_asked(
     synthetic_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

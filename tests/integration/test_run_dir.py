@@ -445,3 +445,28 @@ def test_a_sweep_job_refused_by_a_stopped_runs_checkpoint_keeps_the_runs_record(
         k: v for k, v in before.items() if k not in ("run.lock", "train.log")
     }
     assert b"optim.lr=0.001" in (sweep / "0" / ".hydra" / "overrides.yaml").read_bytes()
+
+
+def test_a_sweep_job_into_a_live_runs_directory_writes_nothing_there(tmp_path):
+    """Reproduced: a multirun job whose directory was a running run's (no outputs there yet)
+    had Hydra write its .hydra/ record (model=dcn, optim.lr=0.5) over the running run's, and
+    append its log lines to that run's train.log, before the run's lock refused it."""
+    run = tmp_path / "run"
+    holder = _holding(f"hydra.run.dir={run}", log=run / "train.log")
+    try:
+        record = _files(run / ".hydra")
+        second = _cli("-m", *TINY, "trainer=smoke", "model=dcn", "optim.lr=0.5",
+                      f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=run")  # fmt: skip
+        assert holder.poll() is None, "the first run ended during the test"
+        after = _files(run / ".hydra")
+        log = (run / "train.log").read_text()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert second.returncode == 1
+    assert (
+        f"run directory {run} is in use by another run (pid {holder.pid} on host "
+        f"{socket.gethostname()}, started "
+    ) in second.stderr, second.stderr[-3000:]
+    assert after == record
+    assert log.count("[dmt.runtime]") == 1, log  # the running run's line, not the job's too

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import weakref
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -22,7 +23,7 @@ from dmt import checkpoint
 from dmt.config import use_pipeline
 from dmt.runtime import close_runtime, init_runtime
 from dmt.train import to_config, train
-from dmt.trainer import Trainer, unwrap
+from dmt.trainer import LAST_STEPS, Trainer, unwrap
 from tests.conftest import REPO, compose_config
 
 REQUIRED = [
@@ -86,7 +87,7 @@ def _run(
     rt = init_runtime(device)
     try:
         trainer = Trainer(conf, rt, out)
-        losses = trainer.fit().losses
+        losses = trainer.fit(keep_losses=True).losses
         state = {}
         for k, v in trainer.model.state_dict().items():
             t = v.local_shards()[0].tensor if hasattr(v, "local_shards") else v
@@ -463,6 +464,34 @@ def test_a_run_holds_the_losses_of_one_log_interval_only(tmp_path):
     assert trainer.alive == [1, 1, 1, 1]
 
 
+def test_a_run_holds_the_losses_of_its_last_steps_only(tmp_path):
+    """A Terabyte epoch (8.6M steps) kept a float per step on each rank, about 275 MB: the
+    result holds the last ``LAST_STEPS`` losses (``train_loss_last``'s) whatever the run's
+    length, and the numbers reported are those of every step's losses (here all logged)."""
+    conf = to_config(
+        compose_config(
+            *TINY,
+            "data.batch_size=64",
+            "trainer.max_steps=55",
+            "trainer.log_every=1",
+            "trainer.eval_every=0",
+            "model.embedding_dim=8",
+            "model.bottom_mlp=[16,8]",
+            "model.top_mlp=[16,1]",
+        )
+    )
+    rt = init_runtime("cpu")
+    try:
+        result = Trainer(conf, rt, tmp_path).fit()
+    finally:
+        close_runtime()
+    history = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    every_step = [r["train/loss"] for r in history if "train/loss" in r]
+    assert len(every_step) == 55 and LAST_STEPS == 50
+    assert result.losses == every_step[-LAST_STEPS:]
+    assert result.metrics["train_loss_last"] == float(np.mean(every_step[-50:]))
+
+
 @pytest.mark.parametrize(
     ("pipeline", "world_of_one", "world_size", "expected"),
     [
@@ -504,7 +533,7 @@ def test_a_world_of_one_trains_with_the_plain_loop_unless_told_to_pipeline_it(tm
             kinds[forced] = (type(trainer.pipeline), type(trainer.eval_pipeline))
             said = "a world of one has no input distribution to overlap" in caplog.text
             assert said is not forced
-            losses[forced] = trainer.fit().losses
+            losses[forced] = trainer.fit(keep_losses=True).losses
         finally:
             close_runtime()
     assert kinds == {

@@ -68,7 +68,7 @@ def test_ema_leaves_training_unchanged(tmp_path):
     for ema in (None, DECAY):
         try:
             trainer = _trainer(tmp_path / str(ema), f"trainer.ema_decay={ema or 'null'}")
-            result = trainer.fit()
+            result = trainer.fit(keep_losses=True)
             weights = [p.detach().clone() for _, p in dense_parameters(trainer.model)]
         finally:
             close_runtime()

@@ -25,6 +25,7 @@ from dmt.run_dir import (
     agreed_stamp,
     check_outputs,
     claim_run_dir,
+    held_by_another,
     launch_rank,
     lock_run_dir,
     outputs_of,
@@ -379,7 +380,7 @@ def test_the_callback_knows_its_rank_from_the_launcher(monkeypatch, env, rank):
     assert launch_rank() == rank
     # each rank logs to its own file: train.log for rank 0, train.rank<r>.log for the others
     handler = OmegaConf.to_container(_hydra_config().job_logging.handlers.file)
-    assert handler["filename"].endswith("/${hydra.job.name}${dmt.rank_log_suffix:}.log")
+    assert handler["filename"].endswith("/${hydra.job.name}${dmt.rank_log_suffix:}.log}")
     assert rank_log_suffix() == ("" if rank == 0 else f".rank{rank}")
 
 
@@ -414,6 +415,30 @@ def _hold(run, env: dict[str, str], seconds: float) -> subprocess.Popen:
     )
     assert holder.stdout.readline() == "locked\n"
     return holder
+
+
+def test_another_processs_lock_is_seen_without_taking_it(tmp_path, monkeypatch):
+    """What a multirun job's log and record go by, before its claim (a live run in its
+    directory): another process's lock, left held; not this process's own, nor an earlier
+    attempt of this job's (which the claim waits for), nor none."""
+    run = tmp_path / "run"
+    assert not held_by_another(run) and not run.exists()  # nothing made to look
+    holder = _hold(run, {"SLURM_JOB_ID": "77"}, 60)
+    try:
+        assert held_by_another(run)
+        with pytest.raises(ValueError, match="is in use by another run"):
+            lock_run_dir(run)  # the look took nothing from the holder
+        monkeypatch.setenv("SLURM_JOB_ID", "77")
+        monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+        assert not held_by_another(run)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    monkeypatch.delenv("SLURM_RESTART_COUNT")
+    assert not held_by_another(run)
+    lock, taken = lock_run_dir(run)
+    assert taken and not held_by_another(run)
+    lock.release()
 
 
 @pytest.mark.parametrize(
