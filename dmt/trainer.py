@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from dmt import checkpoint, results
 from dmt.config import Config, config_yaml, ignored_settings, use_pipeline
-from dmt.data import BatchSource, DataBundle, build_data, pad_empty_batch
+from dmt.data import BatchSource, DataBundle, build_data, closing_batches, pad_empty_batch
 from dmt.ema import DenseEMA
 from dmt.history import RunHistory
 from dmt.metrics import StreamingClickMetrics, click_probabilities
@@ -206,11 +206,12 @@ class Trainer:
         self.model.eval()
         acc = StreamingClickMetrics(device=self.rt.device)
         cap = self.cfg.trainer.eval_max_batches
-        batches = itertools.islice(source.batches(0), cap if cap > 0 else None)
         with (
+            closing_batches(source.batches(0)) as stream,
             self.ema.applied() if self.ema is not None else contextlib.nullcontext(),
             checkpoint.fused_optimizer_step_kept(self.model),
         ):
+            batches = itertools.islice(stream, cap if cap > 0 else None)
             for logits, labels in self._eval_steps(batches):
                 acc.update(click_probabilities(logits), labels)
         self.model.train()
@@ -388,22 +389,22 @@ class Trainer:
             while self.step < min(epoch_end, self.total_steps):
                 end = self._segment_end(epoch_end)
                 first = self.step - epoch * per_epoch
-                batches: Iterator[Batch] = itertools.islice(
-                    self.data.train.batches(epoch, first), end - self.step
-                )
+                stream = self.data.train.batches(epoch, first)
+                batches: Iterator[Batch] = itertools.islice(stream, end - self.step)
                 if self.rt.device.type == "cuda":  # page-locked: the copies run asynchronously
                     batches = (batch.pin_memory() for batch in batches)
                 tick = time.perf_counter()
-                for loss in self.run_steps(batches):
-                    pending.append(loss)
-                    bar.update(1)
-                    if self.step % t.log_every == 0:  # the only host sync of training steps
-                        read_back()
-                        if self.checkpointer is not None:  # an async save written by now is
-                            self.checkpointer.poll()  # marked complete: a restart resumes from it
-                        value = loss_values[-1]
-                        bar.set_postfix(loss=f"{value:.4f}")
-                        self._log_train(value, train_time + time.perf_counter() - tick)
+                with closing_batches(stream):  # a step that raises stops its prefetching too
+                    for loss in self.run_steps(batches):
+                        pending.append(loss)
+                        bar.update(1)
+                        if self.step % t.log_every == 0:  # the only host sync of training steps
+                            read_back()
+                            if self.checkpointer is not None:  # an async save written by now is
+                                self.checkpointer.poll()  # marked complete: restarts resume from it
+                            value = loss_values[-1]
+                            bar.set_postfix(loss=f"{value:.4f}")
+                            self._log_train(value, train_time + time.perf_counter() - tick)
                 if self.rt.device.type == "cuda":  # the segment's queued kernels count too
                     torch.cuda.synchronize(self.rt.device)
                 train_time += time.perf_counter() - tick

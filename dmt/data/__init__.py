@@ -6,7 +6,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dmt.config import DataConfig
-from dmt.data.source import BatchSource, InMemorySource, make_kjt, pad_empty_batch, rank_slice
+from dmt.data.source import (
+    BatchSource,
+    InMemorySource,
+    closing_batches,
+    make_kjt,
+    pad_empty_batch,
+    rank_slice,
+)
 from dmt.data.synthetic import SyntheticWorld
 
 
@@ -114,6 +121,7 @@ __all__ = [
     "InMemorySource",
     "build_data",
     "check_train_rows",
+    "closing_batches",
     "make_kjt",
     "pad_empty_batch",
     "rank_slice",

@@ -7,6 +7,7 @@ single-process run, which is what makes sharded training comparable with the ref
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -26,6 +27,20 @@ class BatchSource(Protocol):
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """This rank's share of global batches ``start, start + 1, ...`` of ``epoch``."""
         ...
+
+
+@contextlib.contextmanager
+def closing_batches(batches: Iterator[Batch]) -> Iterator[Iterator[Batch]]:
+    """``batches`` (of :meth:`BatchSource.batches`), closed on leaving the block, also by an
+    exception: a prefetching source's thread (:class:`~dmt.data.criteo_dataset.CriteoSource`)
+    stops then, not when the iterator's last reference goes, which the exception's traceback
+    holds for as long as someone keeps it (a Hydra multirun keeps a failed job's)."""
+    try:
+        yield batches
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
 
 
 def rank_slice(n: int, rank: int, world_size: int) -> slice:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import csv
 import gc
+import itertools
 import json
 import logging
 import math
 import os
 import subprocess
 import sys
+import threading
 import weakref
 
 import numpy as np
@@ -25,6 +27,7 @@ from dmt.runtime import close_runtime, init_runtime
 from dmt.train import to_config, train
 from dmt.trainer import LAST_STEPS, Trainer, unwrap
 from tests.conftest import REPO, compose_config
+from tests.unit.test_criteo_preprocess import make_rows, write
 
 REQUIRED = [
     "val_auc",
@@ -432,6 +435,35 @@ def test_a_finished_job_leaves_no_sharded_model_alive(tmp_path):
     before = sharded()  # other tests' garbage, if any
     train(compose_config(*TINY, "trainer=smoke"), tmp_path)
     assert sharded() - before == set()
+
+
+@pytest.mark.parametrize("where", ["training", "evaluation"])
+def test_an_error_in_training_or_evaluation_stops_the_criteo_prefetching_thread(tmp_path, where):
+    """A reproduced bug: a step or an evaluation batch that raised left the Criteo loader's
+    prefetching thread running (polling every 50 ms, its batches held) for as long as the
+    exception was kept: a Hydra multirun keeps a failed job's for the rest of its jobs."""
+    raw = write(tmp_path / "raw.tsv", make_rows(400, seed=1))  # 340 train, 30 validation rows
+    criteo = ["data=criteo_sample", f"data.criteo.raw_path={raw}", "data.criteo.num_workers=1",
+              f"data.criteo.preprocessed_dir={tmp_path / 'prep'}", "data.criteo.prefetch_batches=2",
+              "data.batch_size=32", "data.eval_batch_size=4"]  # fmt: skip
+    conf = to_config(compose_config(*TINY, *criteo))
+    try:
+        trainer = Trainer(conf, init_runtime("cpu"), tmp_path / "run")
+        forwards = itertools.count()
+
+        def fail_the_third(module, inputs):  # type: ignore[no-untyped-def]
+            if next(forwards) == 2:
+                raise RuntimeError("the third forward failed")
+
+        trainer.model.register_forward_pre_hook(fail_the_third)
+        run = trainer.fit if where == "training" else lambda: trainer.evaluate(trainer.data.val)
+        with pytest.raises(RuntimeError, match="the third forward failed") as err:
+            run()
+        # the exception is still held (err), as a multirun holds a failed job's
+        assert err.value.__traceback__ is not None
+        assert [t for t in threading.enumerate() if t.name == "criteo-prefetch"] == []
+    finally:
+        close_runtime()
 
 
 class _CountingTrainer(Trainer):
