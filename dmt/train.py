@@ -10,10 +10,12 @@ Examples::
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import logging
 import math
+import traceback
 from pathlib import Path
 from typing import Any, cast
 
@@ -85,6 +87,22 @@ def _release_model_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def _drop_frames(error: BaseException) -> None:
+    """Clear the local variables of the frames ``error`` and the errors it chains hold (those
+    still running excepted): a Hydra multirun keeps a failed job's exception for the rest of the
+    sweep (its ``JobReturn``), and its traceback held the job's trainer, model and tables; on a
+    GPU the next jobs built theirs beside them. The traceback still prints, file and line."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]
+
+
 def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str, float]:
     """Train and evaluate; returns the final metrics (also written to ``metrics.json``).
 
@@ -138,11 +156,13 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
                 # signal ends before this (its wandb run has no exit record: "crashed")
                 if logger is not None:
                     logger.finish(exit_code=0 if ok else 1)
-    except BaseException:
-        # first the groups: freeing GPU memory waits for the kernels in flight. A cleanup that
-        # fails is logged; the job's own error is the one raised
+    except BaseException as error:
+        # first the groups: freeing GPU memory waits for the kernels in flight, and the model
+        # goes only with the frames that hold it. A cleanup that fails is logged; the job's own
+        # error is the one raised
         for cleanup in (
             lambda: close_runtime(failed=True),
+            functools.partial(_drop_frames, error),
             lambda: _release_model_memory(runtime.device),
         ):
             try:

@@ -437,6 +437,31 @@ def test_a_finished_job_leaves_no_sharded_model_alive(tmp_path):
     assert sharded() - before == set()
 
 
+def test_a_failed_job_leaves_no_model_alive_while_its_error_is_kept(tmp_path, monkeypatch):
+    """A reproduced bug: a Hydra multirun keeps a failed job's exception (its ``JobReturn``) for
+    the rest of the sweep, and its traceback held the job's trainer, model and tables (on a
+    GPU, the next jobs built theirs beside them)."""
+
+    def trainers() -> list[Trainer]:
+        gc.collect()
+        return [o for o in gc.get_objects() if isinstance(o, Trainer)]
+
+    assert trainers() == []  # other tests' trainers, if any, are gone
+    steps, count = Trainer.run_steps, itertools.count()
+
+    def fail_at_the_third_step(self, batches):  # type: ignore[no-untyped-def]
+        for loss in steps(self, batches):
+            if next(count) == 2:
+                raise RuntimeError("the third step failed")
+            yield loss
+
+    monkeypatch.setattr(Trainer, "run_steps", fail_at_the_third_step)
+    with pytest.raises(RuntimeError, match="the third step failed") as err:
+        train(compose_config(*TINY), tmp_path)
+    assert err.value.__traceback__ is not None  # held, as a multirun holds it
+    assert trainers() == []
+
+
 @pytest.mark.parametrize("where", ["training", "evaluation"])
 def test_an_error_in_training_or_evaluation_stops_the_criteo_prefetching_thread(tmp_path, where):
     """A reproduced bug: a step or an evaluation batch that raised left the Criteo loader's
