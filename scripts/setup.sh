@@ -3,7 +3,7 @@
 # checks a stamp (hash of the requirement files) and returns at once when nothing changed.
 #   DMT_VARIANT=cpu | gpu                which torch/fbgemm stack to install (unset: the stack an
 #                                        existing .venv holds, else cpu); switching removes the other
-#   PYTHON=python3.11                    interpreter used to create the venv
+#   PYTHON=python3.11                    interpreter used to create the venv (3.11 or newer)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -41,6 +41,24 @@ HASH="$(cat "$ROOT/pyproject.toml" "$ROOT/requirements/"*.txt | sha256sum | cut 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" ]] && "$VENV/bin/python" -c "import dmt, torchrec" 2>/dev/null; then
   exit 0
 fi
+# the oldest Python dmt runs on: pyproject.toml's requires-python (the pinned numpy, scipy,
+# scikit-learn and matplotlib of requirements/common.txt need it too)
+MIN_PYTHON=3.11
+# refuse interpreter $1 (named $2) older than MIN_PYTHON before pip fails on the first pin it has
+# no wheel for; $3: what to do instead (an interpreter that does not run is left to the steps below)
+check_python() {
+  local version
+  version="$("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" || return 0
+  [[ "$version" =~ ^([0-9]+)\.([0-9]+)$ ]] || return 0
+  if (( BASH_REMATCH[1] * 1000 + BASH_REMATCH[2] < ${MIN_PYTHON%.*} * 1000 + ${MIN_PYTHON#*.} )); then
+    echo "$2 is Python $version; dmt needs Python $MIN_PYTHON or newer: $3" >&2
+    exit 2
+  fi
+}
+if [[ -x "$VENV/bin/python" ]]; then
+  check_python "$VENV/bin/python" "$VENV" \
+    "remove it, then run PYTHON=python$MIN_PYTHON (or newer) bash scripts/setup.sh"
+fi
 # a venv without pip (python3 -m venv fails at ensurepip without Debian's python3-venv, after
 # making bin/python) is made again, not taken for a working one on every later run
 has_pip() { "$VENV/bin/python" -m pip --version >/dev/null 2>&1; }
@@ -49,6 +67,7 @@ if [[ -x "$VENV/bin/python" ]] && ! has_pip; then
   "$VENV/bin/python" -m ensurepip --upgrade >/dev/null 2>&1 || true
 fi
 if ! [[ -x "$VENV/bin/python" ]] || ! has_pip; then
+  check_python "$PY" "PYTHON=$PY" "set PYTHON=python$MIN_PYTHON (or a newer interpreter)"
   if ! "$PY" -m venv --clear "$VENV"; then
     echo "cannot create $VENV with $PY (on Debian/Ubuntu: apt-get install python3-venv, or" \
       "python3.X-venv for PYTHON=python3.X)" >&2

@@ -229,6 +229,70 @@ def test_projection_study_shows_the_tail_of_both_training_logs(tmp_path: Path) -
     )
 
 
+# a Python interpreter of version $FAKE_VERSION that only records its calls: `-m venv DIR` makes
+# DIR/bin/python (a copy of it), pip and every check succeed
+FAKE_PYTHON = """#!/bin/sh
+echo "$0 $*" >> "$CALLS"
+if [ "$1" = -c ]; then
+  case "$2" in *version_info*) echo "$FAKE_VERSION" ;; esac
+elif [ "$1 $2" = "-m venv" ]; then
+  mkdir -p "$4/bin" && cp "$0" "$4/bin/python"
+fi
+exit 0
+"""
+
+
+@pytest.mark.parametrize("existing_venv", [False, True])
+@pytest.mark.parametrize("version", ["3.10", "3.11", "3.12"])
+def test_setup_refuses_a_python_older_than_the_pinned_stack_needs(
+    tmp_path: Path, version: str, existing_venv: bool
+) -> None:
+    """Reproduced: ``PYTHON=python3.10 bash scripts/setup.sh`` made .venv/ with 3.10 and installed
+    torch and TorchRec, then failed at requirements/common.txt: "No matching distribution found
+    for numpy==2.4.6" (it and scipy, scikit-learn, matplotlib need 3.11). An interpreter, or an
+    existing .venv, older than 3.11 is now refused first, naming it; 3.11+ goes on."""
+    root = tmp_path / "the repo"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPTS / "setup.sh", root / "scripts" / "setup.sh")
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    shutil.copytree(REPO / "requirements", root / "requirements")
+    python = tmp_path / "python3"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    if existing_venv:
+        (root / ".venv" / "bin").mkdir(parents=True)
+        shutil.copy(python, root / ".venv" / "bin" / "python")
+    calls = tmp_path / "calls.txt"
+    env = {**os.environ, "CALLS": str(calls), "FAKE_VERSION": version, "PYTHON": str(python)}
+    result = subprocess.run(
+        ["bash", str(root / "scripts" / "setup.sh")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    pip_calls = [c for c in calls.read_text().splitlines() if " -m pip install " in c]
+    if version != "3.10":
+        assert result.returncode == 0, result.stderr
+        assert pip_calls and (root / ".venv" / ".dmt-setup-cpu").exists()
+        return
+    assert result.returncode == 2, result.stdout + result.stderr
+    if existing_venv:
+        assert result.stderr == (
+            f"{root}/.venv is Python 3.10; dmt needs Python 3.11 or newer: remove it, then run "
+            "PYTHON=python3.11 (or newer) bash scripts/setup.sh\n"
+        )
+    else:
+        assert result.stderr == (
+            f"PYTHON={python} is Python 3.10; dmt needs Python 3.11 or newer: set "
+            "PYTHON=python3.11 (or a newer interpreter)\n"
+        )
+        assert not (root / ".venv").exists()
+    assert not pip_calls
+
+
 def test_quickstart_takes_a_relative_run_directory_from_the_callers_directory(
     tmp_path: Path,
 ) -> None:
@@ -355,6 +419,29 @@ def test_slurm_acceptance_refuses_bad_settings_before_anything(
     assert result.returncode == 2, result.stderr
     assert result.stderr == f"slurm_acceptance.sh: {message}\n"
     assert not work.exists() and not (tmp_path / "step").exists()
+
+
+def test_readme_names_every_check_of_slurm_acceptance() -> None:
+    """Reproduced: the README said slurm_acceptance.sh runs (1) a sweep, (2) a multirun in one job
+    step and (3) a preempted job, and slurm_smoke.sh runs it with one task per node; the script
+    also runs (4), ``srun --distribution=cyclic`` with 2 tasks per node on CPU."""
+    script = (SCRIPTS / "slurm_acceptance.sh").read_text()
+    header = script.split("\nset -euo pipefail", 1)[0]
+    checks = re.findall(r"^#\s+(\d+)\. ", header, re.M)
+    assert checks == ["1", "2", "3", "4"]
+    assert 'if [[ "$GPUS" == 0 ]]; then per_node=2;' in script  # check 4's tasks per node on CPU
+    readme = (REPO / "README.md").read_text()
+    paragraph = " ".join(
+        next(p for p in readme.split("\n\n") if p.startswith("It runs (1)")).split()
+    )
+    assert sorted(set(re.findall(r"\((\d+)\) ", paragraph)), key=int) == checks
+    assert "(4) `srun --distribution=cyclic` with 2 or more tasks per node (2 on CPU;" in paragraph
+    smoke = " ".join(
+        next(
+            p for p in readme.split("\n\n") if p.startswith("`bash scripts/slurm_smoke.sh`")
+        ).split()
+    )
+    assert "(one task per node, two in check (4);" in smoke
 
 
 def test_slurm_acceptance_takes_a_relative_work_directory_from_the_caller(tmp_path: Path) -> None:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import itertools
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -130,3 +134,40 @@ def test_readme_layout_paths_exist(section):
     assert len(paths) > 10
     missing = [p for p in paths if not (ROOT / p.rstrip(".")).exists()]
     assert not missing, f"README's Layout names paths that do not exist: {missing}"
+
+
+def test_readme_names_every_data_config_of_the_kaggle_sample():
+    """Reproduced: the README said the Kaggle sample has three data configs (``criteo_sample``,
+    ``_tune``, ``_holdout``); dmt/conf/data/ has five: the forward protocol's two as well."""
+    paragraph = next(p for p in README.split("\n\n") if p.startswith("The Kaggle sample"))
+    text = " ".join(paragraph.split())
+    configs = {f.stem for f in (ROOT / "dmt" / "conf" / "data").glob("criteo_sample*.yaml")}
+    stated = re.search(r"has (\w+) data configs", text)
+    assert stated is not None, "the README's paragraph on the Kaggle sample has moved"
+    counts = {"three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
+    assert counts.get(stated.group(1)) == len(configs), (stated.group(0), sorted(configs))
+    missing = configs - set(re.findall(r"`(criteo_sample\w*)`", text))
+    assert not missing, f"the README's paragraph on the Kaggle sample misses {sorted(missing)}"
+
+
+def test_python_minimum_admits_every_pinned_requirement():
+    """Reproduced: the README and pyproject.toml said Python 3.10+, but requirements/common.txt
+    pins numpy 2.4.6, scipy 1.17.1, scikit-learn 1.9.1 and matplotlib 3.11.2, which need 3.11:
+    ``scripts/setup.sh`` with Python 3.10 failed at ``pip install -r requirements/common.txt``
+    ("No matching distribution found for numpy==2.4.6"), and dmt itself uses ``datetime.UTC``."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    minimum = Version(project["requires-python"].removeprefix(">="))
+    checked = []
+    for line in (ROOT / "requirements").glob("*.txt"):
+        for name, pinned in re.findall(r"^([\w.-]+)==(\S+)", line.read_text(), re.M):
+            try:
+                dist = importlib.metadata.distribution(name)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+            requires = dist.metadata["Requires-Python"]
+            if Version(dist.version) == Version(pinned) and requires:
+                checked.append(name)
+                assert minimum in SpecifierSet(requires), (name, pinned, requires, str(minimum))
+    assert {"numpy", "scipy", "scikit-learn", "matplotlib"} <= set(checked)
+    assert f"makes `.venv/` with Python {minimum}+" in README
+    assert f"\nMIN_PYTHON={minimum}\n" in (ROOT / "scripts" / "setup.sh").read_text()
