@@ -250,6 +250,7 @@ def test_a_resume_past_an_end_lowered_by_epochs_is_refused_before_hydra_writes(t
     )
 
 
+@pytest.mark.slow  # a training run and a CLI run (30-100 s on 2 shared cores)
 def test_a_resume_whose_partition_file_changed_is_refused_before_hydra_writes(tmp_path):
     """The towers of a tp run's partition file are in its checkpoints' config.yaml: a resume
     whose file holds others by then (the same features in another order here) is refused up
@@ -447,6 +448,7 @@ def test_a_sweep_job_refused_by_a_stopped_runs_checkpoint_keeps_the_runs_record(
     assert b"optim.lr=0.001" in (sweep / "0" / ".hydra" / "overrides.yaml").read_bytes()
 
 
+@pytest.mark.slow  # a training run and a CLI run (30-100 s on 2 shared cores)
 def test_a_sweep_job_into_a_live_runs_directory_writes_nothing_there(tmp_path):
     """Reproduced: a multirun job whose directory was a running run's (no outputs there yet)
     had Hydra write its .hydra/ record (model=dcn, optim.lr=0.5) over the running run's, and
