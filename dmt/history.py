@@ -13,8 +13,9 @@
 ``samples`` is ``step * data.batch_size`` (global batches); values that are not finite (the AUC
 of a split without rows or clicks) are ``null``. The names are the ones logged to wandb.
 ``curves.png`` plots training loss, validation AUC and throughput against samples seen; it is
-redrawn at every evaluation and at the end, written to a temporary file and renamed, so it is
-never half-written.
+redrawn at every validation and at the end where a training record came after the last drawing
+(test records are not drawn), written to a temporary file and renamed, so it is never
+half-written.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class RunHistory:
         history = RunHistory(run_dir, batch_size=512)
         history.log_train(step=50, loss=0.47, lrs=[0.1, 0.003], train_time_s=1.2)
         history.log_eval(step=50, metrics={"auc": 0.71, "logloss": 0.47}, split="val")
-        history.close()  # draws curves.png
+        history.close()  # draws curves.png where the evaluation's drawing lacks a record
     """
 
     def __init__(self, output_dir: Path, *, batch_size: int, start_step: int = 0) -> None:
@@ -58,6 +59,7 @@ class RunHistory:
         self._file: IO[str] = self.path.open("a", encoding="utf-8")
         self._last_step = start_step  # throughput since the previous training record
         self._last_time = 0.0
+        self._undrawn = True  # curves.png lacks a record it draws (or was not drawn by this run)
 
     def log_train(
         self, *, step: int, loss: float, lrs: list[float], train_time_s: float
@@ -69,6 +71,7 @@ class RunHistory:
         if elapsed > 0:  # else not measured: no value rather than null, which reads as not finite
             values["train/samples_per_s"] = (step - self._last_step) * self.batch_size / elapsed
         self._last_step, self._last_time = step, train_time_s
+        self._undrawn = True
         return self._append(values, step)
 
     def has_eval(self, step: int, split: str) -> bool:
@@ -86,9 +89,10 @@ class RunHistory:
         ]
 
     def log_eval(self, *, step: int, metrics: dict[str, float], split: str) -> dict[str, Any]:
-        """Record an evaluation of ``split`` (``val`` or ``test``) and redraw ``curves.png``.
-        It replaces an earlier attempt's evaluation of ``split`` at ``step`` (a resumed run that
-        had ended there is evaluated again): one evaluation per split and step."""
+        """Record an evaluation of ``split`` (``val`` or ``test``); a validation redraws
+        ``curves.png`` (which draws no test records). It replaces an earlier attempt's
+        evaluation of ``split`` at ``step`` (a resumed run that had ended there is evaluated
+        again): one evaluation per split and step."""
         values = {f"{split}/{k}": v for k, v in metrics.items()}
         earlier = self._evals_at(step, split)
         if not earlier:
@@ -100,17 +104,22 @@ class RunHistory:
             self._file.close()
             _write_atomically(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
             self._file = self.path.open("a", encoding="utf-8")
-        self.plot()
+        if split == "val":
+            self.plot()
         return record
 
     def plot(self) -> None:
         """Draw ``curves.png`` from the records so far (atomically)."""
         save_figure(curves_figure(self.records), self.curves_path)
+        self._undrawn = False
 
     def close(self) -> None:
+        """Close ``history.jsonl`` and draw ``curves.png`` if a record it draws came after the
+        last drawing (a figure takes about a second: it is not drawn again for nothing)."""
         if not self._file.closed:
             self._file.close()
-            self.plot()
+            if self._undrawn:
+                self.plot()
 
     def _record(self, values: dict[str, Any], step: int) -> dict[str, Any]:
         return {"step": step, "samples": step * self.batch_size, **values}

@@ -206,6 +206,7 @@ def test_interrupted_run_then_rerun_equals_clean_run(tmp_path: Path) -> None:
     assert files(out) == files(clean)
 
 
+@pytest.mark.slow  # two preprocessing runs at once (about 20 s on 2 shared cores)
 def test_a_run_that_finishes_second_does_not_replace_other_settings(tmp_path: Path) -> None:
     """Two runs on one output directory with different settings, started before either finished:
     the one that finishes second finds the other's output and refuses to replace it without

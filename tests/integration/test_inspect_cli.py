@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def _inspect(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -25,6 +27,7 @@ def _texts(run_dir: Path) -> dict[str, str]:
     return {str(p.relative_to(run_dir)): p.read_text() for p in run_dir.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow  # several dmt-inspect runs (about 40 s on 2 shared cores)
 def test_an_earlier_inspect_json_is_replaced_only_with_overwrite(tmp_path: Path) -> None:
     """Reproduced: a second dmt-inspect into the same run directory replaced inspect.json
     without a word; one that failed its checks left the earlier inspect.json beside its own

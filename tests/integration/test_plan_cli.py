@@ -50,6 +50,7 @@ def _texts(run_dir: Path) -> dict[str, str]:
     return {str(p.relative_to(run_dir)): p.read_text() for p in run_dir.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow  # five dmt-plan runs (about 50 s on 2 shared cores)
 def test_dmt_plan_writes_plan_json_and_replaces_it_only_with_overwrite(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = _plan(run_dir)

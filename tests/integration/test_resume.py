@@ -472,6 +472,7 @@ def test_resume_auto_takes_the_newest_complete_checkpoint_and_skips_a_damaged_on
         torch.testing.assert_close(redone[key], value, rtol=0, atol=1e-6, msg=key)
 
 
+@pytest.mark.slow  # 2-rank runs under torchrun (about 60 s on 2 shared cores)
 def test_another_optimizer_on_two_ranks_starts_its_state_fresh(tmp_path: Path) -> None:
     """A reproduced bug: on 2+ ranks, a resume with another dense optimizer (Adam -> SGD with
     momentum) and trainer.resume_allow_config_change=true failed in DCP's load ("Missing key in

@@ -116,6 +116,7 @@ def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # a CLI multirun (about 20 s on 2 shared cores)
 def test_a_sweep_on_data_without_validation_rows_stops_naming_its_metric(tmp_path):
     """``val_auc`` with ``data=criteo_sample_holdout`` (no validation rows) is NaN: a sweeper
     would rank the points by nothing."""

@@ -170,6 +170,7 @@ def _holding(*args: str, log, multirun: bool = False) -> subprocess.Popen:
     return holder
 
 
+@pytest.mark.slow  # a run held while a 2-rank torchrun job starts (20-30 s on 2 shared cores)
 def test_a_second_jobs_ranks_are_refused_before_writing_into_a_held_directory(tmp_path):
     """Reproduced: a torchrun job of 2 ranks started into the directory of a running run was
     refused by its rank 0 only: rank 1, which took no lock and found no outputs yet, went on and
@@ -197,6 +198,7 @@ def test_a_second_jobs_ranks_are_refused_before_writing_into_a_held_directory(tm
     assert not (run / "train.rank1.log").exists()
 
 
+@pytest.mark.slow  # two CLI runs (20-30 s on 2 shared cores)
 def test_going_back_in_a_run_is_refused_before_hydra_rewrites_its_record(tmp_path):
     run = tmp_path / "run"
     first = _cli(*TINY, "trainer=smoke", "trainer.checkpoint_every=1", f"hydra.run.dir={run}")
@@ -230,6 +232,7 @@ def test_a_resume_past_the_runs_end_is_refused_before_a_directory_is_made(tmp_pa
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow  # two CLI runs (20-30 s on 2 shared cores)
 def test_a_resume_past_an_end_lowered_by_epochs_is_refused_before_hydra_writes(tmp_path):
     """Reproduced: a run resumed with trainer.epochs lowered below its checkpoint's step (an end
     set by epochs alone) was refused by the trainer only, after Hydra had rewritten the run's
@@ -282,6 +285,7 @@ def _trained_on_two_ranks(*overrides: str) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
 
 
+@pytest.mark.slow  # a 2-rank torchrun run and two CLI runs (35-50 s on 2 shared cores)
 def test_a_resume_into_other_column_blocks_is_refused_before_hydra_writes(tmp_path):
     """Reproduced: an SPTT run with row-wise Adagrad on column-wise tables (2 ranks per tower: 2
     column blocks) resumed by one process (the whole table: its state cannot be resharded) was
@@ -311,6 +315,7 @@ def test_a_resume_into_other_column_blocks_is_refused_before_hydra_writes(tmp_pa
     assert json.loads((run / "metrics.json").read_text())["num_steps"] == 3
 
 
+@pytest.mark.slow  # a 2-rank torchrun run and a CLI run (30-40 s on 2 shared cores)
 def test_a_resume_into_other_towers_is_refused_before_hydra_writes(tmp_path):
     """Reproduced: an SPTT run of 2 towers (2 ranks, one per tower) resumed by one process
     (T = 1) was refused by the trainer only, with a traceback, once it sharded the model: after
@@ -329,6 +334,7 @@ def test_a_resume_into_other_towers_is_refused_before_hydra_writes(tmp_path):
     )
 
 
+@pytest.mark.slow  # four CLI multiruns (40-50 s on 2 shared cores)
 def test_a_sweep_into_another_sweeps_directory_stops_before_rewriting_its_records(tmp_path):
     """A reproduced bug: the second sweep rewrote job 0's .hydra/overrides.yaml (so its
     metrics.json was read as the result of settings that never ran) before job 0 was refused.
@@ -354,6 +360,7 @@ def test_a_sweep_into_another_sweeps_directory_stops_before_rewriting_its_record
     assert all((study / f"seed_{s}" / "metrics.json").exists() for s in (0, 1))
 
 
+@pytest.mark.slow  # a sweep held while another starts (15-25 s on 2 shared cores)
 def test_a_second_sweep_into_a_running_sweeps_directory_stops_before_writing(tmp_path):
     """Reproduced: a sweep started into the directory of a running sweep whose jobs had no
     outputs yet wrote its multirun.yaml and job 0's .hydra/ record (model=dcn) over the running
@@ -382,6 +389,7 @@ def test_a_second_sweep_into_a_running_sweeps_directory_stops_before_writing(tmp
     assert not (sweep / "trials.csv").exists()
 
 
+@pytest.mark.slow  # five CLI multiruns (50-60 s on 2 shared cores)
 def test_a_refused_sweep_job_keeps_the_record_of_the_run_in_its_directory(tmp_path):
     """Reproduced bugs: Hydra writes a job's .hydra/ record before any callback runs, so a job
     refused for the run in its directory replaced that run's record with its own settings; the
@@ -425,6 +433,7 @@ def test_a_refused_sweep_job_keeps_the_record_of_the_run_in_its_directory(tmp_pa
     assert b"trainer.resume_from=auto" in (sweep / "0" / ".hydra" / "overrides.yaml").read_bytes()
 
 
+@pytest.mark.slow  # two CLI multiruns (20-30 s on 2 shared cores)
 def test_a_sweep_job_refused_by_a_stopped_runs_checkpoint_keeps_the_runs_record(tmp_path):
     """Reproduced: a job directory holding a run stopped after a complete checkpoint, without
     its metrics.json (preempted), counted as one that trainer.resume_from=auto starts afresh

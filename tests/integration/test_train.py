@@ -300,6 +300,7 @@ def test_cli_run_and_multirun_sweep(tmp_path):
         assert float(r["val_auc"]) == metrics["val_auc"]
 
 
+@pytest.mark.slow  # two Optuna multiruns (about 40 s on 2 shared cores)
 def test_an_optuna_sweep_goes_on_past_a_diverged_trial(tmp_path):
     """A reproduced bug: a diverged trial returned NaN, which Optuna refuses ("the objective
     function returned nan"); the sweeper's own fallback then failed too, and the multirun stopped

@@ -28,6 +28,34 @@ from tests.conftest import compose_config
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def test_curves_are_drawn_where_a_drawn_record_came_after_the_last_drawing(tmp_path):
+    """A figure takes about a second, and every run used to draw three at its end (after the
+    validation, after the test, which it does not draw, and at the close): one is drawn now,
+    unless a training record came after the validation."""
+    png = tmp_path / "curves.png"
+
+    def drawing() -> tuple[int, int]:  # a drawing is a new file renamed into place
+        return png.stat().st_ino, png.stat().st_mtime_ns
+
+    h = RunHistory(tmp_path, batch_size=100)
+    h.log_train(step=10, loss=0.5, lrs=[0.1], train_time_s=1.0)
+    assert not png.exists()
+    h.log_eval(step=10, metrics={"auc": 0.7}, split="val")
+    drawn = drawing()
+    h.log_eval(step=10, metrics={"auc": 0.6}, split="test")
+    h.close()
+    assert drawing() == drawn
+    h = RunHistory(tmp_path, batch_size=100, start_step=10)
+    h.log_eval(step=10, metrics={"auc": 0.7}, split="val")
+    h.log_train(step=20, loss=0.4, lrs=[0.1], train_time_s=2.0)
+    drawn = drawing()
+    h.close()
+    assert drawing() != drawn  # the step-20 loss is drawn
+    drawn = drawing()
+    RunHistory(tmp_path, batch_size=100, start_step=20).close()  # this run drew nothing yet
+    assert drawing() != drawn
+
+
 def test_records_throughput_and_curves(tmp_path):
     h = RunHistory(tmp_path, batch_size=100)
     h.log_train(step=10, loss=0.5, lrs=[0.1, 0.003], train_time_s=2.0)
