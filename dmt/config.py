@@ -478,7 +478,7 @@ class ShardingConfig:
     ddr_gb: float = 128.0
     """Host memory (GiB) per rank for tables plus optimizer state (UVM-cached tables on CUDA, all tables on CPU)."""
     uvm_cache_load_factor: float = 0.2
-    """Fraction of a UVM-cached table's rows kept in HBM (strictly between 0 and 1)."""
+    """Fraction of a UVM-cached table's rows kept in HBM (strictly between 0 and 1). Ignored on CPU."""
 
 
 @dataclass
@@ -887,15 +887,17 @@ def _check_checkpoint_dir(path: str) -> None:
         )
 
 
-def ignored_settings(cfg: Config, *, world_size: int, total_steps: int) -> list[str]:
+def ignored_settings(cfg: Config, *, world_size: int, total_steps: int, device: str) -> list[str]:
     """The settings of ``cfg`` that a ``dmt-train`` run of ``total_steps`` steps on
-    ``world_size`` ranks never acts on, one message each (the trainer warns of them): a setting
-    is set when it differs from the schema's default (:func:`schema_default`)."""
+    ``world_size`` ranks of ``device`` (``"cpu"`` or ``"cuda"``, the runtime's device type)
+    never acts on, one message each (the trainer warns of them): a setting is set when it
+    differs from the schema's default (:func:`schema_default`)."""
     return [
         *_beyond_run(cfg.trainer, total_steps),
         *_unread_by_flat(cfg, world_size),
         *_unread_dcn_sizes(cfg.model),
         *_unread_data(cfg.data),
+        *_unread_on_cpu(cfg.sharding, device),
     ]
 
 
@@ -975,6 +977,21 @@ def _unread_dcn_sizes(m: ModelConfig) -> list[str]:
         f"{_listed(given)}, but this model has no CrossNet (interaction "
         f"{_target(m.interaction)}, tower module {_target(m.tower)}): model.dcn_num_layers and "
         "model.dcn_low_rank size the DCN interaction (model=dcn) and DCN tower modules (tower=dcn)"
+    ]
+
+
+#: the sharding settings only CUDA reads (on CPU every table lives in host memory: ddr_gb)
+_CUDA_ONLY = ("hbm_gb", "uvm_cache_load_factor")
+
+
+def _unread_on_cpu(s: ShardingConfig, device: str) -> list[str]:
+    given = _set("sharding", s, _CUDA_ONLY) if device == "cpu" else []
+    if not given:
+        return []
+    return [
+        f"{_listed(given)}, but this run trains on CPU, which has no HBM and caches no table, "
+        f"and reads none of sharding.{', sharding.'.join(_CUDA_ONLY)}: every table lives in "
+        "host memory, within sharding.ddr_gb (a CUDA run budgets its HBM with them)"
     ]
 
 

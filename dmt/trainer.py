@@ -163,7 +163,12 @@ class Trainer:
         if runtime.is_main:
             for problem in [
                 *schedule_beyond_run(cfg.optim, self.total_steps),
-                *ignored_settings(cfg, world_size=runtime.world_size, total_steps=self.total_steps),
+                *ignored_settings(
+                    cfg,
+                    world_size=runtime.world_size,
+                    total_steps=self.total_steps,
+                    device=runtime.device.type,
+                ),
             ]:
                 log.warning(problem)
         # trainer.ema_decay: evaluation reads an average of the dense weights (dmt/ema.py)

@@ -79,6 +79,23 @@ def dense_flops(model: RecModel | DMTModel, batch_size: int = 4) -> tuple[float,
     return fwd.get_total_flops() / batch_size, total.get_total_flops() / batch_size
 
 
+def bottom_flops(model: RecModel | DMTModel, batch_size: int = 4) -> tuple[float, float]:
+    """``(forward FLOPs, forward + backward FLOPs)`` per sample of ``model.bottom``, the bottom
+    MLP, counted as :func:`dense_flops` counts them (a part of them): its input, the dense
+    features, needs no gradient, so its first layer's backward computes the weight gradient
+    alone. ``model``'s bottom MLP may live on the meta device."""
+    first = model.bottom[0]
+    assert isinstance(first, nn.Linear)
+    dense = torch.zeros(batch_size, first.in_features, device=first.weight.device)
+    fwd = FlopCounterMode(display=False)
+    with fwd:
+        model.bottom(dense)
+    total = FlopCounterMode(display=False)
+    with total:
+        model.bottom(dense).sum().backward()
+    return fwd.get_total_flops() / batch_size, total.get_total_flops() / batch_size
+
+
 @contextmanager
 def _autograd_backward(module: nn.Module) -> Iterator[None]:
     """``module``'s dot interactions backward as autograd computes it (the counted convention),

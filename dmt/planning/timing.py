@@ -35,10 +35,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from torch import nn
-
 from dmt.memory import VALUE_BYTES, optimizer_state_bytes
-from dmt.models.accounting import dense_flops, tower_train_flops
+from dmt.models.accounting import bottom_flops, dense_flops, tower_train_flops
 from dmt.models.dmt import DMTModel
 from dmt.models.rec_model import RecModel
 from dmt.planning.collectives import CollectiveBytes
@@ -71,6 +69,9 @@ class ComputeLoad:
     lookup_bytes_per_sample: float = 0.0
     """Bytes of embedding rows and optimizer state the rank reads and writes, forward and
     backward, per sample of its local batch (its tables serve ``G B`` samples)."""
+    bottom_forward_mflops_per_sample: float | None = None
+    """Forward MFLOPs per sample of the bottom MLP (part of ``bottom_mflops_per_sample``); None:
+    :data:`FORWARD_FRACTION` of it."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -84,6 +85,12 @@ class ComputeLoad:
             raise ValueError(
                 f"ComputeLoad.bottom_mflops_per_sample={self.bottom_mflops_per_sample} exceeds "
                 f"dense_mflops_per_sample={self.dense_mflops_per_sample} (it is a part of it)"
+            )
+        forward = self.bottom_forward_mflops_per_sample
+        if forward is not None and not 0 <= forward <= self.bottom_mflops_per_sample:
+            raise ValueError(
+                f"ComputeLoad.bottom_forward_mflops_per_sample={forward!r} must be >= 0 and at "
+                f"most bottom_mflops_per_sample={self.bottom_mflops_per_sample} (it is a part of it)"
             )
 
 
@@ -119,8 +126,10 @@ def compute_load(
     :func:`dmt.models.accounting.dense_flops` (bottom MLP, tower modules, interaction, top MLP;
     per rank per local sample: a tower's ranks run its module over ``T`` times their local
     batch, which for towers of equal modules is ``1 / T`` of the towers' FLOPs), the bottom
-    MLP's share, and the embedding rows touched (``ids_per_sample`` ids of ``embedding_dim``
-    elements, :func:`lookup_passes` of ``sparse_optimizer`` times).
+    MLP's share and its forward (:func:`~dmt.models.accounting.bottom_flops`: its first layer
+    computes no gradient of the dense input), and the embedding rows touched
+    (``ids_per_sample`` ids of ``embedding_dim`` elements, :func:`lookup_passes` of
+    ``sparse_optimizer`` times).
 
     ``busiest_tower``: the tower modules' FLOPs of a rank of the tower whose module computes
     the most (``T`` times its FLOPs per sample, :func:`~dmt.models.accounting.tower_train_flops`),
@@ -141,15 +150,12 @@ def compute_load(
     if busiest_tower and isinstance(model, DMTModel):
         towers = tower_train_flops(model)
         train += len(towers) * max(towers) - sum(towers)
-    bottom = sum(
-        2 * m.in_features * m.out_features
-        for m in model.bottom.modules()
-        if isinstance(m, nn.Linear)
-    )
+    bottom_forward, bottom = bottom_flops(model)
     return ComputeLoad(
         dense_mflops_per_sample=train / 1e6,
-        bottom_mflops_per_sample=min(train, bottom / FORWARD_FRACTION) / 1e6,
+        bottom_mflops_per_sample=bottom / 1e6,
         lookup_bytes_per_sample=ids_per_sample * model.embedding_dim * element_bytes * passes,
+        bottom_forward_mflops_per_sample=bottom_forward / 1e6,
     )
 
 
@@ -238,10 +244,14 @@ def _budgets(
     flops_s = rank_tflops(cluster) * 1e12
     dense_s = compute.dense_mflops_per_sample * 1e6 * batch / flops_s
     bottom_s = compute.bottom_mflops_per_sample * 1e6 * batch / flops_s
+    forward = compute.bottom_forward_mflops_per_sample
+    if forward is None:
+        forward = compute.bottom_mflops_per_sample * FORWARD_FRACTION
+    bottom_forward_s = forward * 1e6 * batch / flops_s
     return {
         "prefetch": dense_s + lookup_s,
-        "bottom/forward": bottom_s * FORWARD_FRACTION,
-        "bottom/backward": bottom_s * (1 - FORWARD_FRACTION),
+        "bottom/forward": bottom_forward_s,
+        "bottom/backward": bottom_s - bottom_forward_s,
         "backward": dense_s * (1 - FORWARD_FRACTION),
     }
 

@@ -679,6 +679,13 @@ def test_a_world_of_one_trains_with_the_plain_loop_unless_told_to_pipeline_it(tm
             "data.synthetic.signal_scale, data.synthetic.dense_scale (ids and labels are drawn "
             "independently, without a planted signal): data.synthetic.mode=planted plants one",
         ),
+        (  # a CPU run: every table in host memory, as without it
+            ["sharding.hbm_gb=4"],
+            "sharding.hbm_gb=4.0 is set, but this run trains on CPU, which has no HBM and "
+            "caches no table, and reads none of sharding.hbm_gb, sharding.uvm_cache_load_factor: "
+            "every table lives in host memory, within sharding.ddr_gb (a CUDA run budgets its "
+            "HBM with them)",
+        ),
     ],
 )
 def test_settings_that_another_turns_off_are_warned_of(tmp_path, caplog, overrides, warning):

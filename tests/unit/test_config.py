@@ -23,7 +23,7 @@ CONTEXT = {
     "sptt": ["experiment=dmt_4t_dlrm"],
 }
 #: a run long enough for every trainer.*_every, on 8 ranks: only settings nothing reads remain
-LONG_RUN = {"world_size": 8, "total_steps": 10**9}
+LONG_RUN = {"world_size": 8, "total_steps": 10**9, "device": "cpu"}
 #: what each option must set, where a group has a field that names it
 CHOSEN = {
     "model": lambda conf: conf.model.name,
@@ -369,7 +369,7 @@ def test_dmt_inspect_composes_the_training_config(overrides):
         ),
         (
             ["trainer.log_every=1", "trainer.checkpoint=true", "trainer.checkpoint_every=20"],
-            {"world_size": 1, "total_steps": 16},
+            {"world_size": 1, "total_steps": 16, "device": "cpu"},
             "trainer.checkpoint_every=20 is longer than the run (16 steps: trainer.epochs, "
             "trainer.max_steps): the only checkpoint is the one at the end "
             "(trainer.checkpoint=true)",
@@ -417,10 +417,30 @@ def test_comm_precision_is_named_only_where_nothing_rounds():
     returns its input); SPTT's own collectives round at any world size."""
     flat = typed_config("sptt.comm_precision=fp16")
     sptt = typed_config("experiment=dmt_4t_dlrm", "sptt=on", "sptt.comm_precision=fp16")
-    assert ignored_settings(flat, world_size=1, total_steps=100) == [
+    assert ignored_settings(flat, world_size=1, total_steps=100, device="cpu") == [
         "sptt.comm_precision=fp16 has no effect on a flat run (sptt.enabled=false) in a world of "
         "one: TorchRec's collectives of one rank send nothing, so no pooled embedding is rounded "
         "to fp16 (sptt=on rounds in its collectives at any world size)"
     ]
-    assert ignored_settings(flat, world_size=2, total_steps=100) == []
-    assert ignored_settings(sptt, world_size=1, total_steps=100) == []
+    assert ignored_settings(flat, world_size=2, total_steps=100, device="cpu") == []
+    assert ignored_settings(sptt, world_size=1, total_steps=100, device="cpu") == []
+
+
+@pytest.mark.parametrize("sptt", [[], ["experiment=dmt_4t_dlrm", "sptt=on"]])
+def test_gpu_memory_settings_are_named_only_on_cpu(sptt):
+    """Reproduced bug: sharding.hbm_gb and sharding.uvm_cache_load_factor budget HBM and its
+    UVM caches, which a CPU run has none of (every table lives in host memory, within
+    sharding.ddr_gb, which it reads), and a CPU run took them without a word."""
+    given = typed_config(*sptt, "sharding.hbm_gb=4", "sharding.uvm_cache_load_factor=0.5")
+    assert ignored_settings(given, **LONG_RUN) == [
+        "sharding.hbm_gb=4.0, sharding.uvm_cache_load_factor=0.5 are set, but this run trains "
+        "on CPU, which has no HBM and caches no table, and reads none of sharding.hbm_gb, "
+        "sharding.uvm_cache_load_factor: every table lives in host memory, within "
+        "sharding.ddr_gb (a CUDA run budgets its HBM with them)"
+    ]
+    assert ignored_settings(given, **{**LONG_RUN, "device": "cuda"}) == []
+    # the defaults written out, and the host memory a CPU run plans its tables in
+    defaults = typed_config(
+        *sptt, "sharding.hbm_gb=null", "sharding.uvm_cache_load_factor=0.2", "sharding.ddr_gb=1"
+    )
+    assert ignored_settings(defaults, **LONG_RUN) == []

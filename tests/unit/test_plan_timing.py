@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from dmt.config import DLRMTowerConfig, DotInteractionConfig, ModelConfig, PartitionConfig
 from dmt.models import build_dmt_model, build_model, naive_partition
@@ -219,6 +221,61 @@ def test_compute_load_checks() -> None:
     assert str(err.value) == (
         "ComputeLoad.bottom_mflops_per_sample=2.0 exceeds dense_mflops_per_sample=1.0 (it is a part of it)"
     )
+    with pytest.raises(ValueError) as err:
+        ComputeLoad(1.0, bottom_mflops_per_sample=0.5, bottom_forward_mflops_per_sample=0.6)
+    assert str(err.value) == (
+        "ComputeLoad.bottom_forward_mflops_per_sample=0.6 must be >= 0 and at most "
+        "bottom_mflops_per_sample=0.5 (it is a part of it)"
+    )
+
+
+def _dlrm(bottom_mlp: list[int], num_features: int = 6):  # type: ignore[no-untyped-def]
+    """A DLRM of 13 dense features and ``num_features`` tables, without towers."""
+    names = [f"f{i}" for i in range(num_features)]
+    cfg = ModelConfig(
+        name="dlrm",
+        interaction=DotInteractionConfig(),
+        embedding_dim=bottom_mlp[-1],
+        bottom_mlp=bottom_mlp,
+        top_mlp=[16, 1],
+        partition=PartitionConfig(kind="none"),
+    )
+    return build_model(cfg, feature_names=names, cardinalities=[10] * num_features, num_dense=13)
+
+
+@pytest.mark.parametrize("bottom_mlp", [[16], [64, 16], [512, 256, 128]])
+def test_bottom_mlp_flops_are_what_its_training_computes(bottom_mlp: list[int]) -> None:
+    """Reproduced bug: dmt-plan counted the bottom MLP's training FLOPs as three times its
+    forward, the gradient of the dense input too, which backward never computes: 1.5 times
+    too many for one layer, 1.3% for the paper's 512-256-128. Counted here on the same MLP by
+    PyTorch's FLOP counter, trained on an input that needs no gradient."""
+    model = _dlrm(bottom_mlp)
+    load = compute_load(model, ids_per_sample=6, sparse_optimizer="rowwise_adagrad")
+    B = 4
+    dense = torch.randn(B, 13)
+    forward, training = FlopCounterMode(display=False), FlopCounterMode(display=False)
+    with forward:
+        model.bottom(dense)
+    with training:
+        model.bottom(dense).sum().backward()
+    assert load.bottom_mflops_per_sample == pytest.approx(training.get_total_flops() / B / 1e6)
+    assert load.bottom_forward_mflops_per_sample == pytest.approx(
+        forward.get_total_flops() / B / 1e6
+    )
+    sizes = [13, *bottom_mlp]
+    layers = [2 * i * o for i, o in zip(sizes, sizes[1:], strict=False)]
+    assert load.bottom_mflops_per_sample == pytest.approx((3 * sum(layers) - layers[0]) / 1e6)
+
+
+def test_step_f_backward_hides_behind_the_bottom_mlps_backward_as_computed() -> None:
+    """A one-layer bottom MLP (13 -> 16) computes its weight gradient alone backward, as many
+    FLOPs as its forward: step f's backward hides behind that, not twice its forward."""
+    load = compute_load(_dlrm([16]), ids_per_sample=6, sparse_optimizer="rowwise_adagrad")
+    batch = 1_000_000  # forward 2 x 13 x 16 FLOPs x 1e6 at 5e11 FLOP/s: 0.832 ms
+    fwd = Coll("f", "all_to_all", "peer", "forward", 2, 0, 1_000_000, True)  # 2 ms each way
+    bwd = replace(fwd, direction="backward")
+    t = predict_step_time("dmt", [fwd, bwd], load, batch, CLUSTER)
+    assert [c.exposed_ms for c in t.collectives] == pytest.approx([2.0 - 0.832, 2.0 - 0.832])
 
 
 # a DLRM of 6 features of dim 16 whose towers project each feature to 8 (c = 1, p = 0)
@@ -240,8 +297,10 @@ def test_compute_load_of_a_dmt_model() -> None:
         cfg, naive_partition(names, 2), feature_names=names, cardinalities=[10] * 6, num_dense=13
     )
     load = compute_load(model, ids_per_sample=12, sparse_optimizer="rowwise_adagrad")
-    # bottom MLP 13 -> 32 -> 8: forward 2 (13 x 32 + 32 x 8) FLOPs, training three times that
-    assert load.bottom_mflops_per_sample == pytest.approx(3 * 2 * (13 * 32 + 32 * 8) / 1e6)
+    # bottom MLP 13 -> 32 -> 8: forward 2 (13 x 32 + 32 x 8) FLOPs; backward both weight
+    # gradients, and the input gradient of the second layer alone (the dense input needs none)
+    assert load.bottom_forward_mflops_per_sample == pytest.approx(2 * (13 * 32 + 32 * 8) / 1e6)
+    assert load.bottom_mflops_per_sample == pytest.approx(2 * (2 * 13 * 32 + 3 * 32 * 8) / 1e6)
     assert load.dense_mflops_per_sample == pytest.approx(dense_flops(model)[1] / 1e6)
     assert load.lookup_bytes_per_sample == 12 * 16 * 4 * 3  # ids x N x fp32 x (read, read, write)
 
