@@ -13,7 +13,9 @@ Layout of ``<root>/step_<N>/``:
   fsynced): step, data position, world size, working directory, the EMA's update count
   (``ema_updates``, with an ``ema``), the fused sparse optimizer's step count
   (``fused_optimizer_step``: FBGEMM keeps Adam's bias-correction step outside every state
-  dict) and the size of every file. A
+  dict), what identifies the training rows (``train_data``: for Criteo, the preprocessed
+  directory's settings, rows and sampled input fingerprints, no paths) and the size of every
+  file. A
   ``step_N`` without it is incomplete; one whose files do not match it is damaged. Both are
   skipped, with a warning naming the file, when the newest checkpoint is looked for.
 
@@ -78,6 +80,8 @@ log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 META_FILE = "meta.json"
 CONFIG_FILE = "config.yaml"
+#: in ``meta.json``: what identifies the rows the run trained on (:func:`check_data_fingerprint`)
+DATA_KEY = "train_data"
 FORMAT = "dcp-1"
 
 # Config keys a resume may change freely: how the job runs, not what it computes. ``optim.*``,
@@ -422,10 +426,12 @@ class Checkpointer:
         config: str | None = None,
         lr_scheduler: dict[str, Any] | None = None,
         ema: DenseEMA | None = None,
+        data: dict[str, Any] | None = None,
     ) -> Path:
         """Save model, optimizer, data position, RNG and ``ema`` (if given) as
         ``<root>/step_<step>``, and the LR scheduler's (small, rank-independent) ``state_dict``
-        in ``meta.json``."""
+        and the training data's fingerprint ``data`` (:attr:`dmt.data.DataBundle.train_fingerprint`,
+        checked by :func:`check_data_fingerprint`) in ``meta.json``."""
         self.wait()
         path = self.root / f"step_{step}"
         # Rank 0 decides (the other ranks may look while it moves a damaged one aside) and every
@@ -461,6 +467,8 @@ class Checkpointer:
             meta["lr_scheduler"] = lr_scheduler
         if ema is not None:
             meta["ema_updates"] = ema.num_updates
+        if data is not None:
+            meta[DATA_KEY] = data
         if self.async_save and self._staging_fits(state, path):
             # no copying ahead from a GPU, as FileSystemWriter's own stager sets: the staged copy
             # is on the host, and with CUDA the copying-ahead loader would sync a stream of the
@@ -752,6 +760,62 @@ def check_data_position(path: Path, batches_per_epoch: int, batch_size: int) -> 
         "checkpoint's data (a resume may move the data, data.criteo.raw_path and "
         "data.criteo.preprocessed_dir, not change its rows)"
     )
+
+
+def check_data_fingerprint(
+    path: Path, fingerprint: dict[str, Any] | None, where: str, *, allow_change: bool
+) -> None:
+    """Raise ``ValueError`` if checkpoint ``path`` trained on other rows than this run's
+    training data (``fingerprint``: :attr:`dmt.data.DataBundle.train_fingerprint` of the data
+    ``where`` names), listing what differs: a resume may move the data, not change it. With
+    ``allow_change`` (``trainer.resume_allow_config_change``: e.g. the same rows in a file that
+    was decompressed since, whose size and sampled fingerprint differ) a warning instead. A
+    checkpoint of an older dmt, without the record, resumes with a warning."""
+    if fingerprint is None:  # rows fixed by the config (synthetic), which check_config compares
+        return
+    saved = read_meta(path).get(DATA_KEY)
+    if saved is None:
+        log.warning(
+            "checkpoint %s was saved by a dmt that did not record its training data: %s is not "
+            "checked against it (only against its batch position)",
+            path,
+            where,
+        )
+        return
+    was, now = flatten_keys(_indexed(saved)), flatten_keys(_indexed(fingerprint))
+    differences = [
+        f"{k}: {was.get(k, '<absent>')!r} -> {now.get(k, '<absent>')!r}"
+        for k in sorted(set(was) | set(now))
+        if was.get(k) != now.get(k)
+    ]
+    if not differences:
+        return
+    if len(differences) > 5:
+        differences[5:] = [f"and {len(differences) - 5} more"]
+    what = f"other rows than this run's {where} holds ({'; '.join(differences)})"
+    if allow_change:
+        log.warning(
+            "checkpoint %s trained on %s; trainer.resume_allow_config_change=true: training on "
+            "with this run's rows",
+            path,
+            what,
+        )
+        return
+    raise ValueError(
+        f"cannot resume from {path}: it trained on {what}: a resume may move the data "
+        "(data.criteo.raw_path and data.criteo.preprocessed_dir), not change its rows; point "
+        "them at the checkpoint's data, or set trainer.resume_allow_config_change=true to train "
+        "on with these rows"
+    )
+
+
+def _indexed(tree: Any) -> Any:
+    """``tree`` with every list as a dict of its indexes (for :func:`flatten_keys`)."""
+    if isinstance(tree, dict):
+        return {k: _indexed(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return {str(i): _indexed(v) for i, v in enumerate(tree)}
+    return tree
 
 
 def check_ends_after(step: int, end: int, path: str | Path, trainer: Any) -> None:

@@ -406,9 +406,7 @@ class TrainerConfig:
     resume_from: str | None = (
         None  # "auto" (newest complete checkpoint of this run, else fresh), a step_N directory or its parent (newest)
     )
-    resume_allow_config_change: bool = (
-        False  # let a resume change optim.* keys (model, data, partition must match)
-    )
+    resume_allow_config_change: bool = False  # let a resume change optim.* keys (model, data settings, partition must match) and train on other rows than the checkpoint's (data.criteo.raw_path/preprocessed_dir), with a warning
     checkpoint_async: bool = False  # write checkpoints in the background (DCP async_save over a dedicated gloo group): large tables on GPU; on small models staging costs more than it saves. The staging copy of every rank's state (dmt.host_memory.staged_bytes) must fit in its host's free memory, else that checkpoint is written synchronously, with a warning
     pipeline: bool = True  # TorchRec's training pipeline (overlaps batch i+1's copy and input all-to-all with batch i) whenever there are 2+ ranks; a world of one (one process) runs the plain loop, faster there (one H100: 1.2-1.3x; nothing to overlap); false: the plain loop everywhere, for debugging
     pipeline_world_of_one: bool = False  # with trainer.pipeline, pipeline a world of one too (to compare or test the pipeline in one process; slower there)

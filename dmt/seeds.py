@@ -5,10 +5,14 @@ uses it to run a sweep's best trials again.
 
 Each run is ``dmt.train.train`` in this process with ``trainer.seed=<seed>``, written to
 ``<out>/<config>/seed_<seed>/metrics.json``, with the overrides it trained with in
-``seed_run.json`` beside it (written before the run trains). Runs whose ``metrics.json`` exists
-are read back, not rerun, and only if they trained with the same overrides (a study's config given
-other settings is refused, not reported with the old run's figures; a run without
-``seed_run.json``, e.g. of a Hydra multirun, is checked by its ``.hydra/config.yaml``); a run that has
+``seed_run.json`` beside it (written before the run trains; with a ``tp`` partition file, that
+file's towers too). Runs whose ``metrics.json`` exists are read back, not rerun, and only if they
+trained with the same overrides (a study's config given other settings is refused, not reported
+with the old run's figures; a run without ``seed_run.json``, e.g. of a Hydra multirun, is checked
+by its ``.hydra/config.yaml``) and, with a ``tp`` partition, the towers its file holds now (a
+file replaced since, by ``dmt-partition --overwrite`` or an edit, is refused too; a run whose
+towers are not recorded, in ``seed_run.json`` or a checkpoint's ``config.yaml``, is read with a
+warning); a run that has
 ``seed_run.json`` (or a Hydra multirun's job: ``.hydra/config.yaml``) and a checkpoint but no
 ``metrics.json`` (the call stopped while it trained) goes on from its latest checkpoint
 (``trainer.resume_from=auto``, unless its overrides set ``trainer.resume_from``), under the same
@@ -41,6 +45,8 @@ ALTERNATIVES = ("two-sided", "greater", "less")
 RUN_FILE = "seed_run.json"
 #: a run of a Hydra multirun (no RUN_FILE): the config it ran
 HYDRA_RECORD = ".hydra/config.yaml"
+#: in RUN_FILE: the tp partition file that gave the run's towers and those towers (None: none did)
+PARTITION_KEY = "partition"
 #: settings a resume may change (:func:`dmt.checkpoint.config_differences`) that change what a
 #: run's evaluation reports: a run collected by its Hydra record must match them too
 READ_BY_EVALUATION = ("trainer.eval_max_batches", "trainer.ema_decay")
@@ -147,7 +153,8 @@ def study(
         if metrics is None:  # to train (checked above with every other run)
             assert run.cfg is not None
             if not run.resume:  # nothing trained here yet (or nothing kept): the run's settings
-                write_json(run.run_dir / RUN_FILE, {"config": run.name, "overrides": run.settings})
+                record = {"config": run.name, "overrides": run.settings}
+                write_json(run.run_dir / RUN_FILE, {**record, PARTITION_KEY: _file_towers(run)})
             print(f"[{run.name} seed {run.seed}] dmt-train {' '.join(run.args)}", flush=True)
             metrics = train(run.cfg, run.run_dir)
             if metric not in metrics:
@@ -201,6 +208,7 @@ class _Run:
     cfg: Any = None
     args: list[str] = field(default_factory=list)
     resume: bool = False
+    partition_file: str | None = None  # the tp partition file its towers come from
 
 
 def _plan_run(
@@ -241,6 +249,9 @@ def _plan_run(
         conf = to_config(run.cfg)
     except (ValueError, HydraException, OmegaConfBaseException) as e:  # Hydra's: many lines
         raise ValueError(f"{_one_line(e)} (config {name!r})") from e
+    partition = conf.model.partition
+    if partition.kind == "tp" and partition.recorded_towers is None:
+        run.partition_file = partition.path
     known = run_metric_names(conf)
     if metric not in known:  # before the run trains, not after it
         raise ValueError(
@@ -292,12 +303,14 @@ def _check_same_run(run_dir: Path, name: str, settings: list[str]) -> None:
     """Raise :class:`StaleRun` unless the run in ``run_dir`` trained with ``settings``: its
     :data:`RUN_FILE`'s overrides, or else (a run of a Hydra multirun, or of an older dmt) its
     Hydra record ``.hydra/config.yaml`` against the config ``settings`` compose, in what a
-    resume may not change (:func:`dmt.checkpoint.config_differences`)."""
+    resume may not change (:func:`dmt.checkpoint.config_differences`); and with a ``tp``
+    partition file, on the towers that file holds now (:func:`_check_towers`)."""
     record = run_dir / RUN_FILE
     if not record.exists():
         hydra_record = run_dir / HYDRA_RECORD
         if hydra_record.is_file():
-            _check_hydra_record(hydra_record, run_dir, name, settings)
+            ran = _check_hydra_record(hydra_record, run_dir, name, settings)
+            _check_towers(run_dir, name, _checkpoint_towers(run_dir, ran))
             return
         warnings.warn(
             f"{run_dir} has no {RUN_FILE} and no .hydra/config.yaml: its settings cannot be "
@@ -305,28 +318,121 @@ def _check_same_run(run_dir: Path, name: str, settings: list[str]) -> None:
             stacklevel=4,  # the caller of study()
         )
         return
-    ran = json.loads(record.read_text()).get("overrides")
+    written = json.loads(record.read_text())
+    ran = written.get("overrides")
     if ran != settings:
         raise StaleRun(
             f"{run_dir} trained with {ran}, but config {name!r} is now {settings}: its metrics "
             "are not this config's; choose another --out (or another config name)"
         )
+    if PARTITION_KEY not in written:  # an older dmt's record: the towers its checkpoints hold
+        try:
+            config = _config_of(name, settings)
+        except ValueError as e:  # settings of an older dmt, read as they are (as they were)
+            warnings.warn(
+                f"{run_dir}: its settings do not compose now ({e}): the towers it trained with "
+                "cannot be checked; its metrics are read as they are",
+                stacklevel=4,  # the caller of study()
+            )
+            return
+        _check_towers(run_dir, name, _checkpoint_towers(run_dir, config))
+    elif (partition := written[PARTITION_KEY]) is not None:
+        _check_towers(run_dir, name, (partition["path"], partition["towers"], str(record)))
 
 
-def _check_hydra_record(record: Path, run_dir: Path, name: str, settings: list[str]) -> None:
+def _file_towers(run: _Run) -> dict[str, Any] | None:
+    """For :data:`RUN_FILE`, just before ``run`` trains: its tp partition file and the towers
+    the file holds (what the trainer builds), or None."""
+    from dmt.models.partition import load_partition_file  # noqa: PLC0415
+
+    if run.partition_file is None:
+        return None
+    return {"path": run.partition_file, "towers": load_partition_file(run.partition_file)}
+
+
+def _checkpoint_towers(
+    run_dir: Path, config: dict[str, Any]
+) -> tuple[str, list[list[str]] | None, str] | None:
+    """For a run of ``config`` (a config as YAML data) whose towers a tp partition file gave:
+    the file, the towers its newest checkpoint's ``config.yaml`` records (None: no checkpoint
+    records them) and that file; None for a run of other towers."""
+    from dmt.checkpoint import CONFIG_FILE, RECORDED_TOWERS, flatten_keys, latest  # noqa: PLC0415
+
+    flat = flatten_keys(config)
+    if flat.get("model.partition.kind") != "tp" or flat.get(RECORDED_TOWERS) is not None:
+        return None
+    path = str(flat.get("model.partition.path"))
+    newest = latest(run_dir / str(flat.get("trainer.checkpoint_dir", "checkpoints")))
+    if newest is None:
+        return path, None, ""
+    try:
+        saved = flatten_keys(yaml.safe_load((newest / CONFIG_FILE).read_text()) or {})
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return path, None, ""
+    return path, saved.get(RECORDED_TOWERS), str(newest / CONFIG_FILE)
+
+
+def _check_towers(
+    run_dir: Path, name: str, trained: tuple[str, list[list[str]] | None, str] | None
+) -> None:
+    """Raise :class:`StaleRun` if the run in ``run_dir`` trained (``trained``: its partition
+    file, the towers it held then and the record of them) on other towers than the file holds
+    now: replaced since (``dmt-partition --overwrite``) or edited. A warning where they cannot be
+    compared: not recorded, or the file is not readable now."""
+    from dmt.models.partition import describe_towers_change, load_partition_file  # noqa: PLC0415
+
+    if trained is None:
+        return
+    path, towers, source = trained
+    if towers is None:
+        why = f"no {RUN_FILE} or checkpoint records the towers it trained with"
+    else:
+        try:
+            now = load_partition_file(path)
+        except ValueError as e:  # e.g. moved away since: the run's figures are still its own
+            why = str(e)
+        else:
+            if now == towers:
+                return
+            raise StaleRun(
+                f"{run_dir} trained with other towers than partition file {path!r} holds now "
+                f"({source}: {describe_towers_change(towers, now)}): its metrics are not config "
+                f"{name!r}'s; choose another --out (or another config name), or put the file's "
+                "towers back"
+            )
+    warnings.warn(
+        f"{run_dir}: {why}: its towers cannot be checked against partition file {path!r} of "
+        f"config {name!r}; its metrics are read as they are",
+        stacklevel=5,  # the caller of study()
+    )
+
+
+def _config_of(name: str, settings: list[str]) -> dict[str, Any]:
+    """The config ``settings`` compose, as YAML data; a bad one is a ``ValueError`` naming the
+    config."""
     from hydra.errors import HydraException  # noqa: PLC0415  (keeps --help fast)
     from omegaconf.errors import OmegaConfBaseException  # noqa: PLC0415
 
+    from dmt.config import config_yaml  # noqa: PLC0415
+    from dmt.train import compose_config, to_config  # noqa: PLC0415
+
+    try:
+        return dict(yaml.safe_load(config_yaml(to_config(compose_config(*settings)))))
+    except (ValueError, HydraException, OmegaConfBaseException) as e:  # Hydra's: many lines
+        raise ValueError(f"{_one_line(e)} (config {name!r})") from e
+
+
+def _check_hydra_record(
+    record: Path, run_dir: Path, name: str, settings: list[str]
+) -> dict[str, Any]:
+    """Raise :class:`StaleRun` where the Hydra record ``record`` differs from the config of
+    ``settings``; the config it records, as YAML data."""
     from dmt.checkpoint import config_differences, flatten_keys  # noqa: PLC0415
     from dmt.config import config_yaml  # noqa: PLC0415
     from dmt.evaluate import read_config  # noqa: PLC0415
-    from dmt.train import compose_config, to_config  # noqa: PLC0415
 
     ran = yaml.safe_load(config_yaml(read_config(record)))  # ValueError naming the file
-    try:
-        now = yaml.safe_load(config_yaml(to_config(compose_config(*settings))))
-    except (ValueError, HydraException, OmegaConfBaseException) as e:  # Hydra's: many lines
-        raise ValueError(f"{_one_line(e)} (config {name!r})") from e
+    now = _config_of(name, settings)
     differences = config_differences(ran, now, allow_change=False)
     # free for a resume (the weights are the same), not for the metrics a study reads
     was, then = flatten_keys(ran), flatten_keys(now)
@@ -340,6 +446,7 @@ def _check_hydra_record(record: Path, run_dir: Path, name: str, settings: list[s
             + "): its metrics are not this config's; choose another --out (or another config "
             "name)"
         )
+    return dict(ran)
 
 
 def _quiet(overrides: list[str]) -> list[str]:

@@ -491,9 +491,9 @@ class Trainer:
     def _find_resume(self, *, flat: bool) -> tuple[Path | None, dict[str, int] | None]:
         """The checkpoint to resume from: ``trainer.resume_from`` resolved, or with ``auto`` the
         newest complete checkpoint of this run (``None``: start fresh), its config and data
-        position checked against this run's (:func:`dmt.checkpoint.check_config`,
-        :func:`dmt.checkpoint.check_data_position`, and for an SPTT run the
-        column blocks of its row-wise optimizer state:
+        position and rows checked against this run's (:func:`dmt.checkpoint.check_config`,
+        :func:`dmt.checkpoint.check_data_position`, :func:`dmt.checkpoint.check_data_fingerprint`,
+        and for an SPTT run the column blocks of its row-wise optimizer state:
         :func:`dmt.checkpoint.check_sptt_column_blocks`); for a ``flat`` run also its tables'
         column blocks (:func:`dmt.checkpoint.row_wise_state_blocks`). Rank 0 decides; its error
         is every rank's."""
@@ -519,6 +519,12 @@ class Trainer:
                     )
                     checkpoint.check_data_position(
                         found[0], self.data.train.num_batches(), self.cfg.data.batch_size
+                    )
+                    checkpoint.check_data_fingerprint(
+                        found[0],
+                        self.data.train_fingerprint,
+                        f"data.criteo.preprocessed_dir={self.data.info.get('preprocessed_dir')!r}",
+                        allow_change=self.cfg.trainer.resume_allow_config_change,
                     )
                     if not flat:  # before this run's plan is written
                         sptt = self.cfg.sptt
@@ -560,6 +566,7 @@ class Trainer:
             config=self.config_yaml(),
             lr_scheduler=self.lr_scheduler.state_dict(),
             ema=self.ema,
+            data=self.data.train_fingerprint,
         )
 
     def _log_train(self, loss: float, train_time_s: float) -> None:

@@ -33,6 +33,10 @@ class DataBundle:
     num_dense: int
     planted_groups: list[list[int]] | None = None  # synthetic planted mode: true feature groups
     info: dict[str, Any] = field(default_factory=dict)
+    #: what identifies the training rows where a resume may move them (Criteo's
+    #: ``raw_path``/``preprocessed_dir``), recorded in every checkpoint; ``None``: the config
+    #: alone fixes them (synthetic: ``data.synthetic.*``, which a resume may not change)
+    train_fingerprint: dict[str, Any] | None = None
 
 
 def check_train_rows(num_rows: int, batch_size: int, *, what: str, world_size: int = 1) -> None:

@@ -58,6 +58,7 @@ from dmt.data.criteo_preprocess import (
     read_manifest,
     settings_differences,
     split_dir,
+    train_fingerprint,
     transform_tsv,
 )
 from dmt.data.source import make_kjt, rank_slice
@@ -610,4 +611,5 @@ def build_criteo(
         cardinalities=schema.cardinalities,
         num_dense=schema.num_dense,
         info={"preprocessed_dir": str(root), "rows": rows, "test_dir": str(test_dir)},
+        train_fingerprint=train_fingerprint(root, manifest),
     )

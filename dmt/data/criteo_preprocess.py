@@ -545,6 +545,43 @@ def settings_differences(cfg: CriteoConfig, manifest: dict[str, Any]) -> list[st
     return out
 
 
+def train_fingerprint(
+    directory: str | os.PathLike[str], manifest: dict[str, Any]
+) -> dict[str, Any]:
+    """What identifies the training rows of the preprocessed ``directory`` (its ``manifest``)
+    wherever it and its inputs lie (no paths, no modification times): the format version, the
+    preprocessing settings, the training split's rows and clicks, and the input line ranges it
+    was read from, each with its file's size, lines, gzip flag and sampled fingerprint (sha256 of
+    the size, first and last MiB). Cheap: the manifest's own records; no file is read.
+
+    Raises:
+        ValueError: the manifest lacks these records, naming it.
+    """
+    try:
+        sources = {s["path"]: s for s in manifest["sources"]}
+        train = manifest["splits"]["train"]
+        return {
+            "kind": "criteo",
+            "format_version": manifest["format_version"],
+            "settings": manifest["settings"],
+            "train_rows": train["rows"],
+            "train_clicks": train["clicks"],
+            "train_lines": [
+                {
+                    **{k: sources[r["path"]][k] for k in ("size", "lines", "gzip", "fingerprint")},
+                    "first_line": r["first_line"],
+                    "last_line": r["last_line"],
+                }
+                for r in train["source_lines"]
+            ],
+        }
+    except (KeyError, TypeError) as e:
+        raise ValueError(
+            f"{Path(directory) / MANIFEST} is not a complete manifest ({type(e).__name__}: {e}); "
+            "rebuild the directory with dmt-preprocess --overwrite"
+        ) from None
+
+
 def _categorical_settings(cfg: CriteoConfig) -> dict[str, Any]:
     if cfg.categorical_mode == "hash":  # empty fields have id 0 to themselves either way
         return {"mode": "hash", "hash_sizes": cfg.table_hash_sizes()}

@@ -427,3 +427,74 @@ def test_runs_of_a_hydra_multirun_are_checked_by_their_hydra_record(tmp_path, ca
         warnings.simplefilter("error")
         report = seeds.main([*argv, "trainer=smoke optim.lr=0.001"])
     assert report["configs"]["a"]["values"] == [0.7, 0.71]
+
+
+def test_runs_whose_partition_file_holds_other_towers_now_are_refused(tmp_path, capsys, one_thread):
+    """Reproduced: a study whose tp partition file was replaced (dmt-partition --overwrite, an
+    edit) between its calls read back the runs trained on the file's earlier towers and reported
+    them as the config's, as the overrides (``model.partition.path``) were the same. A run's
+    towers are in its seed_run.json (a Hydra multirun's job: its checkpoints' config.yaml), and a
+    file that holds others now is refused, naming the run, the file and the towers that changed."""
+    from omegaconf import OmegaConf
+
+    from dmt.train import compose_config, train
+
+    trained = [["cat_0", "cat_3"], ["cat_1", "cat_2"]]
+    other = [["cat_0", "cat_1"], ["cat_2", "cat_3"]]
+    tp = tmp_path / "tp.yaml"
+    tp.write_text(json.dumps({"towers": trained}))
+    tiny = ["trainer=smoke", "trainer.max_steps=2", "data.synthetic.num_sparse=4",
+            "data.synthetic.num_train=512", "data.synthetic.num_val=256",
+            "data.synthetic.num_test=256", "data.batch_size=256"]  # fmt: skip
+    config = ["experiment=dmt_4t_dlrm", "partition=tp", f"model.partition.path={tp}"]
+    config += ["model.partition.num_towers=null"]
+    out = tmp_path / "study"
+    argv = ["--seeds", "1", "--out", str(out), "--common", " ".join(tiny)]
+    argv += ["--config", "tp", " ".join(config), "--overwrite"]
+    first = seeds.main(argv)
+    run = out / "tp" / "seed_0"
+    for towers, change in [
+        (other, "tower 0: [cat_0, cat_3] -> [cat_0, cat_1]; tower 1: [cat_1, cat_2] -> [cat_2, cat_3]"),
+        ([t[::-1] for t in trained], "tower 0: [cat_0, cat_3] -> [cat_3, cat_0] (the same features in another order); tower 1: [cat_1, cat_2] -> [cat_2, cat_1] (the same features in another order)"),
+    ]:  # fmt: skip
+        tp.write_text(json.dumps({"towers": towers}))
+        with pytest.raises(SystemExit):
+            seeds.main(argv)
+        assert _last_error(capsys).endswith(
+            f"error: {run} trained with other towers than partition file {str(tp)!r} holds now "
+            f"({run / 'seed_run.json'}: {change}): its metrics are not config 'tp''s; choose "
+            "another --out (or another config name), or put the file's towers back"
+        )
+    assert json.loads((run / "seed_run.json").read_text())["partition"] == {
+        "path": str(tp),
+        "towers": trained,
+    }
+    tp.write_text(json.dumps({"towers": trained}))  # put back: the runs are read, not trained
+    values = seeds.main([*argv, "--no-train"])["configs"]["tp"]["values"]
+    assert values == first["configs"]["tp"]["values"]
+    # a Hydra multirun's job (its .hydra/config.yaml names only the file): the towers its
+    # checkpoint recorded; without a checkpoint, they cannot be checked, and it says so
+    job = tmp_path / "sweep" / "tp" / "seed_0"
+    settings = [*tiny, *config, "trainer.seed=0"]
+    train(compose_config(*settings, "logger=disabled", "trainer.checkpoint=true"), job)
+    (job / ".hydra").mkdir()
+    OmegaConf.save(compose_config(*settings), job / ".hydra" / "config.yaml")
+    tp.write_text(json.dumps({"towers": other}))
+    with pytest.raises(seed_lib.StaleRun) as e:
+        seed_lib.study({"tp": [*tiny, *config]}, [0], tmp_path / "sweep", train_missing=False)
+    saved = job / "checkpoints" / "step_2" / "config.yaml"
+    assert str(e.value).startswith(
+        f"{job} trained with other towers than partition file {str(tp)!r} holds now ({saved}: "
+        "tower 0: [cat_0, cat_3] -> [cat_0, cat_1]"
+    )
+    for step in (job / "checkpoints").iterdir():
+        for f in step.iterdir():
+            f.unlink()
+        step.rmdir()
+    with pytest.warns(UserWarning) as caught:
+        seed_lib.study({"tp": [*tiny, *config]}, [0], tmp_path / "sweep", train_missing=False)
+    assert str(caught[0].message) == (
+        f"{job}: no seed_run.json or checkpoint records the towers it trained with: its towers "
+        f"cannot be checked against partition file {str(tp)!r} of config 'tp'; its metrics are "
+        "read as they are"
+    )

@@ -146,6 +146,73 @@ def test_a_resume_on_training_data_that_lacks_its_position_is_refused(tmp_path: 
     assert _train(tmp_path / "moved_run", *resumed)["num_steps"] == 6
 
 
+def test_a_resume_on_other_training_rows_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reproduced bug: a resume on another file with as many rows (its position valid) trained
+    on its rows without a word. The checkpoint's meta.json records what identifies its training
+    rows (no paths): a resume on other rows is refused, naming what differs; the same rows copied
+    elsewhere resume; other rows (here the same rows gzipped) only with
+    trainer.resume_allow_config_change=true, with a warning; a checkpoint of an older dmt
+    without the record resumes with a warning."""
+    crit = ["data=criteo_sample", "data.criteo.num_workers=1", "data.criteo.prefetch_batches=0"]
+    crit += ["data.criteo.categorical_mode=hash", "data.criteo.hash_sizes=[64]"]
+    crit += ["data.batch_size=64", "trainer.epochs=2", "trainer.max_steps=6"]
+
+    def data(raw: Path) -> list[str]:
+        return [
+            f"data.criteo.raw_path={raw}",
+            f"data.criteo.preprocessed_dir={tmp_path / raw.name}-pp",
+        ]
+
+    first = write(tmp_path / "first.tsv", make_rows(400, seed=1))  # 5 batches per epoch
+    _train(tmp_path / "run", *crit, *data(first), "trainer.checkpoint_every=3")
+    step_3 = tmp_path / "run" / "checkpoints" / "step_3"
+    other = write(tmp_path / "other.tsv", make_rows(400, seed=2))  # as many rows
+    with pytest.raises(ValueError) as e:
+        _train(tmp_path / "to_other", *crit, *data(other), f"trainer.resume_from={step_3}")
+    pp = str(tmp_path / "other.tsv-pp")
+    size = f"train_lines.0.size: {first.stat().st_size} -> {other.stat().st_size}"
+    assert str(e.value).startswith(
+        f"cannot resume from {step_3}: it trained on other rows than this run's "
+        f"data.criteo.preprocessed_dir={pp!r} holds ("
+    )
+    assert size in str(e.value) and "train_lines.0.fingerprint: '" in str(e.value)
+    assert str(e.value).endswith(
+        "): a resume may move the data (data.criteo.raw_path and data.criteo.preprocessed_dir), "
+        "not change its rows; point them at the checkpoint's data, or set "
+        "trainer.resume_allow_config_change=true to train on with these rows"
+    )
+    assert not (tmp_path / "to_other" / "metrics.json").exists()
+    # the same rows copied elsewhere (another path, another modification time) resume
+    copy = tmp_path / "copy.tsv"
+    copy.write_bytes(first.read_bytes())
+    resumed = [*crit, f"trainer.resume_from={step_3}"]
+    assert _train(tmp_path / "copied", *resumed, *data(copy))["num_steps"] == 6
+    # gzipped, the rows are the same but not the file: trained on only when asked, with a word
+    gz = write(tmp_path / "first.tsv.gz", make_rows(400, seed=1))
+    with pytest.raises(ValueError, match=r"train_lines\.0\.gzip: False -> True"):
+        _train(tmp_path / "gz", *resumed, *data(gz))
+    caplog.clear()
+    allowed = [*resumed, *data(gz), "trainer.resume_allow_config_change=true"]
+    assert _train(tmp_path / "gz", *allowed)["num_steps"] == 6
+    assert (
+        f"checkpoint {step_3} trained on other rows than this run's data.criteo.preprocessed_dir="
+        f"{str(tmp_path / 'first.tsv.gz-pp')!r} holds (train_lines.0.fingerprint: "
+    ) in caplog.text
+    assert "resume_allow_config_change=true: training on with this run's rows" in caplog.text
+    # a checkpoint saved before the record: resumed (its position checked), with a warning
+    meta = json.loads((step_3 / "meta.json").read_text())
+    del meta["train_data"]
+    (step_3 / "meta.json").write_text(json.dumps(meta))
+    caplog.clear()
+    assert _train(tmp_path / "older", *resumed, *data(other))["num_steps"] == 6
+    assert (
+        f"checkpoint {step_3} was saved by a dmt that did not record its training data: "
+        f"data.criteo.preprocessed_dir={pp!r} is not checked against it"
+    ) in caplog.text
+
+
 def test_a_new_dense_optimizer_keeps_the_tables_fused_optimizer_step(tmp_path: Path) -> None:
     """A reproduced bug: resuming with another dense optimizer (its state starts fresh) also
     restarted FBGEMM's step count of the tables, whose state was loaded whole; Adam's bias
