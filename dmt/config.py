@@ -410,7 +410,7 @@ class TrainerConfig:
     checkpoint_async: bool = False  # write checkpoints in the background (DCP async_save over a dedicated gloo group): large tables on GPU; on small models staging costs more than it saves. The staging copy of every rank's state (dmt.host_memory.staged_bytes) must fit in its host's free memory, else that checkpoint is written synchronously, with a warning
     pipeline: bool = True  # TorchRec's training pipeline (overlaps batch i+1's copy and input all-to-all with batch i) whenever there are 2+ ranks; a world of one (one process) runs the plain loop, faster there (one H100: 1.2-1.3x; nothing to overlap); false: the plain loop everywhere, for debugging
     pipeline_world_of_one: bool = False  # with trainer.pipeline, pipeline a world of one too (to compare or test the pipeline in one process; slower there)
-    seed: int = 0  # seed of weights init and data order
+    seed: int = 0  # seed of weights init, data order and dropout masks (with 2+ ranks each rank draws its own, from the seed and its rank)
     progress_bar: bool = True  # tqdm progress bar on rank 0
     device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"
     optimize_metric: str = "val_auc"  # metric returned to a Hydra sweeper

@@ -136,6 +136,8 @@ class Trainer:
                 column_blocks=column_blocks,
             )
             self.optimizer = build_optimizer(self.model, cfg.optim)
+        # the weights are made: from here on each rank draws its own dropout masks
+        seed_rank_stream(cfg.trainer.seed, rank=runtime.rank, world_size=runtime.world_size)
         write_sharding_plan(self.model, self.output_dir, rank=runtime.rank, memory=memory)
         pipelined = use_pipeline(cfg.trainer, runtime.world_size)
         if cfg.trainer.pipeline and not pipelined and runtime.is_main:
@@ -598,6 +600,17 @@ class Trainer:
     def _log(self, record: dict[str, Any]) -> None:
         if self.logger is not None and self.rt.is_main:
             self.logger.log(wandb_values(record), step=self.step)
+
+
+def seed_rank_stream(seed: int, *, rank: int, world_size: int) -> None:
+    """Seed torch's generators (CPU and every GPU's: dropout draws from them) with a stream of
+    ``(seed, rank)``, once the model is built and sharded. Every rank seeds ``seed`` before, so
+    that it builds the same weights; left so, sample ``i`` of each rank's local batch would get
+    the same dropout mask on every rank. A world of one keeps ``seed``'s stream (its masks are
+    those of earlier dmt)."""
+    if world_size == 1:
+        return
+    torch.manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1)[0]))
 
 
 def build_pipeline(

@@ -7,6 +7,7 @@ from torch import nn
 from dmt.config import validate
 from dmt.models import build_model
 from dmt.models.mlp import mlp
+from dmt.trainer import seed_rank_stream
 from tests.conftest import typed_config
 from tests.unit.test_models import CARDS, NAMES, kjt
 
@@ -73,3 +74,23 @@ def test_dropout_must_be_a_probability():
         validate(typed_config(*SIZES, "model.dropout=1.0"))
     with pytest.raises(ValueError, match=r"dropout=-0.1 must be in \[0, 1\)"):
         mlp(3, [4, 1], final_activation=False, dropout=-0.1)
+
+
+def test_a_world_of_one_keeps_the_seeds_stream_and_ranks_get_their_own():
+    """A world of one draws the masks it drew before (``trainer.seed``'s stream, left as the
+    model's build left it); with 2+ ranks each rank's stream is its own, the same every run."""
+
+    def draws(seed: int, rank: int, world_size: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        torch.rand(7)  # building the model draws from the stream
+        seed_rank_stream(seed, rank=rank, world_size=world_size)
+        return torch.rand(1000)
+
+    torch.manual_seed(3)
+    torch.rand(7)
+    expected = torch.rand(1000)
+    torch.testing.assert_close(draws(3, 0, 1), expected, rtol=0, atol=0)
+    ranks = [draws(3, rank, 2) for rank in (0, 1)]
+    assert not torch.equal(ranks[0], ranks[1])
+    torch.testing.assert_close(draws(3, 1, 2), ranks[1], rtol=0, atol=0)
+    assert not torch.equal(draws(4, 1, 2), ranks[1])  # another seed, another stream
