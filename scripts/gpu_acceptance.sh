@@ -130,6 +130,8 @@ if [[ "$GPUS" -ge 2 ]]; then
   # a rank that cannot reach the job's store turns the stuck-rank watchdog off on every rank
   # (one all-reduce of a flag on the ranks' GPUs)
   pytest_step watchdog_agreement_nccl tests/distributed/test_watchdog_agreement.py -k nccl
+  # each rank draws its own dropout masks on its GPU, and a 2-rank resume continues every rank's
+  pytest_step dropout_ranks_nccl tests/distributed/test_dropout_ranks.py -k nccl
   # async checkpoints of sharded CUDA tables: DCP's staging copies to host memory what it writes,
   # and a save goes synchronous (and says so) where host memory is short or unreadable
   pytest_step async_staging_nccl tests/distributed/test_async_staging.py -k nccl
