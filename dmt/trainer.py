@@ -371,12 +371,11 @@ class Trainer:
         def read_back() -> None:
             """The pending steps' losses of the global batch: every rank's is the mean over its
             equal share (training batches are whole), so their mean is the batch's, whatever
-            the world size (one all-reduce per log step; every rank reads back at the same
+            the world size (one all-gather per log step; every rank reads back at the same
             steps)."""
             losses = torch.stack(pending).float()
             if self.rt.world_size > 1:
-                dist.all_reduce(losses)
-                losses /= self.rt.world_size
+                losses = mean_over_ranks(losses, self.rt.world_size)
             loss_values.extend(losses.cpu().tolist())
             pending.clear()
 
@@ -657,6 +656,19 @@ class _ReportLoss(nn.Module):
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         loss, _ = self.task(batch)
         return loss, loss.detach()
+
+
+def mean_over_ranks(values: torch.Tensor, world_size: int) -> torch.Tensor:
+    """The mean of every rank's ``values`` (same shape on each), each element summed in rank
+    order. Not an all-reduce: at 3+ ranks gloo's adds an element's values in an order set by
+    its offset in the tensor, so a step's logged loss depended on its place among the losses
+    read back together (``trainer.log_every``, where a resume started), 1 ulp apart."""
+    gathered = [torch.empty_like(values) for _ in range(world_size)]
+    dist.all_gather(gathered, values)
+    total = gathered[0].clone()
+    for other in gathered[1:]:
+        total += other
+    return total / world_size
 
 
 def dense_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
