@@ -26,6 +26,9 @@ if ! [[ "$workers" =~ ^[0-9]+$ ]]; then
   echo "DMT_TEST_WORKERS must be a number of workers (0: none), got '$workers'" >&2; exit 2
 fi
 if (( workers > 0 )); then
-  exec "$ROOT/.venv/bin/python" -m pytest -n "$workers" --dist loadfile "$@"
+  # files in the order collected (tests/distributed, integration, then unit: the long ones first),
+  # not xdist's default of the files with the most tests first, which left the few-but-long
+  # integration files to the end and one worker idle meanwhile
+  exec "$ROOT/.venv/bin/python" -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
 fi
 exec "$ROOT/.venv/bin/python" -m pytest "$@"
