@@ -633,10 +633,13 @@ def check_resume_config(
     trainer checks it again), an SPTT layout that the launcher's world cannot give (a topology
     whose towers are not the checkpoint model's: :func:`dmt.checkpoint.check_sptt_towers`) or
     that splits a table into other column blocks than its row-wise optimizer state was saved in
-    (:func:`dmt.checkpoint.check_sptt_column_blocks`), goes back in ``run_dir`` or ends before
-    the checkpoint's step."""
+    (:func:`dmt.checkpoint.check_sptt_column_blocks`), goes back in ``run_dir``, ends before
+    the checkpoint's step or reads other training rows than it trained on, where a preprocessed
+    directory already holds them (:func:`train_rows_known`,
+    :func:`dmt.checkpoint.check_data_fingerprint`)."""
     from dmt.checkpoint import (  # noqa: PLC0415 (torch)
         check_config,
+        check_data_fingerprint,
         check_ends_after,
         check_not_going_back,
         check_sptt_column_blocks,
@@ -671,6 +674,8 @@ def check_resume_config(
         except ValueError:
             pass
     check_config(path, config_yaml(conf), allow_change=conf.trainer.resume_allow_config_change)
+    if (rows := train_rows_known(conf)) is not None:  # as the trainer checks them again
+        check_data_fingerprint(path, *rows, allow_change=conf.trainer.resume_allow_config_change)
     if conf.sptt.enabled:  # the topology as the trainer takes it (dmt_sharding.topology_from)
         world = world_from_env(os.environ)
         topology = Topology(
@@ -689,6 +694,32 @@ def check_resume_config(
     end = end_known_from(meta, conf.trainer)  # None: in its first epoch, before any end
     if end is not None:
         check_ends_after(int(meta["step"]), end, path, conf.trainer)
+
+
+def train_rows_known(conf: Any) -> tuple[dict[str, Any], str] | None:
+    """What identifies the Criteo training rows a run of ``conf`` (a typed config) will read,
+    and the setting that names them, as the trainer records and checks them
+    (:attr:`dmt.data.DataBundle.train_fingerprint`), where they are known before it starts: its
+    ``data.criteo.preprocessed_dir`` holds an intact output (preprocessing uses it as it is, or
+    refuses to replace it). None for synthetic data, or a directory the run has yet to write
+    (the trainer checks its rows once it has)."""
+    from dmt.data.criteo_preprocess import (  # noqa: PLC0415 (numpy)
+        output_damage,
+        read_manifest,
+        train_fingerprint,
+    )
+
+    if conf.data.kind != "criteo" or conf.data.criteo is None:
+        return None
+    root = Path(str(conf.data.criteo.preprocessed_dir))
+    try:
+        manifest = read_manifest(root)
+        if output_damage(root) is not None:  # rebuilt by the run
+            return None
+        fingerprint = train_fingerprint(root, manifest)
+    except (OSError, ValueError):
+        return None
+    return fingerprint, f"data.criteo.preprocessed_dir={str(root)!r}"
 
 
 def job_record(*, _root_: DictConfig) -> str | None:

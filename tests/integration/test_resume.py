@@ -13,6 +13,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from dmt import checkpoint
+from dmt.run_dir import check_resume_config
 from dmt.train import train
 from tests.conftest import compose_config, torchrun
 from tests.unit.test_criteo_preprocess import make_rows, write
@@ -184,11 +185,28 @@ def test_a_resume_on_other_training_rows_is_refused(
         "trainer.resume_allow_config_change=true to train on with these rows"
     )
     assert not (tmp_path / "to_other" / "metrics.json").exists()
+    # refused before Hydra writes the run's .hydra/ record too (dmt.run_dir), where the
+    # preprocessed directory holds the rows already (a reproduced bug: only the trainer refused
+    # them, after Hydra had rewritten a finished run's record to name the other data)
+    with pytest.raises(ValueError) as before_hydra:
+        check_resume_config(
+            compose_config(*TINY, *crit, *data(other), f"trainer.resume_from={step_3}"),
+            tmp_path / "to_other",
+            str(step_3),
+            "checkpoints",
+        )
+    assert str(before_hydra.value) == str(e.value)
     # the same rows copied elsewhere (another path, another modification time) resume
     copy = tmp_path / "copy.tsv"
     copy.write_bytes(first.read_bytes())
     resumed = [*crit, f"trainer.resume_from={step_3}"]
     assert _train(tmp_path / "copied", *resumed, *data(copy))["num_steps"] == 6
+    check_resume_config(  # its rows pass the check before Hydra writes as well
+        compose_config(*TINY, *resumed, *data(copy)),
+        tmp_path / "copied",
+        str(step_3),
+        "checkpoints",
+    )
     # gzipped, the rows are the same but not the file: trained on only when asked, with a word
     gz = write(tmp_path / "first.tsv.gz", make_rows(400, seed=1))
     with pytest.raises(ValueError, match=r"train_lines\.0\.gzip: False -> True"):
