@@ -115,6 +115,23 @@ def test_dmt_plan_writes_plan_json_and_replaces_it_only_with_overwrite(tmp_path:
     assert not (run_dir / "plan.json").exists()
 
 
+def test_a_replacing_plan_whose_settings_fail_keeps_the_earlier_plan_and_record(
+    tmp_path: Path,
+) -> None:
+    """The suite's share of the slow test above (one dmt-plan run): a reproduced bug,
+    ``overwrite=true`` deleted the earlier plan before the new settings were checked."""
+    run_dir = tmp_path / "run"
+    before = _earlier_run(run_dir, "plan.json")
+    typo = _plan(run_dir, "overwrite=true", "sptt.comm_precision=fp8")
+    assert typo.returncode == 1, typo.stderr[-3000:]
+    assert typo.stderr.startswith(
+        "Error: sptt.comm_precision='fp8' is not supported; expected one of ['fp32', 'bf16', "
+        f"'fp16']\n(nothing written: the earlier plan.json in {run_dir} and its .hydra/ record "
+        "are kept)"
+    ), typo.stderr[-3000:]
+    assert _texts(run_dir) == before
+
+
 def test_a_plans_bad_setting_leaves_no_run_directory(tmp_path: Path) -> None:
     """Reproduced bug: a mistyped setting of a new plan ended in a traceback after Hydra had made
     the run directory (``.hydra/`` and an empty ``app.log`` of a plan that never started)."""
