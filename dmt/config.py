@@ -246,8 +246,8 @@ class CriteoConfig:
     """Batches prepared ahead by a background thread (0 disables the thread)."""
     auto_preprocess: bool = True
     """Training with ``raw_path`` set runs ``dmt-preprocess`` first (a no-op when
-    ``preprocessed_dir`` is up to date, a rebuild when it is damaged; an error when it was made
-    with other settings)."""
+    ``preprocessed_dir`` is up to date, also when ``raw_path`` only moved or was touched since, a
+    rebuild when it is damaged; an error when it was made with other settings or rows)."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` on settings that cannot work."""

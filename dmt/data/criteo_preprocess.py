@@ -42,8 +42,11 @@ the end, so an interrupted run never leaves a complete-looking output; the next 
 removes partial directories of its processes that no longer exist (another host's are left
 alone: their process may be alive there). A run whose output already exists with
 the same settings and sources (``settings_hash`` in the manifest) and whose arrays all have the
-sizes the manifest implies does nothing; a damaged one (a missing or truncated array) is an error
-that names the file, or is rebuilt with ``overwrite`` (``rebuild_damaged`` for training).
+sizes the manifest implies does nothing; so does one whose input files only moved or were
+touched since (another path or modification time, the same size, gzip flag and sampled
+fingerprint), with a warning naming them (``overwrite`` rebuilds it instead); a damaged one (a
+missing or truncated array) is an error that names the file, or is rebuilt with ``overwrite``
+(``rebuild_damaged`` for training).
 
 What ``overwrite`` may replace: only a dmt-preprocess output (its manifest or marker present) that
 holds nothing but files dmt-preprocess writes, and no input of the run. A directory holding
@@ -52,8 +55,10 @@ existing directory except an empty one, which is used as is. Replacing removes o
 dmt-preprocess writes. An output without any training row (every row malformed and skipped, or
 no lines) is an error too: nothing is written.
 
-Sources are identified by path, size, modification time and a partial hash: sha256 over the
-size, the first MiB and the last MiB (not a full-file hash, which would cost a full read).
+Sources are recorded by path, size, modification time, gzip flag and a sampled fingerprint:
+sha256 over the size, the first MiB and the last MiB (not a full-file hash, which would cost a
+full read; 2 MiB a file, whatever its size); the rows are identified by all but the path and the
+modification time.
 """
 
 from __future__ import annotations
@@ -159,7 +164,8 @@ def preprocess_criteo(
     Args:
         cfg (CriteoConfig): input, output, split, categorical and bad-row settings.
         overwrite (bool): replace an existing dmt-preprocess output made with other settings
-            (or damaged); never a directory that holds other files or an input.
+            (or damaged, or whose inputs only moved or were touched since); never a directory
+            that holds other files or an input.
         rebuild_damaged (bool): rebuild a damaged output made with these settings without
             ``overwrite`` (auto-preprocessing for training).
         progress (bool): show tqdm progress bars.
@@ -671,9 +677,19 @@ def _check_replaceable(job: _Job, settings_hash: str) -> bool:
     out_dir = job.out_dir
     existing = _existing_hash(out_dir)
     damage = None
-    if existing == settings_hash:
+    moved = None if existing == settings_hash or job.overwrite else _moved_sources(out_dir, job)
+    if existing == settings_hash or moved is not None:
         damage = output_damage(out_dir)
         if damage is None:
+            if moved:
+                logger.warning(
+                    "%s is used as it is: its input files moved or were modified since it was "
+                    "made (%s), but each still has the recorded size and sampled fingerprint "
+                    "(sha256 of its size, first MiB and last MiB), taken as the same rows; if a "
+                    "file changed between those MiB, rebuild it with overwrite=True (--overwrite)",
+                    out_dir,
+                    "; ".join(moved),
+                )
             return True
     refusal = _refusal(out_dir, job.inputs)
     if refusal is not None:
@@ -1113,6 +1129,30 @@ def _settings_differences(out_dir: Path, job: _Job) -> str:
     return f" ({'; '.join(diffs)})" if diffs else ""
 
 
+def _moved_sources(out_dir: Path, job: _Job) -> list[str] | None:
+    """Where the input files of ``job`` differ from ``out_dir``'s manifest in path or
+    modification time only (each as :func:`_source_differences` says); None where anything else
+    differs: a setting, their number, a size, gzip flag or sampled fingerprint."""
+    try:
+        manifest = read_manifest(out_dir)
+        there = manifest["sources"]
+        if len(there) != len(job.sources):
+            return None
+        recorded = [
+            dataclasses.replace(s, path=old["path"], mtime_ns=old["mtime_ns"])
+            for old, s in zip(there, job.sources)
+        ]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if _settings_hash(job.settings, recorded) != manifest.get("settings_hash"):
+        return None
+    return [
+        d
+        for i, (old, s) in enumerate(zip(there, job.sources))
+        for d in _source_differences(i, old, s, hint=False)
+    ]
+
+
 def _with_shared_missing_id(settings: dict[str, Any]) -> dict[str, Any]:
     """Vocab-mode ``settings`` with ``categorical.missing_id: shared`` filled in (it is recorded
     only when distinct)."""
@@ -1131,8 +1171,9 @@ def _dict_differences(there: Any, asked: Any, prefix: str = "") -> list[str]:
     return [f"{prefix.rstrip('.')}: {there!r} there, {asked!r} asked"]
 
 
-def _source_differences(index: int, old: Any, new: _Source) -> list[str]:
-    """What differs between a manifest's record of input file ``index`` and that file now."""
+def _source_differences(index: int, old: Any, new: _Source, *, hint: bool = True) -> list[str]:
+    """What differs between a manifest's record of input file ``index`` and that file now
+    (``hint``: saying so where only the modification time does)."""
     if not isinstance(old, dict):
         return [f"input file {index}: unreadable record there"]
     now = new.identity()
@@ -1154,7 +1195,7 @@ def _source_differences(index: int, old: Any, new: _Source) -> list[str]:
             parts.append("sampled fingerprint differs")
         else:
             parts.append(f"{k} {old.get(k)!r} there, {now[k]!r} now")
-    if fields == ["mtime_ns"]:
+    if hint and fields == ["mtime_ns"]:
         parts.append(
             "same size and sampled fingerprint: touched or copied since, perhaps with the same rows"
         )

@@ -131,8 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace a dmt-preprocess output made with other settings, or a damaged one "
-        "(never a directory with other files in it or one that holds the input)",
+        help="replace a dmt-preprocess output made with other settings, or a damaged one, or "
+        "one whose inputs only moved or were touched since (else used as it is; never a "
+        "directory with other files in it or one that holds the input)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument(

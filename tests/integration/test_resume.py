@@ -113,7 +113,9 @@ def test_a_resume_on_training_data_that_lacks_its_position_is_refused(tmp_path: 
     ``preprocessed_dir`` are free), and one pointed at other rows went on silently from a
     position they do not have: step 12 (batch 2 of epoch 1 of 10 batches) on 15 batches per
     epoch started epoch 1 at batch -3, and trained 3 steps on empty batches (NaN losses). It is
-    refused, naming the checkpoint and both positions; the same rows moved resume."""
+    refused, naming the checkpoint and both positions; the same rows moved resume, into a new
+    preprocessed directory or from the checkpoint's (a reproduced bug: that one was refused as
+    made from other sources)."""
     crit = ["data=criteo_sample", "data.criteo.num_workers=1", "data.criteo.prefetch_batches=0"]
     crit += ["data.criteo.categorical_mode=hash", "data.criteo.hash_sizes=[64]"]  # same tables
     crit += ["data.batch_size=64", "trainer.epochs=2"]
@@ -145,6 +147,8 @@ def test_a_resume_on_training_data_that_lacks_its_position_is_refused(tmp_path: 
     moved += [f"data.criteo.preprocessed_dir={tmp_path / 'moved'}"]
     resumed = [*crit, *moved, "trainer.max_steps=6", f"trainer.resume_from={ckpt}"]
     assert _train(tmp_path / "moved_run", *resumed)["num_steps"] == 6
+    kept = [*resumed, f"data.criteo.preprocessed_dir={tmp_path / 'first'}"]
+    assert _train(tmp_path / "kept_run", *kept)["num_steps"] == 6
 
 
 def test_a_resume_on_other_training_rows_is_refused(

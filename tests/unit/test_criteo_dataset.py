@@ -236,6 +236,47 @@ def test_build_criteo_preprocesses_from_raw_path_once(
     assert not (tmp_path / "p2").exists()
 
 
+def test_build_criteo_keeps_the_directory_of_a_raw_file_moved_since(tmp_path: Path) -> None:
+    """A reproduced bug: a raw file moved (or copied to a scratch disk, or touched) since its
+    data.criteo.preprocessed_dir was made stopped training there with auto_preprocess=true (a
+    resume too, though a resume may move data.criteo.raw_path), as if made from other rows. The
+    directory is used as it is; a raw file whose rows changed is still refused."""
+    text = _raw_rows(200, seed=7)
+    raw = tmp_path / "train.txt"
+    raw.write_text(text)
+    out = tmp_path / "prep"
+    crit = CriteoConfig(raw_path=str(raw), preprocessed_dir=str(out), num_workers=1)
+    cfg = DataConfig(kind="criteo", batch_size=32, eval_batch_size=50, criteo=crit)
+    first = build_criteo(cfg)
+    stamp = (out / "manifest.json").stat().st_mtime_ns
+    (tmp_path / "scratch").mkdir()
+    moved = tmp_path / "scratch" / "copy.txt"
+    moved.write_text(text)  # another path, another modification time
+    cfg.criteo = CriteoConfig(**{**crit.__dict__, "raw_path": str(moved)})  # type: ignore[arg-type]
+    bundle = build_criteo(cfg)
+    assert bundle.train_fingerprint == first.train_fingerprint
+    assert bundle.info == first.info
+    assert (out / "manifest.json").stat().st_mtime_ns == stamp
+
+    moved.write_text(("1" if text[0] == "0" else "0") + text[1:])  # other rows, the same size
+    with pytest.raises(ValueError) as err:
+        build_criteo(cfg)
+    assert str(err.value).startswith(
+        f"preprocessing data.criteo.raw_path={str(moved)!r} into data.criteo.preprocessed_dir="
+        f"{str(out)!r} failed: output directory {str(out)!r} exists and was made with other "
+        f"settings or sources (input file 0 {str(moved)!r}: path {str(raw)!r} there, "
+        f"{str(moved)!r} now, modified "
+    )
+    assert str(err.value).endswith(
+        " now, sampled fingerprint differs); pass overwrite=True "
+        "(--overwrite) to replace it or choose another directory (dmt-train never replaces a "
+        "preprocessed directory: set data.criteo.preprocessed_dir to another one, rebuild this one "
+        "with dmt-preprocess --overwrite, or set data.criteo.auto_preprocess=false to use an "
+        "existing directory as is)"
+    )
+    assert (out / "manifest.json").stat().st_mtime_ns == stamp
+
+
 def test_build_criteo_reports_a_bad_raw_row_without_advice_on_the_directory(
     tmp_path: Path,
 ) -> None:

@@ -6,6 +6,7 @@ import dataclasses
 import datetime
 import gzip
 import json
+import logging
 import math
 import os
 import random
@@ -551,16 +552,19 @@ def test_the_refusal_names_what_changed_since_the_output_was_made(tmp_path: Path
     named = f"input file 0 {str(raw.resolve())!r}"
 
     os.utime(raw, ns=(0, 86_400 * 10**9))  # 1970-01-02, contents unchanged
+    cfg.frequency_threshold = 1  # refused for the setting; alone, the new time is no reason
     with pytest.raises(ValueError) as err:
         preprocess_criteo(cfg, **SMALL)
     ns = read_manifest(out)["sources"][0]["mtime_ns"]
     made = f"{datetime.datetime.fromtimestamp(ns // 10**9, datetime.UTC):%Y-%m-%d %H:%M:%S}"
     made += f".{ns % 10**9:09d}"
     assert str(err.value) == (
-        f"{prefix} ({named}: modified {made} UTC there, 1970-01-02 00:00:00.000000000 UTC now, same "
-        f"size and sampled fingerprint: touched or copied since, perhaps with the same rows){suffix}"
+        f"{prefix} (categorical.frequency_threshold: 3 there, 1 asked; {named}: modified {made} "
+        "UTC there, 1970-01-02 00:00:00.000000000 UTC now, same size and sampled fingerprint: "
+        f"touched or copied since, perhaps with the same rows){suffix}"
     )
 
+    cfg.frequency_threshold = 3
     cfg.split_fractions = [0.8, 0.1, 0.1]
     cfg.skip_bad_rows = True
     with raw.open("a") as f:
@@ -576,6 +580,100 @@ def test_the_refusal_names_what_changed_since_the_output_was_made(tmp_path: Path
     message = str(err.value)
     assert message.endswith(f" now, sampled fingerprint differs){suffix}")
     assert "missing_id" not in message  # recorded only when distinct: not a difference
+
+
+def test_inputs_that_only_moved_or_were_touched_are_the_same_rows(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reproduced bug: an output whose input files were moved, copied or only touched since
+    (their size, gzip flag and sampled fingerprint the recorded ones) was refused as "made with
+    other settings or sources", and training on it (data.criteo.auto_preprocess, the same
+    preprocessed_dir) stopped, a resume on moved data too. It is used as it is, with a warning
+    that names each file and what changed; a file whose rows changed is refused as before, and
+    ``overwrite`` rebuilds it from the files where they are now."""
+    days = tmp_path / "days"
+    days.mkdir()
+    write(days / "day_0", make_rows(30, seed=40))
+    write(days / "day_1.gz", make_rows(20, seed=41))
+    write(days / "day_2.tsv", make_rows(11, seed=42))
+    names = ["day_0", "day_1.gz", "day_2.tsv"]
+    for name in names:
+        os.utime(days / name, ns=(0, 86_400 * 10**9))  # 1970-01-02 00:00:00
+    cfg = config(tmp_path, days, train_days=[0, 1], eval_day=2)
+    out = preprocess_criteo(cfg, **SMALL)
+    made = tree(out)
+    day = "1970-01-0{} 00:00:00.000000000 UTC"
+    rows = (
+        "but each still has the recorded size and sampled fingerprint (sha256 of its size, first "
+        "MiB and last MiB), taken as the same rows; if a file changed between those MiB, rebuild "
+        "it with overwrite=True (--overwrite)"
+    )
+
+    def warned(*changes: str) -> str:
+        return (
+            f"{out} is used as it is: its input files moved or were modified since it was made "
+            f"({'; '.join(changes)}), {rows}"
+        )
+
+    os.utime(days / "day_1.gz", ns=(0, 2 * 86_400 * 10**9))  # touched
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dmt.data.criteo_preprocess"):
+        assert preprocess_criteo(cfg, **SMALL) == out
+    assert tree(out) == made
+    path = str(days / "day_1.gz")
+    assert caplog.messages == [
+        warned(f"input file 1 {path!r}: modified {day.format(2)} there, {day.format(3)} now")
+    ]
+
+    moved = tmp_path / "scratch" / "days"  # the directory moved (renamed), then copied
+    moved.parent.mkdir()
+    days.rename(moved)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in names:
+        (copy / name).write_bytes((moved / name).read_bytes())
+        os.utime(copy / name, ns=(0, 4 * 86_400 * 10**9))
+    for where, times in ((moved, (2, 3, 2)), (copy, (5, 5, 5))):  # day 2 recorded
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="dmt.data.criteo_preprocess"):
+            here = dataclasses.replace(cfg, raw_path=str(where))
+            assert preprocess_criteo(here, **SMALL) == out
+        assert tree(out) == made
+        changes = []
+        for i, (name, t) in enumerate(zip(names, times)):
+            change = f"input file {i} {str(where / name)!r}: path {str(days / name)!r} there, "
+            change += f"{str(where / name)!r} now"
+            if t != 2:
+                change += f", modified {day.format(2)} there, {day.format(t)} now"
+            changes.append(change)
+        assert caplog.messages == [warned(*changes)]
+
+    # other rows of the same size: refused as before, naming the file
+    text = (copy / "day_0").read_text()
+    flipped = ("1" if text[0] == "0" else "0") + text[1:]
+    (copy / "day_0").write_text(flipped)
+    here = dataclasses.replace(cfg, raw_path=str(copy))
+    with pytest.raises(ValueError) as err:
+        preprocess_criteo(here, **SMALL)
+    assert (
+        f"input file 0 {str(copy / 'day_0')!r}: path {str(days / 'day_0')!r} there, "
+        f"{str(copy / 'day_0')!r} now, modified {day.format(2)} there, "
+    ) in str(err.value)
+    assert str(err.value).startswith(
+        f"output directory {str(out)!r} exists and was made with other settings or sources ("
+    )
+    assert ", sampled fingerprint differs; input file 1 " in str(err.value)
+    assert tree(out) == made
+    (copy / "day_0").write_text(text)
+
+    # overwrite: rebuilt from the files where they are now (the same arrays)
+    caplog.clear()
+    preprocess_criteo(dataclasses.replace(cfg, raw_path=str(moved)), overwrite=True, **SMALL)
+    assert not caplog.messages
+    assert [s["path"] for s in read_manifest(out)["sources"]] == [str(moved / n) for n in names]
+    assert {k: v for k, v in tree(out).items() if k != "manifest.json"} == {
+        k: v for k, v in made.items() if k != "manifest.json"
+    }
 
 
 def test_transform_tsv_uses_training_vocabularies(tmp_path: Path) -> None:
