@@ -356,7 +356,8 @@ def _flat_worker(rank: int, world_size: int) -> list[str]:
     return sorted(set(kinds))
 
 
-@pytest.mark.parametrize("world_size", [4, 8])
+# CI time (2 cores): 8 ranks (13-18 s) run with -m slow
+@pytest.mark.parametrize("world_size", [4, pytest.param(8, marks=pytest.mark.slow)])
 def test_flat_plan_bytes_equal_traced(world_size: int) -> None:
     """The planner's flat bytes equal CommTrace's measurement of TorchRec's DMP on hosts of two
     ranks, for TorchRec's planner's plan (on CPU: table-column-wise or table-wise, as its cost

@@ -183,6 +183,7 @@ def test_a_resample_of_one_class_is_refused_not_reported() -> None:
     )
 
 
+@pytest.mark.slow  # five runs of the script (30-50 s on 2 shared cores); its parts are tested in-process
 def test_the_command_compares_groups_and_keeps_earlier_results(tmp_path: Path) -> None:
     rng = np.random.default_rng(6)
     logit, labels = _world(rng, 1500)

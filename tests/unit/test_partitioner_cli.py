@@ -588,6 +588,7 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow  # several dmt-partition runs stopped at each stage (30-45 s on 2 shared cores)
 def test_sigterm_leaves_no_staged_files_nor_folders_of_its_own(saved_affinity, tmp_path):
     """A reproduced bug: SIGTERM left the hidden staging folder (with a partition.yaml in it) in
     --out, and the folders dmt-partition had made for it."""
