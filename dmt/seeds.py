@@ -11,8 +11,8 @@ trained with the same overrides (a study's config given other settings is refuse
 with the old run's figures; a run without ``seed_run.json``, e.g. of a Hydra multirun, is checked
 by its ``.hydra/config.yaml``) and, with a ``tp`` partition, the towers its file holds now (a
 file replaced since, by ``dmt-partition --overwrite`` or an edit, is refused too; a run whose
-towers are not recorded, in ``seed_run.json`` or a checkpoint's ``config.yaml``, is read with a
-warning); a run that has
+towers are not recorded, in ``seed_run.json``, ``metrics.json`` or a checkpoint's
+``config.yaml``, is read with a warning); a run that has
 ``seed_run.json`` (or a Hydra multirun's job: ``.hydra/config.yaml``) and a checkpoint but no
 ``metrics.json`` (the call stopped while it trained) goes on from its latest checkpoint
 (``trainer.resume_from=auto``, unless its overrides set ``trainer.resume_from``), under the same
@@ -354,14 +354,18 @@ def _checkpoint_towers(
     run_dir: Path, config: dict[str, Any]
 ) -> tuple[str, list[list[str]] | None, str] | None:
     """For a run of ``config`` (a config as YAML data) whose towers a tp partition file gave:
-    the file, the towers its newest checkpoint's ``config.yaml`` records (None: no checkpoint
-    records them) and that file; None for a run of other towers."""
+    the file, the towers the run's ``metrics.json`` records (a run of this dmt: with or without
+    checkpoints) or else its newest checkpoint's ``config.yaml`` (None: neither records them),
+    and that file; None for a run of other towers."""
     from dmt.checkpoint import CONFIG_FILE, RECORDED_TOWERS, flatten_keys, latest  # noqa: PLC0415
 
     flat = flatten_keys(config)
     if flat.get("model.partition.kind") != "tp" or flat.get(RECORDED_TOWERS) is not None:
         return None
     path = str(flat.get("model.partition.path"))
+    metrics = run_dir / "metrics.json"
+    if metrics.is_file() and (towers := _read_metrics(metrics).get(RECORDED_TOWERS)) is not None:
+        return path, towers, str(metrics)
     newest = latest(run_dir / str(flat.get("trainer.checkpoint_dir", "checkpoints")))
     if newest is None:
         return path, None, ""
@@ -385,7 +389,7 @@ def _check_towers(
         return
     path, towers, source = trained
     if towers is None:
-        why = f"no {RUN_FILE} or checkpoint records the towers it trained with"
+        why = f"no {RUN_FILE}, metrics.json or checkpoint records the towers it trained with"
     else:
         try:
             now = load_partition_file(path)

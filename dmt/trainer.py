@@ -465,10 +465,20 @@ class Trainer:
             self.history.close()
             self.output_dir.mkdir(parents=True, exist_ok=True)
             # whole or not at all (a resumed run that had ended rewrites it); NaN stays a float
-            results.write_json(self.output_dir / "metrics.json", metrics, standard=False)
+            results.write_json(
+                self.output_dir / "metrics.json", self._record(metrics), standard=False
+            )
         return TrainResult(metrics, list(loss_values))
 
     # -- helpers ------------------------------------------------------------------------------
+    def _record(self, metrics: dict[str, float]) -> dict[str, Any]:
+        """What ``metrics.json`` holds: ``metrics`` and, for towers a ``tp`` partition file
+        gave, those towers (:data:`dmt.checkpoint.RECORDED_TOWERS`, as every checkpoint's
+        ``config.yaml`` records them; not a metric: neither in the result nor in wandb's
+        summary), which :mod:`dmt.seeds` holds the file to where no checkpoint was kept."""
+        towers = self.cfg.model.partition.recorded_towers
+        return metrics if towers is None else {**metrics, checkpoint.RECORDED_TOWERS: towers}
+
     def _earlier_training(self) -> dict[str, float]:
         """``train_samples_per_s`` and ``train_loss_last`` of this run's ``metrics.json`` if it
         was written at the current step (an attempt that trained nothing resumed a run that had

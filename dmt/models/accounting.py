@@ -114,6 +114,12 @@ def tower_train_flops(model: DMTModel, batch_size: int = 4) -> list[float]:
     """Forward + backward FLOPs of each tower module per sample of its tower's batch, counted
     as :func:`dense_flops` counts them (their sum is the towers' part of its training FLOPs).
     Works on meta modules; a pass-through tower has none."""
+    return [train for _, train in tower_flops(model, batch_size)]
+
+
+def tower_flops(model: DMTModel, batch_size: int = 4) -> list[tuple[float, float]]:
+    """``(forward FLOPs, forward + backward FLOPs)`` of each tower module per sample of its
+    tower's batch (:func:`tower_train_flops`, with the forward alone beside it)."""
     out = []
     for tower in model.towers:
         module = tower.tower_module
@@ -122,10 +128,13 @@ def tower_train_flops(model: DMTModel, batch_size: int = 4) -> list[float]:
         embs = torch.zeros(
             batch_size, module.num_features, module.embedding_dim, device=device, requires_grad=True
         )
+        fwd = FlopCounterMode(display=False)
+        with fwd:
+            module(embs)
         counter = FlopCounterMode(display=False)
         with _autograd_backward(module), counter:
             module(embs).sum().backward()
-        out.append(counter.get_total_flops() / batch_size)
+        out.append((fwd.get_total_flops() / batch_size, counter.get_total_flops() / batch_size))
     return out
 
 

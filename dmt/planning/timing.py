@@ -14,7 +14,8 @@ behind a *budget* of compute:
 * ``bottom``: SPTT step ``f`` runs while the bottom MLP computes, its forward behind the bottom
   MLP's forward and its backward behind the bottom MLP's backward;
 * ``backward``: gradient all-reduces (``dense_allreduce``, ``tower_allreduce``) overlap the
-  backward pass (DDP's buckets): two thirds of the dense compute.
+  backward pass (DDP's buckets): the dense compute less its forward (about two thirds of it: the
+  bottom MLP's first layer computes no gradient of the dense input).
 
 Only collectives marked ``overlappable`` draw on a budget, and only when ``pipelined``; the
 collectives of one budget share it in the order given, and what exceeds it is exposed. The budgets
@@ -36,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from dmt.memory import VALUE_BYTES, optimizer_state_bytes
-from dmt.models.accounting import bottom_flops, dense_flops, tower_train_flops
+from dmt.models.accounting import bottom_flops, dense_flops, tower_flops
 from dmt.models.dmt import DMTModel
 from dmt.models.rec_model import RecModel
 from dmt.planning.collectives import CollectiveBytes
@@ -72,6 +73,10 @@ class ComputeLoad:
     bottom_forward_mflops_per_sample: float | None = None
     """Forward MFLOPs per sample of the bottom MLP (part of ``bottom_mflops_per_sample``); None:
     :data:`FORWARD_FRACTION` of it."""
+    dense_forward_mflops_per_sample: float | None = None
+    """Forward MFLOPs per sample of the dense part (part of ``dense_mflops_per_sample``; the
+    rest is the backward the gradient all-reduces overlap); None: :data:`FORWARD_FRACTION` of
+    it."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -91,6 +96,12 @@ class ComputeLoad:
             raise ValueError(
                 f"ComputeLoad.bottom_forward_mflops_per_sample={forward!r} must be >= 0 and at "
                 f"most bottom_mflops_per_sample={self.bottom_mflops_per_sample} (it is a part of it)"
+            )
+        forward = self.dense_forward_mflops_per_sample
+        if forward is not None and not 0 <= forward <= self.dense_mflops_per_sample:
+            raise ValueError(
+                f"ComputeLoad.dense_forward_mflops_per_sample={forward!r} must be >= 0 and at "
+                f"most dense_mflops_per_sample={self.dense_mflops_per_sample} (it is a part of it)"
             )
 
 
@@ -125,7 +136,8 @@ def compute_load(
     """The :class:`ComputeLoad` of ``model``: dense training FLOPs measured by
     :func:`dmt.models.accounting.dense_flops` (bottom MLP, tower modules, interaction, top MLP;
     per rank per local sample: a tower's ranks run its module over ``T`` times their local
-    batch, which for towers of equal modules is ``1 / T`` of the towers' FLOPs), the bottom
+    batch, which for towers of equal modules is ``1 / T`` of the towers' FLOPs) and their
+    forward (the rest is the backward, which the gradient all-reduces overlap), the bottom
     MLP's share and its forward (:func:`~dmt.models.accounting.bottom_flops`: its first layer
     computes no gradient of the dense input), and the embedding rows touched
     (``ids_per_sample`` ids of ``embedding_dim`` elements, :func:`lookup_passes` of
@@ -133,8 +145,8 @@ def compute_load(
 
     ``busiest_tower``: the tower modules' FLOPs of a rank of the tower whose module computes
     the most (``T`` times its FLOPs per sample, :func:`~dmt.models.accounting.tower_train_flops`),
-    which the step waits for (step f), in place of their mean; ``dmt-plan`` counts it, as
-    it counts the busiest rank's lookup.
+    which the step waits for (step f), in place of their mean, in the training FLOPs and in
+    their forward (that tower's); ``dmt-plan`` counts it, as it counts the busiest rank's lookup.
 
     ``ids_per_sample``: rows of ``embedding_dim`` the rank looks up per sample of its local
     batch ``B``: its shards serve all ``G`` local batches, so the busiest rank's (``dmt-plan``:
@@ -146,16 +158,19 @@ def compute_load(
     if not ids_per_sample >= 0:
         raise ValueError(f"ids_per_sample={ids_per_sample!r} must be >= 0")
     passes = lookup_passes(sparse_optimizer)
-    _, train = dense_flops(model)
+    forward, train = dense_flops(model)
     if busiest_tower and isinstance(model, DMTModel):
-        towers = tower_train_flops(model)
-        train += len(towers) * max(towers) - sum(towers)
+        towers = tower_flops(model)
+        busiest = max(towers, key=lambda flops: flops[1])
+        forward += len(towers) * busiest[0] - sum(f for f, _ in towers)
+        train += len(towers) * busiest[1] - sum(t for _, t in towers)
     bottom_forward, bottom = bottom_flops(model)
     return ComputeLoad(
         dense_mflops_per_sample=train / 1e6,
         bottom_mflops_per_sample=bottom / 1e6,
         lookup_bytes_per_sample=ids_per_sample * model.embedding_dim * element_bytes * passes,
         bottom_forward_mflops_per_sample=bottom_forward / 1e6,
+        dense_forward_mflops_per_sample=forward / 1e6,
     )
 
 
@@ -248,11 +263,15 @@ def _budgets(
     if forward is None:
         forward = compute.bottom_mflops_per_sample * FORWARD_FRACTION
     bottom_forward_s = forward * 1e6 * batch / flops_s
+    dense_forward = compute.dense_forward_mflops_per_sample
+    if dense_forward is None:
+        dense_forward = compute.dense_mflops_per_sample * FORWARD_FRACTION
+    dense_forward_s = dense_forward * 1e6 * batch / flops_s
     return {
         "prefetch": dense_s + lookup_s,
         "bottom/forward": bottom_forward_s,
         "bottom/backward": bottom_s - bottom_forward_s,
-        "backward": dense_s * (1 - FORWARD_FRACTION),
+        "backward": dense_s - dense_forward_s,
     }
 
 

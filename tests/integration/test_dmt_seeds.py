@@ -433,8 +433,10 @@ def test_runs_whose_partition_file_holds_other_towers_now_are_refused(tmp_path, 
     """Reproduced: a study whose tp partition file was replaced (dmt-partition --overwrite, an
     edit) between its calls read back the runs trained on the file's earlier towers and reported
     them as the config's, as the overrides (``model.partition.path``) were the same. A run's
-    towers are in its seed_run.json (a Hydra multirun's job: its checkpoints' config.yaml), and a
-    file that holds others now is refused, naming the run, the file and the towers that changed."""
+    towers are in its seed_run.json (a Hydra multirun's job: its metrics.json, or an older dmt's
+    job its checkpoints' config.yaml), and a file that holds others now is refused, naming the
+    run, the file and the towers that changed. Reproduced too: a Hydra multirun's job without a
+    checkpoint was read back with a warning only, as nothing recorded its towers."""
     from omegaconf import OmegaConf
 
     from dmt.train import compose_config, train
@@ -473,28 +475,43 @@ def test_runs_whose_partition_file_holds_other_towers_now_are_refused(tmp_path, 
     values = seeds.main([*argv, "--no-train"])["configs"]["tp"]["values"]
     assert values == first["configs"]["tp"]["values"]
     # a Hydra multirun's job (its .hydra/config.yaml names only the file): the towers its
-    # checkpoint recorded; without a checkpoint, they cannot be checked, and it says so
+    # metrics.json records, with or without a checkpoint (a multirun's job keeps none unless
+    # told to); a run of an older dmt, whose metrics.json has none, by its checkpoint's
+    # config.yaml; without either, they cannot be checked, and it says so
     job = tmp_path / "sweep" / "tp" / "seed_0"
     settings = [*tiny, *config, "trainer.seed=0"]
     train(compose_config(*settings, "logger=disabled", "trainer.checkpoint=true"), job)
     (job / ".hydra").mkdir()
     OmegaConf.save(compose_config(*settings), job / ".hydra" / "config.yaml")
     tp.write_text(json.dumps({"towers": other}))
-    with pytest.raises(seed_lib.StaleRun) as e:
-        seed_lib.study({"tp": [*tiny, *config]}, [0], tmp_path / "sweep", train_missing=False)
+    metrics = job / "metrics.json"
+    recorded = json.loads(metrics.read_text())
+    assert recorded["model.partition.recorded_towers"] == trained
+    older = {k: v for k, v in recorded.items() if k != "model.partition.recorded_towers"}
     saved = job / "checkpoints" / "step_2" / "config.yaml"
-    assert str(e.value).startswith(
-        f"{job} trained with other towers than partition file {str(tp)!r} holds now ({saved}: "
-        "tower 0: [cat_0, cat_3] -> [cat_0, cat_1]"
-    )
+
+    def refused_by(source):
+        with pytest.raises(seed_lib.StaleRun) as e:
+            seed_lib.study({"tp": [*tiny, *config]}, [0], tmp_path / "sweep", train_missing=False)
+        assert str(e.value).startswith(
+            f"{job} trained with other towers than partition file {str(tp)!r} holds now "
+            f"({source}: tower 0: [cat_0, cat_3] -> [cat_0, cat_1]"
+        )
+
+    refused_by(metrics)
+    metrics.write_text(json.dumps(older))  # an older dmt's job
+    refused_by(saved)
     for step in (job / "checkpoints").iterdir():
         for f in step.iterdir():
             f.unlink()
         step.rmdir()
+    metrics.write_text(json.dumps(recorded))  # a job without a checkpoint
+    refused_by(metrics)
+    metrics.write_text(json.dumps(older))  # an older dmt's job without a checkpoint
     with pytest.warns(UserWarning) as caught:
         seed_lib.study({"tp": [*tiny, *config]}, [0], tmp_path / "sweep", train_missing=False)
     assert str(caught[0].message) == (
-        f"{job}: no seed_run.json or checkpoint records the towers it trained with: its towers "
-        f"cannot be checked against partition file {str(tp)!r} of config 'tp'; its metrics are "
-        "read as they are"
+        f"{job}: no seed_run.json, metrics.json or checkpoint records the towers it trained "
+        f"with: its towers cannot be checked against partition file {str(tp)!r} of config 'tp'; "
+        "its metrics are read as they are"
     )

@@ -11,6 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from dmt.config import DLRMTowerConfig, DotInteractionConfig, ModelConfig, PartitionConfig
 from dmt.models import build_dmt_model, build_model, naive_partition
 from dmt.models.accounting import dense_flops, tower_train_flops
+from dmt.models.interaction import DotInteraction
 from dmt.planning.collectives import CollectiveBytes as Coll
 from dmt.planning.hardware import ClusterConfig
 from dmt.planning.network import collective_time_s
@@ -227,6 +228,12 @@ def test_compute_load_checks() -> None:
         "ComputeLoad.bottom_forward_mflops_per_sample=0.6 must be >= 0 and at most "
         "bottom_mflops_per_sample=0.5 (it is a part of it)"
     )
+    with pytest.raises(ValueError) as err:
+        ComputeLoad(1.0, dense_forward_mflops_per_sample=1.5)
+    assert str(err.value) == (
+        "ComputeLoad.dense_forward_mflops_per_sample=1.5 must be >= 0 and at most "
+        "dense_mflops_per_sample=1.0 (it is a part of it)"
+    )
 
 
 def _dlrm(bottom_mlp: list[int], num_features: int = 6):  # type: ignore[no-untyped-def]
@@ -278,6 +285,44 @@ def test_step_f_backward_hides_behind_the_bottom_mlps_backward_as_computed() -> 
     assert [c.exposed_ms for c in t.collectives] == pytest.approx([2.0 - 0.832, 2.0 - 0.832])
 
 
+def _counted_flops(model, B: int = 4) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(forward, forward + backward) FLOPs per sample of ``model``'s dense part by PyTorch's
+    FLOP counter, its dot interactions backward as autograd computes it (the counted
+    convention); the dense input needs no gradient, the pooled embeddings do."""
+    for m in model.modules():
+        if isinstance(m, DotInteraction):
+            m.fused_backward = False
+    dense = torch.randn(B, 13)
+    pooled = torch.randn(B, model.num_features, model.embedding_dim, requires_grad=True)
+    forward, training = FlopCounterMode(display=False), FlopCounterMode(display=False)
+    with forward:
+        model.dense_forward(dense, pooled)
+    with training:
+        model.dense_forward(dense, pooled).sum().backward()
+    return forward.get_total_flops() / B, training.get_total_flops() / B
+
+
+@pytest.mark.parametrize("bottom_mlp", [[16], [512, 256, 16]])
+def test_gradient_allreduces_hide_behind_the_dense_backward_as_computed(
+    bottom_mlp: list[int],
+) -> None:
+    """Reproduced bug: the gradient all-reduces hid behind two thirds of the dense training
+    FLOPs, the gradient of the dense input too, which the bottom MLP's first layer never
+    computes (13 x 16 x 2 / 3 FLOPs too many per sample for a 13 -> 16 bottom MLP). The
+    backward is the training FLOPs less the forward, both counted by PyTorch's FLOP counter."""
+    model = _dlrm(bottom_mlp)
+    load = compute_load(model, ids_per_sample=6, sparse_optimizer="rowwise_adagrad")
+    forward, training = _counted_flops(model)
+    assert load.dense_forward_mflops_per_sample == pytest.approx(forward / 1e6)
+    assert load.dense_mflops_per_sample == pytest.approx(training / 1e6)
+    batch = 100_000
+    backward_ms = (training - forward) * batch / 5e11 * 1e3
+    ar = Coll("dense_allreduce", "all_reduce", "world", "backward", 4, 0, 10**9, True)
+    assert _wire_ms(ar) > 2 * backward_ms  # longer than any budget of the step's backward
+    t = predict_step_time("dmt", [ar], load, batch, CLUSTER)
+    assert t.collectives[0].exposed_ms == pytest.approx(_wire_ms(ar) - backward_ms)
+
+
 # a DLRM of 6 features of dim 16 whose towers project each feature to 8 (c = 1, p = 0)
 _SMALL_DMT = ModelConfig(
     name="dlrm",
@@ -327,6 +372,13 @@ def test_compute_load_counts_the_busiest_towers_module() -> None:
         pytest.approx(2 * 4 * per_feature - 6 * per_feature)
     )
     assert busiest.bottom_mflops_per_sample == mean.bottom_mflops_per_sample
+    # and its forward (2 N D FLOPs a feature and sample), the rest its backward
+    assert mean.dense_forward_mflops_per_sample == pytest.approx(dense_flops(model)[0] / 1e6)
+    assert busiest.dense_forward_mflops_per_sample is not None
+    assert mean.dense_forward_mflops_per_sample is not None
+    assert (
+        busiest.dense_forward_mflops_per_sample - mean.dense_forward_mflops_per_sample
+    ) * 1e6 == pytest.approx((2 * 4 - 6) * 2 * 16 * 8)
 
 
 def _flat_model():  # type: ignore[no-untyped-def]
