@@ -99,6 +99,7 @@ def test_a_second_run_into_the_same_directory_stops_and_a_resume_goes_on(tmp_pat
     assert fourth.returncode == 0, fourth.stderr[-3000:]
 
 
+@pytest.mark.slow  # a held run and three CLI runs (25-35 s on 2 shared cores); the lock itself: tests/unit/test_run_dir.py
 def test_a_running_run_holds_its_directory_and_a_killed_one_does_not(tmp_path):
     run = tmp_path / "run"
     lock = run / "run.lock"
