@@ -14,9 +14,10 @@ writes the inverse fraction; Table 5 reports this one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -69,14 +70,7 @@ def dense_flops(model: RecModel | DMTModel, batch_size: int = 4) -> tuple[float,
     pooled = torch.zeros(
         batch_size, model.num_features, model.embedding_dim, device=device, requires_grad=True
     )
-    fwd = FlopCounterMode(display=False)
-    with fwd:
-        out = model.dense_forward(dense, pooled)
-    total = FlopCounterMode(display=False)
-    with _autograd_backward(model), total:
-        out = model.dense_forward(dense, pooled)
-        out.sum().backward()
-    return fwd.get_total_flops() / batch_size, total.get_total_flops() / batch_size
+    return _counted(lambda: model.dense_forward(dense, pooled), model, batch_size)
 
 
 def bottom_flops(model: RecModel | DMTModel, batch_size: int = 4) -> tuple[float, float]:
@@ -87,12 +81,20 @@ def bottom_flops(model: RecModel | DMTModel, batch_size: int = 4) -> tuple[float
     first = model.bottom[0]
     assert isinstance(first, nn.Linear)
     dense = torch.zeros(batch_size, first.in_features, device=first.weight.device)
+    return _counted(lambda: model.bottom(dense), model.bottom, batch_size)
+
+
+def _counted(
+    forward: Callable[[], torch.Tensor], module: nn.Module, batch_size: int
+) -> tuple[float, float]:
+    """``(forward FLOPs, forward + backward FLOPs)`` per sample of ``forward()`` (a batch of
+    ``batch_size``), ``module``'s dot interactions' backward counted as autograd's."""
     fwd = FlopCounterMode(display=False)
     with fwd:
-        model.bottom(dense)
+        forward()
     total = FlopCounterMode(display=False)
-    with total:
-        model.bottom(dense).sum().backward()
+    with _autograd_backward(module), total:
+        forward().sum().backward()
     return fwd.get_total_flops() / batch_size, total.get_total_flops() / batch_size
 
 
@@ -128,13 +130,7 @@ def tower_flops(model: DMTModel, batch_size: int = 4) -> list[tuple[float, float
         embs = torch.zeros(
             batch_size, module.num_features, module.embedding_dim, device=device, requires_grad=True
         )
-        fwd = FlopCounterMode(display=False)
-        with fwd:
-            module(embs)
-        counter = FlopCounterMode(display=False)
-        with _autograd_backward(module), counter:
-            module(embs).sum().backward()
-        out.append((fwd.get_total_flops() / batch_size, counter.get_total_flops() / batch_size))
+        out.append(_counted(partial(module, embs), module, batch_size))
     return out
 
 
