@@ -37,12 +37,15 @@ def _check_positive(interaction: str, **values: int) -> None:
 
 
 class _PairDots(torch.autograd.Function):
-    """The dot products ``<v_i, v_j>`` of the pairs ``i < j`` of ``vectors`` ``(B, n, D)``, as one
-    batched matrix product; the backward is one more, ``(G + G^T) v`` with ``G`` the pairs'
+    """``[dense, <v_i, v_j> for the pairs i < j]`` of ``vectors = [dense, sparse_0, ...]``
+    (``dense`` ``(B, D)``, ``sparse`` ``(B, V, D)``; ``n = V + 1`` vectors): the dot products as
+    one batched matrix product, and a backward of one more, ``(G + G^T) v`` with ``G`` the pairs'
     gradients in their Gram positions, where autograd's takes two (``G v`` and ``G^T v``) and
     their sum. ``G`` and ``G^T`` share no position (``i < j``), so ``G + G^T`` is one gather of
     the gradients, each placed twice, with no addition: the same terms summed in one product.
-    Once differentiable (no double backward).
+    The sparse vectors' gradient is that product's rows ``1..V``, computed on their own into a
+    contiguous ``(B, V, D)``: the lookup's backward reads it as it is, where a slice of the
+    ``(B, n, D)`` product made FBGEMM copy it. Once differentiable (no double backward).
 
     ``pairs``: the pairs' positions ``i n + j`` in the flattened Gram matrix; ``sources``: for
     each of its ``n^2`` positions, 1 + the index of the pair it holds (``(i, j)`` or ``(j, i)``),
@@ -51,35 +54,42 @@ class _PairDots(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx: torch.autograd.function.FunctionCtx,
-        vectors: torch.Tensor,
+        dense: torch.Tensor,
+        sparse: torch.Tensor,
         pairs: torch.Tensor,
         sources: torch.Tensor,
     ) -> torch.Tensor:
+        vectors = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # (B, n, D)
         gram = torch.bmm(vectors, vectors.transpose(1, 2))  # (B, n, n)
         ctx.save_for_backward(vectors, sources)
-        return gram.flatten(1).index_select(1, pairs)
+        return torch.cat([dense, gram.flatten(1).index_select(1, pairs)], dim=1)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
-    ) -> tuple[torch.Tensor, None, None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, None, None]:
         vectors, sources = ctx.saved_tensors  # type: ignore[attr-defined]
         B, n, D = vectors.shape
-        # under autocast the forward's product (and so ``grad``) may be bf16/fp16 while the saved
-        # vectors are not; the gradient is computed in the vectors' dtype, as autograd returns it
+        # under autocast the forward's product (and so the pairs' gradient) may be bf16/fp16
+        # while the saved vectors are not; the gradient is computed in the vectors' dtype, as
+        # autograd returns it
         grad = grad.to(vectors.dtype)
         # G + G^T, symmetric: a zero column in front for the diagonal's 0
-        both = F.pad(grad, (1, 0)).index_select(1, sources).view(B, n, n)
+        both = F.pad(grad[:, D:], (1, 0)).index_select(1, sources).view(B, n, n)
         if D < n:  # on CPU the product of (D, n) by (n, n) is the faster one for narrow vectors
-            return torch.bmm(vectors.transpose(1, 2), both).transpose(1, 2), None, None
-        return torch.bmm(both, vectors), None, None
+            product = torch.bmm(vectors.transpose(1, 2), both).transpose(1, 2)
+            return grad[:, :D] + product[:, 0], product[:, 1:], None, None
+        sparse = torch.bmm(both[:, 1:], vectors)  # (B, V, D), contiguous
+        return grad[:, :D] + torch.bmm(both[:, :1], vectors).squeeze(1), sparse, None, None
 
 
 @torch.fx.wrap
-def pair_dots(vectors: torch.Tensor, pairs: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
+def pair_dots(
+    dense: torch.Tensor, sparse: torch.Tensor, pairs: torch.Tensor, sources: torch.Tensor
+) -> torch.Tensor:
     """:class:`_PairDots`: one call in an fx graph (TorchRec's train pipeline traces the model)."""
-    out = _PairDots.apply(vectors, pairs, sources)
+    out = _PairDots.apply(dense, sparse, pairs, sources)
     assert isinstance(out, torch.Tensor)
     return out
 
@@ -130,13 +140,12 @@ class DotInteraction(nn.Module):
         return self.dim + (self.num_vectors + 1) * self.num_vectors // 2
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        vectors = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # (B, V + 1, D)
         if self.fused_backward:
-            dots = pair_dots(vectors, self._pairs, self._sources)
-        else:  # autograd's backward, two products (what FLOP accounting counts, as the paper)
-            gram = torch.bmm(vectors, vectors.transpose(1, 2))
-            dots = gram.flatten(1).index_select(1, self._pairs)
-        return torch.cat([dense, dots], dim=1)
+            return pair_dots(dense, sparse, self._pairs, self._sources)
+        # autograd's backward, two products (what FLOP accounting counts, as the paper)
+        vectors = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # (B, V + 1, D)
+        gram = torch.bmm(vectors, vectors.transpose(1, 2))
+        return torch.cat([dense, gram.flatten(1).index_select(1, self._pairs)], dim=1)
 
 
 class CrossInteraction(nn.Module):
