@@ -16,7 +16,11 @@ on the same batches of the Criteo Kaggle sample
   which in a world of one is the plain loop (``dmt.config.use_pipeline``);
 - ``dmt pipelined``: the same through TorchRec's ``TrainPipelineSparseDist``
   (``trainer.pipeline_world_of_one=true``), as dmt trains 2+ ranks;
-- ``dmt sync``: the default with ``trainer.log_every=1``, the loss read back every step.
+- ``dmt sync``: the default with ``trainer.log_every=1``, the loss read back every step;
+- ``dmt unfused``: the default with ``optim.dense_fused=false``, torch's default (looping) dense
+  Adagrad, as the reference's;
+- ``reference fused``: the reference with ``fused=True`` on its dense Adagrad (one argument added
+  to ``dlrm_main.py``'s optimizer), the reference at its strongest on that count.
 
 The dmt variants read the loss back every ``trainer.log_every`` steps (default 50), as
 ``Trainer.fit`` does. Both sides: DLRM, dim 64, bottom 512-256-64 (ReLU after its last layer, as
@@ -106,8 +110,10 @@ DMT_VARIANTS: dict[str, list[str]] = {
     "dmt default": [],
     "dmt pipelined": ["trainer.pipeline=true", "trainer.pipeline_world_of_one=true"],
     "dmt sync": ["trainer.log_every=1"],
+    "dmt unfused": ["optim.dense_fused=false"],
 }
-VARIANTS = ["reference", *DMT_VARIANTS]
+REFERENCE_VARIANTS = ("reference", "reference fused")
+VARIANTS = [*REFERENCE_VARIANTS, *DMT_VARIANTS]
 
 
 def dmt_overrides(variant: str, device: str = "cpu", extra: tuple[str, ...] = ()) -> list[str]:
@@ -135,10 +141,11 @@ def training_batches(data: DataBundle, count: int) -> list[Batch]:
 
 
 def reference_pipeline(
-    data: DataBundle, cfg: Config, device: torch.device
+    data: DataBundle, cfg: Config, device: torch.device, *, fused: bool = False
 ) -> tuple[TrainPipelineSparseDist, Callable[[], None]]:
     """torchrec_dlrm's model, optimizers and pipeline for ``cfg``'s sizes; returns the pipeline
-    and the per-step LR scheduler step."""
+    and the per-step LR scheduler step. ``fused``: the dense Adagrad with ``fused=True``
+    (``dlrm_main.py`` gives it the LR only)."""
     m = cfg.model
     tables = [
         EmbeddingBagConfig(
@@ -168,9 +175,10 @@ def reference_pipeline(
     )
     plan = planner.collective_plan(train_model, get_default_sharders(), dist.GroupMember.WORLD)
     model = DistributedModelParallel(module=train_model, device=device, plan=plan)
+    fused_kwargs = {"fused": True} if fused else {}
     dense = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(model.named_parameters())),
-        lambda params: torch.optim.Adagrad(params, lr=cfg.optim.lr),
+        lambda params: torch.optim.Adagrad(params, lr=cfg.optim.lr, **fused_kwargs),
     )
     optimizer = CombinedOptimizer([model.fused_optimizer, dense])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
@@ -204,11 +212,13 @@ def variant_steps(
 ) -> Iterator[torch.Tensor]:
     """A fresh model of ``variant``, as an iterator over its training steps on ``batches``
     (each yields the step's loss)."""
-    name = variant if variant != "reference" else "dmt default"
+    name = variant if variant not in REFERENCE_VARIANTS else "dmt default"
     cfg = dmt_config(name, rt.device.type, extra)
     torch.manual_seed(cfg.trainer.seed)
-    if variant == "reference":
-        pipeline, lr_step = reference_pipeline(data, cfg, rt.device)
+    if variant in REFERENCE_VARIANTS:
+        pipeline, lr_step = reference_pipeline(
+            data, cfg, rt.device, fused=variant == "reference fused"
+        )
         return reference_steps(pipeline, lr_step, batches)
     trainer = Trainer(cfg, rt, out / variant.replace(" ", "_"))
     if (trainer.pipeline is not None) != (variant == "dmt pipelined"):
@@ -355,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                 rates[variant].append(rate)
                 losses[variant].append(loss)
                 print(
-                    f"run {i} {variant:13}: {rate:8,.0f} samples/s (mean loss {loss:.4f})",
+                    f"run {i} {variant:15}: {rate:8,.0f} samples/s (mean loss {loss:.4f})",
                     flush=True,
                 )
     finally:
@@ -364,11 +374,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
     median = {v: statistics.median(r) for v, r in rates.items()}
     for v, r in rates.items():
-        print(f"{v:13} median {median[v]:8,.0f} samples/s (range {min(r):,.0f}-{max(r):,.0f})")
+        print(f"{v:15} median {median[v]:8,.0f} samples/s (range {min(r):,.0f}-{max(r):,.0f})")
     pairs = {
         "dmt default / reference": ("dmt default", "reference"),
         "dmt pipelined / reference": ("dmt pipelined", "reference"),
         "dmt sync / reference": ("dmt sync", "reference"),
+        "dmt default / ref. fused": ("dmt default", "reference fused"),
+        "dmt unfused / reference": ("dmt unfused", "reference"),
+        "fused / unfused (dmt)": ("dmt default", "dmt unfused"),
+        "ref. fused / reference": ("reference fused", "reference"),
         "pipelined / plain": ("dmt pipelined", "dmt default"),
         "no sync / sync": ("dmt default", "dmt sync"),
     }

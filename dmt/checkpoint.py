@@ -105,6 +105,7 @@ _FREE_KEYS = (
     "trainer.pipeline",  # pipelined and plain loops compute the same (tests/distributed/test_pipeline.py)
     "trainer.pipeline_world_of_one",
     "trainer.reuse_host_memory",  # where freed host memory goes; the numbers are the same
+    "optim.dense_fused",  # the dense optimizer's implementation; the same update, to rounding
     "sptt.local_world_size",
     "sptt.hosts_per_tower",
     "sptt.sharding_type",

@@ -366,6 +366,11 @@ class OptimConfig:
     # DMT tower modules' dense learning rate as a multiple of the rest's (a second param group of
     # optim.dense, scheduled alike; 0 freezes them at their init); 1: one group, as without towers
     tower_lr_scale: float = 1.0
+    # the dense optimizer's fused implementation (torch's fused=True: one kernel updates every
+    # parameter, where the default loops over them, several kernels each), where its class
+    # offers one (Adam, AdamW, Adagrad, SGD) and optim.dense sets neither fused nor foreach: the
+    # same update, to float rounding; false: torch's default implementation
+    dense_fused: bool = True
     # The components are Any, so that each optimizer brings its own kwargs; their defaults hold
     # only what every optimizer takes (a YAML's fields are merged onto them).
     # fused embedding optimizer: _target_ a class TorchRec fuses into FBGEMM's kernels
@@ -381,6 +386,7 @@ class OptimConfig:
         }
     )
     # dense optimizer: _target_ a torch.optim.Optimizer class, _partial_: true, and its kwargs
+    # (dense_fused: its fused implementation where it has one)
     dense: Any = field(
         default_factory=lambda: {"_target_": "torch.optim.Adam", "_partial_": True, "lr": "${..lr}"}
     )

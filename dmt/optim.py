@@ -297,6 +297,35 @@ def apply_sparse_optimizer(embedding_params: list[nn.Parameter], cfg: OptimConfi
 # --- dense -------------------------------------------------------------------------------------
 
 
+#: the device types whose parameters torch's fused optimizers update (those dmt trains on)
+FUSED_DEVICE_TYPES = ("cpu", "cuda")
+
+
+def dense_fused_kwargs(cfg: OptimConfig, params: Collection[torch.Tensor]) -> dict[str, Any]:
+    """``{"fused": True}`` where ``optim.dense_fused`` is set, ``optim.dense``'s class takes
+    ``fused`` (torch's Adam, AdamW, Adagrad, SGD), ``optim.dense`` itself sets neither ``fused``
+    nor ``foreach`` (the user's choice stands) and every parameter is a floating-point tensor on
+    a device of :data:`FUSED_DEVICE_TYPES`; ``{}`` otherwise (the class's default).
+
+    One kernel then updates every parameter, where torch's default on the CPU loops over them
+    with several kernels each (measured on dmt's DLRM, batch 512, one thread: Adagrad's step
+    1.5 ms -> 0.37 ms). The update is the same to float rounding."""
+    if not cfg.dense_fused:
+        return {}
+    node = _component(cfg, "dense")
+    if "fused" in node or "foreach" in node:
+        return {}
+    try:
+        cls = get_class(node._target_)
+    except Exception:  # hydra raises ImportError/ValueError variants; _build names the setting
+        return {}
+    if not isinstance(cls, type) or "fused" not in inspect.signature(cls).parameters:
+        return {}
+    if not all(p.device.type in FUSED_DEVICE_TYPES and p.is_floating_point() for p in params):
+        return {}
+    return {"fused": True}
+
+
 def dense_optimizer(
     params: list[nn.Parameter], cfg: OptimConfig, scaled: Collection[nn.Parameter] = ()
 ) -> torch.optim.Optimizer:
@@ -313,7 +342,7 @@ def dense_optimizer(
             {"params": [p for p in params if id(p) in ids], "tower_lr_scale": cfg.tower_lr_scale},
         ]
         groups = [g for g in groups if g["params"]]
-    opt = _build(cfg, "dense", groups, _partial_=True)
+    opt = _build(cfg, "dense", groups, _partial_=True, **dense_fused_kwargs(cfg, params))
     if not isinstance(opt, torch.optim.Optimizer):
         raise TypeError(f"optim.dense built a {type(opt).__name__}, not a torch.optim.Optimizer")
     for group in opt.param_groups:  # the optimizer set every group's lr from optim.dense.lr

@@ -80,6 +80,8 @@ step fused_adam "$PY" "${TRAIN[@]}" optim=adam trainer=smoke hydra.run.dir="$WOR
 pytest_step sptt_direct_lookup_cuda tests/unit/test_sptt_lookup.py -k cuda
 # DLRM interaction: its own backward (one batched product) equals autograd's on the GPU too
 pytest_step dot_interaction_backward_cuda tests/unit/test_models.py -k "backward_is and cuda"
+# the dense optimizer's fused CUDA kernel (optim.dense_fused, the default) against torch's loop
+pytest_step dense_fused_optimizer_cuda tests/unit/test_generalisation_levers.py -k "fused_one and cuda"
 # memory budget: tables that miss sharding.hbm_gb are UVM-cached (flat and SPTT), same training
 pytest_step uvm_caching tests/integration/test_sharding_plan.py -k cuda_uvm  # not the CPU one
 # a resumed run draws the GPU's dropout masks of an uninterrupted one (the CUDA generator is saved)

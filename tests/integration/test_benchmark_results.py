@@ -230,7 +230,8 @@ def test_bench_pipeline_leaves_the_first_log_interval_out(tmp_path):
         (
             "benchmarks/bench_torchrec_dlrm.py",
             ["--variants", "reference,dmt"],
-            "--variants: 'dmt' not among ['reference', 'dmt default', 'dmt pipelined', 'dmt sync']",
+            "--variants: 'dmt' not among ['reference', 'reference fused', 'dmt default', "
+            "'dmt pipelined', 'dmt sync', 'dmt unfused']",
         ),
         (
             "benchmarks/bench_torchrec_dlrm.py",

@@ -180,3 +180,22 @@ def test_a_checkpoint_that_cannot_be_written_is_an_error_naming_it(tmp_path, asy
     assert "File too large" in message
     assert damage(step) == f"{step / META_FILE} is missing (the save did not finish)"
     assert latest(tmp_path) is None
+
+
+def test_a_resume_may_change_the_dense_optimizers_implementation():
+    """``optim.dense_fused`` (fused or looping kernels, the same update) changes on a resume
+    without ``trainer.resume_allow_config_change``, also from a checkpoint saved before the
+    setting existed; the optimizer itself may not."""
+    from dmt.checkpoint import config_differences
+
+    saved = {"optim": {"dense": {"_target_": "torch.optim.Adam"}, "lr": 0.1}}
+    for now in (True, False):
+        current = {"optim": {"dense": {"_target_": "torch.optim.Adam"}, "lr": 0.1}}
+        current["optim"]["dense_fused"] = now
+        assert config_differences(saved, current, allow_change=False) == []
+        fused = {"optim": {**saved["optim"], "dense_fused": not now}}
+        assert config_differences(fused, current, allow_change=False) == []
+    other = {"optim": {"dense": {"_target_": "torch.optim.AdamW"}, "lr": 0.1, "dense_fused": True}}
+    assert config_differences(saved, other, allow_change=False) == [
+        "optim.dense._target_: 'torch.optim.Adam' -> 'torch.optim.AdamW'"
+    ]

@@ -253,3 +253,64 @@ def test_tower_lr_scale_refuses_a_schedule_that_sets_the_peak_lrs(caplog):
     with caplog.at_level("WARNING", logger="dmt.optim"):
         build_optimizer(plain, typed_config("optim.tower_lr_scale=0.1").optim)
     assert "optim.tower_lr_scale=0.1 does nothing: the model has no tower-module" in caplog.text
+
+
+_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=_GPU)])
+@pytest.mark.parametrize(
+    "target,extra",
+    [
+        ("torch.optim.Adam", []),
+        ("torch.optim.AdamW", ["optim.dense.weight_decay=0.01"]),
+        ("torch.optim.Adagrad", []),
+        ("torch.optim.SGD", ["~optim.dense.eps", "+optim.dense.momentum=0.9"]),
+    ],
+)
+def test_the_dense_optimizer_is_torchs_fused_one_and_updates_as_its_loop(target, extra, device):
+    """``optim.dense_fused`` (the default): the dense optimizer is built with ``fused=True``
+    where its class has a fused kernel, and its updates are those of torch's default
+    implementation (``optim.dense_fused=false``) to float rounding, over several steps of
+    two param groups (``optim.tower_lr_scale``)."""
+    base = [f"optim.dense._target_={target}", "optim.tower_lr_scale=0.5", *extra]
+    if target == "torch.optim.Adagrad":  # the default config's dense optimizer is Adam's
+        base = ["optim=adagrad", "optim.tower_lr_scale=0.5", *extra]
+    moved = {}
+    for fused in (True, False):
+        torch.manual_seed(0)
+        shapes = ((7, 5), (5,), (3, 7), (3,))
+        params = [nn.Parameter(torch.randn(shape).to(device)) for shape in shapes]
+        start = [p.detach().clone() for p in params]
+        cfg = typed_config(*base, f"optim.dense_fused={fused}").optim
+        opt = dense_optimizer(params, cfg, scaled=params[2:])
+        assert len(opt.param_groups) == 2
+        assert opt.defaults.get("fused") is (True if fused else None), opt.defaults
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen).to(device)
+            opt.step()
+        moved[fused] = [p.detach().clone() for p in params]
+    for a, b in zip(moved[True], moved[False]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert all((a - b).abs().max() > 1e-3 for a, b in zip(moved[True], start))  # all moved
+
+
+def test_the_dense_optimizer_keeps_torchs_default_without_a_fused_kernel_or_when_set():
+    """No ``fused=True`` where the class has no fused kernel (RMSprop), where ``optim.dense``
+    sets ``fused`` or ``foreach`` itself (the user's choice stands), or for parameters on a
+    device without torch's fused kernels."""
+    from dmt.optim import dense_fused_kwargs
+
+    param = [nn.Parameter(torch.zeros(2))]
+    rmsprop = typed_config("optim.dense._target_=torch.optim.RMSprop").optim
+    assert dense_fused_kwargs(rmsprop, param) == {}
+    assert "fused" not in inspect.signature(torch.optim.RMSprop).parameters
+    assert dense_optimizer(param, rmsprop).defaults["foreach"] is None
+    foreach = dense_optimizer(param, typed_config("+optim.dense.foreach=true").optim)
+    assert foreach.defaults["foreach"] is True and not foreach.defaults["fused"]
+    unfused = dense_optimizer(param, typed_config("+optim.dense.fused=false").optim)
+    assert unfused.defaults["fused"] is False
+    assert dense_fused_kwargs(typed_config().optim, param) == {"fused": True}
+    assert dense_fused_kwargs(typed_config().optim, [torch.zeros(2, device="meta")]) == {}
