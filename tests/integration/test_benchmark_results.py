@@ -38,7 +38,15 @@ def _refusal(script: str, option: str, path: Path) -> str:
 
 @pytest.mark.parametrize(
     "bench",
-    ["bench_sptt", "bench_torchrec_dlrm", "bench_checkpoint", "ns3_crosscheck", "bench_preprocess"],
+    # CI time (2 cores): bench_sptt's and bench_checkpoint's (11 s and 6 s, the same
+    # existing_output check as the others) run with -m slow
+    [
+        pytest.param("bench_sptt", marks=pytest.mark.slow),
+        "bench_torchrec_dlrm",
+        pytest.param("bench_checkpoint", marks=pytest.mark.slow),
+        "ns3_crosscheck",
+        "bench_preprocess",
+    ],
 )
 def test_a_benchmark_refuses_an_earlier_runs_results_before_it_runs(tmp_path, bench):
     earlier = tmp_path / "earlier.json"

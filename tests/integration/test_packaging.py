@@ -84,6 +84,7 @@ def fresh_venv(root: Path, wheel: Path) -> Path:
     return root / "bin"
 
 
+@pytest.mark.slow  # CI time (2 cores): 26 s, a wheel built and installed into a fresh venv
 def test_the_installed_wheel_trains_from_another_directory(tmp_path):
     wheel = build_wheel(tmp_path / "build")
     shipped = set(zipfile.ZipFile(wheel).namelist())
