@@ -293,7 +293,12 @@ def transform_tsv(
     Args:
         vocab_dir: a directory written by :func:`preprocess_criteo`.
         tsv: the raw file (plain or gzip).
-        out_dir: output directory; default ``<vocab_dir>.<tsv name>-<hash>`` beside ``vocab_dir``.
+        out_dir: output directory; default ``<vocab_dir>.<tsv name>-<hash>`` beside ``vocab_dir``
+            (the hash covers ``tsv``'s path and modification time), or, when ``tsv`` only moved,
+            was copied or touched since an earlier call without ``out_dir`` (another path or
+            modification time, the same size, gzip flag and sampled fingerprint), that call's
+            output beside ``vocab_dir``, used as it is with a warning naming the file
+            (``overwrite`` transforms it anew into the default directory instead).
         skip_bad_rows, num_workers, overwrite, rebuild_damaged, progress, block_bytes,
             unit_bytes: as for :func:`preprocess_criteo`.
 
@@ -317,9 +322,10 @@ def transform_tsv(
         "categorical": parent["settings"]["categorical"],
         "skip_bad_rows": skip_bad_rows,
     }
+    here = Path(os.path.abspath(vocab_dir))  # "." or "x/..": its name, beside it
+    default = out_dir is None
     if out_dir is None:
         digest = _settings_hash(settings, [source])[:10]
-        here = Path(os.path.abspath(vocab_dir))  # "." or "x/..": its name, beside it
         out_dir = here.parent / f"{here.name}.{Path(tsv).name}-{digest}"
     job = _Job(
         sources=[source],
@@ -337,6 +343,8 @@ def transform_tsv(
         inputs=[Path(tsv), vocab_dir],
         cardinalities=parent["cardinalities"],
     )
+    if default and not (overwrite or job.out_dir.exists() or job.out_dir.is_symlink()):
+        job.out_dir = _earlier_transform(job, here) or job.out_dir
     return _run(job)
 
 
@@ -1151,6 +1159,24 @@ def _moved_sources(out_dir: Path, job: _Job) -> list[str] | None:
         for i, (old, s) in enumerate(zip(there, job.sources))
         for d in _source_differences(i, old, s, hint=False)
     ]
+
+
+def _earlier_transform(job: _Job, vocab_dir: Path) -> Path | None:
+    """A complete, undamaged :func:`transform_tsv` output beside ``vocab_dir`` (its default name,
+    ``<vocab_dir name>.<file name>-<hash>``) made with ``job``'s settings from an input file that
+    only moved, was copied or touched since (:func:`_moved_sources`), under the name that file's
+    path and modification time gave then; None where there is none."""
+    prefix = f"{vocab_dir.name}."
+    for candidate in sorted(vocab_dir.parent.iterdir()):
+        if (
+            candidate.name.startswith(prefix)
+            and candidate.is_dir()
+            and not candidate.is_symlink()
+            and _moved_sources(candidate, job) is not None
+            and output_damage(candidate) is None
+        ):
+            return candidate
+    return None
 
 
 def _with_shared_missing_id(settings: dict[str, Any]) -> dict[str, Any]:

@@ -188,6 +188,46 @@ def test_build_criteo_bundle_and_test_path(tmp_path: Path) -> None:
     assert direct.directory == Path(bundle.info["test_dir"])
 
 
+def test_a_moved_test_path_is_not_transformed_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reproduced bug: data.criteo.test_path moved (or copied, touched) was transformed again
+    into a new directory beside data.criteo.preprocessed_dir, where a moved raw_path is used as it
+    is. The same rows are read from the first transform, with the warning naming the file; other
+    rows are transformed again."""
+    raw = tmp_path / "train.txt"
+    raw.write_text(_raw_rows(200, seed=1))
+    extra = tmp_path / "extra.tsv"
+    extra.write_text(_raw_rows(37, seed=2))
+    crit = CriteoConfig(
+        raw_path=str(raw),
+        preprocessed_dir=str(tmp_path / "prep"),
+        test_path=str(extra),
+        num_workers=1,
+    )
+    cfg = DataConfig(kind="criteo", batch_size=32, eval_batch_size=100, criteo=crit)
+    first = build_criteo(cfg).info["test_dir"]
+    moved = tmp_path / "moved.tsv"
+    extra.rename(moved)
+    cfg.criteo = CriteoConfig(**{**crit.__dict__, "test_path": str(moved)})  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="dmt.data.criteo_preprocess"):
+        bundle = build_criteo(cfg)
+    assert bundle.info["test_dir"] == first
+    assert f"input file 0 {str(moved)!r}: path {str(extra)!r} there, {str(moved)!r} now" in (
+        caplog.text
+    )
+    assert len(list(tmp_path.glob("prep.*"))) == 1
+    labels = torch.cat([b.labels for b in bundle.test.batches(0)])
+    assert labels.tolist() == [float(line[0]) for line in moved.read_text().splitlines()]
+
+    text = moved.read_text()  # one label flipped: other rows of the same size
+    moved.write_text(("1" if text[0] == "0" else "0") + text[1:])
+    bundle = build_criteo(cfg)
+    assert bundle.info["test_dir"] != first
+    labels = torch.cat([b.labels for b in bundle.test.batches(0)])
+    assert labels.tolist() == [float(line[0]) for line in moved.read_text().splitlines()]
+
+
 def test_build_criteo_preprocesses_from_raw_path_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

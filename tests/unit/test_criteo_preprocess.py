@@ -711,6 +711,70 @@ def test_transform_tsv_uses_training_vocabularies(tmp_path: Path) -> None:
     assert not (tmp_path / "t2").exists() and not (tmp_path / "t3").exists()
 
 
+def test_a_transformed_file_that_only_moved_or_was_touched_is_not_transformed_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reproduced bug: a file given to transform_tsv without ``out_dir`` (data.criteo.test_path,
+    dmt-eval --data FILE) that moved, was copied or only touched since was transformed again into
+    a new directory beside the vocabularies (its default name hashes its path and modification
+    time). The earlier output is used as it is, with the warning a moved raw_path gives; a file
+    whose rows changed is transformed again, and ``overwrite`` transforms the file anew."""
+    out = preprocess_criteo(
+        config(tmp_path, write(tmp_path / "train.txt", make_rows(200))), **SMALL
+    )
+    extra_rows = make_rows(40, seed=8, pool=30)
+    extra = write(tmp_path / "extra.tsv", extra_rows)
+    os.utime(extra, ns=(0, 86_400 * 10**9))  # 1970-01-02 00:00:00
+    t = transform_tsv(out, extra, progress=False)
+    made = tree(t)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out.")) == [t.name]
+    day = "1970-01-0{} 00:00:00.000000000 UTC"
+    rows = (
+        "but each still has the recorded size and sampled fingerprint (sha256 of its size, first "
+        "MiB and last MiB), taken as the same rows; if a file changed between those MiB, rebuild "
+        "it with overwrite=True (--overwrite)"
+    )
+
+    moved = tmp_path / "elsewhere" / "extra.tsv"  # moved, then touched; then copied, renamed
+    moved.parent.mkdir()
+    extra.rename(moved)
+    copy = tmp_path / "elsewhere" / "day_24.tsv"
+    for path, change in (
+        (moved, ""),
+        (moved, f", modified {day.format(2)} there, {day.format(3)} now"),
+        (copy, f", modified {day.format(2)} there, {day.format(4)} now"),
+    ):
+        if path == copy:
+            copy.write_bytes(moved.read_bytes())
+            os.utime(copy, ns=(0, 3 * 86_400 * 10**9))
+        elif change:
+            os.utime(moved, ns=(0, 2 * 86_400 * 10**9))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="dmt.data.criteo_preprocess"):
+            assert transform_tsv(out, path, progress=False) == t
+        assert caplog.messages == [
+            f"{t} is used as it is: its input files moved or were modified since it was made "
+            f"(input file 0 {str(path)!r}: path {str(extra)!r} there, {str(path)!r} now{change})"
+            f", {rows}"
+        ]
+        assert tree(t) == made
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out.")) == [t.name]
+
+    # other rows of the same size: transformed again, into a new directory, never the stale one
+    text = copy.read_text()
+    copy.write_text(("1" if text[0] == "0" else "0") + text[1:])
+    changed = transform_tsv(out, copy, progress=False)
+    assert changed != t and changed.parent == t.parent and tree(t) == made
+    check_split(changed, "test", copy.read_text().splitlines(), ref_vocab(make_rows(200)[:170], 3))
+    # overwrite: the moved file transformed anew, into its own default directory
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dmt.data.criteo_preprocess"):
+        again = transform_tsv(out, moved, overwrite=True, progress=False)
+    assert again not in (t, changed) and not caplog.messages
+    assert read_manifest(again)["sources"][0]["path"] == str(moved)
+    check_split(again, "test", extra_rows, ref_vocab(make_rows(200)[:170], 3))
+
+
 # -- bad input --------------------------------------------------------------------------------
 
 GOOD = make_rows(40, seed=9)
