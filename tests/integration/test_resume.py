@@ -593,3 +593,45 @@ def test_another_optimizer_on_two_ranks_starts_its_state_fresh(tmp_path: Path) -
     optim = torch.load(saved, weights_only=False)["optim"]
     dense = {k: v for k, v in optim.items() if isinstance(v, dict) and "momentum_buffer" in v}
     assert dense and not [k for k, v in optim.items() if isinstance(v, dict) and "exp_avg" in v]
+
+
+def test_the_dense_optimizers_implementation_changes_on_a_resume_with_its_state(
+    tmp_path: Path,
+) -> None:
+    """``optim.dense_fused`` changes on a resume both ways, without
+    ``trainer.resume_allow_config_change``: the fused Adam (the default) resumes the looping
+    one's checkpoint (``optim.dense_fused=false``) and the loop resumes the fused one's, with
+    their state (the step counts and moments), each to an uninterrupted looping run's weights
+    and state to rounding."""
+    loop = "optim.dense_fused=false"
+    common = ("trainer.checkpoint_every=2",)
+    _train(tmp_path / "loop", *common, "trainer.max_steps=6", loop)
+    ckpt = {name: tmp_path / name / "checkpoints" for name in ("loop", "fused", "back")}
+    resume = "trainer.resume_from={}".format
+    _train(tmp_path / "fused", *common, "trainer.max_steps=4", resume(ckpt["loop"] / "step_2"))
+    _train(
+        tmp_path / "back", *common, "trainer.max_steps=6", loop, resume(ckpt["fused"] / "step_4")
+    )
+
+    def saved(step_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        dcp_to_torch_save(step_dir, tmp_path / "saved.pt")
+        optim = torch.load(tmp_path / "saved.pt", weights_only=False)["optim"]
+        dense = {k: v for k, v in optim.items() if isinstance(v, dict) and "exp_avg" in v}
+        return checkpoint.load_model_state(step_dir, ema=False), dense
+
+    for name, step, fused in (("loop", 6, "false"), ("fused", 4, "true"), ("back", 6, "false")):
+        config = (ckpt[name] / f"step_{step}" / "config.yaml").read_text()
+        assert f"dense_fused: {fused}\n" in config, name
+    for resumed, step in (("fused", 4), ("back", 6)):
+        model, dense = saved(ckpt[resumed] / f"step_{step}")
+        ref_model, ref_dense = saved(ckpt["loop"] / f"step_{step}")
+        assert model.keys() == ref_model.keys() and dense.keys() == ref_dense.keys()
+        assert len(dense) >= 4
+        for key, value in ref_model.items():
+            torch.testing.assert_close(model[key], value, msg=f"{resumed} {key}")
+        for key, state in ref_dense.items():
+            assert float(dense[key]["step"]) == float(state["step"]) == step, (resumed, key)
+            for name in ("exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(
+                    dense[key][name], state[name], msg=f"{resumed} {key}.{name}"
+                )
