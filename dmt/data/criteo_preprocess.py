@@ -1173,10 +1173,18 @@ def _earlier_transform(job: _Job, vocab_dir: Path) -> Path | None:
             and candidate.is_dir()
             and not candidate.is_symlink()
             and _moved_sources(candidate, job) is not None
+            and candidate.name == _default_transform_name(vocab_dir, read_manifest(candidate))
             and output_damage(candidate) is None
         ):
             return candidate
     return None
+
+
+def _default_transform_name(vocab_dir: Path, manifest: dict[str, Any]) -> str:
+    """The name :func:`transform_tsv` gives by default to the output ``manifest`` describes
+    (not one a caller chose with ``out_dir``)."""
+    source = Path(manifest["sources"][0]["path"]).name
+    return f"{vocab_dir.name}.{source}-{manifest['settings_hash'][:10]}"
 
 
 def _with_shared_missing_id(settings: dict[str, Any]) -> dict[str, Any]:

@@ -128,8 +128,7 @@ def test_flat_resume_at_another_world_size_matches_uninterrupted(
     ("resume_world", "resume_local", "sharding", "ema"),
     [
         (4, 2, "table_wise", False),
-        # CI time (2 cores): row-wise (8 s) runs with -m slow; column-wise splits the tables too
-        pytest.param(4, 2, "row_wise", False, marks=pytest.mark.slow),
+        (4, 2, "row_wise", False),
         (4, 2, "column_wise", False),
         (4, 2, "table_wise", True),
     ],

@@ -179,7 +179,6 @@ def test_cli_day_layouts(
     assert capsys.readouterr().err == f"dmt-preprocess: error: {error}\n"
 
 
-@pytest.mark.slow  # CI time (2 cores): 12 s, a CLI run killed, then two more
 def test_interrupted_run_then_rerun_equals_clean_run(tmp_path: Path) -> None:
     raw = tmp_path / "train.txt"
     raw.write_text(raw_rows(6000, seed=3))  # ~0.9 MB, cut into ~18 ranges below

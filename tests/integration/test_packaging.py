@@ -84,13 +84,22 @@ def fresh_venv(root: Path, wheel: Path) -> Path:
     return root / "bin"
 
 
-@pytest.mark.slow  # CI time (2 cores): 26 s, a wheel built and installed into a fresh venv
-def test_the_installed_wheel_trains_from_another_directory(tmp_path):
-    wheel = build_wheel(tmp_path / "build")
+def _ships_every_config(wheel: Path) -> None:
     shipped = set(zipfile.ZipFile(wheel).namelist())
     assert "dmt/conf/config.yaml" in shipped
     every_yaml = {f"dmt/{p.relative_to(REPO / 'dmt')}" for p in CONF.rglob("*.yaml")}
     assert every_yaml <= shipped, f"the wheel misses configs: {sorted(every_yaml - shipped)}"
+
+
+def test_the_wheel_ships_every_config(tmp_path):
+    """The wheel's files (8 s); installing and training it runs with -m slow (below)."""
+    _ships_every_config(build_wheel(tmp_path / "build"))
+
+
+@pytest.mark.slow  # CI time (2 cores): 26 s, a wheel built and installed into a fresh venv
+def test_the_installed_wheel_trains_from_another_directory(tmp_path):
+    wheel = build_wheel(tmp_path / "build")
+    _ships_every_config(wheel)
 
     venv = tmp_path / "venv"
     bin_dir = fresh_venv(venv, wheel)

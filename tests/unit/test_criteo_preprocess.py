@@ -775,6 +775,28 @@ def test_a_transformed_file_that_only_moved_or_was_touched_is_not_transformed_ag
     check_split(again, "test", extra_rows, ref_vocab(make_rows(200)[:170], 3))
 
 
+def test_a_moved_file_does_not_reuse_an_output_directory_its_caller_named(
+    tmp_path: Path,
+) -> None:
+    """A reproduced bug: a moved file given without ``out_dir`` reused any earlier output of its
+    rows beside the vocabularies, one that a caller had named itself (``out_dir``, --output)
+    included, where transform_tsv reuses only the output of an earlier call without ``out_dir``
+    (its default name); that directory is left as it was."""
+    out = preprocess_criteo(
+        config(tmp_path, write(tmp_path / "train.txt", make_rows(200))), **SMALL
+    )
+    extra_rows = make_rows(40, seed=8, pool=30)
+    extra = write(tmp_path / "extra.tsv", extra_rows)
+    named = transform_tsv(out, extra, tmp_path / "out.mine", progress=False)
+    made = tree(named)
+    moved = tmp_path / "moved.tsv"
+    extra.rename(moved)
+    t = transform_tsv(out, moved, progress=False)
+    assert t.parent == tmp_path and t.name.startswith("out.moved.tsv-") and tree(named) == made
+    assert read_manifest(t)["sources"][0]["path"] == str(moved)
+    check_split(t, "test", extra_rows, ref_vocab(make_rows(200)[:170], 3))
+
+
 # -- bad input --------------------------------------------------------------------------------
 
 GOOD = make_rows(40, seed=9)
