@@ -694,9 +694,13 @@ def _check_replaceable(job: _Job, settings_hash: str) -> bool:
                     "%s is used as it is: its input files moved or were modified since it was "
                     "made (%s), but each still has the recorded size and sampled fingerprint "
                     "(sha256 of its size, first MiB and last MiB), taken as the same rows; if a "
-                    "file changed between those MiB, rebuild it with overwrite=True (--overwrite)",
+                    "file changed between those MiB, rebuild it with overwrite=True (--overwrite)%s",
                     out_dir,
                     "; ".join(moved),
+                    ""
+                    if job.vocab_from is None
+                    else ", or delete it where dmt made it beside the preprocessed directory "
+                    "(data.criteo.test_path and dmt-eval --data FILE have no overwrite)",
                 )
             return True
     refusal = _refusal(out_dir, job.inputs)

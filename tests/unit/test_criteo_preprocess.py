@@ -755,7 +755,8 @@ def test_a_transformed_file_that_only_moved_or_was_touched_is_not_transformed_ag
         assert caplog.messages == [
             f"{t} is used as it is: its input files moved or were modified since it was made "
             f"(input file 0 {str(path)!r}: path {str(extra)!r} there, {str(path)!r} now{change})"
-            f", {rows}"
+            f", {rows}, or delete it where dmt made it beside the preprocessed directory "
+            "(data.criteo.test_path and dmt-eval --data FILE have no overwrite)"
         ]
         assert tree(t) == made
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out.")) == [t.name]
