@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import signal
 import socket
 import sys
 from collections.abc import Iterator
@@ -25,6 +26,15 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 torch.cuda.is_available()
 #: ``CUDA_VISIBLE_DEVICES`` as the suite found it (``None``: unset)
 VISIBLE_AT_START = os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` of a script that a test stops with SIGINT: SIGINT at its default action, as
+    a terminal's job starts. A test run in the background (``nohup``, ``cmd &``) inherits SIGINT
+    ignored, and a shell cannot trap a signal ignored on entry (POSIX), so the script's Ctrl-C
+    handling never ran and the test failed (reproduced: ``.ci/run`` started with ``&``, where
+    Python keeps SIGINT ignored unless some module set a handler of its own before)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def typed_config(*overrides: str):

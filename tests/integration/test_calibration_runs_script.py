@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import default_sigint
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "calibration_runs.sh"
 
@@ -38,6 +40,7 @@ def _script(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         timeout=60,
         check=False,
         env={**os.environ, **(env or {})},
+        preexec_fn=default_sigint,  # a test stops it with SIGINT
     )
 
 

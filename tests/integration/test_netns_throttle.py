@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, default_sigint
 
 pytestmark = [
     pytest.mark.cluster,
@@ -49,6 +49,7 @@ def _started(tmp_path: Path, *command: str) -> Iterator[subprocess.Popen[str]]:
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "OUT": str(tmp_path), "PYTHONPATH": str(REPO)},
+        preexec_fn=default_sigint,  # a test stops it with SIGINT
     )
     try:
         yield proc
@@ -125,6 +126,7 @@ def test_ctrl_c_stops_a_calibration_study_not_only_its_cell(tmp_path: Path) -> N
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's job
+        preexec_fn=default_sigint,  # and SIGINT at its default, as there
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
