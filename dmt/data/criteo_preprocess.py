@@ -325,8 +325,7 @@ def transform_tsv(
     here = Path(os.path.abspath(vocab_dir))  # "." or "x/..": its name, beside it
     default = out_dir is None
     if out_dir is None:
-        digest = _settings_hash(settings, [source])[:10]
-        out_dir = here.parent / f"{here.name}.{Path(tsv).name}-{digest}"
+        out_dir = here.parent / _transform_name(here, tsv, _settings_hash(settings, [source]))
     job = _Job(
         sources=[source],
         settings=settings,
@@ -1177,18 +1176,22 @@ def _earlier_transform(job: _Job, vocab_dir: Path) -> Path | None:
             and candidate.is_dir()
             and not candidate.is_symlink()
             and _moved_sources(candidate, job) is not None
-            and candidate.name == _default_transform_name(vocab_dir, read_manifest(candidate))
+            and candidate.name == _recorded_transform_name(vocab_dir, read_manifest(candidate))
             and output_damage(candidate) is None
         ):
             return candidate
     return None
 
 
-def _default_transform_name(vocab_dir: Path, manifest: dict[str, Any]) -> str:
-    """The name :func:`transform_tsv` gives by default to the output ``manifest`` describes
-    (not one a caller chose with ``out_dir``)."""
-    source = Path(manifest["sources"][0]["path"]).name
-    return f"{vocab_dir.name}.{source}-{manifest['settings_hash'][:10]}"
+def _transform_name(vocab_dir: Path, tsv: str | os.PathLike[str], settings_hash: str) -> str:
+    """The name :func:`transform_tsv` gives its output by default, beside ``vocab_dir``."""
+    return f"{vocab_dir.name}.{Path(tsv).name}-{settings_hash[:10]}"
+
+
+def _recorded_transform_name(vocab_dir: Path, manifest: dict[str, Any]) -> str:
+    """:func:`_transform_name` of the output ``manifest`` describes (not one a caller chose with
+    ``out_dir``)."""
+    return _transform_name(vocab_dir, manifest["sources"][0]["path"], manifest["settings_hash"])
 
 
 def _with_shared_missing_id(settings: dict[str, Any]) -> dict[str, Any]:
