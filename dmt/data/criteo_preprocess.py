@@ -44,7 +44,9 @@ alone: their process may be alive there). A run whose output already exists with
 the same settings and sources (``settings_hash`` in the manifest) and whose arrays all have the
 sizes the manifest implies does nothing; so does one whose input files only moved or were
 touched since (another path or modification time, the same size, gzip flag and sampled
-fingerprint), with a warning naming them (``overwrite`` rebuilds it instead); a damaged one (a
+fingerprint), with a warning naming them (``overwrite`` rebuilds it instead), and a
+:func:`transform_tsv` output made through the same vocabularies (their settings hash) in another
+place, their directory moved or copied since; a damaged one (a
 missing or truncated array) is an error that names the file, or is rebuilt with ``overwrite``
 (``rebuild_damaged`` for training).
 
@@ -294,11 +296,14 @@ def transform_tsv(
         vocab_dir: a directory written by :func:`preprocess_criteo`.
         tsv: the raw file (plain or gzip).
         out_dir: output directory; default ``<vocab_dir>.<tsv name>-<hash>`` beside ``vocab_dir``
-            (the hash covers ``tsv``'s path and modification time), or, when ``tsv`` only moved,
-            was copied or touched since an earlier call without ``out_dir`` (another path or
-            modification time, the same size, gzip flag and sampled fingerprint), that call's
-            output beside ``vocab_dir``, used as it is with a warning naming the file
-            (``overwrite`` transforms it anew into the default directory instead).
+            (the hash covers ``tsv``'s path and modification time and ``vocab_dir``'s path), or,
+            when ``tsv`` only moved, was copied or touched since an earlier call without
+            ``out_dir`` (another path or modification time, the same size, gzip flag and sampled
+            fingerprint), that call's output beside ``vocab_dir``, used as it is with a warning
+            naming the file (``overwrite`` transforms it anew into the default directory
+            instead). So is an earlier output (that call's, or ``out_dir``) made through
+            vocabularies that lay elsewhere then (``vocab_dir`` moved or copied, with the outputs
+            beside it, under the same name): their settings hash is the same.
         skip_bad_rows, num_workers, overwrite, rebuild_damaged, progress, block_bytes,
             unit_bytes: as for :func:`preprocess_criteo`.
 
@@ -632,7 +637,7 @@ def _run(job: _Job) -> Path:
     out_dir = job.out_dir
     settings_hash = _settings_hash(job.settings, job.sources)
     if (out_dir.exists() or out_dir.is_symlink()) and _check_replaceable(job, settings_hash):
-        logger.info("%s is up to date (settings hash %s)", out_dir, settings_hash[:12])
+        logger.info("%s is up to date (%s)", out_dir, _up_to_date_note(out_dir, job, settings_hash))
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(out_dir)
@@ -1153,15 +1158,57 @@ def _moved_sources(out_dir: Path, job: _Job) -> list[str] | None:
             dataclasses.replace(s, path=old["path"], mtime_ns=old["mtime_ns"])
             for old, s in zip(there, job.sources)
         ]
+        settings = _with_recorded_vocab_dir(job, manifest)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if _settings_hash(job.settings, recorded) != manifest.get("settings_hash"):
+    if _settings_hash(settings, recorded) != manifest.get("settings_hash"):
         return None
     return [
         d
         for i, (old, s) in enumerate(zip(there, job.sources))
         for d in _source_differences(i, old, s, hint=False)
     ]
+
+
+def _with_recorded_vocab_dir(job: _Job, manifest: dict[str, Any]) -> dict[str, Any]:
+    """``job.settings`` with the vocabularies' directory that ``manifest`` records, for a
+    :func:`transform_tsv` job: vocabularies are the same wherever their directory lies (moved or
+    copied) if their settings hash (``vocab_from.settings_hash``, compared with the rest) is.
+
+    Raises:
+        KeyError, TypeError: ``manifest`` records no vocabularies' directory.
+    """
+    if job.vocab_from is None:
+        return job.settings
+    there = manifest["settings"]["vocab_from"]["dir"]
+    return {**job.settings, "vocab_from": {**job.settings["vocab_from"], "dir": there}}
+
+
+def _up_to_date_note(out_dir: Path, job: _Job, settings_hash: str) -> str:
+    """What :func:`_run` says of the up-to-date ``out_dir``: the settings hash its manifest records
+    and, where ``job``'s (``settings_hash``) differs, why: its input files or vocabularies
+    moved or were touched since (:func:`_moved_sources`)."""
+    try:
+        manifest = read_manifest(out_dir)
+        recorded = str(manifest["settings_hash"])
+        there = _with_recorded_vocab_dir(job, manifest)
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"settings hash {settings_hash[:12]}"
+    if recorded == settings_hash:
+        return f"settings hash {recorded[:12]}"
+    why = []
+    if _moved_sources(out_dir, job):
+        why.append("its input files moved or were touched since")
+    if there != job.settings:  # only the vocabularies' directory can differ
+        asked = job.settings["vocab_from"]
+        why.append(
+            f"it was made through the vocabularies in {there['vocab_from']['dir']!r}, the same "
+            f"(settings hash {asked['settings_hash'][:12]}) as those now in {asked['dir']!r}"
+        )
+    return (
+        f"settings hash {recorded[:12]} in its {MANIFEST}; {settings_hash[:12]} where its inputs "
+        f"are now: {'; '.join(why)}"
+    )
 
 
 def _earlier_transform(job: _Job, vocab_dir: Path) -> Path | None:

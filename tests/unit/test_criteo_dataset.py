@@ -228,6 +228,34 @@ def test_a_moved_test_path_is_not_transformed_again(
     assert labels.tolist() == [float(line[0]) for line in moved.read_text().splitlines()]
 
 
+def test_a_moved_preprocessed_directory_keeps_its_transformed_test_path(tmp_path: Path) -> None:
+    """A reproduced bug: data.criteo.preprocessed_dir moved (with what dmt caches beside it) and
+    data.criteo.preprocessed_dir set to its new place reused the training data but transformed
+    data.criteo.test_path again (the vocabularies' path is in the transform's settings hash)."""
+    raw = tmp_path / "train.txt"
+    raw.write_text(_raw_rows(200, seed=1))
+    extra = tmp_path / "extra.tsv"
+    extra.write_text(_raw_rows(37, seed=2))
+    crit = CriteoConfig(
+        raw_path=str(raw),
+        preprocessed_dir=str(tmp_path / "data" / "prep"),
+        test_path=str(extra),
+        num_workers=1,
+    )
+    cfg = DataConfig(kind="criteo", batch_size=32, eval_batch_size=100, criteo=crit)
+    first = Path(build_criteo(cfg).info["test_dir"])
+    (tmp_path / "scratch").mkdir()
+    data = (tmp_path / "data").rename(tmp_path / "scratch" / "data")
+    stamps = {p: p.stat().st_mtime_ns for p in data.rglob("*")}
+    moved = {**crit.__dict__, "preprocessed_dir": str(data / "prep")}
+    cfg.criteo = CriteoConfig(**moved)  # type: ignore[arg-type]
+    bundle = build_criteo(cfg)
+    assert bundle.info["test_dir"] == str(data / first.parent.name / "test")
+    assert {p: p.stat().st_mtime_ns for p in data.rglob("*")} == stamps  # nothing written
+    labels = torch.cat([b.labels for b in bundle.test.batches(0)])
+    assert labels.tolist() == [float(line[0]) for line in extra.read_text().splitlines()]
+
+
 def test_build_criteo_preprocesses_from_raw_path_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -798,6 +798,95 @@ def test_a_moved_file_does_not_reuse_an_output_directory_its_caller_named(
     check_split(t, "test", extra_rows, ref_vocab(make_rows(200)[:170], 3))
 
 
+def test_an_output_used_after_its_inputs_moved_logs_the_settings_hash_it_records(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reproduced bug: an output used as it is after its input files moved (or were touched)
+    was logged "is up to date (settings hash H)" with H the hash of the files where they are now,
+    which its manifest.json (and a transform's directory name) does not hold. The line names the
+    recorded hash, and says why the inputs' hash differs now."""
+    raw = write(tmp_path / "train.txt", make_rows(200))
+    out = preprocess_criteo(config(tmp_path, raw), **SMALL)
+    extra = write(tmp_path / "extra.tsv", make_rows(40, seed=8, pool=30))
+    t = transform_tsv(out, extra, progress=False)
+    moved_raw = raw.rename(tmp_path / "moved.txt")
+    moved_extra = extra.rename(tmp_path / "moved.tsv")
+    for made, again in (
+        (out, lambda: preprocess_criteo(config(tmp_path, moved_raw), **SMALL)),
+        (t, lambda: transform_tsv(out, moved_extra, progress=False)),
+    ):
+        recorded = read_manifest(made)["settings_hash"]
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="dmt.data.criteo_preprocess"):
+            assert again() == made
+        [line] = [m for m in caplog.messages if "up to date" in m]
+        now = re.fullmatch(
+            f"{re.escape(str(made))} is up to date \\(settings hash {recorded[:12]} in its "
+            "manifest.json; ([0-9a-f]{12}) where its inputs are now: its input files moved or "
+            "were touched since\\)",
+            line,
+        )
+        assert now is not None and now[1] != recorded[:12], line
+    assert t.name.endswith(f"-{read_manifest(t)['settings_hash'][:10]}")
+
+
+def test_a_moved_preprocessed_directory_keeps_its_transformed_files(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reproduced bug: a preprocessed directory moved with the transform_tsv outputs cached
+    beside it (data.criteo.test_path, dmt-eval --data FILE) had each file transformed again
+    there, and an output directory named by the caller was refused as made with other settings
+    (the vocabularies' path is in a transform's settings hash). The same vocabularies (their
+    settings hash) read the earlier outputs; other vocabularies, settings or rows do not."""
+    raw = write(tmp_path / "train.txt", make_rows(200))
+    out = preprocess_criteo(config(tmp_path / "data", raw), **SMALL)
+    extra_rows = make_rows(40, seed=8, pool=30)
+    extra = write(tmp_path / "extra.tsv", extra_rows)
+    t = transform_tsv(out, extra, progress=False)
+    named = transform_tsv(out, extra, tmp_path / "data" / "mine", progress=False)
+    made, made_named = tree(t), tree(named)
+    (tmp_path / "scratch").mkdir()
+    data = (tmp_path / "data").rename(tmp_path / "scratch" / "data")
+    here = data / "out"
+    vocab_hash = read_manifest(here)["settings_hash"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="dmt.data.criteo_preprocess"):
+        assert transform_tsv(here, extra, progress=False) == data / t.name
+        assert transform_tsv(here, extra, data / "mine", progress=False) == data / "mine"
+    assert tree(data / t.name) == made and tree(data / "mine") == made_named
+    assert sorted(p.name for p in data.iterdir()) == sorted(["out", t.name, "mine"])
+    lines = [m for m in caplog.messages if "up to date" in m]
+    assert len(lines) == 2
+    for d, line in zip((t, named), lines):
+        recorded = read_manifest(data / d.name)["settings_hash"]
+        assert re.fullmatch(
+            f"{re.escape(str(data / d.name))} is up to date \\(settings hash {recorded[:12]} in "
+            "its manifest.json; [0-9a-f]{12} where its inputs are now: it was made through the "
+            f"vocabularies in {re.escape(repr(str(out)))}, the same \\(settings hash "
+            f"{vocab_hash[:12]}\\) as those now in {re.escape(repr(str(here)))}\\)",
+            line,
+        ), line
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    vocab = ref_vocab(make_rows(200)[:170], 3)
+    check_split(data / t.name, "test", extra_rows, vocab)
+
+    # other settings, other rows, other vocabularies: transformed anew, the cached one kept
+    other = transform_tsv(here, extra, skip_bad_rows=True, progress=False)
+    assert other.parent == data and other.name not in (t.name, "mine")
+    check_split(other, "test", extra_rows, vocab)
+    text = extra.read_text()
+    extra.write_text(("1" if text[0] == "0" else "0") + text[1:])
+    changed = transform_tsv(here, extra, progress=False)
+    assert changed.parent == data and changed not in (data / t.name, other)
+    check_split(changed, "test", extra.read_text().splitlines(), vocab)
+    extra.write_text(text)
+    preprocess_criteo(config(data, raw, frequency_threshold=2), overwrite=True, **SMALL)
+    rebuilt = transform_tsv(here, extra, progress=False)
+    assert rebuilt.parent == data and rebuilt not in (data / t.name, other, changed)
+    check_split(rebuilt, "test", extra_rows, ref_vocab(make_rows(200)[:170], 2))
+    assert tree(data / t.name) == made
+
+
 # -- bad input --------------------------------------------------------------------------------
 
 GOOD = make_rows(40, seed=9)
