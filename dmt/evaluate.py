@@ -640,6 +640,15 @@ def write_json(
     return results.write_json(path, report, replace=replace)
 
 
+def checkpoint_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The files of the checkpoint ``path`` names (none where it names none: scoring says why)."""
+    try:
+        step_dir = find_checkpoint(path)
+    except ValueError:
+        return []
+    return [p for p in step_dir.iterdir() if p.is_file()]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dmt-eval",
@@ -691,7 +700,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dmt-eval``; returns the exit status (0 success, 1 bad input, 2 bad usage)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if error := results.existing_output(args.out, "--out", args.overwrite):  # before scoring
+    # before scoring; never over a file of the checkpoint it reads (its meta.json is JSON)
+    replacing = args.overwrite and os.path.lexists(args.out)
+    inputs = checkpoint_files(args.checkpoint) if replacing else []
+    if error := results.existing_output(args.out, "--out", args.overwrite, inputs=inputs):
         print(f"dmt-eval: error: {error}", file=sys.stderr)
         return 1
     if (

@@ -873,6 +873,25 @@ def test_a_report_is_never_replaced_unless_asked(
     assert json.loads(out.read_text())["rows"] > 0
 
 
+def test_a_report_is_never_written_over_the_checkpoint_it_scores(
+    synthetic_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A reproduced bug: ``--out <step_N>/meta.json --overwrite`` replaced the checkpoint's
+    meta.json (a JSON file) with the report: the checkpoint it had just scored was no longer
+    complete, and the next dmt-eval scored an earlier step instead."""
+    run = _copy_run(synthetic_run, tmp_path / "run")
+    meta = run / "checkpoints" / "step_3" / "meta.json"
+    before = meta.read_bytes()
+    for checkpoint in (run / "checkpoints", meta.parent):
+        argv = ["--checkpoint", str(checkpoint), "--data", "test", "--out", str(meta)]
+        assert main([*argv, "--no-progress", "--overwrite"]) == 1
+        assert capsys.readouterr().err == (
+            f"dmt-eval: error: --out {meta} is one of the command's input files; write elsewhere\n"
+        )
+        assert meta.read_bytes() == before
+    assert evaluate(run / "checkpoints", "test")["step"] == 3
+
+
 def test_a_report_that_appears_while_scoring_is_kept(
     synthetic_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch
 ) -> None:
