@@ -44,6 +44,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from dmt.history import HISTORY_FILE
+from dmt.results import file_in_the_way
 
 if TYPE_CHECKING:
     from dmt.runtime import World
@@ -249,6 +250,19 @@ def _in_use(run_dir: Path, lock_path: Path, waited: str = "", kind: str = "run")
     )
 
 
+def _cannot_make(run_dir: Path, error: OSError, kind: str) -> ValueError:
+    """The error for a ``kind`` directory that cannot be made or its lock file not created: a
+    Hydra callback's own exception is only a warning to Hydra, whose job then failed with a
+    traceback making the same directory."""
+    blocking = file_in_the_way(run_dir)
+    why = (
+        f"{blocking} is not a directory"
+        if blocking is not None
+        else f"cannot make it or its {LOCK_FILE}: {error.strerror or error}"
+    )
+    return ValueError(f"{kind} directory {run_dir}: {why}; choose another hydra.{kind}.dir")
+
+
 def _try_flock(fd: int, lock_path: Path) -> bool:
     """Take the exclusive lock without blocking: False if another process holds it."""
     try:
@@ -333,17 +347,20 @@ def lock_run_dir(
     kind: str = "run",
 ) -> tuple[RunDirLock, bool]:
     """Lock ``run_dir`` (created if absent) for this process; returns the lock and whether it was
-    taken now (False: this process already holds it). Raises ``ValueError`` naming the holder;
-    a restart of the holder's own job first waits up to ``stale_wait_s`` for it
-    (:data:`STALE_LOCK_WAIT_S`). ``record=False`` leaves the previous holder's record (call
-    :meth:`RunDirLock.record`). ``kind``: ``"sweep"`` for a multirun's directory (the error
-    names ``hydra.sweep.dir``)."""
+    taken now (False: this process already holds it). Raises ``ValueError`` naming the holder
+    (or, where the directory cannot be made, the file in its way); a restart of the holder's
+    own job first waits up to ``stale_wait_s`` for it (:data:`STALE_LOCK_WAIT_S`).
+    ``record=False`` leaves the previous holder's record (call :meth:`RunDirLock.record`).
+    ``kind``: ``"sweep"`` for a multirun's directory (the error names ``hydra.sweep.dir``)."""
     run_dir = run_dir.absolute()
     if run_dir in _HELD:
         return _HELD[run_dir], False
-    run_dir.mkdir(parents=True, exist_ok=True)
     lock_path = run_dir / LOCK_FILE
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # e.g. a file where the directory goes, a read-only file system
+        raise _cannot_make(run_dir, e, kind) from e
     try:
         if not _try_flock(fd, lock_path):
             why = _wait_for_earlier_attempt(fd, run_dir, lock_path, stale_wait_s)
@@ -785,6 +802,16 @@ def job_config(config: DictConfig) -> Any:
     return OmegaConf.to_object(job)
 
 
+def submits_jobs(config: DictConfig) -> bool:
+    """Whether the multirun of ``config`` runs its jobs as jobs of their own
+    (hydra-submitit-launcher: ``hydra/launcher=slurm``, one SLURM job per point, whose tasks
+    form its world), not in this process: this process only submits them and waits, alone
+    whatever SLURM allocation it was started in (an ``salloc`` shell, an ``sbatch`` script of
+    several tasks)."""
+    target = OmegaConf.select(config, "hydra.launcher._target_", default="")
+    return str(target).startswith("hydra_plugins.hydra_submitit_launcher.")
+
+
 class RunDirGuard(Callback):
     """Hydra callback: refuse a run directory before Hydra writes ``.hydra/`` and the log there
     (exit status 1 and the error on stderr).
@@ -830,15 +857,19 @@ class RunDirGuard(Callback):
 
         self._hold(take, timeout_s)
 
-    def _hold(self, take: Callable[[], tuple[RunDirLock, bool]], timeout_s: float) -> None:
+    def _hold(
+        self, take: Callable[[], tuple[RunDirLock, bool]], timeout_s: float, *, alone: bool = False
+    ) -> None:
         """Rank 0 of the launcher's world takes the directory (``take``: lock and checks, a
         ``ValueError`` if refused) and keeps its lock; every rank learns its verdict
-        (:func:`share_verdict`), and all of a refused job's ranks exit with its error."""
-        from dmt.runtime import world_from_env  # noqa: PLC0415 (torch)
+        (:func:`share_verdict`), and all of a refused job's ranks exit with its error.
+        ``alone``: this process is a world of one, whatever the launcher's variables say (it
+        submits the sweep's jobs: :func:`submits_jobs`)."""
+        from dmt.runtime import World, world_from_env  # noqa: PLC0415 (torch)
 
         try:
             # the launcher's world, or its error (before two ranks 0 of two worlds both claim)
-            world = world_from_env(os.environ)
+            world = World(0, 1, 0, 1, None, None, "none") if alone else world_from_env(os.environ)
         except ValueError as e:
             sys.exit(f"Error: {e}")
         error = None
@@ -915,7 +946,7 @@ class RunDirGuard(Callback):
                 sweep_dir, check, stale_wait_s=stale_lock_wait(timeout_s), kind="sweep"
             )
 
-        self._hold(take, timeout_s)
+        self._hold(take, timeout_s, alone=submits_jobs(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self.on_run_end(config)

@@ -361,6 +361,27 @@ def test_a_sweep_into_another_sweeps_directory_stops_before_rewriting_its_record
     assert all((study / f"seed_{s}" / "metrics.json").exists() for s in (0, 1))
 
 
+def test_a_run_or_sweep_directory_where_a_file_is_stops_with_one_line(tmp_path):
+    """A reproduced bug: a hydra.run.dir (hydra.sweep.dir) that is a file, or inside one, made
+    the guard raise NotADirectoryError / FileExistsError, which Hydra turned into a warning, and
+    the job then failed with Hydra's traceback making the same directory; the file stays (both
+    forms of each: tests/unit/test_run_dir.py)."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    for setting, target, multirun in (
+        ("hydra.run.dir", notes / "run", []),
+        ("hydra.sweep.dir", notes, ["-m"]),
+    ):
+        refused = _cli(*multirun, *TINY, "trainer=smoke", f"{setting}={target}")
+        assert refused.returncode == 1
+        kind = setting.split(".")[1]
+        assert refused.stderr.strip() == (
+            f"Error: {kind} directory {target}: {notes} is not a directory; choose another "
+            f"{setting}"
+        ), refused.stderr[-3000:]
+    assert notes.read_text() == "my notes\n"
+
+
 @pytest.mark.slow  # a sweep held while another starts (15-25 s on 2 shared cores)
 def test_a_second_sweep_into_a_running_sweeps_directory_stops_before_writing(tmp_path):
     """Reproduced: a sweep started into the directory of a running sweep whose jobs had no

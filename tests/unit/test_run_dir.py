@@ -306,6 +306,51 @@ def test_a_requeued_slurm_job_is_told_to_resume(tmp_path, monkeypatch):
     check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
 
 
+# An salloc shell (and an sbatch script) of a job of 2 nodes x 2 tasks, outside any step, as
+# SLURM 22.05 gives it (recorded on a local cluster like scripts/slurm_smoke.sh's).
+SALLOC_SHELL = {"SLURM_JOB_ID": "8", "SLURM_JOBID": "8", "SLURM_NTASKS": "4", "SLURM_NPROCS": "4",
+                "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": "2",
+                "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_CPUS_PER_NODE": "2(x2)",
+                "SLURM_JOB_NODELIST": "cpu5,gpu001", "SLURM_NODELIST": "cpu5,gpu001"}  # fmt: skip
+
+
+def test_a_slurm_launcher_sweep_is_submitted_from_inside_an_allocation(tmp_path, monkeypatch):
+    """Reproduced bug: ``dmt-train -m hydra/launcher=slurm`` started in an allocation of several
+    tasks (an ``salloc -N2 --ntasks-per-node=2`` shell, an sbatch script) stopped before it
+    submitted anything: "this process is one of 4 SLURM tasks but would train as a world of one
+    (...); start one dmt process per task in a job step (srun, or hydra/launcher=slurm)". The
+    process that submits the sweep's jobs trains in none of them; each job is a SLURM job of
+    its own, whose tasks form its world. A multirun whose jobs run in this process (Hydra's
+    basic launcher) is still refused there."""
+    from hydra import compose, initialize_config_module  # noqa: PLC0415
+
+    for key in (*TORCHRUN_VARS, "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(key, raising=False)
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in SALLOC_SHELL.items():
+        monkeypatch.setenv(key, value)
+    sweep = tmp_path / "sweep"
+    with initialize_config_module(CONF_MODULE, version_base="1.3"):
+        config = compose(
+            "config",
+            overrides=["hydra/launcher=slurm", f"hydra.sweep.dir={sweep}"],
+            return_hydra_config=True,
+        )
+    guard = RunDirGuard()
+    guard.on_multirun_start(config)  # submits: the sweep directory is this process's
+    assert guard.lock is not None and guard.lock.run_dir == sweep and (sweep / LOCK_FILE).is_file()
+    guard.on_multirun_end(config)
+    assert guard.lock is None
+    with initialize_config_module(CONF_MODULE, version_base="1.3"):
+        basic = compose("config", overrides=[f"hydra.sweep.dir={sweep}"], return_hydra_config=True)
+    with pytest.raises(SystemExit) as refused:
+        RunDirGuard().on_multirun_start(basic)
+    assert str(refused.value).startswith(
+        "Error: this process is one of 4 SLURM tasks but would train as a world of one ("
+    )
+
+
 HOLD = (
     "import sys, pathlib; from dmt.run_dir import lock_run_dir; "
     "lock_run_dir(pathlib.Path(sys.argv[1])); print('locked', flush=True); sys.stdin.read()"
@@ -346,6 +391,31 @@ def test_a_held_lock_refuses_a_second_run_and_a_killed_holder_leaves_none(tmp_pa
     lock, taken = lock_run_dir(run)  # released at the end of the claim
     assert taken
     lock.release()
+
+
+@pytest.mark.parametrize("kind", ["run", "sweep"])
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_directory_where_a_file_is_is_named_not_a_traceback(tmp_path, kind, inside):
+    """A reproduced bug: the lock's directory made where a file is raised NotADirectoryError
+    (or FileExistsError), which Hydra turns into a warning before failing with a traceback; and
+    claim_run_dir raised it on rank 0 only, past the verdict the other ranks wait for."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    target = notes / "run" if inside else notes
+    expected = (
+        f"{kind} directory {target}: {notes} is not a directory; choose another hydra.{kind}.dir"
+    )
+    with pytest.raises(ValueError) as e:
+        lock_run_dir(target, kind=kind)
+    assert str(e.value) == expected
+    if kind == "run":
+        with (
+            pytest.raises(ValueError) as e,
+            claim_run_dir(target, resume_from=None, checkpoint_dir="checkpoints"),
+        ):
+            pass
+        assert str(e.value) == expected
+    assert notes.read_text() == "my notes\n"
 
 
 @pytest.mark.parametrize(
