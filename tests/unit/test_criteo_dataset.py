@@ -188,6 +188,20 @@ def test_build_criteo_bundle_and_test_path(tmp_path: Path) -> None:
     assert direct.directory == Path(bundle.info["test_dir"])
 
 
+def _with_test_path(tmp_path: Path, prep: Path) -> tuple[DataConfig, CriteoConfig, Path]:
+    """Criteo data from a raw file of 200 rows preprocessed into ``prep``, with a test file of
+    37 rows (``data.criteo.test_path``, returned last)."""
+    raw = tmp_path / "train.txt"
+    raw.write_text(_raw_rows(200, seed=1))
+    extra = tmp_path / "extra.tsv"
+    extra.write_text(_raw_rows(37, seed=2))
+    crit = CriteoConfig(
+        raw_path=str(raw), preprocessed_dir=str(prep), test_path=str(extra), num_workers=1
+    )
+    cfg = DataConfig(kind="criteo", batch_size=32, eval_batch_size=100, criteo=crit)
+    return cfg, crit, extra
+
+
 def test_a_moved_test_path_is_not_transformed_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -195,17 +209,7 @@ def test_a_moved_test_path_is_not_transformed_again(
     into a new directory beside data.criteo.preprocessed_dir, where a moved raw_path is used as it
     is. The same rows are read from the first transform, with the warning naming the file; other
     rows are transformed again."""
-    raw = tmp_path / "train.txt"
-    raw.write_text(_raw_rows(200, seed=1))
-    extra = tmp_path / "extra.tsv"
-    extra.write_text(_raw_rows(37, seed=2))
-    crit = CriteoConfig(
-        raw_path=str(raw),
-        preprocessed_dir=str(tmp_path / "prep"),
-        test_path=str(extra),
-        num_workers=1,
-    )
-    cfg = DataConfig(kind="criteo", batch_size=32, eval_batch_size=100, criteo=crit)
+    cfg, crit, extra = _with_test_path(tmp_path, tmp_path / "prep")
     first = build_criteo(cfg).info["test_dir"]
     moved = tmp_path / "moved.tsv"
     extra.rename(moved)
@@ -232,17 +236,7 @@ def test_a_moved_preprocessed_directory_keeps_its_transformed_test_path(tmp_path
     """A reproduced bug: data.criteo.preprocessed_dir moved (with what dmt caches beside it) and
     data.criteo.preprocessed_dir set to its new place reused the training data but transformed
     data.criteo.test_path again (the vocabularies' path is in the transform's settings hash)."""
-    raw = tmp_path / "train.txt"
-    raw.write_text(_raw_rows(200, seed=1))
-    extra = tmp_path / "extra.tsv"
-    extra.write_text(_raw_rows(37, seed=2))
-    crit = CriteoConfig(
-        raw_path=str(raw),
-        preprocessed_dir=str(tmp_path / "data" / "prep"),
-        test_path=str(extra),
-        num_workers=1,
-    )
-    cfg = DataConfig(kind="criteo", batch_size=32, eval_batch_size=100, criteo=crit)
+    cfg, crit, extra = _with_test_path(tmp_path, tmp_path / "data" / "prep")
     first = Path(build_criteo(cfg).info["test_dir"])
     (tmp_path / "scratch").mkdir()
     data = (tmp_path / "data").rename(tmp_path / "scratch" / "data")
