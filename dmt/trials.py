@@ -146,7 +146,11 @@ def swept_keys(config: DictConfig) -> list[str]:
     Optuna's) and the sweep overrides of its command line (``key=a,b``, ``key=choice(...)``: a
     multirun's ``hydra.overrides.task``; a job's holds its own single values)."""
     keys = [str(k) for k in OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}]
-    task = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=None) or []]
+    # unresolved: an override's own interpolation (``dir=/data/t${.frequency_threshold}``) is
+    # the job's to resolve; resolved here, relative to the list, it raised
+    node = OmegaConf.select(config, "hydra.overrides.task", default=None)
+    raw = OmegaConf.to_container(node) if OmegaConf.is_list(node) else []
+    task = [str(o) for o in raw] if isinstance(raw, list) else []
     try:
         parsed = OverridesParser.create().parse_overrides(task)
     except Exception as e:  # noqa: BLE001 - a table without those columns, not a failed sweep

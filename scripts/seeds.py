@@ -125,6 +125,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"--config {name!r}: a config's name is its directory in --out "
                 "(OUT/NAME/seed_<S>); give a single name (no '/', not '.' or '..')"
             )
+        if name in (table.name, plot.name):  # its directory, then the summary written over it
+            parser.error(
+                f"--config {name!r}: a config's name is its directory in --out, and "
+                f"{args.out / name} is the study's summary; give the config another name (or "
+                "--name another stem)"
+            )
         configs[name] = split_overrides(parser, f"--config {name}", overrides)
     if len(configs) != len(args.config):
         parser.error("config names must be unique")

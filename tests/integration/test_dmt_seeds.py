@@ -209,6 +209,23 @@ def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
     assert len(fixed["configs"]["base"]["values"]) == 1
 
 
+def test_a_config_named_as_the_summary_is_refused_before_training(tmp_path, capsys):
+    """A reproduced bug: ``--config seeds.json ...`` trained every run into OUT/seeds.json/, then
+    failed with a FileExistsError traceback writing the summary there, and wrote none."""
+    tiny = "trainer=smoke trainer.max_steps=2 data.synthetic.num_sparse=4 data.batch_size=256"
+    for name, extra in [("seeds.json", []), ("seeds.png", []), ("val.json", ["--name", "val"])]:
+        out = tmp_path / name
+        argv = ["--seeds", "1", "--out", str(out), "--common", tiny, *extra]
+        with pytest.raises(SystemExit):
+            seeds.main([*argv, "--config", name, "model=dlrm"])
+        assert _last_error(capsys).endswith(
+            f"error: --config {name!r}: a config's name is its directory in --out, and "
+            f"{out / name} is the study's summary; give the config another name (or --name "
+            "another stem)"
+        )
+        assert not out.exists()  # refused before anything was written or trained
+
+
 def _last_error(capsys) -> str:
     """The last line of stderr: the usage error, one line (a traceback would end otherwise)."""
     err = capsys.readouterr().err.strip()

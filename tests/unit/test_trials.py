@@ -398,6 +398,31 @@ def test_the_table_is_written_after_every_job_of_a_multirun(tmp_path: Path) -> N
     assert sorted(p.name for p in sweep.iterdir() if p.name.startswith(".")) == []  # no temporary
 
 
+def test_an_interpolation_in_the_sweeps_overrides_is_the_jobs_to_resolve(tmp_path: Path) -> None:
+    """A reproduced bug: a sweep over the frequency threshold with the data elsewhere
+    (``data.criteo.preprocessed_dir='/data/t${.frequency_threshold}'``, as the data configs
+    name it) warned "Callback TrialsTable.on_multirun_start raised InterpolationResolutionError"
+    and the same at its end: the callback resolved the multirun's overrides, relative to their
+    list. It lost the keys swept on the command line, and the table the multirun's end writes."""
+    sweep = fake_sweep(tmp_path / "sweep")
+    task = ["optim.lr=choice(1,2)", "data.criteo.preprocessed_dir=/data/t${.frequency_threshold}"]
+    config = OmegaConf.create(
+        {
+            "hydra": {
+                "sweep": {"dir": str(sweep)},
+                "mode": "MULTIRUN",
+                "overrides": {"task": task},
+            },
+            "trainer": {"optimize_metric": "val_auc"},
+        }
+    )
+    table = TrialsTable()
+    table.on_multirun_start(config)
+    assert table.swept == ["optim.lr"]
+    table.on_multirun_end(config)
+    assert (sweep / TRIALS_MD).read_text().startswith("Best of 7 trials (2 failed): trial 10,")
+
+
 def test_the_best_trial_is_named_by_the_settings_it_had(tmp_path: Path) -> None:
     """A reproduced bug: seeds added to a study (README: ``hydra.sweep.subdir=seed_${trainer.seed}``)
     make ``trainer.seed`` a column; the best trial, which set no seed, was summarised with
