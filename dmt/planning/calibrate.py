@@ -249,14 +249,17 @@ def _why(error: Exception) -> str:
 def _run_of(path: Path, data: dict[str, Any], statistic: str, repeats: Sequence[Path]) -> Run:
     """:func:`load_run` of ``path``'s parsed ``data``."""
     settings = data["settings"]
-    g, local = int(settings["world_size"]), int(settings["local_world_size"])
     # Figure 7's step c: "output", or no setting (files from before bench_sptt recorded it
     # every time, when "output" was the default and calibration_runs.sh did not pin it)
     records = {r["mode"]: r for r in data["records"] if r.get("peer_permute") in (None, "output")}
     missing = [m for m in MODES if m not in records]
     if missing:
         raise ValueError(f"{path}: no records of modes {missing} (has {sorted(records)})")
-    runs_ms = {m: list(records[m]["ms_per_step_runs"]) for m in MODES}
+    try:
+        g, local, batch = _shape(settings, records["sptt"])
+        runs_ms = {m: _step_times(records[m]) for m in MODES}
+    except ValueError as e:
+        raise ValueError(f"{path}: not a bench_sptt.py record ({e})") from None
     for repeat in repeats:
         try:
             again = json.loads(repeat.read_text())
@@ -267,7 +270,10 @@ def _run_of(path: Path, data: dict[str, Any], statistic: str, repeats: Sequence[
             raise ValueError(f"{repeat}: settings differ from {path}'s; not a repeat of that cell")
         for r in again["records"]:
             if r["mode"] in runs_ms and r.get("peer_permute") in (None, "output"):
-                runs_ms[r["mode"]] += r["ms_per_step_runs"]
+                try:
+                    runs_ms[r["mode"]] += _step_times(r)
+                except ValueError as e:
+                    raise ValueError(f"{repeat}: not a bench_sptt.py record ({e})") from None
     pick = min if statistic == "min" else statistics.median
     try:
         args = _bench_args(data["command"])
@@ -284,11 +290,64 @@ def _run_of(path: Path, data: dict[str, Any], statistic: str, repeats: Sequence[
         world_size=g,
         local_world_size=local,
         rate=str(settings["rate"]),
-        rate_bit_per_s=settings["rate_bit_per_s"] if settings.get("throttled") else None,
-        batch_per_rank=int(settings["batch_per_rank"]),
+        rate_bit_per_s=_rate_of(path, settings),
+        batch_per_rank=batch,
         workloads={m: ModeWorkload(collectives[m], loads[m]) for m in MODES},
         measured_ms={m: float(pick(runs_ms[m])) for m in MODES},
     )
+
+
+def _positive_int(where: str, value: Any) -> int:
+    """``value``, an integer >= 1; ``ValueError`` naming ``where`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}={value!r}, expected an integer >= 1")
+    return value
+
+
+def _shape(settings: dict[str, Any], sptt: dict[str, Any]) -> tuple[int, int, int]:
+    """``G``, ``L`` and the batch per rank of a record's ``settings`` (its ``sptt`` record's
+    ``hosts_per_tower``), checked: ``L`` hosts' worth of ranks, towers of whole hosts."""
+    g = _positive_int("settings.world_size", settings["world_size"])
+    local = _positive_int("settings.local_world_size", settings["local_world_size"])
+    batch = _positive_int("settings.batch_per_rank", settings["batch_per_rank"])
+    k = _positive_int("hosts_per_tower of mode 'sptt'", sptt.get("hosts_per_tower", 1))
+    if g % (local * k):
+        raise ValueError(
+            f"settings.world_size={g} is not a multiple of settings.local_world_size={local} "
+            f"x hosts_per_tower={k} (towers of whole hosts)"
+        )
+    return g, local, batch
+
+
+def _step_times(record: dict[str, Any]) -> list[float]:
+    """A mode's ``ms_per_step_runs``: one or more positive, finite step times (ms)."""
+    times = record["ms_per_step_runs"]
+    if not (
+        isinstance(times, list)
+        and times
+        and all(
+            isinstance(t, int | float) and not isinstance(t, bool) and 0 < t < math.inf
+            for t in times
+        )
+    ):
+        raise ValueError(
+            f"mode {record['mode']!r}: ms_per_step_runs={times!r}, expected a non-empty list of "
+            "positive step times (ms)"
+        )
+    return [float(t) for t in times]
+
+
+def _rate_of(path: Path, settings: dict[str, Any]) -> float | None:
+    """The host links' rate (bit/s) of a throttled run, None on loopback."""
+    if not settings.get("throttled"):
+        return None
+    rate = settings["rate_bit_per_s"]
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < math.inf:
+        raise ValueError(
+            f"{path}: not a bench_sptt.py record (settings.rate_bit_per_s={rate!r} of a "
+            "throttled run, expected a positive rate in bit/s)"
+        )
+    return float(rate)
 
 
 def run_cluster(base: ClusterConfig, run: Run, nic_efficiency: float) -> ClusterConfig:

@@ -6,7 +6,9 @@ Hydra writes ``.hydra/`` and the log there when it holds
 * a training run's outputs (``metrics.json``, a non-empty ``trainer.checkpoint_dir``:
   :func:`dmt.run_dir.outputs_of`) or a live run's lock (``run.lock`` held): a plan never writes
   its ``.hydra/`` record over a training run's, whatever ``overwrite`` says;
-* an earlier plan's ``plan.json``, unless ``overwrite=true``.
+* an earlier plan's ``plan.json``, unless ``overwrite=true``;
+* a file where the directory (or one above it) goes, or a ``plan.json`` that is no regular file
+  (a directory), whatever ``overwrite`` says.
 
 It checks the settings there too (:func:`dmt.planning.app.check_plan_config`): a mistyped
 setting stops before Hydra makes the run directory, or, with ``overwrite=true``, writes its
@@ -37,7 +39,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dmt.results import write_json
+from dmt.results import file_in_the_way, write_json
 from dmt.run_dir import JOB_NUM_FORMS, LOCK_FILE, job_config, job_dirs, lock_held, outputs_of
 
 PLAN_FILE = "plan.json"
@@ -69,6 +71,11 @@ def check_plan_dir(
     """Raise ``ValueError`` if ``output.tool`` may not write into ``run_dir`` (see the module
     docstring); ``setting`` is the one to change that the error names."""
     run_dir = run_dir.absolute()
+    if (blocking := file_in_the_way(run_dir)) is not None:
+        raise ValueError(
+            f"run directory {run_dir}: {blocking} is not a directory; choose another {setting} "
+            "(or leave it unset for a new one)"
+        )
     if not run_dir.is_dir():
         return
     training = outputs_of(run_dir, checkpoint_dir)
@@ -79,7 +86,14 @@ def check_plan_dir(
             f"would write its .hydra/ record over that run's; choose another {setting} (or "
             "leave it unset for a new one)"
         )
-    if (run_dir / output.file).exists() and not overwrite:
+    target = run_dir / output.file
+    if target.exists() and not target.is_file():
+        raise ValueError(
+            f"run directory {run_dir} holds {target}, which is not a regular file as "
+            f"{output.tool} writes there: not replaced, even with overwrite=true; choose another "
+            f"{setting} (or leave it unset for a new one)"
+        )
+    if target.exists() and not overwrite:
         raise ValueError(
             f"run directory {run_dir} already holds an earlier {output.what} ({output.file}); "
             f"choose another {setting} (or leave it unset for a new one), or set "
@@ -187,6 +201,11 @@ class PlanRunDirGuard(Callback):
         sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
         subdir = str(sweep.get("subdir", "")) if isinstance(sweep, dict) else ""
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+        if (blocking := file_in_the_way(sweep_dir)) is not None:
+            sys.exit(
+                f"Error: sweep directory {sweep_dir}: {blocking} is not a directory; choose "
+                "another hydra.sweep.dir (or leave it unset for a new one)"
+            )
         if not any(form in subdir for form in JOB_NUM_FORMS) or not sweep_dir.is_dir():
             return
         try:

@@ -164,6 +164,50 @@ def test_a_live_runs_directory_is_refused(tmp_path: Path) -> None:
     check_plan_dir(run_dir, overwrite=False)  # released: a stale lock file alone is no run
 
 
+def test_a_file_where_the_run_directory_or_plan_json_goes_is_refused(tmp_path: Path) -> None:
+    """Reproduced bugs: a ``hydra.run.dir`` (or ``hydra.sweep.dir``) where a file is, or under
+    one, ended in a FileExistsError / NotADirectoryError traceback; a directory named
+    ``plan.json`` in the run directory, with ``overwrite=true``, in an IsADirectoryError
+    traceback after planning."""
+    afile = tmp_path / "afile"
+    afile.write_text("a user's file\n")
+    result = _plan(afile)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr == (
+        f"Error: run directory {afile}: {afile} is not a directory; choose another "
+        "hydra.run.dir (or leave it unset for a new one)\n"
+    )
+    with pytest.raises(ValueError, match=rf"^run directory {afile / 'run'}: {afile} is not a"):
+        check_plan_dir(afile / "run", overwrite=False)
+    run_dir = tmp_path / "run"
+    (run_dir / "plan.json").mkdir(parents=True)
+    result = _plan(run_dir, "overwrite=true")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr == (
+        f"Error: run directory {run_dir} holds {run_dir / 'plan.json'}, which is not a "
+        "regular file as dmt-plan writes there: not replaced, even with overwrite=true; "
+        "choose another hydra.run.dir (or leave it unset for a new one)\n"
+    )
+    with pytest.raises(ValueError, match="which is not a regular file as dmt-plan writes there"):
+        check_plan_dir(run_dir, overwrite=False)
+    assert [p.name for p in run_dir.iterdir()] == ["plan.json"]  # no .hydra/ either
+    sweep_dir = afile / "sweep"
+    result = subprocess.run(
+        [sys.executable, "-m", "dmt.planning.app", "-m", *SMALL, f"hydra.sweep.dir={sweep_dir}"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr == (
+        f"Error: sweep directory {sweep_dir}: {afile} is not a directory; choose another "
+        "hydra.sweep.dir (or leave it unset for a new one)\n"
+    )
+    assert afile.read_text() == "a user's file\n"
+
+
 def test_a_sweep_over_an_earlier_sweeps_plans_is_refused(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     before = _earlier_run(sweep_dir / "0", "plan.json")

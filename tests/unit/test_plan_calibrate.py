@@ -468,3 +468,82 @@ def test_the_docs_calibration_commands_run_in_a_checkout(
             argv[argv.index("--out") + 1] = str(copy)
         with pytest.raises(_Checked):
             main(argv)
+
+
+def test_records_of_impossible_numbers_are_refused_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reproduced bugs: a record whose mode has no step times read "min() arg is an empty
+    sequence", a step time that is no number "could not convert string to float: 'abc'", a
+    world size that is no number "invalid literal for int()", all naming no file; a step time of
+    0 or below ended in a ZeroDivisionError or "math domain error" traceback after the fit
+    started, as did a batch of 0 and a world size that is no multiple of the ranks per host; a
+    throttled run without its rate was fitted as loopback."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _run_file(runs / "G4_none_B512.json", "none", 512, dict.fromkeys(MODES, 60.0))
+    bad = runs / "G4_1gbit_B512.json"
+    cases: dict[str, tuple[tuple[str, ...], object, str]] = {
+        "no step times": (
+            ("records", "0", "ms_per_step_runs"),
+            [],
+            "mode 'flat': ms_per_step_runs=[], expected a non-empty list of positive step "
+            "times (ms)",
+        ),
+        "a text": (
+            ("records", "1", "ms_per_step_runs"),
+            ["abc"],
+            "mode 'sptt': ms_per_step_runs=['abc'], expected a non-empty list of positive step "
+            "times (ms)",
+        ),
+        "zero": (
+            ("records", "2", "ms_per_step_runs"),
+            [60.0, 0.0],
+            "mode 'dmt': ms_per_step_runs=[60.0, 0.0], expected a non-empty list of positive "
+            "step times (ms)",
+        ),
+        "world size": (
+            ("settings", "world_size"),
+            "four",
+            "settings.world_size='four', expected an integer >= 1",
+        ),
+        "batch": (
+            ("settings", "batch_per_rank"),
+            0,
+            "settings.batch_per_rank=0, expected an integer >= 1",
+        ),
+        "hosts": (
+            ("settings", "local_world_size"),
+            3,
+            "settings.world_size=4 is not a multiple of settings.local_world_size=3 x "
+            "hosts_per_tower=1 (towers of whole hosts)",
+        ),
+        "rate": (
+            ("settings", "rate_bit_per_s"),
+            None,
+            "settings.rate_bit_per_s=None of a throttled run, expected a positive rate in bit/s",
+        ),
+    }
+    for key, value, why in cases.values():
+        _run_file(bad, "1gbit", 512, dict.fromkeys(MODES, 60.0))
+        record = json.loads(bad.read_text())
+        node = record
+        for k in key[:-1]:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        node[key[-1]] = value
+        bad.write_text(json.dumps(record))
+        argv = [str(runs), "--holdout", "rate=none", "--json", str(tmp_path / "r.json")]
+        assert _refused(capsys, argv) == f"{bad}: not a bench_sptt.py record ({why})"
+        assert not (tmp_path / "r.json").exists()
+    # a repeat of the cell is checked as its file
+    _run_file(bad, "1gbit", 512, dict.fromkeys(MODES, 60.0))
+    (runs / "repeats").mkdir()
+    repeat = runs / "repeats" / bad.name
+    _run_file(repeat, "1gbit", 512, dict.fromkeys(MODES, 60.0))
+    record = json.loads(repeat.read_text())
+    record["records"][0]["ms_per_step_runs"] = [-1.0]
+    repeat.write_text(json.dumps(record))
+    assert _refused(capsys, [str(runs), "--holdout", "rate=none"]) == (
+        f"{repeat}: not a bench_sptt.py record (mode 'flat': ms_per_step_runs=[-1.0], expected "
+        "a non-empty list of positive step times (ms))"
+    )
