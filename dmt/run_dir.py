@@ -11,7 +11,10 @@
   kernel drops it when the process dies, however it dies), and on ``<sweep dir>/run.lock`` while
   a multirun lives; a second run into a locked directory stops at once, naming the holder, its
   ranks before any of them writes there; a restart of the holder's own job waits for it a while
-  (:data:`STALE_LOCK_WAIT_S`: on NFS a dead host's lock outlives it).
+  (:data:`STALE_LOCK_WAIT_S`: on NFS a dead host's lock outlives it). A run that writes
+  checkpoints into a ``trainer.checkpoint_dir`` outside its run directory (absolute, or ``..``
+  out of it) holds ``<checkpoint dir>/run.lock`` too, so two live runs never write one
+  checkpoint directory.
 - **Outputs.** A directory that holds another run's ``metrics.json``, ``history.jsonl`` or
   checkpoints is refused unless this run resumes it (``trainer.resume_from=auto`` or a checkpoint
   inside it or its ``trainer.checkpoint_dir``).
@@ -169,10 +172,13 @@ def _job_id() -> str:
 
 
 class RunDirLock:
-    """An exclusive ``flock`` on ``<run_dir>/run.lock``; the file records the holder."""
+    """An exclusive ``flock`` on ``<run_dir>/run.lock``; the file records the holder.
+    ``others``: the locks of directories outside it that the run writes (its
+    ``trainer.checkpoint_dir``: :func:`claim`), released with it."""
 
     def __init__(self, run_dir: Path, fd: int) -> None:
         self.run_dir, self.fd = run_dir, fd
+        self.others: list[RunDirLock] = []
 
     def record(self) -> None:
         """Write this process as the holder (what a refused run reports)."""
@@ -189,6 +195,8 @@ class RunDirLock:
         )
 
     def release(self) -> None:
+        while self.others:
+            self.others.pop().release()
         _HELD.pop(self.run_dir, None)
         os.close(self.fd)  # closing the descriptor drops the flock
 
@@ -243,10 +251,24 @@ def _restarted_holder(fields: dict[str, str]) -> str | None:
     return None
 
 
+#: the ``kind`` of :func:`lock_run_dir` for a run's ``trainer.checkpoint_dir`` outside its run
+#: directory (:func:`claim`)
+CHECKPOINT_KIND = "checkpoint"
+
+
+def _named(directory: Path, kind: str) -> tuple[str, str]:
+    """How an error names a ``kind`` directory, and the setting that chooses another."""
+    if kind == CHECKPOINT_KIND:
+        return f"trainer.checkpoint_dir={directory}", "trainer.checkpoint_dir"
+    return f"{kind} directory {directory}", f"hydra.{kind}.dir"
+
+
 def _in_use(run_dir: Path, lock_path: Path, waited: str = "", kind: str = "run") -> ValueError:
+    name, setting = _named(run_dir, kind)
+    holder = "sweep" if kind == "sweep" else "run"
     return ValueError(
-        f"{kind} directory {run_dir} is in use by another {kind} ({_holder(lock_path)}){waited}; "
-        f"choose another hydra.{kind}.dir, or wait until that {kind} has ended"
+        f"{name} is in use by another {holder} ({_holder(lock_path)}){waited}; "
+        f"choose another {setting}, or wait until that {holder} has ended"
     )
 
 
@@ -260,21 +282,27 @@ def _cannot_make(run_dir: Path, error: OSError, kind: str) -> ValueError:
         if blocking is not None
         else f"cannot make it or its {LOCK_FILE}: {error.strerror or error}"
     )
-    return ValueError(f"{kind} directory {run_dir}: {why}; choose another hydra.{kind}.dir")
+    name, setting = _named(run_dir, kind)
+    return ValueError(f"{name}: {why}; choose another {setting}")
 
 
-def _try_flock(fd: int, lock_path: Path) -> bool:
+def _try_flock(fd: int, lock_path: Path, kind: str = "run") -> bool:
     """Take the exclusive lock without blocking: False if another process holds it."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
     except OSError as e:  # e.g. NFSv3 without lockd (ENOLCK), Lustre mounted noflock (ENOSYS)
+        where = (
+            "a trainer.checkpoint_dir"
+            if kind == CHECKPOINT_KIND
+            else "a hydra.run.dir (hydra.sweep.dir)"
+        )
         raise ValueError(
             f"cannot lock {lock_path}: {e.strerror or e} ({errno.errorcode.get(e.errno or 0, e.errno)}): "
             "its file system does not support flock, which keeps a second run out of a live "
             "run's directory; mount it with locking (NFS: lockd or NFSv4; Lustre: -o flock), "
-            "or choose a hydra.run.dir (hydra.sweep.dir) on a file system that has it"
+            f"or choose {where} on a file system that has it"
         ) from e
     return True
 
@@ -311,16 +339,20 @@ def held_by_another(run_dir: Path) -> bool:
     return _restarted_holder(_holder_fields(run_dir / LOCK_FILE)) is None
 
 
-def _wait_for_earlier_attempt(fd: int, run_dir: Path, lock_path: Path, wait_s: float) -> str | None:
+def _wait_for_earlier_attempt(
+    fd: int, run_dir: Path, lock_path: Path, wait_s: float, kind: str = "run"
+) -> str | None:
     """Wait up to ``wait_s`` for the lock when this process restarts the job that holds it;
     returns ``None`` once it is taken, else what the error adds (``""``: not waited for)."""
     restart = _restarted_holder(_holder_fields(lock_path))
+    what = "checkpoint" if kind == CHECKPOINT_KIND else "run"
     if restart is None or wait_s <= 0:
         return ""  # not ours to wait for
     log.warning(
-        "run directory %s is locked by an earlier attempt of this job (%s; this is %s), "
+        "%s directory %s is locked by an earlier attempt of this job (%s; this is %s), "
         "probably on a host that died, whose lock the file server keeps until its lease ends; "
         "waiting up to %.1f s for it",
+        what,
         run_dir,
         _holder(lock_path),
         restart,
@@ -329,8 +361,8 @@ def _wait_for_earlier_attempt(fd: int, run_dir: Path, lock_path: Path, wait_s: f
     deadline = time.monotonic() + wait_s
     while (left := deadline - time.monotonic()) > 0:
         time.sleep(min(_LOCK_POLL_S, left))
-        if _try_flock(fd, lock_path):
-            log.info("run directory %s: the earlier attempt's lock is released", run_dir)
+        if _try_flock(fd, lock_path, kind):
+            log.info("%s directory %s: the earlier attempt's lock is released", what, run_dir)
             return None
     return (
         f", an earlier attempt of this job ({restart}), still locked after {wait_s:.1f} s: if "
@@ -351,7 +383,8 @@ def lock_run_dir(
     (or, where the directory cannot be made, the file in its way); a restart of the holder's
     own job first waits up to ``stale_wait_s`` for it (:data:`STALE_LOCK_WAIT_S`).
     ``record=False`` leaves the previous holder's record (call :meth:`RunDirLock.record`).
-    ``kind``: ``"sweep"`` for a multirun's directory (the error names ``hydra.sweep.dir``)."""
+    ``kind``: ``"sweep"`` for a multirun's directory (the error names ``hydra.sweep.dir``),
+    :data:`CHECKPOINT_KIND` for a run's checkpoint directory (``trainer.checkpoint_dir``)."""
     run_dir = run_dir.absolute()
     if run_dir in _HELD:
         return _HELD[run_dir], False
@@ -362,8 +395,8 @@ def lock_run_dir(
     except OSError as e:  # e.g. a file where the directory goes, a read-only file system
         raise _cannot_make(run_dir, e, kind) from e
     try:
-        if not _try_flock(fd, lock_path):
-            why = _wait_for_earlier_attempt(fd, run_dir, lock_path, stale_wait_s)
+        if not _try_flock(fd, lock_path, kind):
+            why = _wait_for_earlier_attempt(fd, run_dir, lock_path, stale_wait_s, kind)
             if why is not None:
                 raise _in_use(run_dir, lock_path, why, kind)
     except BaseException:
@@ -401,7 +434,8 @@ def resumes(run_dir: Path, resume_from: str | None, checkpoint_dir: str = "check
 def outputs_of(run_dir: Path, checkpoint_dir: str) -> list[str]:
     """The run outputs present in ``run_dir``: ``metrics.json``, a non-empty ``history.jsonl``
     (a run stopped before its end and its first checkpoint leaves only that) and a non-empty
-    checkpoint dir."""
+    checkpoint dir (its :data:`LOCK_FILE`, which a run holds there when it is outside the run
+    directory, is none: :func:`claim`)."""
     found = []
     if (run_dir / METRICS_FILE).exists():
         found.append(METRICS_FILE)
@@ -410,7 +444,7 @@ def outputs_of(run_dir: Path, checkpoint_dir: str) -> list[str]:
         found.append(HISTORY_FILE)
     ckpt = Path(checkpoint_dir)
     ckpt = ckpt if ckpt.is_absolute() else run_dir / ckpt
-    if ckpt.is_dir() and any(ckpt.iterdir()):
+    if ckpt.is_dir() and any(p.name != LOCK_FILE for p in ckpt.iterdir()):
         found.append(f"{ckpt.relative_to(run_dir) if ckpt.is_relative_to(run_dir) else ckpt}/")
     return found
 
@@ -493,23 +527,68 @@ def check_outputs(run_dir: Path, *, resume_from: str | None, checkpoint_dir: str
         )
 
 
+def checkpoint_dir_outside(run_dir: Path, checkpoint_dir: str) -> Path | None:
+    """``trainer.checkpoint_dir`` where it lies outside ``run_dir`` (absolute, or ``..`` out of
+    it), normalized; ``None`` inside it, where the run directory's lock covers it."""
+    run_dir = Path(os.path.normpath(run_dir.absolute()))
+    ckpt = Path(os.path.normpath(run_dir / checkpoint_dir))
+    return None if ckpt.is_relative_to(run_dir) else ckpt
+
+
 def claim(
     run_dir: Path,
     *,
     resume_from: str | None,
     checkpoint_dir: str,
     stale_wait_s: float = STALE_LOCK_WAIT_S,
+    writes_checkpoints: bool = True,
 ) -> tuple[RunDirLock, bool]:
     """Lock ``run_dir`` and check its outputs (a locked directory is reported as in use, not for
-    its outputs); returns the lock and whether it was taken now."""
+    its outputs); returns the lock and whether it was taken now. A run that
+    ``writes_checkpoints`` into a ``checkpoint_dir`` outside ``run_dir``
+    (:func:`checkpoint_dir_outside`) locks that directory too, released with the run
+    directory's lock (:attr:`RunDirLock.others`): a second live run there wrote its checkpoints
+    beside the first's, failed at a step the first had saved, and moved aside as incomplete a
+    checkpoint the first was still writing."""
 
     def check() -> None:
         check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
 
-    if (run_dir / LOCK_FILE).exists() or run_dir.absolute() in _HELD:
-        return lock_then_check(run_dir, check, stale_wait_s=stale_wait_s)
+    outside = checkpoint_dir_outside(run_dir, checkpoint_dir) if writes_checkpoints else None
+    if outside is None:
+        return _check_and_lock(run_dir, check, stale_wait_s=stale_wait_s)
+    # the run directory waits what the checkpoint directory left: the other ranks wait for both
+    deadline = time.monotonic() + stale_wait_s
+    claimed: list[tuple[RunDirLock, bool]] = []
+
+    def and_the_run_dir() -> None:  # the checkpoint directory's check
+        left = max(0.0, deadline - time.monotonic())
+        claimed.append(_check_and_lock(run_dir, check, stale_wait_s=left))
+
+    try:
+        checkpoints, taken = _check_and_lock(
+            outside, and_the_run_dir, stale_wait_s=stale_wait_s, kind=CHECKPOINT_KIND
+        )
+    except BaseException:
+        for lock, run_taken in claimed:
+            if run_taken:
+                lock.release()
+        raise
+    lock, run_taken = claimed[0]
+    if taken:
+        lock.others.append(checkpoints)
+    return lock, run_taken
+
+
+def _check_and_lock(
+    directory: Path, check: Callable[[], None], *, stale_wait_s: float, kind: str = "run"
+) -> tuple[RunDirLock, bool]:
+    """``check()``, then lock ``directory``; where its lock file is there already (a live run's,
+    perhaps), lock first (:func:`lock_then_check`), so that it is reported as in use."""
+    if (directory / LOCK_FILE).exists() or directory.absolute() in _HELD:
+        return lock_then_check(directory, check, stale_wait_s=stale_wait_s, kind=kind)
     check()
-    return lock_run_dir(run_dir, stale_wait_s=stale_wait_s)
+    return lock_run_dir(directory, stale_wait_s=stale_wait_s, kind=kind)
 
 
 def lock_then_check(
@@ -568,9 +647,11 @@ def claim_run_dir(
     rank: int = 0,
     world_size: int = 1,
     stale_wait_s: float = STALE_LOCK_WAIT_S,
+    writes_checkpoints: bool = True,
 ) -> Iterator[Path]:
-    """Hold ``run_dir`` for the body: rank 0 locks it and checks its outputs; every rank raises
-    the same ``ValueError`` if it is refused (call with the default process group up)."""
+    """Hold ``run_dir`` for the body: rank 0 locks it (and a ``checkpoint_dir`` outside it that
+    the run ``writes_checkpoints`` into: :func:`claim`) and checks its outputs; every rank
+    raises the same ``ValueError`` if it is refused (call with the default process group up)."""
     error, taken, lock = None, False, None
     if rank == 0:
         try:
@@ -579,6 +660,7 @@ def claim_run_dir(
                 resume_from=resume_from,
                 checkpoint_dir=checkpoint_dir,
                 stale_wait_s=stale_wait_s,
+                writes_checkpoints=writes_checkpoints,
             )
         except ValueError as e:
             error = str(e)
@@ -842,6 +924,10 @@ class RunDirGuard(Callback):
         resume_from = OmegaConf.select(config, "trainer.resume_from", default=None)
         checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
         timeout_s = float(OmegaConf.select(config, "trainer.collective_timeout_s", default=600.0))
+        writes_checkpoints = bool(
+            OmegaConf.select(config, "trainer.checkpoint", default=False)
+            or OmegaConf.select(config, "trainer.checkpoint_every", default=0)
+        )
 
         def take() -> tuple[RunDirLock, bool]:
             if resume_from:
@@ -853,6 +939,7 @@ class RunDirGuard(Callback):
                 resume_from=resume_from,
                 checkpoint_dir=checkpoint_dir,
                 stale_wait_s=stale_lock_wait(timeout_s),
+                writes_checkpoints=writes_checkpoints,
             )
 
         self._hold(take, timeout_s)

@@ -106,7 +106,8 @@ def _drop_frames(error: BaseException) -> None:
 def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str, float]:
     """Train and evaluate; returns the final metrics (also written to ``metrics.json``).
 
-    The run directory is rank 0's on every rank, locked by rank 0 for the run, and refused if it
+    The run directory is rank 0's on every rank, locked by rank 0 for the run (with a
+    ``trainer.checkpoint_dir`` outside it that the run writes), and refused if it
     holds another run's outputs that this run does not resume (:mod:`dmt.run_dir`); a rank that
     stops answering ends the job after ``trainer.collective_timeout_s`` (:mod:`dmt.watchdog`).
     """
@@ -135,6 +136,7 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
                 rank=runtime.rank,
                 world_size=runtime.world_size,
                 stale_wait_s=stale_lock_wait(t.collective_timeout_s),
+                writes_checkpoints=bool(t.checkpoint or t.checkpoint_every),
             ),
             watch_ranks(runtime, timeout_s=t.collective_timeout_s),
         ):

@@ -503,3 +503,33 @@ def test_a_sweep_job_into_a_live_runs_directory_writes_nothing_there(tmp_path):
     ) in second.stderr, second.stderr[-3000:]
     assert after == record
     assert log.count("[dmt.runtime]") == 1, log  # the running run's line, not the job's too
+
+
+@pytest.mark.slow  # a run held while another starts (15-35 s on 2 shared cores)
+def test_a_second_live_run_into_a_runs_absolute_checkpoint_dir_stops_at_start(tmp_path):
+    """Reproduced: two runs with their own hydra.run.dir and one absolute
+    trainer.checkpoint_dir, started together, both trained (the directory was empty) until one
+    failed at its first save: "checkpoint .../step_5 exists already; dmt never overwrites a
+    complete checkpoint". The second now stops at start, naming the setting and its holder,
+    before Hydra makes its run directory (the lock itself: tests/unit/test_run_dir.py)."""
+    first, second, ckpt = tmp_path / "first", tmp_path / "second", tmp_path / "ckpt"
+    holder = _holding(f"hydra.run.dir={first}", f"trainer.checkpoint_dir={ckpt}",
+                      "trainer.checkpoint=true", log=first / "train.log")  # fmt: skip
+    try:
+        refused = _cli(*TINY, "trainer=smoke", "trainer.checkpoint_every=1",
+                       f"trainer.checkpoint_dir={ckpt}", f"hydra.run.dir={second}")  # fmt: skip
+        assert holder.poll() is None, "the first run ended during the test"
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert refused.returncode == 1
+    message = refused.stderr.strip()
+    assert message.startswith(
+        f"Error: trainer.checkpoint_dir={ckpt} is in use by another run (pid {holder.pid} on "
+        f"host {socket.gethostname()}, started "
+    ), message[-3000:]
+    assert message.endswith(
+        "); choose another trainer.checkpoint_dir, or wait until that run has ended"
+    )
+    assert not second.exists()
+    assert [p.name for p in ckpt.iterdir()] == ["run.lock"]

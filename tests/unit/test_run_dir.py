@@ -24,9 +24,11 @@ from dmt.run_dir import (
     _resolve_run_stamp,
     agreed_stamp,
     check_outputs,
+    claim,
     claim_run_dir,
     held_by_another,
     launch_rank,
+    lock_held,
     lock_run_dir,
     outputs_of,
     rank_log_suffix,
@@ -593,6 +595,110 @@ def test_a_restart_that_waits_in_vain_says_why(tmp_path, monkeypatch):
         "ends (NFSv4) or the host comes back or an administrator clears it (NFSv3); if it is "
         "alive, stop it; choose another hydra.run.dir, or wait until that run has ended"
     )
+
+
+HOLD_CHECKPOINTS = (  # claims a run writing into a checkpoint directory, for a while
+    "import sys, time, pathlib; from dmt.run_dir import claim; "
+    "run = pathlib.Path(sys.argv[1]); claim(run, resume_from=None, checkpoint_dir=sys.argv[2]); "
+    "print('locked', flush=True); time.sleep(float(sys.argv[3])); run.with_suffix('.held').touch()"
+)
+
+
+def _hold_checkpoints(run, ckpt, env: dict[str, str], seconds: float) -> subprocess.Popen:
+    base = {k: v for k, v in os.environ.items() if k not in _JOB_VARS}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_CHECKPOINTS, str(run), str(ckpt), str(seconds)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(base, PYTHONPATH=str(REPO), **env),
+    )
+    assert holder.stdout.readline() == "locked\n"
+    return holder
+
+
+def _complete_checkpoint(step) -> None:
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text('{"files": {}}')
+    (step / ".metadata").write_bytes(b"")  # DCP's index
+
+
+def test_a_live_run_holds_its_checkpoint_dir_outside_its_run_dir(tmp_path):
+    """Reproduced: two runs with their own run directories and one absolute
+    trainer.checkpoint_dir, started together, both started (the directory was empty); one
+    failed at its first save ("checkpoint .../step_5 exists already"), and a save could move
+    the other's unfinished step_N aside as incomplete. The second is refused at start, naming
+    the setting, the directory and its holder, before it makes anything."""
+    ckpt = tmp_path / "ckpt"
+    holder = _hold_checkpoints(tmp_path / "a", ckpt, {}, 300)
+    try:
+        record = (ckpt / LOCK_FILE).read_text()
+        started = dict(f.split("=", 1) for f in record.split())["started"]
+        expected = (
+            f"trainer.checkpoint_dir={ckpt} is in use by another run (pid {holder.pid} on host "
+            f"{socket.gethostname()}, started {started}); choose another trainer.checkpoint_dir, "
+            "or wait until that run has ended"
+        )
+        for checkpoint_dir in (str(ckpt), "../ckpt"):  # absolute, or out of the run directory
+            for resume_from in (None, "auto"):
+                with pytest.raises(ValueError) as e:
+                    claim(tmp_path / "b", resume_from=resume_from, checkpoint_dir=checkpoint_dir)
+                assert str(e.value) == expected
+        with (
+            pytest.raises(ValueError) as e,
+            claim_run_dir(tmp_path / "b", resume_from=None, checkpoint_dir=str(ckpt)),
+        ):
+            pass
+        assert str(e.value) == expected
+        assert not (tmp_path / "b").exists()  # refused before it made anything
+        assert (ckpt / LOCK_FILE).read_text() == record and sorted(ckpt.iterdir()) == [
+            ckpt / LOCK_FILE
+        ]
+        # a run that writes no checkpoint there only reads them (resume_from=auto): not held
+        with claim_run_dir(
+            tmp_path / "c", resume_from="auto", checkpoint_dir=str(ckpt), writes_checkpoints=False
+        ):
+            assert lock_held(tmp_path / "c")
+    finally:
+        holder.kill()
+        holder.wait()
+    # the lock went with its holder; its file is not a checkpoint (no output of a run there)
+    assert outputs_of(tmp_path / "b", str(ckpt)) == []
+    with claim_run_dir(tmp_path / "b", resume_from=None, checkpoint_dir=str(ckpt)):
+        assert lock_held(ckpt) and f"pid={os.getpid()} " in (ckpt / LOCK_FILE).read_text()
+        _complete_checkpoint(ckpt / "step_2")  # as this run saves it
+    assert not lock_held(ckpt)  # released with the run directory's lock
+    # a later run there: as before, refused for the checkpoints unless it resumes them
+    with (
+        pytest.raises(ValueError) as e,
+        claim_run_dir(tmp_path / "d", resume_from=None, checkpoint_dir=str(ckpt)),
+    ):
+        pass
+    assert str(e.value).startswith(
+        f"run directory {tmp_path / 'd'} already holds another run's outputs ({ckpt}/); "
+    )
+    with claim_run_dir(tmp_path / "d", resume_from="auto", checkpoint_dir=str(ckpt)):
+        assert lock_held(ckpt) and lock_held(tmp_path / "d")
+
+
+def test_a_restart_waits_for_its_earlier_attempts_checkpoint_dir(tmp_path, monkeypatch):
+    """A requeued SLURM job whose earlier attempt's host died: its checkpoint directory outside
+    its run directory stays locked on NFS until the lease ends, as its run directory does; the
+    restart waits for both (one wait), and takes them."""
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    holder = _hold_checkpoints(run, ckpt, {"SLURM_JOB_ID": "77"}, seconds=1.5)
+    try:
+        lock, taken = claim(run, resume_from="auto", checkpoint_dir=str(ckpt), stale_wait_s=60)
+        assert taken and run.with_suffix(".held").exists()  # once the earlier attempt ended
+        assert holder.wait(timeout=30) == 0
+        assert lock_held(ckpt) and f"pid={os.getpid()} " in (ckpt / LOCK_FILE).read_text()
+        lock.release()
+        assert not lock_held(ckpt) and not lock_held(run)
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_the_wait_leaves_the_other_ranks_time():
