@@ -649,6 +649,22 @@ def checkpoint_files(path: str | os.PathLike[str]) -> list[Path]:
     return [p for p in step_dir.iterdir() if p.is_file()]
 
 
+def preprocessed_manifest(path: str | os.PathLike[str]) -> Path | None:
+    """The preprocessed Criteo directory whose manifest ``path`` is (the data dmt-eval reads:
+    the run's training data, a ``--data`` directory, a transformed file), None where it is no
+    such manifest."""
+    from dmt.data.criteo_preprocess import MANIFEST, read_manifest  # noqa: PLC0415
+
+    path = Path(path)
+    if path.name != MANIFEST:
+        return None
+    try:
+        read_manifest(path.parent)
+    except (OSError, ValueError):
+        return None
+    return path.parent
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dmt-eval",
@@ -705,6 +721,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     inputs = checkpoint_files(args.checkpoint) if replacing else []
     if error := results.existing_output(args.out, "--out", args.overwrite, inputs=inputs):
         print(f"dmt-eval: error: {error}", file=sys.stderr)
+        return 1
+    if replacing and (data := preprocessed_manifest(args.out)) is not None:  # JSON too
+        print(
+            f"dmt-eval: error: --out {args.out} is the manifest of the preprocessed Criteo "
+            f"directory {data}: not replaced, even with --overwrite; write elsewhere",
+            file=sys.stderr,
+        )
         return 1
     if (
         args.predictions is not None

@@ -529,9 +529,10 @@ def check_outputs(run_dir: Path, *, resume_from: str | None, checkpoint_dir: str
 
 def checkpoint_dir_outside(run_dir: Path, checkpoint_dir: str) -> Path | None:
     """``trainer.checkpoint_dir`` where it lies outside ``run_dir`` (absolute, or ``..`` out of
-    it), normalized; ``None`` inside it, where the run directory's lock covers it."""
-    run_dir = Path(os.path.normpath(run_dir.absolute()))
-    ckpt = Path(os.path.normpath(run_dir / checkpoint_dir))
+    it), links resolved; ``None`` inside it (through a link too), where the run directory's
+    lock covers it."""
+    run_dir = run_dir.resolve()
+    ckpt = (run_dir / checkpoint_dir).resolve()
     return None if ckpt.is_relative_to(run_dir) else ckpt
 
 

@@ -892,6 +892,30 @@ def test_a_report_is_never_written_over_the_checkpoint_it_scores(
     assert evaluate(run / "checkpoints", "test")["step"] == 3
 
 
+def test_a_report_is_never_written_over_the_manifest_of_its_data(
+    criteo_run, capsys: pytest.CaptureFixture
+) -> None:
+    """A reproduced bug: ``--out <preprocessed_dir>/manifest.json --overwrite`` replaced the
+    manifest of the data it had just read (a JSON file) with the report: the preprocessed
+    directory was no longer readable, neither by dmt-eval nor by training."""
+    root, _, _ = criteo_run
+    prep = root / "prep"
+    manifest = prep / "manifest.json"
+    before = manifest.read_bytes()
+    try:
+        for data in ("test", str(prep / "val")):
+            argv = ["--checkpoint", str(root / "run" / "checkpoints"), "--data", data]
+            assert main([*argv, "--out", str(manifest), "--no-progress", "--overwrite"]) == 1
+            assert capsys.readouterr().err == (
+                f"dmt-eval: error: --out {manifest} is the manifest of the preprocessed Criteo "
+                f"directory {prep}: not replaced, even with --overwrite; write elsewhere\n"
+            )
+            assert manifest.read_bytes() == before
+    finally:  # the module's run reads it
+        manifest.write_bytes(before)
+    assert evaluate(root / "run" / "checkpoints", "test")["rows"] == 45
+
+
 def test_a_report_that_appears_while_scoring_is_kept(
     synthetic_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch
 ) -> None:

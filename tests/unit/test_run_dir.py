@@ -24,6 +24,7 @@ from dmt.run_dir import (
     _resolve_run_stamp,
     agreed_stamp,
     check_outputs,
+    checkpoint_dir_outside,
     claim,
     claim_run_dir,
     held_by_another,
@@ -731,3 +732,20 @@ def test_a_sweep_guard_finds_earlier_jobs_as_deep_as_its_subdir(tmp_path, subdir
     with pytest.raises(SystemExit) as planned:  # dmt-plan's guard looks as deep
         PlanRunDirGuard().on_multirun_start(config)
     assert f"run directory {job} holds a training run's outputs" in str(planned.value)
+
+
+def test_a_checkpoint_dir_linked_into_the_run_dir_is_the_run_dirs(tmp_path):
+    """A trainer.checkpoint_dir whose link leads into the run directory is covered by the run
+    directory's lock (no lock file of its own among the checkpoints); one whose link leads out
+    of it is held on its own."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(run / "checkpoints")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "outlink").symlink_to(tmp_path / "out")
+    assert checkpoint_dir_outside(run, str(tmp_path / "link")) is None
+    assert checkpoint_dir_outside(run, str(tmp_path / "outlink")) == tmp_path / "out"
+    with claim_run_dir(run, resume_from=None, checkpoint_dir=str(tmp_path / "link")):
+        assert lock_held(run) and not (run / "checkpoints" / LOCK_FILE).exists()
+    with claim_run_dir(run, resume_from=None, checkpoint_dir=str(tmp_path / "outlink")):
+        assert lock_held(run) and lock_held(tmp_path / "out")
