@@ -274,6 +274,11 @@ class CriteoConfig:
             )
         if not self.train_days:
             raise ValueError("train_days must name at least one day")
+        if twice := sorted({d for d in self.train_days if list(self.train_days).count(d) > 1}):
+            raise ValueError(
+                f"train_days {list(self.train_days)} names day(s) {twice} more than once; a "
+                "day's rows are read once, so name each day once"
+            )
         if self.val_day is not None:
             if self.val_day in self.train_days:
                 raise ValueError(

@@ -16,7 +16,9 @@ Splits:
 
 * a single input **file** (Kaggle ``train.txt``) is cut chronologically by line:
   ``split_fractions`` (default 85% / 7.5% / 7.5%);
-* an input **directory** of ``day_<d>`` files (Terabyte) is cut by day: ``train_days`` (default
+* an input **directory** of ``day_<d>`` files (Terabyte; one per day, plain or gzip, named
+  ``day_<d>``, ``day_<d>.tsv``, ``.txt``, ``.gz`` or ``.tsv.gz``: two for one day, such as
+  ``day_5`` beside ``day_5.gz``, are refused) is cut by day: ``train_days`` (default
   0..22) train; ``eval_day`` (default 23) is halved, first ``ceil(n/2)`` lines validation, the
   rest test (as TorchRec does); or, with ``val_day`` set, ``val_day`` is the validation split and
   ``eval_day`` the test split, whole (the forward-in-time protocol: train days 0..21, validate
@@ -478,14 +480,16 @@ class _Job:
 
 
 def _find_day_file(directory: Path, day: int) -> Path:
-    for pattern in _DAY_FILE_NAMES:
-        candidate = directory / pattern.format(d=day)
-        if candidate.is_file():
-            return candidate
-    raise ValueError(
-        f"{directory}: no file for day {day}; expected one of "
-        f"{[p.format(d=day) for p in _DAY_FILE_NAMES]}"
-    )
+    names = [p.format(d=day) for p in _DAY_FILE_NAMES]
+    found = [directory / name for name in names if (directory / name).is_file()]
+    if len(found) > 1:  # e.g. day_5 next to day_5.gz: which rows are day 5 is not clear
+        raise ValueError(
+            f"{directory}: {len(found)} files for day {day} ({', '.join(p.name for p in found)}); "
+            "expected one: move the others out of the directory"
+        )
+    if not found:
+        raise ValueError(f"{directory}: no file for day {day}; expected one of {names}")
+    return found[0]
 
 
 def _describe_source(path: Path) -> _Source:

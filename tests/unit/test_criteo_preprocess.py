@@ -314,6 +314,43 @@ def test_terabyte_days(tmp_path: Path) -> None:
         preprocess_criteo(config(tmp_path, days, train_days=[0, 5], eval_day=2), **SMALL)
 
 
+def test_two_files_for_one_day_are_refused(tmp_path: Path) -> None:
+    """day_1 next to day_1.gz (e.g. a decompressed copy, perhaps cut short): which rows are day 1
+    is not clear, so nothing is read (day_1 was read and day_1.gz ignored without a word)."""
+    days = tmp_path / "days"
+    days.mkdir()
+    write(days / "day_0", make_rows(12, seed=50))
+    write(days / "day_1", make_rows(5, seed=51))
+    write(days / "day_1.gz", make_rows(9, seed=52))
+    write(days / "day_2", make_rows(6, seed=53))
+    message = (
+        f"{days}: 2 files for day 1 (day_1, day_1.gz); expected one: move the others out of "
+        "the directory"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        preprocess_criteo(config(tmp_path, days, train_days=[0, 1], eval_day=2), **SMALL)
+    assert not (tmp_path / "out").exists()
+    (days / "day_1").unlink()
+    out = preprocess_criteo(config(tmp_path, days, train_days=[0, 1], eval_day=2), **SMALL)
+    assert read_manifest(out)["splits"]["train"]["rows"] == 12 + 9
+
+
+def test_a_training_day_named_twice_is_refused(tmp_path: Path) -> None:
+    """train_days [0, 1, 1] (dmt-preprocess --train-days 0-1,1): day 1 was read once without a
+    word, and the manifest's [0, 1, 1] then differed from the same rows asked as [0, 1]."""
+    days = tmp_path / "days"
+    days.mkdir()
+    for d in range(3):
+        write(days / f"day_{d}", make_rows(4, seed=55 + d))
+    message = (
+        "train_days [0, 1, 1] names day(s) [1] more than once; a day's rows are read once, so "
+        "name each day once"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        preprocess_criteo(config(tmp_path, days, train_days=[0, 1, 1], eval_day=2), **SMALL)
+    assert not (tmp_path / "out").exists()
+
+
 def test_terabyte_val_day_is_a_whole_day_between_train_and_test(tmp_path: Path) -> None:
     """The forward-in-time layout: train days, then a whole validation day, then the test day."""
     days = tmp_path / "days"
