@@ -692,9 +692,17 @@ def share_verdict(world: World, error: str | None, *, timeout_s: float) -> str |
     from dmt.runtime import launch_store  # noqa: PLC0415 (torch)
 
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # the agent's store outlives it
-    store = dist.PrefixStore(
-        f"dmt/run_dir/attempt_{attempt}", launch_store(world, timedelta(seconds=timeout_s))
-    )
+    try:
+        launched = launch_store(world, timedelta(seconds=timeout_s))
+    except dist.DistError as e:  # raised from the callback, Hydra warned and ran the job: the
+        # rank waited as long again in the runtime's rendezvous, for an error naming nothing
+        return (
+            f"rank {world.rank} cannot reach the job's store at {world.master_addr}:"
+            f"{world.master_port} (MASTER_ADDR:MASTER_PORT; rank 0 serves it under srun and in "
+            f"a world set by hand, torchrun's agent otherwise) within "
+            f"trainer.collective_timeout_s={timeout_s:g} s ({e})"
+        )
+    store = dist.PrefixStore(f"dmt/run_dir/attempt_{attempt}", launched)
     if world.rank == 0:
         store.set("verdict", error or "")
         if error is not None:  # a store rank 0 serves ends with it: the others read it first

@@ -41,7 +41,7 @@ from dmt.run_dir import (
 )
 from dmt.runtime import TORCHRUN_VARS
 from dmt.train import CONF_MODULE
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 
 SECOND = datetime(2025, 1, 31, 14, 3, 59, 0)
 
@@ -700,6 +700,28 @@ def test_a_restart_waits_for_its_earlier_attempts_checkpoint_dir(tmp_path, monke
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_rank_that_cannot_reach_rank_0s_store_stops_naming_it(monkeypatch):
+    """A reproduced bug: when rank 0 never served the store (it died at start), another rank's
+    connect failed in the run directory's callback with a bare ``DistNetworkError``, which Hydra
+    turns into a warning and runs the job anyway: the rank waited as long again in the runtime's
+    rendezvous (79 s in all at trainer.collective_timeout_s=20, 41 s now) and its error named
+    neither rank 0 nor the setting. Now the callback stops it with one line saying so."""
+    for key in list(os.environ):
+        if key.startswith(("SLURM_", "TORCHELASTIC_")) or key in TORCHRUN_VARS:
+            monkeypatch.delenv(key)
+    port = free_port()  # nothing listens there: rank 0 never came
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as stopped:
+        RunDirGuard()._hold(lambda: pytest.fail("only rank 0 takes the directory"), 1.0)
+    assert str(stopped.value).startswith(
+        f"Error: rank 1 cannot reach the job's store at 127.0.0.1:{port} (MASTER_ADDR:MASTER_PORT; "
+        "rank 0 serves it under srun and in a world set by hand, torchrun's agent otherwise) "
+        "within trainer.collective_timeout_s=1 s ("
+    ), stopped.value
 
 
 def test_the_wait_leaves_the_other_ranks_time():
