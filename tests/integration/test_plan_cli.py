@@ -25,8 +25,16 @@ SMALL = [
 
 
 def _plan(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    return _plan_cli(*SMALL, f"hydra.run.dir={run_dir}", *overrides)
+
+
+def _sweep(sweep_dir: Path) -> subprocess.CompletedProcess[str]:
+    return _plan_cli("-m", *SMALL, f"hydra.sweep.dir={sweep_dir}")
+
+
+def _plan_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dmt.planning.app", *SMALL, f"hydra.run.dir={run_dir}", *overrides],
+        [sys.executable, "-m", "dmt.planning.app", *args],
         capture_output=True,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -192,14 +200,7 @@ def test_a_file_where_the_run_directory_or_plan_json_goes_is_refused(tmp_path: P
         check_plan_dir(run_dir, overwrite=False)
     assert [p.name for p in run_dir.iterdir()] == ["plan.json"]  # no .hydra/ either
     sweep_dir = afile / "sweep"
-    result = subprocess.run(
-        [sys.executable, "-m", "dmt.planning.app", "-m", *SMALL, f"hydra.sweep.dir={sweep_dir}"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-        check=False,
-    )
+    result = _sweep(sweep_dir)
     assert result.returncode == 1, result.stderr[-3000:]
     assert result.stderr == (
         f"Error: sweep directory {sweep_dir}: {afile} is not a directory; choose another "
@@ -211,14 +212,7 @@ def test_a_file_where_the_run_directory_or_plan_json_goes_is_refused(tmp_path: P
 def test_a_sweep_over_an_earlier_sweeps_plans_is_refused(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     before = _earlier_run(sweep_dir / "0", "plan.json")
-    result = subprocess.run(
-        [sys.executable, "-m", "dmt.planning.app", "-m", *SMALL, f"hydra.sweep.dir={sweep_dir}"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-        check=False,
-    )
+    result = _sweep(sweep_dir)
     assert result.returncode == 1, result.stderr[-3000:]
     assert (
         f"Error: sweep directory {sweep_dir}: run directory {sweep_dir / '0'} already holds an "

@@ -478,9 +478,14 @@ def _first_attempt(monkeypatch):
 
 
 def _hold(run, env: dict[str, str], seconds: float) -> subprocess.Popen:
+    return _holder(HOLD_FOR, [str(run), str(seconds)], env)
+
+
+def _holder(script: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """A process running ``script`` that has printed "locked"."""
     base = {k: v for k, v in os.environ.items() if k not in _JOB_VARS}
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_FOR, str(run), str(seconds)],
+        [sys.executable, "-c", script, *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
@@ -606,16 +611,7 @@ HOLD_CHECKPOINTS = (  # claims a run writing into a checkpoint directory, for a 
 
 
 def _hold_checkpoints(run, ckpt, env: dict[str, str], seconds: float) -> subprocess.Popen:
-    base = {k: v for k, v in os.environ.items() if k not in _JOB_VARS}
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_CHECKPOINTS, str(run), str(ckpt), str(seconds)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=dict(base, PYTHONPATH=str(REPO), **env),
-    )
-    assert holder.stdout.readline() == "locked\n"
-    return holder
+    return _holder(HOLD_CHECKPOINTS, [str(run), str(ckpt), str(seconds)], env)
 
 
 def _complete_checkpoint(step) -> None:
