@@ -46,7 +46,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from dmt.history import HISTORY_FILE
+from dmt.history import CURVES_FILE, HISTORY_FILE
 from dmt.results import file_in_the_way
 
 if TYPE_CHECKING:
@@ -491,8 +491,18 @@ def starts_afresh(found: list[str], resume_from: str | None) -> bool:
 
 
 def check_outputs(run_dir: Path, *, resume_from: str | None, checkpoint_dir: str) -> None:
-    """Raise if ``run_dir`` holds another run's outputs and this run does not resume it."""
+    """Raise if ``run_dir`` holds another run's outputs and this run does not resume it, or a
+    ``curves.png`` that no run drew there (dmt draws it from ``history.jsonl``): a user's own,
+    which a run would replace."""
     run_dir = run_dir.absolute()
+    # dmt writes history.jsonl (empty, when a run starts afresh) before it draws curves.png
+    if (run_dir / CURVES_FILE).exists() and not (run_dir / HISTORY_FILE).exists():
+        raise ValueError(
+            f"run directory {run_dir} holds a {CURVES_FILE} that no dmt run drew there (no "
+            f"{HISTORY_FILE} it was drawn from): a run writes its own {CURVES_FILE} there, and "
+            "dmt does not replace a file it did not make; choose another hydra.run.dir (or leave "
+            f"it unset for a new one), or move that {CURVES_FILE} away"
+        )
     found = outputs_of(run_dir, checkpoint_dir)
     if found and not resumes(run_dir, resume_from, checkpoint_dir):
         if starts_afresh(found, resume_from):

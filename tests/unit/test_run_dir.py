@@ -255,6 +255,36 @@ def test_a_stopped_runs_history_is_an_output(tmp_path):
     check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")  # afresh, warned
 
 
+def test_a_users_own_curves_png_is_never_replaced(tmp_path):
+    """Reproduced bug: a fresh run (or resume_from=auto, starting afresh) in a directory holding
+    a curves.png of the user's own (no history.jsonl it was drawn from) drew its curves over it
+    at its first validation. It is refused now, naming the file, which stays as it was; a
+    curves.png beside the history it was drawn from is a run's, as before."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "curves.png").write_bytes(b"the user's own")
+    for resume_from in (None, "auto"):
+        with pytest.raises(ValueError) as e:
+            check_outputs(run, resume_from=resume_from, checkpoint_dir="checkpoints")
+        assert str(e.value) == (
+            f"run directory {run} holds a curves.png that no dmt run drew there (no "
+            "history.jsonl it was drawn from): a run writes its own curves.png there, and dmt "
+            "does not replace a file it did not make; choose another hydra.run.dir (or leave it "
+            "unset for a new one), or move that curves.png away"
+        )
+    with pytest.raises(ValueError, match="holds a curves.png that no dmt run drew"):
+        claim_run_dir(run, resume_from=None, checkpoint_dir="checkpoints").__enter__()
+    assert (run / "curves.png").read_bytes() == b"the user's own" and not lock_held(run)
+    # a run's curves: beside the history they were drawn from, or an empty one (a run that
+    # started afresh over them, rewriting it, and stopped before its first record)
+    (run / "history.jsonl").write_text("")
+    check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
+    (run / "history.jsonl").write_text('{"step": 50, "train/loss": 0.5}\n')
+    with pytest.raises(ValueError, match=re.escape("another run's outputs (history.jsonl)")):
+        check_outputs(run, resume_from=None, checkpoint_dir="checkpoints")
+    check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")  # afresh, warned
+
+
 def test_a_resuming_sweep_stops_before_rewriting_jobs_it_would_not_resume(tmp_path):
     """Reproduced bug: a sweep with trainer.resume_from=auto into an earlier sweep's directory
     (jobs with metrics.json, no checkpoint) rewrote each job's .hydra/ record, then failed every
