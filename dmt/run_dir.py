@@ -971,11 +971,12 @@ class RunDirGuard(Callback):
         (:func:`share_verdict`), and all of a refused job's ranks exit with its error.
         ``alone``: this process is a world of one, whatever the launcher's variables say (it
         submits the sweep's jobs: :func:`submits_jobs`)."""
-        from dmt.runtime import World, world_from_env  # noqa: PLC0415 (torch)
+        from dmt.runtime import world_from_env  # noqa: PLC0415 (torch)
 
         try:
-            # the launcher's world, or its error (before two ranks 0 of two worlds both claim)
-            world = World(0, 1, 0, 1, None, None, "none") if alone else world_from_env(os.environ)
+            # the launcher's world, or its error (before two ranks 0 of two worlds both claim);
+            # alone: the world of one of an environment without a launcher's variables
+            world = world_from_env({} if alone else os.environ)
         except ValueError as e:
             sys.exit(f"Error: {e}")
         error = None

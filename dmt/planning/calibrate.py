@@ -258,6 +258,7 @@ def _run_of(path: Path, data: dict[str, Any], statistic: str, repeats: Sequence[
     try:
         g, local, batch = _shape(settings, records["sptt"])
         runs_ms = {m: _step_times(records[m]) for m in MODES}
+        rate_bit_per_s = _rate_of(settings)
     except ValueError as e:
         raise ValueError(f"{path}: not a bench_sptt.py record ({e})") from None
     for repeat in repeats:
@@ -290,7 +291,7 @@ def _run_of(path: Path, data: dict[str, Any], statistic: str, repeats: Sequence[
         world_size=g,
         local_world_size=local,
         rate=str(settings["rate"]),
-        rate_bit_per_s=_rate_of(path, settings),
+        rate_bit_per_s=rate_bit_per_s,
         batch_per_rank=batch,
         workloads={m: ModeWorkload(collectives[m], loads[m]) for m in MODES},
         measured_ms={m: float(pick(runs_ms[m])) for m in MODES},
@@ -337,15 +338,15 @@ def _step_times(record: dict[str, Any]) -> list[float]:
     return [float(t) for t in times]
 
 
-def _rate_of(path: Path, settings: dict[str, Any]) -> float | None:
+def _rate_of(settings: dict[str, Any]) -> float | None:
     """The host links' rate (bit/s) of a throttled run, None on loopback."""
     if not settings.get("throttled"):
         return None
     rate = settings["rate_bit_per_s"]
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < math.inf:
         raise ValueError(
-            f"{path}: not a bench_sptt.py record (settings.rate_bit_per_s={rate!r} of a "
-            "throttled run, expected a positive rate in bit/s)"
+            f"settings.rate_bit_per_s={rate!r} of a throttled run, expected a positive rate in "
+            "bit/s"
         )
     return float(rate)
 
