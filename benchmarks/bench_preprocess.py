@@ -10,7 +10,8 @@ Builds a ~1 GB raw file by repeating the Kaggle sample (``../shared/data``) unde
 
 Each run is a fresh process; the tools' outputs and logs go to a new directory of this
 invocation's own, ``<workdir>/run-<date>-<time>-<random>/`` (the logs stay there, named in the
-results; never over an earlier run's or a user's files). The repeated file is reused when one of
+results, and with ``--keep`` each tool's output of the last run, ``out-<tool>/``; never over an
+earlier run's or a user's files). The repeated file is reused when one of
 that size is there (and then left, even without ``--keep``); a file of that name and another size
 is refused, not replaced. Reported: wall time (including interpreter start and imports),
 rows/s, peak memory of the whole process tree (PSS, sampled every 50 ms from /proc, so workers
@@ -211,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     p.add_argument("--num-workers", type=int, default=0, help="dmt processes (0: one per core)")
     p.add_argument("--skip-torchrec", action="store_true")
-    p.add_argument("--keep", action="store_true", help="keep the raw file and outputs")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the raw file and each tool's last outputs"
+    )
     args = p.parse_args(argv)
     json_path = args.json if args.json is not None else args.workdir / "results.json"
     if (error := existing_output(json_path, "--json", args.overwrite)) is not None:
@@ -308,7 +311,8 @@ def _run(args: argparse.Namespace, json_path: Path, built: list[Path]) -> int:
                 f"{r['peak_process_rss_mb']:8.0f} MB",
                 flush=True,
             )
-            shutil.rmtree(out, ignore_errors=True)
+            if not args.keep or run < args.runs - 1:  # --keep: the last run's outputs stay
+                shutil.rmtree(out, ignore_errors=True)
 
     load_end = os.getloadavg()
     summary: dict[str, dict[str, float]] = {}

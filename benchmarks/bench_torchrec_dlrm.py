@@ -2,7 +2,7 @@
 
 In one process (a world of one: gloo on the CPU, or NCCL on one GPU with ``--device cuda``) and
 on the same batches of the Criteo Kaggle sample
-(``data=criteo_sample``, preprocessed by dmt's loaders), four variants train side by side:
+(``data=criteo_sample``, preprocessed by dmt's loaders), six variants train side by side:
 
 - ``reference``: ``facebookresearch/dlrm``'s ``torchrec_dlrm/dlrm_main.py`` loop rebuilt from
   TorchRec's own parts: ``torchrec.models.dlrm.DLRM`` in ``DLRMTrain``, tables as an

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -647,6 +648,31 @@ def test_bench_preprocess_never_removes_or_replaces_what_it_did_not_make(tmp_pat
     assert (workdir / "kaggle_repeated.tsv").stat().st_mtime_ns == kept
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_bench_preprocess_keeps_the_last_outputs_with_keep(tmp_path, keep, monkeypatch):
+    """Reproduced bug: --keep said "keep the raw file and outputs", but every run's outputs were
+    removed after it. The tool is a stand-in that makes its output directory with one file
+    (``-m dmt.data.preprocess_cli RAW OUT ...``: OUT is its fourth argument)."""
+    bench = _load(REPO / "benchmarks" / "bench_preprocess.py")
+    sample, workdir = tmp_path / "sample.tsv", tmp_path / "wd"
+    sample.write_text(_ROW * 3)
+    python = tmp_path / "python"
+    python.write_text(
+        '#!/bin/sh\nif [ -n "$4" ]; then mkdir "$4" && echo "$4" > "$4/manifest.json"; fi\n'
+    )
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    argv = ["--sample", str(sample), "--smoke", "--runs", "2", "--workdir", str(workdir)]
+    argv += ["--size-gb", "0.000001", "--skip-torchrec", "--json", str(tmp_path / "r.json")]
+    assert bench.main([*argv, *(["--keep"] if keep else [])]) == 0
+    run_dir = Path(json.loads((tmp_path / "r.json").read_text())["logs"])
+    names = ["dmt-run1.log", "dmt-run2.log", *(["out-dmt"] if keep else [])]
+    assert sorted(p.name for p in run_dir.iterdir()) == names
+    if keep:
+        assert (run_dir / "out-dmt" / "manifest.json").read_text() == f"{run_dir / 'out-dmt'}\n"
+    assert (workdir / "kaggle_repeated.tsv").exists() == keep
+
+
 def test_bench_torchrec_dlrms_reference_trains_as_dmt_default_does(one_thread):
     """The reference (torchrec_dlrm's loop) and dmt's default build the same DLRM from the same
     seed and train it on the same batches with Adagrad lr 0.01 (eps: FBGEMM's 1e-8 on the
@@ -681,3 +707,62 @@ def test_bench_torchrec_dlrms_reference_trains_as_dmt_default_does(one_thread):
     finally:
         close_runtime()
     assert result["reference"][1] == pytest.approx(result["dmt default"][1], rel=1e-6, abs=0)
+
+
+def _spaced(text: str) -> str:
+    """``text`` with every run of whitespace one space (the README wraps its lines)."""
+    return " ".join(text.split())
+
+
+def _records(name: str) -> Any:
+    return json.loads((REPO / "benchmarks" / "results" / name).read_text())
+
+
+def test_the_readmes_2026_12_05_figures_are_those_of_its_records():
+    """Reproduced: the README's 2026-12-05 paragraphs gave samples/s ranges from two of the
+    three recorded bench_torchrec_dlrm invocations (the third's runs reached 15,644 and 13,061
+    samples/s, below them), flat's fp32 range from 184 (a run median of 183.49 ms) and DMT's as
+    86-86 (85.46 ms), and DMT's throttled / unthrottled step as 1.18x / 1.12x (1.17x / 1.13x)."""
+    readme = _spaced((REPO / "README.md").read_text())
+    rates: dict[str, list[float]] = {"dmt default": [], "reference": []}
+    for i in (1, 2, 3):
+        record = _records(f"bench_2026-12-05/bench_torchrec_dlrm_{i}.json")
+        for variant, values in rates.items():
+            values.extend(record["samples_per_s"][variant])
+    dmt, ref = rates["dmt default"], rates["reference"]
+    assert (
+        f"Samples/s, every run of the three recorded invocations: dmt {min(dmt):,.0f}-"
+        f"{max(dmt):,.0f}, the reference {min(ref):,.0f}-{max(ref):,.0f}."
+    ) in readme
+
+    def median_ms(records: list[Any], mode: str, precision: str) -> list[float]:
+        return [
+            r["ms_per_step"]
+            for r in records
+            if r["mode"] == mode and r["comm_precision"] == precision and r["pipeline"]
+        ]
+
+    passes = [_records(f"bench_2026-12-05/bench_sptt_2x2_b2048_pass{i}.json") for i in (1, 2, 3)]
+    unthrottled = _records("bench_2026-12-05/bench_sptt_2x2_b2048_unthrottled.json")
+    slower: dict[str, list[float]] = {"flat": [], "dmt": []}
+    for precision in ("fp32", "bf16"):
+        cells = []
+        for mode in ("flat", "dmt"):
+            ms = [t for p in passes for t in median_ms(p, mode, precision)]
+            assert len(ms) == 3
+            cells.append(f"{statistics.median(ms):.0f} ({min(ms):.0f}-{max(ms):.0f})")
+            (base,) = median_ms(unthrottled, mode, precision)
+            slower[mode].append(statistics.median(ms) / base)
+        speedups = [
+            median_ms(p, "flat", precision)[0] / median_ms(p, "dmt", precision)[0] for p in passes
+        ]
+        per_pass = " / ".join(f"{x:.2f}" for x in speedups)
+        assert (
+            f"| 2026-12-05 | {precision} | {cells[0]} | {cells[1]} | "
+            f"**{statistics.median(speedups):.2f}x** ({per_pass}) |"
+        ) in readme
+    flat, dmt_ = slower["flat"], slower["dmt"]
+    assert (
+        f"Throttled, flat's step is {flat[0]:.1f}x / {flat[1]:.1f}x its unthrottled time; DMT's "
+        f"is {dmt_[0]:.2f}x / {dmt_[1]:.2f}x."
+    ) in readme
