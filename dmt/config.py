@@ -800,7 +800,7 @@ def validate(cfg: Config) -> None:
                     f"data.synthetic.cardinalities has {len(s.cardinalities)} entries but "
                     f"data.synthetic.num_sparse={s.num_sparse}"
                 )
-        if s.num_groups > s.num_sparse:
+        if s.mode == "planted" and s.num_groups > s.num_sparse:  # random mode plants no groups
             raise ValueError(
                 f"data.synthetic.num_groups={s.num_groups} exceeds num_sparse={s.num_sparse}"
             )
@@ -810,6 +810,10 @@ def validate(cfg: Config) -> None:
             raise ValueError(f"data.synthetic.click_rate={s.click_rate} must be in (0, 1)")
         if s.skew < 0:
             raise ValueError(f"data.synthetic.skew={s.skew} must be >= 0")
+        # numpy refuses a negative seed; a larger one is several seed words, whose generators
+        # are other seeds' (2**32's first training rows come from seed 0's rows 65,536 on)
+        if not 0 <= s.seed < 2**32:
+            raise ValueError(f"data.synthetic.seed={s.seed} must be in [0, 2**32 - 1]")
     elif d.criteo is None:
         raise ValueError(
             "data.kind=criteo needs a data.criteo section (use data=criteo_kaggle, criteo_1tb or criteo_sample)"
@@ -1023,6 +1027,13 @@ def _unread_data(d: DataConfig) -> list[str]:
             f"data.criteo is set (data.criteo.preprocessed_dir={d.criteo.preprocessed_dir!r}), "
             "but data.kind='synthetic' trains on generated data and reads none of data.criteo: "
             "data.kind=criteo trains on it"
+        )
+    card = _set("data.synthetic", d.synthetic, ["cardinality"])
+    if d.kind == "synthetic" and d.synthetic.cardinalities is not None and card:
+        out.append(
+            f"{_listed(card)}, but data.synthetic.cardinalities gives every table's rows "
+            f"({len(d.synthetic.cardinalities)} entries) and overrides it: "
+            "data.synthetic.cardinalities=null gives every table data.synthetic.cardinality rows"
         )
     planted = _set("data.synthetic", d.synthetic, _PLANTED_ONLY)
     if d.kind == "synthetic" and d.synthetic.mode == "random" and planted:

@@ -5,6 +5,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from dmt.config import ignored_settings, validate
+from dmt.data import build_data
 from dmt.inspect import inspect_config
 from tests.conftest import REPO, compose_config, typed_config
 
@@ -147,6 +148,15 @@ def test_paper_configs_match_the_paper_accounting():
         ),
         (["trainer.seed=-1"], r"^trainer.seed=-1 must be in \[0, 2\*\*32 - 1\]$"),
         (["trainer.seed=4294967296"], r"^trainer.seed=4294967296 must be in \[0, 2\*\*32 - 1\]$"),
+        (  # reproduced bugs: -1 failed in the trainer with numpy's "expected non-negative
+            # integer"; 2**32 drew the same generators as other seeds (seed 0's rows 65,536 on)
+            ["data.synthetic.seed=-1"],
+            r"^data.synthetic.seed=-1 must be in \[0, 2\*\*32 - 1\]$",
+        ),
+        (
+            ["data.synthetic.seed=4294967296"],
+            r"^data.synthetic.seed=4294967296 must be in \[0, 2\*\*32 - 1\]$",
+        ),
         (
             ["data=criteo_sample", "data.criteo.split_fractions=[nan,0.5,0.5]"],
             r"^data.criteo: split_fractions must be 3 finite non-negative numbers",
@@ -204,6 +214,19 @@ def test_paper_configs_match_the_paper_accounting():
 def test_bad_configs_raise_clear_errors(overrides, message):
     with pytest.raises(ValueError, match=message):
         typed_config(*overrides)
+
+
+def test_random_synthetic_data_may_have_fewer_features_than_planted_groups():
+    """A reproduced bug: ``data=synthetic_random data.synthetic.num_sparse=2`` was refused with
+    ``data.synthetic.num_groups=4 exceeds num_sparse=2``, a bound of the planted groups, which
+    random mode does not draw."""
+    conf = typed_config(
+        "data=synthetic_random", "data.synthetic.num_sparse=2", "data.synthetic.num_train=2048"
+    )
+    validate(conf)
+    batch = next(build_data(conf.data).train.batches(0))
+    assert batch.sparse_features.keys() == ["cat_0", "cat_1"]
+    assert batch.labels.shape == (2048,)
 
 
 def test_a_checkpoint_dir_under_a_file_is_refused(tmp_path):
@@ -353,6 +376,13 @@ def test_dmt_inspect_composes_the_training_config(overrides):
             LONG_RUN,
             "data.synthetic.cardinality=7, data.synthetic.num_train=1000 are set, but "
             "data.kind='criteo' reads none of data.synthetic (the synthetic generator's settings)",
+        ),
+        (  # a reproduced bug: the Terabyte tables (up to 48M rows) were built without a word
+            ["data.synthetic.cardinality=1000", "data=criteo_1tb_synthetic"],
+            LONG_RUN,
+            "data.synthetic.cardinality=1000 is set, but data.synthetic.cardinalities gives every "
+            "table's rows (26 entries) and overrides it: data.synthetic.cardinalities=null gives "
+            "every table data.synthetic.cardinality rows",
         ),
         (
             ["data=criteo_sample", "data.kind=synthetic"],
