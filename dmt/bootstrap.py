@@ -78,7 +78,7 @@ def load_predictions(
 
     Every file must hold the same rows in the same order: the same number of rows and the same
     labels (a file of other rows is refused, naming it and its first differing row). Scores must
-    be finite, labels 0 or 1, and both classes present."""
+    be probabilities (finite, in [0, 1]), labels 0 or 1, and both classes present."""
     labels: np.ndarray | None = None
     first: Path | None = None
     runs: dict[str, list[np.ndarray]] = {}
@@ -110,6 +110,12 @@ def load_predictions(
             bad = np.flatnonzero(~np.isfinite(prob))
             if len(bad):
                 raise ValueError(f"{path}: row {bad[0]}: score {prob[bad[0]]} is not finite")
+            bad = np.flatnonzero((prob < 0) | (prob > 1))
+            if len(bad):  # a logit, say: clamped to PROB_EPS or 1 - PROB_EPS, it would tie
+                raise ValueError(
+                    f"{path}: row {bad[0]}: score {prob[bad[0]]} is not a probability in [0, 1] "
+                    "('prob' holds click probabilities, not logits)"
+                )
             if labels is None:
                 bad = np.flatnonzero((label != 0) & (label != 1))
                 if len(bad):

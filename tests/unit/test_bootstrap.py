@@ -166,6 +166,30 @@ def test_predictions_files_must_hold_the_same_rows(tmp_path: Path) -> None:
         load_predictions({"a": [good, same, tmp_path / "x" / ".." / "a.npz"], "b": [other]})
 
 
+def test_scores_that_are_no_probabilities_are_refused(tmp_path: Path) -> None:
+    """Reproduced bug: a file of logits was clamped into [1e-7, 1 - 1e-7] like probabilities,
+    so every logit above 1 tied with every other, and so did every negative one: an AUC far
+    from the scores' own (0.56 for 0.64 in a reproduction), with no error. Probabilities of
+    exactly 0 and 1 (a float32 sigmoid saturates) are scores like any other."""
+    rng = np.random.default_rng(11)
+    label = rng.integers(0, 2, 2000)
+    logit = -1 + 0.5 * label + rng.normal(0, 1, 2000)
+    assert abs(auc(logit, label) - roc_auc_score(label, logit)) > 0.05  # the clamp's ties
+    path = _save(tmp_path / "logits.npz", logit, label)
+    row = int(np.flatnonzero((logit < 0) | (logit > 1))[0])
+    with pytest.raises(ValueError) as e:
+        load_predictions({"a": [path]})
+    assert str(e.value) == (
+        f"{path}: row {row}: score {np.float32(logit[row])} is not a probability in [0, 1] "
+        "('prob' holds click probabilities, not logits)"
+    )
+    prob = rng.random(2000)
+    prob[:2] = 0.0, 1.0
+    edges = _save(tmp_path / "edges.npz", prob, label)
+    _, runs = load_predictions({"a": [edges]})
+    assert np.array_equal(runs["a"][0], prob.astype(np.float32))
+
+
 def test_a_resample_of_one_class_is_refused_not_reported() -> None:
     """60 rows with 2 positives: about one resample in eight draws neither. Its AUCs were NaN,
     which made a p-value that counted them on neither side (too small: "significant"), or a
