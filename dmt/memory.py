@@ -80,8 +80,11 @@ class MemoryBudget:
         uvm_cache_load_factor: fraction of a UVM-cached table's rows kept in HBM, in ``(0, 1)``.
         hbm_source: the setting, with its value, whose :data:`AUTO_HBM_SHARE` ``hbm_bytes`` is
             when ``sharding.hbm_gb`` is unset (``"cluster.gpu_memory_gb=80"``): errors name it
-            as what to change. ``None``: ``sharding.hbm_gb`` gave ``hbm_bytes`` (or the memory
-            of a real GPU, which no setting changes).
+            as what to change. ``None``: ``sharding.hbm_gb`` gave ``hbm_bytes``, or ``hbm_gpu``
+            did.
+        hbm_gpu: the real GPU whose memory ``hbm_bytes`` is :data:`AUTO_HBM_SHARE` of when
+            ``sharding.hbm_gb`` is unset (the smallest of the job, ``"rank 1's cuda:1"``): errors
+            and :meth:`describe` name it, as no setting gives it. ``None``: a setting did.
     """
 
     compute_device: str
@@ -89,6 +92,7 @@ class MemoryBudget:
     ddr_bytes: int
     uvm_cache_load_factor: float = 0.2
     hbm_source: str | None = None
+    hbm_gpu: str | None = None
 
     def __post_init__(self) -> None:
         if self.compute_device not in COMPUTE_DEVICES:
@@ -115,11 +119,13 @@ class MemoryBudget:
         uvm_cache_load_factor: float,
         gpu_bytes: int | None = None,
         gpu_setting: str | None = None,
+        gpu_name: str | None = None,
     ) -> MemoryBudget:
         """The budget of the ``sharding`` config group (sizes in GiB). ``hbm_gb=None`` on CUDA:
         :data:`AUTO_HBM_SHARE` of ``gpu_bytes`` (the smallest GPU of the job), which errors
-        attribute to ``gpu_setting`` when a setting gave it (``hbm_source``); on CPU, no HBM."""
-        source = None
+        attribute to ``gpu_setting`` when a setting gave it (``hbm_source``), else to the GPU
+        ``gpu_name`` (``hbm_gpu``); on CPU, no HBM."""
+        source = gpu = None
         if hbm_gb is not None:
             hbm = int(hbm_gb * GIB)
         elif compute_device != "cuda":
@@ -131,18 +137,26 @@ class MemoryBudget:
         else:
             hbm = int(AUTO_HBM_SHARE * gpu_bytes)
             source = gpu_setting
+            gpu = gpu_name if gpu_setting is None else None
         return cls(
             compute_device=compute_device,
             hbm_bytes=hbm,
             ddr_bytes=int(ddr_gb * GIB),
             uvm_cache_load_factor=uvm_cache_load_factor,
             hbm_source=source,
+            hbm_gpu=gpu,
         )
 
     @property
     def hbm_setting(self) -> str:
         """The HBM budget as errors name it: ``sharding.hbm_gb = 2 GiB (...)``, or, unset,
-        ``sharding.hbm_gb (unset: 80% of cluster.gpu_memory_gb=1e-07 GiB = 85 bytes)``."""
+        ``sharding.hbm_gb (unset: 80% of cluster.gpu_memory_gb=1e-07 GiB = 85 bytes)``, or, unset
+        on a real GPU, ``sharding.hbm_gb (unset: 80% of the memory of rank 1's cuda:1 = ...)``."""
+        if self.hbm_gpu is not None:
+            return (
+                f"sharding.hbm_gb (unset: {AUTO_HBM_SHARE:.0%} of the memory of {self.hbm_gpu} = "
+                f"{_gib(self.hbm_bytes)})"
+            )
         if self.hbm_source is None:
             return f"sharding.hbm_gb = {_gib(self.hbm_bytes)}"
         return (
@@ -153,7 +167,9 @@ class MemoryBudget:
     @property
     def hbm_remedy(self) -> str:
         """What to change for more HBM: ``raise sharding.hbm_gb``, or, unset, the setting it is
-        a share of, or set it."""
+        a share of, or set it (at most the memory of the real GPU it is a share of)."""
+        if self.hbm_gpu is not None:
+            return f"set sharding.hbm_gb (at most the memory of {self.hbm_gpu})"
         if self.hbm_source is None:
             return "raise sharding.hbm_gb"
         return f"raise {self.hbm_source.partition('=')[0]} or set sharding.hbm_gb"
@@ -197,11 +213,13 @@ class MemoryBudget:
     def describe(self) -> str:
         if self.compute_device == "cpu":
             return f"cpu: host memory {_gib(self.ddr_bytes)} per rank (no HBM)"
-        share = (
-            f" ({AUTO_HBM_SHARE:.0%} of {self.hbm_source} GiB: sharding.hbm_gb unset)"
-            if self.hbm_source is not None
-            else ""
-        )
+        share = ""
+        if self.hbm_source is not None:
+            share = f" ({AUTO_HBM_SHARE:.0%} of {self.hbm_source} GiB: sharding.hbm_gb unset)"
+        elif self.hbm_gpu is not None:
+            share = (
+                f" ({AUTO_HBM_SHARE:.0%} of the memory of {self.hbm_gpu}: sharding.hbm_gb unset)"
+            )
         return (
             f"cuda: HBM {_gib(self.hbm_bytes)}{share}, host memory {_gib(self.ddr_bytes)} per "
             f"rank, UVM cache load factor {self.uvm_cache_load_factor}"

@@ -96,6 +96,7 @@ def memory_budget(
         ddr_gb=cfg.ddr_gb,
         uvm_cache_load_factor=cfg.uvm_cache_load_factor,
         gpu_bytes=None if smallest is None else smallest[1],
+        gpu_name=None if smallest is None else smallest[0],
     )
     if smallest is not None:
         memory.check_device(*smallest)

@@ -269,6 +269,46 @@ def test_hbm_budget_defaults_to_a_share_of_the_smallest_gpu():
     assert fixed.hbm_bytes == 30 * 1024**3
 
 
+def test_a_budget_of_the_gpus_share_names_the_gpu() -> None:
+    """Reproduced: with sharding.hbm_gb unset (80% of the smallest GPU of the job), a rank whose
+    tables did not fit said "more than sharding.hbm_gb = 1.6 GiB (...) per rank: raise
+    sharding.hbm_gb", a value nobody set, and the plan's budget line (sharding_plan.txt, the flat
+    planner's error) did not say where its HBM came from; a set sharding.hbm_gb is named as
+    before."""
+    gpus = [("rank 0's cuda:0", 4 * 1024**3), ("rank 1's cuda:1", 2 * 1024**3)]
+    auto = memory_budget(ShardingConfig(), "cuda", gpus=gpus)
+    assert auto.describe() == (
+        "cuda: HBM 1.6 GiB (1717986918 bytes) (80% of the memory of rank 1's cuda:1: "
+        "sharding.hbm_gb unset), host memory 128 GiB (137438953472 bytes) per rank, UVM cache "
+        "load factor 0.2"
+    )
+    plan = functools.partial(
+        build_plan,
+        Topology(1, 1),
+        ["a", "b"],
+        [[0, 1]],
+        embedding_dim=16,
+        num_embeddings=[20_000_000] * 2,  # 3.84 GB each with Adam's state
+        sparse_optimizer="adam",
+    )
+    with pytest.raises(ValueError) as err:
+        plan(memory=auto)
+    assert str(err.value).endswith(
+        "the rank's tables and caches take 1.7 GiB (1824000000 bytes) of HBM, more than "
+        "sharding.hbm_gb (unset: 80% of the memory of rank 1's cuda:1 = 1.6 GiB (1717986918 "
+        "bytes)) per rank: set sharding.hbm_gb (at most the memory of rank 1's cuda:1), lower "
+        "sharding.uvm_cache_load_factor, or use more ranks"
+    ), str(err.value)
+    fixed = memory_budget(ShardingConfig(hbm_gb=1.5), "cuda", gpus=gpus)
+    assert fixed.describe().startswith("cuda: HBM 1.5 GiB (1610612736 bytes), host memory")
+    with pytest.raises(ValueError) as err:
+        plan(memory=fixed)
+    assert str(err.value).endswith(
+        "more than sharding.hbm_gb = 1.5 GiB (1610612736 bytes) per rank: raise sharding.hbm_gb, "
+        "lower sharding.uvm_cache_load_factor, or use more ranks"
+    ), str(err.value)
+
+
 def test_hbm_budget_must_fit_in_every_gpu():
     """A budget larger than the smallest GPU can never be kept: refused, naming that rank's GPU,
     its memory and a setting that fits. CPU budgets are not checked against a GPU."""
