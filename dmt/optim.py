@@ -481,7 +481,9 @@ def build_lr_scheduler(
 ) -> LRScheduler:
     """``optimizer``'s LR schedule, ``optim.schedule`` built with the optimizer and the run's
     ``total_steps``. Step it after every optimizer step; the fused sparse optimizer reads its
-    group's LR at the next ``zero_grad``. Its ``state_dict`` goes into checkpoints."""
+    group's LR at the next ``zero_grad``. Its ``state_dict`` goes into checkpoints. A schedule
+    that sets the groups' peak LRs itself (``base_lrs``) is refused unless they keep the
+    proportion of the groups' own (``optim.sparse_lr``, ``optim.lr``, ``optim.tower_lr_scale``)."""
     peaks = [group["lr"] for group in optimizer.param_groups]  # what the schedule should scale
     scheduler = _build(cfg, "schedule", optimizer=optimizer, total_steps=total_steps)
     if not isinstance(scheduler, LRScheduler):
@@ -498,6 +500,22 @@ def build_lr_scheduler(
                 f"{peak:g}); optim.tower_lr_scale needs a schedule that "
                 "multiplies each group's own LR, such as dmt.optim.warmup_decay_schedule"
             )
+    # OneCycleLR's one max_lr trained the tables at the dense LR: optim.sparse_lr went unread
+    scaled = [(peak, base) for peak, base in zip(peaks, scheduler.base_lrs) if peak]
+    # (rel_tol: FBGEMM keeps the tables' LR in float32)
+    close = [
+        math.isclose(base * scaled[0][0], scaled[0][1] * peak, rel_tol=1e-6)
+        for peak, base in scaled
+    ]
+    if not all(close):
+        raise ValueError(
+            f"optim.schedule (_target_={_component(cfg, 'schedule')._target_}) sets the "
+            f"param groups' peak LRs itself ({', '.join(f'{b:g}' for b in scheduler.base_lrs)}), "
+            f"not in the proportion of theirs ({', '.join(f'{p:g}' for p in peaks)}: the "
+            f"tables' optim.sparse_lr={cfg.sparse_lr:g}, the dense optim.lr={cfg.lr:g}); give "
+            "it one LR per param group in that proportion, or use a schedule that multiplies "
+            "each group's own LR, such as dmt.optim.warmup_decay_schedule"
+        )
     return scheduler
 
 
@@ -548,8 +566,18 @@ def check_optim(cfg: OptimConfig) -> None:
     except ValueError as e:  # the class's own range checks ("Invalid weight_decay value: -0.1")
         target = _component(cfg, "sparse")._target_
         raise ValueError(f"optim.sparse (_target_={target}): {e}") from None
-    opt = dense_optimizer([nn.Parameter(torch.zeros(1))], cfg)
-    build_lr_scheduler(opt, cfg, total_steps=1)
+    # combined as the trainer combines them, the tables' group (here an SGD at their LR) first:
+    # a schedule is built over a CombinedOptimizer, whose defaults hold no hyperparameters
+    tables_lr = float(kwargs.get("lr", cfg.sparse_lr))
+    tables = KeyedOptimizerWrapper(
+        {"table": nn.Parameter(torch.zeros(1, 1))},
+        lambda ps: torch.optim.SGD(list(ps), lr=tables_lr),
+    )
+    dense = KeyedOptimizerWrapper(
+        {"dense": nn.Parameter(torch.zeros(1))}, lambda ps: dense_optimizer(list(ps), cfg)
+    )
+    combined = CombinedOptimizer([tables, dense])
+    build_lr_scheduler(combined, cfg, total_steps=1)
 
 
 def restore_lr_scheduler(scheduler: LRScheduler, state: dict[str, Any] | None, step: int) -> None:

@@ -255,6 +255,50 @@ def test_tower_lr_scale_refuses_a_schedule_that_sets_the_peak_lrs(caplog):
     assert "optim.tower_lr_scale=0.1 does nothing: the model has no tower-module" in caplog.text
 
 
+def _one_cycle(*overrides: str, **settings):
+    cfg = typed_config(*overrides).optim
+    cfg.schedule = {"_target_": "torch.optim.lr_scheduler.OneCycleLR", **settings}
+    return cfg
+
+
+def test_a_schedule_the_combined_optimizer_cannot_take_is_refused_before_any_data_is_read():
+    """Reproduced: OneCycleLR (``cycle_momentum`` on, its default) passed the config's check,
+    built over a lone Adam, whose defaults have betas, and failed in the trainer, after the
+    data was read and the tables sharded: the trainer's optimizer is TorchRec's
+    ``CombinedOptimizer``, whose defaults hold no optimizer's hyperparameters. The check builds
+    the schedule over such an optimizer."""
+    from dmt.optim import build_lr_scheduler, build_optimizer, check_optim
+
+    message = "optim.schedule: optimizer must support momentum or beta1 with `cycle_momentum`"
+    cfg = _one_cycle(max_lr=0.003)
+    with pytest.raises(ValueError, match=f"^{message} option enabled$"):
+        build_lr_scheduler(build_optimizer(nn.Linear(2, 1), cfg), cfg, total_steps=10)
+    with pytest.raises(ValueError, match=f"^{message} option enabled$"):
+        check_optim(cfg)
+
+
+def test_a_schedule_that_sets_the_tables_lr_to_the_dense_one_is_refused():
+    """Reproduced: OneCycleLR's one ``max_lr`` set every param group's LR, the fused tables'
+    too: they trained at the dense part's LR (0.05 peak for optim.sparse_lr=0.1), and
+    ``optim.sparse_lr`` was read by nothing, without a word. A schedule that sets the groups'
+    peak LRs is refused unless they keep the proportion of their own (one LR per group)."""
+    from dmt.optim import check_optim
+
+    overrides = ("optim.lr=0.01", "optim.sparse_lr=0.1")
+    cfg = _one_cycle(*overrides, max_lr=0.05, cycle_momentum=False)
+    with pytest.raises(
+        ValueError,
+        match=r"^optim.schedule \(_target_=torch.optim.lr_scheduler.OneCycleLR\) sets the param "
+        r"groups' peak LRs itself \(0.002, 0.002\), not in the proportion of theirs \(0.1, 0.01: "
+        r"the tables' optim.sparse_lr=0.1, the dense optim.lr=0.01\); give it one LR per param "
+        r"group in that proportion",
+    ):
+        check_optim(cfg)
+    check_optim(_one_cycle(*overrides, max_lr=[0.5, 0.05], cycle_momentum=False))
+    check_optim(_one_cycle("optim.lr=0.1", "optim.sparse_lr=0.1", max_lr=0.5, cycle_momentum=False))
+    check_optim(typed_config(*overrides, "optim.schedule.warmup_steps=4").optim)
+
+
 _GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
