@@ -31,6 +31,7 @@ import contextlib
 import copy
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -82,6 +83,9 @@ META_FILE = "meta.json"
 CONFIG_FILE = "config.yaml"
 #: in ``meta.json``: what identifies the rows the run trained on (:func:`check_data_fingerprint`)
 DATA_KEY = "train_data"
+#: in ``meta.json``: the saving attempt's ``train_samples_per_s`` and ``train_loss_last`` so far
+#: (``null``: none), which an attempt that resumes the checkpoint and trains nothing reports
+TRAINING_KEY = "training"
 FORMAT = "dcp-1"
 
 # Config keys a resume may change freely: how the job runs, not what it computes. ``optim.*``,
@@ -428,11 +432,13 @@ class Checkpointer:
         lr_scheduler: dict[str, Any] | None = None,
         ema: DenseEMA | None = None,
         data: dict[str, Any] | None = None,
+        training: dict[str, float] | None = None,
     ) -> Path:
         """Save model, optimizer, data position, RNG and ``ema`` (if given) as
-        ``<root>/step_<step>``, and the LR scheduler's (small, rank-independent) ``state_dict``
-        and the training data's fingerprint ``data`` (:attr:`dmt.data.DataBundle.train_fingerprint`,
-        checked by :func:`check_data_fingerprint`) in ``meta.json``."""
+        ``<root>/step_<step>``, and the LR scheduler's (small, rank-independent) ``state_dict``,
+        the training data's fingerprint ``data`` (:attr:`dmt.data.DataBundle.train_fingerprint`,
+        checked by :func:`check_data_fingerprint`) and the attempt's ``training`` figures
+        (:data:`TRAINING_KEY`; not finite: ``null``) in ``meta.json``."""
         self.wait()
         path = self.root / f"step_{step}"
         # Rank 0 decides (the other ranks may look while it moves a damaged one aside) and every
@@ -470,6 +476,8 @@ class Checkpointer:
             meta["ema_updates"] = ema.num_updates
         if data is not None:
             meta[DATA_KEY] = data
+        if training is not None:
+            meta[TRAINING_KEY] = {k: v if math.isfinite(v) else None for k, v in training.items()}
         if self.async_save and self._staging_fits(state, path):
             # no copying ahead from a GPU, as FileSystemWriter's own stager sets: the staged copy
             # is on the host, and with CUDA the copying-ahead loader would sync a stream of the

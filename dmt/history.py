@@ -134,6 +134,15 @@ class RunHistory:
         return record
 
 
+def start_history(output_dir: Path) -> None:
+    """Make ``output_dir`` and an empty ``history.jsonl`` in it where there is none (a history
+    there is left as it is: :class:`RunHistory` keeps its records up to the resumed step). A
+    run makes it before its first other output: a ``curves.png`` or ``sharding_plan.txt``
+    beside no history is a user's own (:func:`dmt.run_dir.check_outputs`)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / HISTORY_FILE).touch()
+
+
 def read_history(path: Path) -> list[dict[str, Any]]:
     """The records of a ``history.jsonl`` (none if absent); a last line cut off by a crash is
     skipped."""

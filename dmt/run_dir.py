@@ -13,8 +13,9 @@
   ranks before any of them writes there; a restart of the holder's own job waits for it a while
   (:data:`STALE_LOCK_WAIT_S`: on NFS a dead host's lock outlives it). A run that writes
   checkpoints into a ``trainer.checkpoint_dir`` outside its run directory (absolute, or ``..``
-  out of it) holds ``<checkpoint dir>/run.lock`` too, so two live runs never write one
-  checkpoint directory.
+  out of it) holds ``<checkpoint dir>/run.lock`` too, and one whose checkpoint directory is a
+  live run's under another name (inside its run directory, or its outside checkpoint directory)
+  is refused, so two live runs never write one checkpoint directory.
 - **Outputs.** A directory that holds another run's ``metrics.json``, ``history.jsonl`` or
   checkpoints is refused unless this run resumes it (``trainer.resume_from=auto`` or a checkpoint
   inside it or its ``trainer.checkpoint_dir``).
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 
 LOCK_FILE = "run.lock"
 METRICS_FILE = "metrics.json"
+#: the embedding tables' sharding plan, rank 0's (:func:`dmt.sharding.write_sharding_plan`)
+PLAN_FILE = "sharding_plan.txt"
 HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
 STAMP_RESOLVER = "dmt.run_stamp"
 RANK_LOG_RESOLVER = "dmt.rank_log_suffix"
@@ -172,12 +175,12 @@ def _job_id() -> str:
 
 
 class RunDirLock:
-    """An exclusive ``flock`` on ``<run_dir>/run.lock``; the file records the holder.
-    ``others``: the locks of directories outside it that the run writes (its
-    ``trainer.checkpoint_dir``: :func:`claim`), released with it."""
+    """An exclusive ``flock`` on ``<run_dir>/run.lock``; the file records the holder and the
+    ``kind`` of directory (:func:`lock_run_dir`). ``others``: the locks of directories outside
+    it that the run writes (its ``trainer.checkpoint_dir``: :func:`claim`), released with it."""
 
-    def __init__(self, run_dir: Path, fd: int) -> None:
-        self.run_dir, self.fd = run_dir, fd
+    def __init__(self, run_dir: Path, fd: int, kind: str = "run") -> None:
+        self.run_dir, self.fd, self.kind = run_dir, fd, kind
         self.others: list[RunDirLock] = []
 
     def record(self) -> None:
@@ -189,7 +192,7 @@ class RunDirLock:
                 f"pid={os.getpid()} host={socket.gethostname()} job={_job_id()} "
                 f"slurm_job={os.environ.get('SLURM_JOB_ID', '-')} "
                 f"elastic_run={os.environ.get('TORCHELASTIC_RUN_ID', '-')} "
-                f"started={datetime.now().isoformat(timespec='seconds')}\n"
+                f"started={datetime.now().isoformat(timespec='seconds')} kind={self.kind}\n"
             ).encode(),
             0,
         )
@@ -315,7 +318,7 @@ def lock_held(run_dir: Path) -> bool:
     lock_path = run_dir / LOCK_FILE
     try:
         fd = os.open(lock_path, os.O_RDONLY)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # none, or a file where its directory goes
         return False
     try:
         # shared: conflicts with the holder's exclusive lock, allowed on a read-only descriptor
@@ -402,7 +405,7 @@ def lock_run_dir(
     except BaseException:
         os.close(fd)
         raise
-    lock = _HELD[run_dir] = RunDirLock(run_dir, fd)
+    lock = _HELD[run_dir] = RunDirLock(run_dir, fd, kind)
     if record:
         try:
             lock.record()
@@ -490,19 +493,28 @@ def starts_afresh(found: list[str], resume_from: str | None) -> bool:
     return resume_from == "auto" and METRICS_FILE not in found
 
 
+#: what a run writes into its directory that a user may have placed there too, and how dmt's
+#: own is told from it: dmt writes ``history.jsonl`` (empty, when a run starts afresh) before
+#: it draws ``curves.png`` (from that history) or writes ``sharding_plan.txt``
+OWN_BESIDE_HISTORY = (
+    (CURVES_FILE, f"drew there (no {HISTORY_FILE} it was drawn from)"),
+    (PLAN_FILE, f"wrote there (no {HISTORY_FILE}, which a run writes before its plan)"),
+)
+
+
 def check_outputs(run_dir: Path, *, resume_from: str | None, checkpoint_dir: str) -> None:
     """Raise if ``run_dir`` holds another run's outputs and this run does not resume it, or a
-    ``curves.png`` that no run drew there (dmt draws it from ``history.jsonl``): a user's own,
-    which a run would replace."""
+    ``curves.png`` or ``sharding_plan.txt`` that no run wrote there (:data:`OWN_BESIDE_HISTORY`):
+    a user's own, which a run would replace."""
     run_dir = run_dir.absolute()
-    # dmt writes history.jsonl (empty, when a run starts afresh) before it draws curves.png
-    if (run_dir / CURVES_FILE).exists() and not (run_dir / HISTORY_FILE).exists():
-        raise ValueError(
-            f"run directory {run_dir} holds a {CURVES_FILE} that no dmt run drew there (no "
-            f"{HISTORY_FILE} it was drawn from): a run writes its own {CURVES_FILE} there, and "
-            "dmt does not replace a file it did not make; choose another hydra.run.dir (or leave "
-            f"it unset for a new one), or move that {CURVES_FILE} away"
-        )
+    for name, made in OWN_BESIDE_HISTORY:
+        if (run_dir / name).exists() and not (run_dir / HISTORY_FILE).exists():
+            raise ValueError(
+                f"run directory {run_dir} holds a {name} that no dmt run {made}: a run writes "
+                f"its own {name} there, and dmt does not replace a file it did not make; choose "
+                f"another hydra.run.dir (or leave it unset for a new one), or move that {name} "
+                "away"
+            )
     found = outputs_of(run_dir, checkpoint_dir)
     if found and not resumes(run_dir, resume_from, checkpoint_dir):
         if starts_afresh(found, resume_from):
@@ -546,6 +558,40 @@ def checkpoint_dir_outside(run_dir: Path, checkpoint_dir: str) -> Path | None:
     return None if ckpt.is_relative_to(run_dir) else ckpt
 
 
+def check_not_in_live_run(run_dir: Path, checkpoint_dir: str) -> None:
+    """Raise if the checkpoint directory of a run in ``run_dir`` is another live run's
+    directory under another name: inside the run directory of a run (or sweep job) alive now,
+    for one outside ``run_dir`` (``/x/a/checkpoints`` while a run of ``/x/a`` writes its
+    default ``checkpoints`` there); inside ``run_dir``, one that a live run holds as its own
+    outside checkpoint directory (or a directory in it). Either lock alone, the run
+    directory's or the outside checkpoint directory's, kept neither run out. A sweep's lock is
+    none (its jobs' directories are in it), nor is this job's own earlier attempt's
+    (:func:`held_by_another`)."""
+    run_dir = run_dir.resolve()
+    ckpt = (run_dir / checkpoint_dir).resolve()
+    if ckpt.is_relative_to(run_dir):  # the directories between the run directory and it
+        between = [ckpt, *ckpt.parents]
+        around = between[: between.index(run_dir)]
+    else:
+        around = list(ckpt.parents)
+    held = {p.resolve() for p in _HELD}
+    for directory in around:
+        if directory in held or not held_by_another(directory):
+            continue
+        lock_path = directory / LOCK_FILE
+        holder_kind = _holder_fields(lock_path).get("kind", "run")
+        if holder_kind == "sweep":
+            continue
+        if directory == ckpt:
+            raise _in_use(ckpt, lock_path, kind=CHECKPOINT_KIND)
+        what = "checkpoint" if holder_kind == CHECKPOINT_KIND else "run"
+        raise ValueError(
+            f"trainer.checkpoint_dir={ckpt} is inside {what} directory {directory}, in use by "
+            f"another run ({_holder(lock_path)}); choose another trainer.checkpoint_dir, or wait "
+            "until that run has ended"
+        )
+
+
 def claim(
     run_dir: Path,
     *,
@@ -560,11 +606,14 @@ def claim(
     (:func:`checkpoint_dir_outside`) locks that directory too, released with the run
     directory's lock (:attr:`RunDirLock.others`): a second live run there wrote its checkpoints
     beside the first's, failed at a step the first had saved, and moved aside as incomplete a
-    checkpoint the first was still writing."""
+    checkpoint the first was still writing. A checkpoint directory that is another live run's
+    under another name is refused too (:func:`check_not_in_live_run`)."""
 
     def check() -> None:
         check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
 
+    if writes_checkpoints:  # before anything is made
+        check_not_in_live_run(run_dir, checkpoint_dir)
     outside = checkpoint_dir_outside(run_dir, checkpoint_dir) if writes_checkpoints else None
     if outside is None:
         return _check_and_lock(run_dir, check, stale_wait_s=stale_wait_s)

@@ -61,12 +61,12 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim import RowWiseAdagrad
 
 from dmt.config import ShardingConfig
+from dmt.history import start_history
 from dmt.memory import MemoryBudget
+from dmt.run_dir import PLAN_FILE
 from dmt.runtime import Runtime, world_number
 from dmt.sptt.collectives import comm_dtype_of
 from dmt.sptt.dmt_sharding import ShardedDMT
-
-PLAN_FILE = "sharding_plan.txt"
 
 # Tables are never data-parallel: a replica per rank does not scale, and its optimizer state has
 # another layout than a sharded table's, which would tie a checkpoint to the world size that
@@ -523,7 +523,9 @@ def sharding_plan_text(model: nn.Module, memory: MemoryBudget | None = None) -> 
 def write_sharding_plan(
     model: nn.Module, run_dir: Path, *, rank: int, memory: MemoryBudget | None = None
 ) -> None:
-    """Rank 0 writes :func:`sharding_plan_text` to ``run_dir / sharding_plan.txt``."""
+    """Rank 0 writes :func:`sharding_plan_text` to ``run_dir / sharding_plan.txt``, beside a
+    ``history.jsonl`` (:func:`dmt.history.start_history`): what tells dmt's plan from a user's
+    file of that name, which a later run does not replace (:func:`dmt.run_dir.check_outputs`)."""
     if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        start_history(run_dir)
         (run_dir / PLAN_FILE).write_text(sharding_plan_text(model, memory))

@@ -51,7 +51,8 @@ from dmt.tracking import wandb_name, wandb_values
 
 log = logging.getLogger(__name__)
 
-#: ``train_loss_last`` is the mean loss of an attempt's last this many steps
+#: ``train_loss_last`` is the mean loss of an attempt's last this many steps (of an attempt that
+#: trains nothing, its checkpoint's saving attempt's: :meth:`Trainer._earlier_training`)
 LAST_STEPS = 50
 
 
@@ -379,6 +380,21 @@ class Trainer:
             loss_values.extend(losses.cpu().tolist())
             pending.clear()
 
+        def training_figures() -> dict[str, float]:
+            """This attempt's ``train_samples_per_s`` (NaN: it trained nothing) and
+            ``train_loss_last`` so far: what ``metrics.json`` holds at its end, and each of its
+            checkpoints for an attempt that resumes one and trains nothing."""
+            if pending:
+                read_back()
+            samples = (self.step - start_step) * self.cfg.data.batch_size  # global batches
+            last = list(loss_values)[-LAST_STEPS:]  # fewer steps after a resume
+            return {
+                "train_samples_per_s": (
+                    samples / train_time if samples > 0 and train_time > 0 else float("nan")
+                ),
+                "train_loss_last": float(np.mean(last)) if last else float("nan"),
+            }
+
         metrics: dict[str, float] = {}
         train_time = 0.0
         bar = tqdm(
@@ -418,12 +434,12 @@ class Trainer:
                     val, val_step = self.evaluate(self.data.val), self.step
                     self._log_eval(val, "val")
                 if t.checkpoint_every and self.step % t.checkpoint_every == 0:
-                    self.save(epoch, self.step - epoch * per_epoch)
+                    self.save(epoch, self.step - epoch * per_epoch, training_figures())
         bar.close()
         last_epoch, last_batch = divmod(self.step, per_epoch)
         if t.checkpoint and not (t.checkpoint_every and self.step % t.checkpoint_every == 0):
             if self.step > start_step:  # nothing new to save after resuming a finished run
-                self.save(last_epoch, last_batch)
+                self.save(last_epoch, last_batch, training_figures())
         if self.checkpointer is not None:
             self.checkpointer.close()
 
@@ -434,21 +450,14 @@ class Trainer:
         self._log_eval(test, "test")
         metrics.update({f"val_{k}": v for k, v in val.items()})
         metrics.update({f"test_{k}": v for k, v in test.items()})
-        train_samples = (self.step - start_step) * self.cfg.data.batch_size  # global batches
-        # this attempt's throughput (NaN: it trained nothing); the run's samples, a resumed
-        # run's earlier attempts too
-        metrics["train_samples_per_s"] = (
-            train_samples / train_time if train_samples > 0 and train_time > 0 else float("nan")
-        )
+        figures = training_figures()  # this attempt's; the run's samples, earlier attempts too
+        metrics["train_samples_per_s"] = figures["train_samples_per_s"]
         metrics["num_train_samples"] = float(self.step * self.cfg.data.batch_size)
         metrics["num_steps"] = float(self.step)
-        if pending:
-            read_back()
-        last = list(loss_values)[-LAST_STEPS:]  # this attempt's (fewer steps after a resume)
-        metrics["train_loss_last"] = float(np.mean(last)) if last else float("nan")
+        metrics["train_loss_last"] = figures["train_loss_last"]
         if resume is not None and self.step == start_step:
             # nothing trained here: the run's training figures are its last attempt's
-            earlier: list[Any] = [self._earlier_training() if self.rt.is_main else None]
+            earlier: list[Any] = [self._earlier_training(resume) if self.rt.is_main else None]
             if self.rt.world_size > 1:
                 dist.broadcast_object_list(earlier, src=0)
             metrics.update(earlier[0])
@@ -479,18 +488,36 @@ class Trainer:
         towers = self.cfg.model.partition.recorded_towers
         return metrics if towers is None else {**metrics, checkpoint.RECORDED_TOWERS: towers}
 
-    def _earlier_training(self) -> dict[str, float]:
-        """``train_samples_per_s`` and ``train_loss_last`` of this run's ``metrics.json`` if it
-        was written at the current step (an attempt that trained nothing resumed a run that had
-        ended there and has none of its own), else nothing."""
+    def _earlier_training(self, resume: Path) -> dict[str, float]:
+        """``train_samples_per_s`` and ``train_loss_last`` of the attempt that saved ``resume``,
+        the checkpoint of the current step (an attempt that trained nothing resumed a run that
+        had ended there, or was stopped in its final evaluation, and has none of its own): as
+        the checkpoint records them (:data:`dmt.checkpoint.TRAINING_KEY`), else (one saved by
+        an earlier dmt) as this run's ``metrics.json`` does if it was written at that step;
+        nothing, with a warning, where neither does."""
+        keys = ("train_samples_per_s", "train_loss_last")
+        recorded = checkpoint.read_meta(resume).get(checkpoint.TRAINING_KEY)
+        if isinstance(recorded, dict):
+            return {
+                k: float("nan") if recorded.get(k) is None else float(recorded[k]) for k in keys
+            }
         try:
             metrics = json.loads((self.output_dir / "metrics.json").read_text())
         except (OSError, ValueError):
-            return {}
-        if not isinstance(metrics, dict) or metrics.get("num_steps") != float(self.step):
-            return {}
-        keys = ("train_samples_per_s", "train_loss_last")
-        return {k: float(metrics[k]) for k in keys if isinstance(metrics.get(k), int | float)}
+            metrics = None
+        if isinstance(metrics, dict) and metrics.get("num_steps") == float(self.step):
+            return {k: float(metrics[k]) for k in keys if isinstance(metrics.get(k), int | float)}
+        log.warning(
+            "train_loss_last and train_samples_per_s are NaN: this attempt trained nothing "
+            "(checkpoint %s is at the run's last step %d), and neither that checkpoint (saved "
+            "by an earlier dmt) nor a metrics.json of step %d in %s records the figures of the "
+            "attempt that trained to it",
+            resume,
+            self.step,
+            self.step,
+            self.output_dir,
+        )
+        return {}
 
     def checkpoint_root(self) -> Path:
         p = Path(self.cfg.trainer.checkpoint_dir)
@@ -564,7 +591,9 @@ class Trainer:
             raise ValueError(found[2])
         return (None if found[0] is None else Path(found[0])), found[1]
 
-    def save(self, epoch: int, batch_in_epoch: int) -> Path:
+    def save(
+        self, epoch: int, batch_in_epoch: int, training: dict[str, float] | None = None
+    ) -> Path:
         if batch_in_epoch >= self.data.train.num_batches():
             epoch, batch_in_epoch = epoch + 1, 0
         assert self.checkpointer is not None
@@ -578,6 +607,7 @@ class Trainer:
             lr_scheduler=self.lr_scheduler.state_dict(),
             ema=self.ema,
             data=self.data.train_fingerprint,
+            training=training,
         )
 
     def _log_train(self, loss: float, train_time_s: float) -> None:

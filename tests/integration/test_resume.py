@@ -7,14 +7,18 @@ import logging
 import math
 import subprocess
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from dmt import checkpoint
+from dmt.history import read_history
 from dmt.run_dir import check_resume_config
 from dmt.train import train
+from dmt.trainer import LAST_STEPS, Trainer
 from tests.conftest import compose_config, torchrun
 from tests.unit.test_criteo_preprocess import make_rows, write
 
@@ -357,11 +361,65 @@ def test_resuming_a_finished_run_keeps_its_metrics_and_a_resume_counts_all_sampl
     branch = _train(tmp_path / "branch", *args, f"trainer.resume_from={run}/checkpoints/step_4")
     assert branch["num_train_samples"] == 8 * 256
     assert branch["test_auc"] == pytest.approx(first["test_auc"], abs=1e-6)
-    # the finished checkpoint in a run of its own: nothing trained there, and no earlier attempt
-    # of that run to take the figures from: no throughput (it said 0 samples/s), no loss
+    # the finished checkpoint in a run of its own: nothing trained there; the figures of the
+    # attempt that trained to it, which its checkpoint records (once NaN: no metrics.json there)
     ended = _train(tmp_path / "ended", *args, f"trainer.resume_from={run}/checkpoints/step_8")
     assert ended["num_train_samples"] == 8 * 256 and ended["num_steps"] == 8
-    assert math.isnan(ended["train_samples_per_s"]) and math.isnan(ended["train_loss_last"])
+    assert {k: ended[k] for k in training} == {k: first[k] for k in training}
+
+
+class _Killed(Exception):
+    """Stands in for a kill of the process (a preemption, a time limit)."""
+
+
+def test_a_run_killed_in_its_final_evaluation_keeps_its_training_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Reproduced bug: a run killed during its final evaluation, after its last checkpoint, and
+    resumed (trainer.resume_from=auto) trains nothing and wrote train_loss_last and
+    train_samples_per_s NaN: they were read only from a metrics.json of that step, which the
+    killed attempt never wrote. The checkpoint records them: the mean of the killed attempt's
+    last losses (here every step's, all logged) and its throughput, as its metrics.json would
+    have held them. A checkpoint without the record (an earlier dmt's) gives NaN, and says why."""
+    run = tmp_path / "run"
+    args = ("trainer.max_steps=8", "trainer.checkpoint=true", "trainer.log_every=1", *SGD)
+    evaluate = Trainer.evaluate
+
+    def killed_at_test(trainer: Trainer, source: Any) -> dict[str, float]:
+        if source is trainer.data.test:
+            raise _Killed
+        return evaluate(trainer, source)
+
+    monkeypatch.setattr(Trainer, "evaluate", killed_at_test)
+    with pytest.raises(_Killed):
+        _train(run, *args)
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    assert not (run / "metrics.json").exists()
+    losses = [r["train/loss"] for r in read_history(run / "history.jsonl") if "train/loss" in r]
+    assert len(losses) == 8
+    resumed = _train(run, *args, "trainer.resume_from=auto")
+    assert resumed["num_steps"] == 8
+    assert resumed["train_loss_last"] == float(np.mean(losses[-LAST_STEPS:]))
+    step_8 = run / "checkpoints" / "step_8"
+    recorded = checkpoint.read_meta(step_8)[checkpoint.TRAINING_KEY]
+    assert resumed["train_samples_per_s"] == recorded["train_samples_per_s"] > 0
+    assert json.loads((run / "metrics.json").read_text())["train_loss_last"] == float(
+        np.mean(losses)
+    )
+    # an earlier dmt's checkpoint, and no metrics.json of its step: NaN, and why
+    meta = checkpoint.read_meta(step_8)
+    del meta[checkpoint.TRAINING_KEY]
+    (step_8 / checkpoint.META_FILE).write_text(json.dumps(meta))
+    (run / "metrics.json").unlink()
+    with caplog.at_level(logging.WARNING, logger="dmt.trainer"):
+        older = _train(run, *args, "trainer.resume_from=auto")
+    assert math.isnan(older["train_loss_last"]) and math.isnan(older["train_samples_per_s"])
+    assert (
+        "train_loss_last and train_samples_per_s are NaN: this attempt trained nothing "
+        f"(checkpoint {step_8} is at the run's last step 8), and neither that checkpoint (saved "
+        f"by an earlier dmt) nor a metrics.json of step 8 in {run} records the figures of the "
+        "attempt that trained to it"
+    ) in caplog.messages
 
 
 def test_resume_auto_without_a_checkpoint_does_not_replace_a_finished_run(tmp_path: Path) -> None:

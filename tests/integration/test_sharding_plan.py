@@ -11,10 +11,13 @@ from dmt import checkpoint
 from dmt.data import build_data
 from dmt.models.factory import build_dmt_model
 from dmt.optim import sparse_optimizer_spec
+from dmt.run_dir import check_outputs
+from dmt.runtime import close_runtime, init_runtime
 from dmt.sharding import memory_budget
 from dmt.sptt.dmt_sharding import DMTSharder
 from dmt.sptt.topology import Topology
-from dmt.train import train
+from dmt.train import to_config, train
+from dmt.trainer import Trainer
 from tests.conftest import compose_config, typed_config
 
 TINY = [  # on CPU (the plans below are CPU plans); the CUDA test overrides the device
@@ -52,6 +55,20 @@ def test_flat_run_writes_torchrec_plan(tmp_path, one_thread):
             rows.setdefault(line.split("|")[0].strip(), [c.strip() for c in line.split("|")])
     assert sorted(rows) == sorted(f"t_cat_{i}" for i in range(6))
     assert all(cols[2:] == ["fused", "[0]"] for cols in rows.values()), rows
+
+
+def test_a_run_stopped_after_its_plan_leaves_one_its_restart_replaces(tmp_path, one_thread):
+    """The plan goes beside a history.jsonl (empty until the first record), which tells it from a
+    user's own file of that name: a run stopped after writing its plan, before training (its
+    Trainer built, never fit), is restarted there, not refused for a plan no run wrote."""
+    rt = init_runtime("cpu")
+    try:
+        Trainer(to_config(compose_config(*TINY)), rt, tmp_path)
+    finally:
+        close_runtime()
+    assert (tmp_path / "sharding_plan.txt").read_text().startswith("flat TorchRec plan")
+    assert (tmp_path / "history.jsonl").read_text() == ""
+    check_outputs(tmp_path, resume_from=None, checkpoint_dir="checkpoints")
 
 
 def test_sptt_run_writes_its_plan(tmp_path, one_thread):

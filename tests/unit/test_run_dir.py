@@ -285,6 +285,33 @@ def test_a_users_own_curves_png_is_never_replaced(tmp_path):
     check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")  # afresh, warned
 
 
+def test_a_users_own_sharding_plan_is_never_replaced(tmp_path):
+    """Reproduced bug: a fresh run (or resume_from=auto, starting afresh) in a directory holding
+    a sharding_plan.txt of the user's own wrote its plan over it. It is refused now, naming the
+    file, which stays as it was; a plan beside a history.jsonl, which a run writes before its
+    plan (empty until its first record), is a run's, rewritten by its restart or resume."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "sharding_plan.txt").write_text("the user's own\n")
+    for resume_from in (None, "auto"):
+        with pytest.raises(ValueError) as e:
+            check_outputs(run, resume_from=resume_from, checkpoint_dir="checkpoints")
+        assert str(e.value) == (
+            f"run directory {run} holds a sharding_plan.txt that no dmt run wrote there (no "
+            "history.jsonl, which a run writes before its plan): a run writes its own "
+            "sharding_plan.txt there, and dmt does not replace a file it did not make; choose "
+            "another hydra.run.dir (or leave it unset for a new one), or move that "
+            "sharding_plan.txt away"
+        )
+    with pytest.raises(ValueError, match="holds a sharding_plan.txt that no dmt run wrote"):
+        claim_run_dir(run, resume_from=None, checkpoint_dir="checkpoints").__enter__()
+    assert sorted(p.name for p in run.iterdir()) == ["sharding_plan.txt"]
+    assert (run / "sharding_plan.txt").read_text() == "the user's own\n"
+    (run / "history.jsonl").write_text("")  # a run stopped before its first record
+    check_outputs(run, resume_from=None, checkpoint_dir="checkpoints")
+    check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
+
+
 def test_a_resuming_sweep_stops_before_rewriting_jobs_it_would_not_resume(tmp_path):
     """Reproduced bug: a sweep with trainer.resume_from=auto into an earlier sweep's directory
     (jobs with metrics.json, no checkpoint) rewrote each job's .hydra/ record, then failed every
@@ -706,6 +733,82 @@ def test_a_live_run_holds_its_checkpoint_dir_outside_its_run_dir(tmp_path):
     )
     with claim_run_dir(tmp_path / "d", resume_from="auto", checkpoint_dir=str(ckpt)):
         assert lock_held(ckpt) and lock_held(tmp_path / "d")
+
+
+HOLD_SWEEP = (  # holds a sweep directory's lock, as a multirun's submitting process does
+    "import sys, time, pathlib; from dmt.run_dir import lock_run_dir; "
+    "lock_run_dir(pathlib.Path(sys.argv[1]), kind='sweep'); print('locked', flush=True); "
+    "time.sleep(float(sys.argv[2]))"
+)
+
+
+def _started(directory) -> str:
+    return dict(f.split("=", 1) for f in (directory / LOCK_FILE).read_text().split())["started"]
+
+
+def test_a_live_runs_directory_under_another_name_is_not_a_checkpoint_dir(tmp_path):
+    """Reproduced: run a (checkpoints in its run directory, under a's lock) and run b with
+    trainer.checkpoint_dir=<a>/checkpoints both started, b holding a lock of its own in a's
+    checkpoint directory; so did a run whose run directory held a live run's outside checkpoint
+    directory as its own. Both wrote one checkpoint directory. The second is refused at start,
+    naming the directory and its holder, before it makes anything; once the first has ended, as
+    before. A sweep's lock keeps no job's checkpoints out of its directory."""
+    a, ckpt = tmp_path / "a", tmp_path / "a" / "checkpoints"
+    holder = _hold_checkpoints(a, "checkpoints", {}, 300)
+    try:
+        expected = (
+            f"trainer.checkpoint_dir={ckpt} is inside run directory {a}, in use by another run "
+            f"(pid {holder.pid} on host {socket.gethostname()}, started {_started(a)}); choose "
+            "another trainer.checkpoint_dir, or wait until that run has ended"
+        )
+        for checkpoint_dir in (str(ckpt), "../a/checkpoints", str(ckpt / "sub")):
+            with pytest.raises(ValueError) as e:
+                claim(tmp_path / "b", resume_from=None, checkpoint_dir=checkpoint_dir)
+            named = os.path.normpath(tmp_path / "b" / checkpoint_dir)
+            assert str(e.value) == expected.replace(str(ckpt), named, 1)
+        assert not (tmp_path / "b").exists() and not ckpt.exists()
+        # a run that writes no checkpoint there only reads them: not refused
+        with claim_run_dir(
+            tmp_path / "c", resume_from="auto", checkpoint_dir=str(ckpt), writes_checkpoints=False
+        ):
+            assert lock_held(tmp_path / "c")
+    finally:
+        holder.kill()
+        holder.wait()
+    with claim_run_dir(tmp_path / "b", resume_from=None, checkpoint_dir=str(ckpt)):
+        assert lock_held(ckpt)  # as before: its own lock there, a's run has ended
+    # the other way round: a live run's outside checkpoint directory, in this run's directory
+    x = tmp_path / "x"
+    holder = _hold_checkpoints(tmp_path / "d", x / "checkpoints", {}, 300)
+    try:
+        for checkpoint_dir, inside in (("checkpoints", ""), ("checkpoints/sub", "/sub")):
+            with pytest.raises(ValueError) as e:
+                claim(x, resume_from=None, checkpoint_dir=checkpoint_dir)
+            where = (
+                "is in use by another run"
+                if not inside
+                else f"is inside checkpoint directory {x / 'checkpoints'}, in use by another run"
+            )
+            assert str(e.value) == (
+                f"trainer.checkpoint_dir={x / 'checkpoints'}{inside} {where} (pid {holder.pid} "
+                f"on host {socket.gethostname()}, started {_started(x / 'checkpoints')}); choose "
+                "another trainer.checkpoint_dir, or wait until that run has ended"
+            )
+        assert sorted(x.iterdir()) == [x / "checkpoints"]
+        assert sorted((x / "checkpoints").iterdir()) == [x / "checkpoints" / LOCK_FILE]
+    finally:
+        holder.kill()
+        holder.wait()
+    with claim_run_dir(x, resume_from=None, checkpoint_dir="checkpoints"):
+        assert lock_held(x)
+    sweep = tmp_path / "sweep"
+    holder = _holder(HOLD_SWEEP, [str(sweep), "300"], {})
+    try:
+        with claim_run_dir(sweep / "0", resume_from=None, checkpoint_dir=str(sweep / "ckpt_0")):
+            assert lock_held(sweep / "ckpt_0")
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_restart_waits_for_its_earlier_attempts_checkpoint_dir(tmp_path, monkeypatch):
