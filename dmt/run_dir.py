@@ -502,19 +502,24 @@ OWN_BESIDE_HISTORY = (
 )
 
 
+def _users_own(run_dir: Path) -> list[tuple[str, str]]:
+    """The files of :data:`OWN_BESIDE_HISTORY` in ``run_dir`` that no dmt run wrote there."""
+    if (run_dir / HISTORY_FILE).exists():
+        return []
+    return [(name, made) for name, made in OWN_BESIDE_HISTORY if (run_dir / name).exists()]
+
+
 def check_outputs(run_dir: Path, *, resume_from: str | None, checkpoint_dir: str) -> None:
     """Raise if ``run_dir`` holds another run's outputs and this run does not resume it, or a
     ``curves.png`` or ``sharding_plan.txt`` that no run wrote there (:data:`OWN_BESIDE_HISTORY`):
     a user's own, which a run would replace."""
     run_dir = run_dir.absolute()
-    for name, made in OWN_BESIDE_HISTORY:
-        if (run_dir / name).exists() and not (run_dir / HISTORY_FILE).exists():
-            raise ValueError(
-                f"run directory {run_dir} holds a {name} that no dmt run {made}: a run writes "
-                f"its own {name} there, and dmt does not replace a file it did not make; choose "
-                f"another hydra.run.dir (or leave it unset for a new one), or move that {name} "
-                "away"
-            )
+    for name, made in _users_own(run_dir):
+        raise ValueError(
+            f"run directory {run_dir} holds a {name} that no dmt run {made}: a run writes its "
+            f"own {name} there, and dmt does not replace a file it did not make; choose another "
+            f"hydra.run.dir (or leave it unset for a new one), or move that {name} away"
+        )
     found = outputs_of(run_dir, checkpoint_dir)
     if found and not resumes(run_dir, resume_from, checkpoint_dir):
         if starts_afresh(found, resume_from):
@@ -928,6 +933,8 @@ def _job_refused(root: DictConfig, run_dir: Path) -> bool:
     sweep_dir = os.path.abspath(str(OmegaConf.select(root, "hydra.sweep.dir", default="")))
     # a job in the sweep directory itself: its lock is the sweep's, which rank 0 holds
     if os.path.abspath(run_dir) != sweep_dir and held_by_another(run_dir):
+        return True
+    if _users_own(run_dir):  # a user's own file there: the job says which (check_outputs)
         return True
     resume_from = OmegaConf.select(root, "trainer.resume_from", default=None)
     checkpoint_dir = str(OmegaConf.select(root, "trainer.checkpoint_dir", default="checkpoints"))

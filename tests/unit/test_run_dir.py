@@ -28,6 +28,7 @@ from dmt.run_dir import (
     claim,
     claim_run_dir,
     held_by_another,
+    job_refused,
     launch_rank,
     lock_held,
     lock_run_dir,
@@ -310,6 +311,30 @@ def test_a_users_own_sharding_plan_is_never_replaced(tmp_path):
     (run / "history.jsonl").write_text("")  # a run stopped before its first record
     check_outputs(run, resume_from=None, checkpoint_dir="checkpoints")
     check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
+
+
+@pytest.mark.parametrize("name", ["curves.png", "sharding_plan.txt"])
+def test_a_sweep_job_refused_for_a_users_own_file_writes_no_record_there(tmp_path, name):
+    """Reproduced: a multirun job whose directory held a user's own curves.png or
+    sharding_plan.txt was refused by the job's claim (check_outputs) only after Hydra had
+    written its .hydra/ record and log there: job_refused, which sends those elsewhere, did not
+    look for such files. A run's own (beside its history.jsonl) is no reason to refuse."""
+    job = tmp_path / "sweep" / "0"
+    job.mkdir(parents=True)
+    (job / name).write_text("the user's own\n")
+    config = OmegaConf.create(
+        {
+            "hydra": {
+                "mode": "MULTIRUN",
+                "sweep": {"dir": str(tmp_path / "sweep")},
+                "runtime": {"output_dir": str(job)},
+            },
+            "trainer": {"resume_from": None, "checkpoint_dir": "checkpoints"},
+        }
+    )
+    assert job_refused(config)
+    (job / "history.jsonl").write_text("")
+    assert not job_refused(OmegaConf.create(OmegaConf.to_container(config)))  # a fresh cache
 
 
 def test_a_resuming_sweep_stops_before_rewriting_jobs_it_would_not_resume(tmp_path):
