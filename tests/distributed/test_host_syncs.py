@@ -129,3 +129,48 @@ def test_a_training_step_has_no_host_sync_and_only_its_all_to_alls(
             steps |= {"reduce_scatter_tensor", "all_gather_into_tensor"}
         assert set(per_step[0]) - set(SYNCS) <= steps, per_step[0]
         assert per_step[0], "the step's all-to-alls were not seen: is the counting broken?"
+
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINER_FILE = str(Path(DMT_DIR) / "trainer.py")
+
+
+def _fit_collectives(rank: int, world_size: int, out: str) -> dict[str, int]:
+    """The collectives ``dmt/trainer.py`` itself calls in a ``fit`` of 10 steps, logged every 5."""
+    cfg = to_config(compose_config(*BASE, "trainer.max_steps=10", "trainer.log_every=5"))
+    rt = Runtime(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
+    trainer = Trainer(cfg, rt, Path(out))
+    counts: collections.Counter[str] = collections.Counter()
+    originals = {n: getattr(dist, n) for n in COLLECTIVES}
+
+    def counting(name: str) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if sys._getframe(1).f_code.co_filename == TRAINER_FILE:
+                counts[name] += 1
+            return originals[name](*args, **kwargs)
+
+        return wrapper
+
+    try:
+        for n in COLLECTIVES:
+            setattr(dist, n, counting(n))
+        trainer.fit()
+    finally:
+        for n in COLLECTIVES:
+            setattr(dist, n, originals[n])
+    return dict(counts)
+
+
+def test_the_loss_is_read_back_with_one_all_gather_per_log_step_as_the_readme_says(
+    tmp_path: Path,
+) -> None:
+    """Reproduced: the README said the loss read back at a log step is averaged over the ranks
+    with one all-reduce; it is one all-gather (``mean_over_ranks``: summed in rank order)."""
+    results = run_on_ranks(_fit_collectives, 2, str(tmp_path), timeout_s=180, backend="gloo")
+    assert results == [{"all_gather": 2}] * 2  # steps 5 and 10; none from the training steps
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert (
+        "the loss is read back every `trainer.log_every` steps, averaged over the ranks there "
+        "(one all-gather, summed in rank order: `train/loss` is the global batch's at any world "
+        "size)"
+    ) in readme
