@@ -54,6 +54,21 @@ _ROW_EXPECTED = (
     f"(label, {NUM_DENSE} integer features I1..I{NUM_DENSE}, "
     f"{NUM_SPARSE} hexadecimal categorical features C1..C{NUM_SPARSE})"
 )
+#: Said of a line that reads as a valid row without its label column (so a file of them, like
+#: Criteo's Kaggle test.txt, is named as such).
+NO_LABEL_COLUMN = "the label column is missing"
+_KAGGLE_TEST = (
+    "as in Criteo's Kaggle test.txt, whose labels Criteo never published (dmt trains and scores "
+    "labelled rows only)"
+)
+# A tar header (POSIX or GNU) holds "ustar" at byte 257: the first line of a tar archive, such as
+# the one Criteo ships the Kaggle data in (with train.txt, test.txt and readme.txt).
+_TAR_MAGIC, _TAR_MAGIC_AT = b"ustar", 257
+_TAR_HEADER = (
+    "a tar archive's header: the file is a tar archive, like Criteo's Kaggle download (which "
+    "holds train.txt, test.txt and readme.txt), not one TSV file; extract train.txt first "
+    "(tar -xf <archive> train.txt) and give that file"
+)
 
 _ONES = np.uint64(0x0101010101010101)
 _ZEROS_ASCII = np.uint64(0x3030303030303030)
@@ -347,12 +362,14 @@ def describe_row_problem(raw: bytes) -> str | None:
 
     This is the slow, obviously-correct reference for :func:`parse_block`'s checks.
     """
+    if raw[_TAR_MAGIC_AT : _TAR_MAGIC_AT + len(_TAR_MAGIC)] == _TAR_MAGIC:
+        return _TAR_HEADER
     at = next((i for i, c in enumerate(raw) if c < 32 and c != _TAB), None)
     if at is not None:
         return _control_character_problem(raw, at)
     fields = raw.split(b"\t")
     if len(fields) != NUM_FIELDS:
-        return f"found {len(fields)} tab-separated field(s); {_ROW_EXPECTED}"
+        return f"found {len(fields)} tab-separated field(s); {_missing_label(raw)}{_ROW_EXPECTED}"
     if fields[0] not in (b"0", b"1"):
         return f"label is {_show(fields[0])}; {_expected('label')}"
     for name, value in zip(RAW_FIELD_NAMES[1 : 1 + NUM_DENSE], fields[1 : 1 + NUM_DENSE]):
@@ -363,6 +380,17 @@ def describe_row_problem(raw: bytes) -> str | None:
         if len(value) > 8 or any(c not in b"0123456789abcdefABCDEF" for c in value):
             return f"{name} is {_show(value)}; {_expected(name)}"
     return None
+
+
+def _missing_label(raw: bytes) -> str:
+    """``"<why>; "`` for a line of 39 fields that reads as a valid row without its label: that
+    the label column is missing (or, where it also reads as a labelled row short of its last
+    field, that either is); else ``""``."""
+    if raw.count(b"\t") != NUM_FIELDS - 2 or describe_row_problem(b"0\t" + raw) is not None:
+        return ""
+    if describe_row_problem(raw + b"\t") is not None:
+        return f"{NO_LABEL_COLUMN}, {_KAGGLE_TEST}; "
+    return f"one field is missing: the label column, {_KAGGLE_TEST}, or another; "
 
 
 def _expected(name: str) -> str:

@@ -101,6 +101,7 @@ from dmt.data.criteo_config import (
 from dmt.data.criteo_parse import (
     DEFAULT_BLOCK_BYTES,
     MAX_BAD_EXAMPLES,
+    NO_LABEL_COLUMN,
     NUM_DENSE,
     NUM_SPARSE,
     CriteoFormatError,
@@ -1095,6 +1096,11 @@ def _no_rows_message(
         cause = (
             "the file has Windows (CRLF) line endings; convert it first "
             "(dos2unix, or sed -i 's/\\r$//')"
+        )
+    elif any(NO_LABEL_COLUMN in e for e in examples):
+        cause = (
+            "the rows have no label column, like Criteo's Kaggle test.txt (Criteo never "
+            "published its labels): train and score on labelled rows, e.g. train.txt's"
         )
     else:
         cause = "the input is not Criteo TSV (40 tab-separated fields per line)"

@@ -601,6 +601,22 @@ def test_bad_tsv_row_names_file_and_line(criteo_run, tmp_path, capsys) -> None:
     assert "--data '" in capsys.readouterr().err
 
 
+def test_a_file_without_labels_is_refused_naming_it(criteo_run, tmp_path, capsys) -> None:
+    """Bug: ``--data`` Kaggle's test.txt (39 fields: no label column) was refused as 'found 39
+    tab-separated field(s)', without saying that its labels are missing."""
+    root, _, _ = criteo_run
+    tsv = write(tmp_path / "test.txt", ["\t".join(r.split("\t")[1:]) for r in EVAL_ROWS])
+    beside = sorted(root.iterdir())
+    out = tmp_path / "e.json"
+    args = ["--checkpoint", str(root / "run" / "checkpoints"), "--data", str(tsv)]
+    assert main([*args, "--out", str(out), "--no-progress"]) == 1
+    assert (
+        f"dmt-eval: error: {tsv.resolve()}:1: found 39 tab-separated field(s); the label column "
+        "is missing, as in Criteo's Kaggle test.txt, whose labels Criteo never published"
+    ) in capsys.readouterr().err
+    assert not out.exists() and sorted(root.iterdir()) == beside  # nothing written beside prep
+
+
 # -- the Criteo Kaggle sample (../shared/data) ------------------------------------------------
 
 

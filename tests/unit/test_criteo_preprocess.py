@@ -12,6 +12,7 @@ import os
 import random
 import re
 import socket
+import tarfile
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -936,7 +937,10 @@ def _replace(line: str, field: int, value: str) -> str:
 
 
 BAD_ROWS = {
-    "too few fields": ("\t".join(GOOD[0].split("\t")[:39]), "found 39 tab-separated field"),
+    # a labelled row short of its last field reads as one without its label too: either
+    "too few fields": ("\t".join(GOOD[0].split("\t")[:39]), "found 39 tab-separated field(s); one field is missing: the label column, as in Criteo's Kaggle test.txt, whose labels Criteo never published (dmt trains and scores labelled rows only), or another; expected 40"),
+    # Kaggle's test.txt: no label column (reproduced: only "found 39 ... field(s)" was said)
+    "no label column": ("\t".join(GOOD[0].split("\t")[1:]), "found 39 tab-separated field(s); the label column is missing, as in Criteo's Kaggle test.txt, whose labels Criteo never published (dmt trains and scores labelled rows only); expected 40"),
     "too many fields": (GOOD[0] + "\t", "found 41 tab-separated field"),
     "empty line": ("", "found 1 tab-separated field"),
     "float dense": (_replace(GOOD[0], 3, "1.5"), "I3 is '1.5'; expected a decimal integer"),
@@ -1270,6 +1274,60 @@ def test_all_rows_bad_is_an_error_not_an_empty_output(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^no rows: all 40 lines read for the test split"):
         transform_tsv(out, raw, tmp_path / "t", skip_bad_rows=True, progress=False)
     assert not (tmp_path / "t").exists()
+
+
+def test_a_file_without_labels_is_named_as_such_and_nothing_is_written(tmp_path: Path) -> None:
+    """Bug: Criteo's Kaggle test.txt (39 fields: no label column) given as training rows, as a
+    test file mapped through the vocabularies (``data.criteo.test_path``, ``dmt-eval --data``)
+    or with ``skip_bad_rows`` was refused as 'found 39 tab-separated field(s)' or 'not Criteo
+    TSV', without saying that its label column is missing."""
+    rows = make_rows(60, seed=31)
+    raw = write(tmp_path / "test.txt", ["\t".join(r.split("\t")[1:]) for r in rows])
+    labelled = preprocess_criteo(
+        config(tmp_path / "labelled", write(tmp_path / "train.txt", rows)), **SMALL
+    )
+    before = sorted(tmp_path.rglob("*"))
+    missing = (
+        f"{raw.resolve()}:1: found 39 tab-separated field(s); the label column is missing, as in "
+        "Criteo's Kaggle test.txt, whose labels Criteo never published (dmt trains and scores "
+        "labelled rows only); expected 40 tab-separated fields"
+    )
+    with pytest.raises(CriteoFormatError, match=re.escape(missing)):
+        preprocess_criteo(config(tmp_path, raw), **SMALL)
+    with pytest.raises(CriteoFormatError, match=re.escape(missing)):
+        transform_tsv(labelled, raw, progress=False)
+    cause = (
+        "likely cause: the rows have no label column, like Criteo's Kaggle test.txt (Criteo "
+        "never published its labels): train and score on labelled rows, e.g. train.txt's; "
+        f"first: {missing}"
+    )
+    with pytest.raises(ValueError, match=r"^no training rows: all 51 lines .*" + re.escape(cause)):
+        preprocess_criteo(config(tmp_path, raw, skip_bad_rows=True), **SMALL)
+    with pytest.raises(ValueError, match=r"^no rows: all 60 lines .*" + re.escape(cause)):
+        transform_tsv(labelled, raw, skip_bad_rows=True, progress=False)
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written, not even in part
+
+
+@pytest.mark.parametrize("mode", ["w:gz", "w"])
+def test_a_tar_archive_is_named_as_such(tmp_path: Path, mode: str) -> None:
+    """Bug: Criteo's Kaggle download as it comes, a tar archive of readme.txt, test.txt and
+    train.txt, was refused as "label contains the control character b'\\x00'" (its header)."""
+    members = tmp_path / "members"
+    members.mkdir()
+    write(members / "readme.txt", ["made-up rows"])
+    write(members / "train.txt", make_rows(50, seed=32))
+    archive = tmp_path / ("dac.tar.gz" if mode == "w:gz" else "dac.tar")
+    with tarfile.open(archive, mode) as tar:
+        for name in ("readme.txt", "train.txt"):
+            tar.add(members / name, arcname=name)
+    with pytest.raises(CriteoFormatError) as err:
+        preprocess_criteo(config(tmp_path, archive), **SMALL)
+    assert str(err.value) == (
+        f"{archive.resolve()}:1: a tar archive's header: the file is a tar archive, like "
+        "Criteo's Kaggle download (which holds train.txt, test.txt and readme.txt), not one TSV "
+        "file; extract train.txt first (tar -xf <archive> train.txt) and give that file"
+    )
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
 
 
 def test_damaged_output_is_not_up_to_date(tmp_path: Path) -> None:
