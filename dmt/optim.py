@@ -512,9 +512,11 @@ def build_lr_scheduler(
             f"optim.schedule (_target_={_component(cfg, 'schedule')._target_}) sets the "
             f"param groups' peak LRs itself ({', '.join(f'{b:g}' for b in scheduler.base_lrs)}), "
             f"not in the proportion of theirs ({', '.join(f'{p:g}' for p in peaks)}: the "
-            f"tables' optim.sparse_lr={cfg.sparse_lr:g}, the dense optim.lr={cfg.lr:g}); give "
-            "it one LR per param group in that proportion, or use a schedule that multiplies "
-            "each group's own LR, such as dmt.optim.warmup_decay_schedule"
+            f"tables' optim.sparse_lr={cfg.sparse_lr:g}, the dense optim.lr={cfg.lr:g}); use a "
+            "schedule that multiplies each group's own LR, such as "
+            "dmt.optim.warmup_decay_schedule, or set optim.sparse_lr equal to optim.lr (how many "
+            "param groups the tables have depends on the model and its sharding: one LR per "
+            "group cannot be given before they are sharded)"
         )
     return scheduler
 

@@ -612,13 +612,33 @@ def claim(
     directory's lock (:attr:`RunDirLock.others`): a second live run there wrote its checkpoints
     beside the first's, failed at a step the first had saved, and moved aside as incomplete a
     checkpoint the first was still writing. A checkpoint directory that is another live run's
-    under another name is refused too (:func:`check_not_in_live_run`)."""
+    under another name is refused too (:func:`check_not_in_live_run`, before the locks and
+    again once they are taken: two runs started together both passed the first)."""
 
     def check() -> None:
         check_outputs(run_dir, resume_from=resume_from, checkpoint_dir=checkpoint_dir)
 
     if writes_checkpoints:  # before anything is made
         check_not_in_live_run(run_dir, checkpoint_dir)
+    lock, taken = _claim(run_dir, check, checkpoint_dir, stale_wait_s, writes_checkpoints)
+    if writes_checkpoints:  # and again once locked: two runs that started together both passed
+        try:
+            check_not_in_live_run(run_dir, checkpoint_dir)
+        except BaseException:
+            if taken:
+                lock.release()
+            raise
+    return lock, taken
+
+
+def _claim(
+    run_dir: Path,
+    check: Callable[[], None],
+    checkpoint_dir: str,
+    stale_wait_s: float,
+    writes_checkpoints: bool,
+) -> tuple[RunDirLock, bool]:
+    """:func:`claim`'s locks: the run directory's, and its outside checkpoint directory's."""
     outside = checkpoint_dir_outside(run_dir, checkpoint_dir) if writes_checkpoints else None
     if outside is None:
         return _check_and_lock(run_dir, check, stale_wait_s=stale_wait_s)

@@ -22,7 +22,7 @@ from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.train_pipeline import EvalPipelineSparseDist, TrainPipelineSparseDist
 
 from dmt import checkpoint
-from dmt.config import use_pipeline
+from dmt.config import Config, use_pipeline
 from dmt.runtime import close_runtime, init_runtime
 from dmt.train import to_config, train
 from dmt.trainer import LAST_STEPS, Trainer, unwrap
@@ -424,6 +424,42 @@ def test_another_optimizer_is_a_config_not_code(tmp_path):
     tables = [k for k in before if "embedding_bags" in k]
     assert tables and all(not torch.equal(before[k], after[k]) for k in tables)
     assert any(not torch.equal(before[k], after[k]) for k in before if k not in tables)
+
+
+def test_a_schedule_of_its_own_peak_lrs_is_refused_with_a_remedy_a_dmt_model_takes(tmp_path):
+    """Reproduced: the refusal of a schedule that sets the groups' peak LRs out of the
+    proportion of optim.sparse_lr and optim.lr said "give it one LR per param group in that
+    proportion", which no DMT model takes: the config's check builds it over two groups
+    (tables, dense), the trainer over one per table group of the sharded model (five here), so
+    ``max_lr=[0.5, 0.05]`` passed the check and failed in the trainer after the data was read,
+    and five LRs failed the check. Its remedies: a schedule that multiplies each group's LR, or
+    optim.sparse_lr equal to optim.lr (one ``max_lr`` then keeps the proportion)."""
+    from dmt.optim import check_optim  # noqa: PLC0415
+
+    def one_cycle(*overrides: str, max_lr: object) -> Config:
+        conf = to_config(compose_config(*TINY, "experiment=dmt_4t_dlrm", *overrides))
+        conf.optim.schedule = {
+            "_target_": "torch.optim.lr_scheduler.OneCycleLR",
+            "max_lr": max_lr,
+            "cycle_momentum": False,
+        }
+        return conf
+
+    refused = one_cycle("optim.lr=0.01", "optim.sparse_lr=0.1", max_lr=0.05)
+    with pytest.raises(ValueError, match="one LR per group cannot be given") as err:
+        check_optim(refused.optim)
+    assert "give it one LR per param group" not in str(err.value)
+    conf = one_cycle("optim.lr=0.01", "optim.sparse_lr=0.01", "trainer.max_steps=2", max_lr=0.05)
+    check_optim(conf.optim)
+    rt = init_runtime("cpu")
+    try:
+        trainer = Trainer(conf, rt, tmp_path)
+        groups = trainer.optimizer.param_groups
+        assert len(groups) > 2  # not the two of the config's check
+        assert {g["initial_lr"] for g in groups} == {0.05 / 25}  # OneCycleLR's div_factor
+        assert len(trainer.fit().losses) == 2
+    finally:
+        close_runtime()
 
 
 def test_a_finished_job_leaves_no_sharded_model_alive(tmp_path):

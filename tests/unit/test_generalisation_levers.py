@@ -281,7 +281,7 @@ def test_a_schedule_that_sets_the_tables_lr_to_the_dense_one_is_refused():
     """Reproduced: OneCycleLR's one ``max_lr`` set every param group's LR, the fused tables'
     too: they trained at the dense part's LR (0.05 peak for optim.sparse_lr=0.1), and
     ``optim.sparse_lr`` was read by nothing, without a word. A schedule that sets the groups'
-    peak LRs is refused unless they keep the proportion of their own (one LR per group)."""
+    peak LRs is refused unless they keep the proportion of their own."""
     from dmt.optim import check_optim
 
     overrides = ("optim.lr=0.01", "optim.sparse_lr=0.1")
@@ -290,8 +290,11 @@ def test_a_schedule_that_sets_the_tables_lr_to_the_dense_one_is_refused():
         ValueError,
         match=r"^optim.schedule \(_target_=torch.optim.lr_scheduler.OneCycleLR\) sets the param "
         r"groups' peak LRs itself \(0.002, 0.002\), not in the proportion of theirs \(0.1, 0.01: "
-        r"the tables' optim.sparse_lr=0.1, the dense optim.lr=0.01\); give it one LR per param "
-        r"group in that proportion",
+        r"the tables' optim.sparse_lr=0.1, the dense optim.lr=0.01\); use a schedule that "
+        r"multiplies each group's own LR, such as dmt.optim.warmup_decay_schedule, or set "
+        r"optim.sparse_lr equal to optim.lr \(how many param groups the tables have depends on "
+        r"the model and its sharding: one LR per group cannot be given before they are "
+        r"sharded\)$",
     ):
         check_optim(cfg)
     check_optim(_one_cycle(*overrides, max_lr=[0.5, 0.05], cycle_momentum=False))

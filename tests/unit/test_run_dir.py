@@ -836,6 +836,39 @@ def test_a_live_runs_directory_under_another_name_is_not_a_checkpoint_dir(tmp_pa
         holder.wait()
 
 
+def test_two_runs_started_together_never_both_hold_one_checkpoint_dir(tmp_path, monkeypatch):
+    """Reproduced: the check for a checkpoint directory that is a live run's under another name
+    ran before the run's locks were taken; run b (trainer.checkpoint_dir=<a>/checkpoints) that
+    passed it while run a had not yet started, then locked after a had claimed its directory
+    (whose check had found no lock of b's), held its claim beside a's: both wrote one checkpoint
+    directory. Run a starts here between b's check and b's locks: b is refused, naming a."""
+    import dmt.run_dir  # noqa: PLC0415
+
+    a, ckpt = tmp_path / "a", tmp_path / "a" / "checkpoints"
+    started: list[subprocess.Popen] = []
+    outside = dmt.run_dir.checkpoint_dir_outside  # called after the check, before the locks
+
+    def a_starts(*args, **kwargs):
+        if not started:
+            started.append(_hold_checkpoints(a, "checkpoints", {}, 300))
+        return outside(*args, **kwargs)
+
+    monkeypatch.setattr(dmt.run_dir, "checkpoint_dir_outside", a_starts)
+    try:
+        with pytest.raises(ValueError) as e:
+            claim(tmp_path / "b", resume_from=None, checkpoint_dir=str(ckpt))
+        assert str(e.value) == (
+            f"trainer.checkpoint_dir={ckpt} is inside run directory {a}, in use by another run "
+            f"(pid {started[0].pid} on host {socket.gethostname()}, started {_started(a)}); "
+            "choose another trainer.checkpoint_dir, or wait until that run has ended"
+        )
+        assert not lock_held(tmp_path / "b") and not lock_held(ckpt)  # b's locks released
+    finally:
+        for holder in started:
+            holder.kill()
+            holder.wait()
+
+
 def test_a_restart_waits_for_its_earlier_attempts_checkpoint_dir(tmp_path, monkeypatch):
     """A requeued SLURM job whose earlier attempt's host died: its checkpoint directory outside
     its run directory stays locked on NFS until the lease ends, as its run directory does; the
