@@ -7,8 +7,9 @@ import contextlib
 import itertools
 import json
 import logging
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -220,12 +221,17 @@ class Trainer:
             checkpoint.fused_optimizer_step_kept(self.model),
         ):
             batches = itertools.islice(stream, cap if cap > 0 else None)
-            for logits, labels in self._eval_steps(batches):
-                acc.update(click_probabilities(logits), labels)
+            # closed before the stream, also when this loop raises (a KeyboardInterrupt): its
+            # pipeline's reading thread stops first
+            with contextlib.closing(self._eval_steps(batches)) as steps:
+                for logits, labels in steps:
+                    acc.update(click_probabilities(logits), labels)
         self.model.train()
         return acc.sync().compute()
 
-    def _eval_steps(self, batches: Iterator[Batch]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _eval_steps(
+        self, batches: Iterator[Batch]
+    ) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
         """``(logits, labels)`` of every batch on the device. Pipelined (flat models, when
         :func:`~dmt.config.use_pipeline`): TorchRec's ``EvalPipelineSparseDist`` starts batch ``i+1``'s input
         all-to-all during batch ``i``'s forward and is detached at the end, so training can
@@ -243,9 +249,18 @@ class Trainer:
                 yield logits[:rows], batch.labels[:rows]
             return
         labels: collections.deque[torch.Tensor] = collections.deque()  # in the pipeline's order
+        # TorchRec's loading thread reads ``batches`` ahead, and its pipeline's reset does not
+        # wait for it: each read holds ``reading``, and none starts once the pipeline has ended,
+        # so that the caller can close the batches then (closing a generator being read fails,
+        # "generator already executing", and that error replaced the one that ended evaluation)
+        reading, ended = threading.Lock(), threading.Event()
 
         def feed() -> Iterator[Batch]:
-            for batch in batches:
+            while True:
+                with reading:
+                    batch = None if ended.is_set() else next(batches, None)
+                if batch is None:
+                    return
                 labels.append(batch.labels)
                 yield pad_empty_batch(batch)
 
@@ -260,6 +275,8 @@ class Trainer:
                 labels_of = labels.popleft().to(self.rt.device, non_blocking=pin)
                 yield logits[: labels_of.numel()], labels_of
         finally:
+            with reading:  # a read in flight ends first; none starts after
+                ended.set()
             pipeline.reset()
             pipeline.detach()
 

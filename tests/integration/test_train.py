@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -23,6 +24,7 @@ from torchrec.distributed.train_pipeline import EvalPipelineSparseDist, TrainPip
 
 from dmt import checkpoint
 from dmt.config import Config, use_pipeline
+from dmt.metrics import click_probabilities
 from dmt.runtime import close_runtime, init_runtime
 from dmt.train import to_config, train
 from dmt.trainer import LAST_STEPS, Trainer, unwrap
@@ -524,6 +526,61 @@ def test_an_error_in_training_or_evaluation_stops_the_criteo_prefetching_thread(
         # the exception is still held (err), as a multirun holds a failed job's
         assert err.value.__traceback__ is not None
         assert [t for t in threading.enumerate() if t.name == "criteo-prefetch"] == []
+    finally:
+        close_runtime()
+
+
+class _SlowRead:
+    """A split whose batch ``slow`` takes a second to read (a disk, a parser), and that says when
+    its reading starts."""
+
+    def __init__(self, inner, slow: int) -> None:  # type: ignore[no-untyped-def]
+        self.inner, self.slow, self.reading = inner, slow, threading.Event()
+
+    def num_batches(self) -> int:
+        return self.inner.num_batches()
+
+    def batches(self, epoch, start=0):  # type: ignore[no-untyped-def]
+        for i, batch in enumerate(self.inner.batches(epoch, start)):
+            if i == self.slow:
+                self.reading.set()
+                time.sleep(1.0)
+            yield batch
+
+
+@pytest.mark.parametrize("where", ["forward", "metrics"])
+def test_an_error_in_pipelined_evaluation_is_raised_as_itself(tmp_path, monkeypatch, where):
+    """A reproduced bug: TorchRec's eval pipeline reads batches ahead in a thread, and its reset
+    does not wait for it; an evaluation that raised (a batch's forward, or the loop around it: a
+    KeyboardInterrupt) while that thread read the next batch closed the batches under it, and
+    ``ValueError: generator already executing`` replaced the error that ended evaluation."""
+    conf = to_config(
+        compose_config(*TINY, "trainer.pipeline_world_of_one=true", "data.eval_batch_size=128")
+    )
+    try:
+        trainer = Trainer(conf, init_runtime("cpu"), tmp_path)
+        assert isinstance(trainer.eval_pipeline, EvalPipelineSparseDist)
+        # batch 1's forward runs while the pipeline's thread reads batch 3
+        source, calls = _SlowRead(trainer.data.val, slow=3), itertools.count()
+
+        def fail_the_second() -> None:
+            if next(calls) == 1:
+                assert source.reading.wait(10)
+                raise RuntimeError(f"the second {where} failed")
+
+        if where == "forward":
+            linear = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Linear))
+            linear.register_forward_pre_hook(lambda module, inputs: fail_the_second())
+        else:
+
+            def failing(logits: torch.Tensor) -> torch.Tensor:
+                fail_the_second()
+                return click_probabilities(logits)
+
+            monkeypatch.setattr("dmt.trainer.click_probabilities", failing)
+        with pytest.raises(RuntimeError, match=f"^the second {where} failed$"):
+            trainer.evaluate(source)
+        assert trainer.evaluate(trainer.data.val)["num_samples"] == 1024  # the pipeline is whole
     finally:
         close_runtime()
 
