@@ -117,6 +117,26 @@ def test_tp_partition_with_the_wrong_tower_count_is_refused(tmp_path):
         inspect_config(conf)
 
 
+@pytest.mark.parametrize("name", [n for n in DMT_EXPERIMENTS if n.startswith("paper_")])
+def test_every_paper_row_takes_naive_or_tp_towers_of_its_count(tmp_path, name):
+    """README "DMT experiments": each paper row takes ``partition=naive`` or ``partition=tp``,
+    and a partition file of another tower count than the row's is refused. A reproduced bug:
+    the pass-through rows (``paper_sptt_*``, ``paper_dmt_26t_dcn``) set no tower count, so
+    ``partition=naive`` failed and an 8-tower file built 8 towers under the 26-tower row."""
+    towers = EXPECTED[name][0]
+    naive = typed_config(f"experiment={name}", "partition=naive").model.partition
+    assert resolve_partition(naive, NAMES) == [NAMES[t::towers] for t in range(towers)]
+    other = 8 if towers != 8 else 2
+    path = write_partition(tmp_path / "p.yaml", [NAMES[t::other] for t in range(other)])
+    conf = typed_config(f"experiment={name}", "partition=tp", f"model.partition.path={path}")
+    with pytest.raises(
+        ValueError,
+        match=rf"^model.partition.num_towers={towers} but the tp partition in '.*p.yaml' has "
+        rf"{other} towers$",
+    ):
+        resolve_partition(conf.model.partition, NAMES)
+
+
 def test_tp_partition_needs_a_path():
     with pytest.raises(
         ValueError,
