@@ -190,6 +190,77 @@ def check_seeds_argument(argv: Sequence[str]) -> None:
         )
 
 
+def check_scored_runs(argv: Sequence[str]) -> None:
+    """``python -c '...' SCRIPT OUT SEEDS NAME...`` of ``dmt_projection_study.sh`` with
+    ``ROWS=1``, before it trains: exit with ``SCRIPT: why`` where a run's ``pred_val.npz`` or
+    ``pred_test.npz`` in ``OUT/NAME/seed_<S>``, which the study reads rather than scores again,
+    is not that run's scores on its whole split as it ended (:func:`scored_predictions_problem`)."""
+    script, out, text, *names = argv
+    for name in names:
+        for seed in parse_seeds(text):
+            for split in ("val", "test"):
+                why = scored_predictions_problem(Path(out) / name / f"seed_{seed}", split)
+                if why is not None:
+                    raise SystemExit(f"{script}: {why}")
+
+
+def scored_predictions_problem(run_dir: Path, split: str) -> str | None:
+    """Why ``run_dir/pred_<split>.npz`` is not the run's scores on its whole ``split`` as it
+    ended (``dmt-eval --predictions`` of its final checkpoint), by the ``eval_<split>.json``
+    dmt-eval wrote with it and the run's ``metrics.json``: the same file, split, step
+    (``num_steps``) and rows (``<split>_num_samples``); None where it is, or where there is none."""
+    pred = run_dir / f"pred_{split}.npz"
+    if not pred.exists():
+        return None
+    report_path = run_dir / f"eval_{split}.json"
+    again = f"move {pred} and {report_path} away to score the run again"
+    if not (run_dir / "metrics.json").exists():
+        return (
+            f"{pred} is of a run that has not ended (no {run_dir / 'metrics.json'}): it is not "
+            f"the scores of the run's last checkpoint; {again}"
+        )
+    try:
+        report = json.loads(report_path.read_text())
+        metrics = _read_metrics(run_dir / "metrics.json")
+        if not isinstance(report, dict):
+            raise ValueError(f"expected a JSON object, found {type(report).__name__}")
+    except (OSError, ValueError) as e:  # missing, JSONDecodeError, UnicodeDecodeError
+        return (
+            f"{pred}: what it scored cannot be checked ({report_path}, written with it by "
+            f"dmt-eval: {type(e).__name__}: {e}); {again}"
+        )
+    found = {
+        "predictions": Path(str(report.get("predictions"))).name,
+        "data": report.get("data"),
+        "step": report.get("step"),
+        "rows": report.get("rows"),
+    }
+    wanted = {
+        "predictions": pred.name,
+        "data": split,
+        "step": metrics.get("num_steps"),  # the step of the run's last checkpoint
+        "rows": metrics.get(f"{split}_num_samples"),
+    }
+    differences = [
+        f"{key} {_count(found[key])} (the run's: {_count(want)})"
+        for key, want in wanted.items()
+        if want is not None and found[key] != want
+    ]
+    if not differences:
+        return None
+    return (
+        f"{pred} is not run {run_dir}'s scores on its whole {split} split as it ended: "
+        f"{report_path} records {', '.join(differences)}; {again}"
+    )
+
+
+def _count(value: Any) -> str:
+    """A JSON count as it reads (``343.0``: ``343``), anything else as ``repr``."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value)
+
+
 def is_directory_name(name: str) -> bool:
     """Whether ``name`` is one directory's name inside another (no ``/``, not ``.`` or ``..``,
     not empty): a config's runs go to ``<out>/<name>/``, never outside ``<out>``."""

@@ -26,10 +26,13 @@
 #    (OUT/val_auc.txt, OUT/seeds_val_auc.json / .png) and test_auc (OUT/test_auc.txt, and
 #    OUT/seeds.json / seeds.png) with
 #    Mann-Whitney U against the base and between variants. Finished runs are read back.
-# 3. with ROWS=1: every run trains with trainer.checkpoint=true (the same AUCs; another OUT_DIR
-#    than a study without it), dmt-eval scores its checkpoint on val and test with --predictions
-#    (SEED_DIR/pred_{val,test}.npz), and scripts/row_bootstrap.py compares every config with the
-#    base over resampled rows (OUT/rows_{val,test}.json and .txt; README, Forward in time):
+# 3. with ROWS=1 (0 or unset: not): every run trains with trainer.checkpoint=true (the same AUCs;
+#    another OUT_DIR than a study without it), dmt-eval scores its checkpoint on val and test
+#    with --predictions (SEED_DIR/pred_{val,test}.npz; a rerun reads those it finds back, and
+#    refuses, before training, one that its eval_{val,test}.json does not record as the run's
+#    last checkpoint on the whole split), and scripts/row_bootstrap.py compares every config with
+#    the base over resampled rows (OUT/rows_{val,test}.json and .txt; README, Forward in time;
+#    two configs or more):
 #    ROWS=1 ONLY="base tp4_d16_nobias tp8_d16_nobias" bash scripts/dmt_projection_study.sh study/rows 9
 # Needs ../shared/data/criteo-kaggle-sample/train.tsv (preprocessed on first use into data_cache/).
 set -euo pipefail
@@ -39,6 +42,11 @@ SEEDS=${2:-9}
 # the caller's OUT_DIR, made absolute before the cd into the repository (the default is there)
 if [[ -z "$OUT" ]]; then OUT=study/dmt_projection; elif [[ "$OUT" != /* ]]; then OUT="$PWD/$OUT"; fi
 cd "$ROOT"
+case "${ROWS:-}" in  # ROWS=0 is a study without the row tables, as an unset ROWS
+  "" | 0) ROWS="" ;;
+  1) ;;
+  *) echo "ROWS='$ROWS': expected 1 (the row tables) or 0 (none, as unset)" >&2; exit 2 ;;
+esac
 if [[ "$OUT" =~ [[:space:]] ]]; then  # seeds.py splits each config's overrides at whitespace
   echo "OUT_DIR '$OUT' has whitespace; the study's configs name paths in it: choose one without" >&2
   exit 2
@@ -86,6 +94,20 @@ fi
 # training and the partitions
 "$PY" -c 'import sys; from dmt.seeds import check_seeds_argument; check_seeds_argument(sys.argv[1:])' \
   "$(basename "$0")" "$SEEDS" "$(( ${#configs[@]} / 3 ))" || exit 2
+if [[ -n "${ROWS:-}" ]]; then
+  # row_bootstrap.py compares configs: one would train and be scored, then stop there
+  if (( ${#configs[@]} / 3 < 2 )); then
+    echo "ROWS=1 compares configs over the rows (scripts/row_bootstrap.py); ONLY='$ONLY'" \
+      "names one: name two or more" >&2
+    exit 2
+  fi
+  # the predictions a rerun finds are read, not scored again: only those of their run as it
+  # ended, on the whole split (a file of other rows or another checkpoint is refused)
+  scored=()
+  for ((i = 0; i < ${#configs[@]}; i += 3)); do scored+=("${configs[i + 1]}"); done
+  "$PY" -c 'import sys; from dmt.seeds import check_scored_runs; check_scored_runs(sys.argv[1:])' \
+    "$(basename "$0")" "$OUT" "$SEEDS" "${scored[@]}" || exit 2
+fi
 if [[ ! -f "$OUT/base_ckpt/metrics.json" ]]; then
   "$PY" -m dmt.train experiment=criteo_forward_dlrm "$DATA" logger=disabled trainer.progress_bar=false \
     trainer.checkpoint=true trainer.resume_from=auto "hydra.run.dir=$OUT/base_ckpt"

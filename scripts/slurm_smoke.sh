@@ -67,7 +67,8 @@ cleanup() {
         kill "$SWEEP_PID" 2>/dev/null # timeout passes it on to dmt-train
         wait "$SWEEP_PID" 2>/dev/null
     fi
-    if [[ -n "${SLURM_CONF:-}" ]] && [[ -f "$SLURM_CONF" ]]; then
+    # only this cluster's jobs: a SLURM_CONF of the caller's (a real cluster) is not this one
+    if [[ "${SLURM_CONF:-}" == "$TMP/slurm.conf" ]] && [[ -f "$SLURM_CONF" ]]; then
         scancel --quiet --user=root >/dev/null 2>&1
         for _ in $(seq 30); do
             [[ -z "$(squeue -h -o %i 2>/dev/null)" ]] && [[ -z "$(cluster_leftovers)" ]] && break

@@ -458,3 +458,190 @@ def test_slurm_acceptance_takes_a_relative_work_directory_from_the_caller(tmp_pa
     assert cwd == str(caller / "work")
     assert f"hydra.sweep.dir={caller}/work/multirun" in argv
     assert (caller / "work" / "log" / "sweep.log").exists()
+
+
+def _scored_run(run: Path, split: str, **report: object) -> None:
+    """A finished run of 343 steps (11,000 rows a split), scored on ``split`` by dmt-eval: its
+    ``pred_<split>.npz`` and the ``eval_<split>.json`` written with it (``report`` changes it)."""
+    run.mkdir(parents=True, exist_ok=True)
+    metrics = {"val_auc": 0.77, "test_auc": 0.76, "num_steps": 343.0}
+    metrics |= {"val_num_samples": 11000.0, "test_num_samples": 11000.0}
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    (run / f"pred_{split}.npz").write_bytes(b"PK")
+    written = {"checkpoint": str(run / "checkpoints" / "step_343"), "step": 343, "data": split}
+    written |= {"auc": 0.76, "rows": 11000, "predictions": str(run / f"pred_{split}.npz")}
+    (run / f"eval_{split}.json").write_text(json.dumps({**written, **report}))
+
+
+@pytest.mark.parametrize(
+    ("report", "why"),
+    [
+        # reproduced: scored by hand with --max-rows 3000, then read by the study (ROWS=1) as the
+        # run's scores: the row table's difference of the two configs changed sign
+        ({"rows": 3000}, "{eval} records rows 3000 (the run's: 11000)"),
+        ({"step": 100}, "{eval} records step 100 (the run's: 343)"),  # an earlier checkpoint
+        ({"data": "val"}, "{eval} records data 'val' (the run's: 'test')"),
+        ({"predictions": None}, "{eval} records predictions 'None' (the run's: 'pred_test.npz')"),
+    ],
+    ids=["max_rows", "earlier_step", "other_split", "no_predictions"],
+)
+def test_projection_study_refuses_predictions_of_other_rows_or_checkpoints(
+    tmp_path: Path, report: dict[str, object], why: str
+) -> None:
+    """Reproduced: with ROWS=1 a run's pred_{val,test}.npz was read back whenever it existed,
+    whatever checkpoint and rows it scored. One that its eval_<split>.json does not record as
+    the run's last step on the whole split is refused, naming it, before anything trains."""
+    root = _checkout(tmp_path, "dmt_projection_study.sh")
+    caller = tmp_path / "caller"
+    run = caller / "out" / "tp4_d16" / "seed_1"
+    _scored_run(run, "test", **report)
+    result, calls = _run(
+        tmp_path,
+        root / "scripts" / "dmt_projection_study.sh",
+        "out",
+        "2",
+        cwd=caller,
+        env={"ONLY": "base tp4_d16", "ROWS": "1"},
+    )
+    assert result.returncode == 2, result.stderr
+    pred, eval_ = run / "pred_test.npz", run / "eval_test.json"
+    assert result.stderr == (
+        f"dmt_projection_study.sh: {pred} is not run {run}'s scores on its whole test split as "
+        f"it ended: {why.format(eval=eval_)}; move {pred} and {eval_} away to score the run "
+        "again\n"
+    )
+    assert calls == []
+
+
+def test_projection_study_refuses_predictions_it_cannot_check(tmp_path: Path) -> None:
+    """A pred_<split>.npz without the eval_<split>.json dmt-eval writes with it, or of a run
+    that has not ended (no metrics.json: its last checkpoint is yet to come), is refused too."""
+    root = _checkout(tmp_path, "dmt_projection_study.sh")
+    caller = tmp_path / "caller"
+    script = root / "scripts" / "dmt_projection_study.sh"
+    env = {"ONLY": "base tp4_d16", "ROWS": "1"}
+    run = caller / "out" / "base" / "seed_0"
+    _scored_run(run, "val")
+    (run / "eval_val.json").unlink()
+    result, calls = _run(tmp_path, script, "out", "2", cwd=caller, env=env)
+    assert result.returncode == 2 and calls == []
+    pred, eval_ = run / "pred_val.npz", run / "eval_val.json"
+    assert result.stderr.startswith(
+        f"dmt_projection_study.sh: {pred}: what it scored cannot be checked ({eval_}, written "
+        "with it by dmt-eval: FileNotFoundError: "
+    )
+    (run / "metrics.json").unlink()
+    result, calls = _run(tmp_path, script, "out", "2", cwd=caller, env=env)
+    assert result.returncode == 2 and calls == []
+    assert result.stderr == (
+        f"dmt_projection_study.sh: {pred} is of a run that has not ended (no {run}/metrics.json):"
+        f" it is not the scores of the run's last checkpoint; move {pred} and {eval_} away to "
+        "score the run again\n"
+    )
+
+
+def test_projection_study_reads_back_the_predictions_of_its_runs(tmp_path: Path) -> None:
+    """A rerun scores only the runs and splits without predictions; those of a run as it ended,
+    on its whole split, are read back (row_bootstrap.py gets every run's file)."""
+    root = _checkout(tmp_path, "dmt_projection_study.sh")
+    caller = tmp_path / "caller"
+    out = caller / "out"
+    _scored_run(out / "base" / "seed_0", "test")
+    result, calls = _run(
+        tmp_path,
+        root / "scripts" / "dmt_projection_study.sh",
+        "out",
+        "2",
+        cwd=caller,
+        env={"ONLY": "base tp4_d16", "ROWS": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    scored = [_value(c["argv"], "--predictions") for c in calls if c["tool"] == "dmt-eval"]
+    runs = [f"{out}/{name}/seed_{seed}" for name in ("base", "tp4_d16") for seed in (0, 1)]
+    expected = [f"{run}/pred_{split}.npz" for run in runs for split in ("val", "test")]
+    assert scored == [p for p in expected if p != f"{out}/base/seed_0/pred_test.npz"]
+    bootstrap = [c["argv"] for c in calls if c["argv"][:1] == ["scripts/row_bootstrap.py"]]
+    assert [argv[argv.index("--group") + 2] for argv in bootstrap] == [
+        f"{out}/base/seed_0/pred_val.npz",
+        f"{out}/base/seed_0/pred_test.npz",
+    ]
+
+
+def test_projection_study_refuses_rows_of_one_config_before_training(tmp_path: Path) -> None:
+    """Reproduced: ``ROWS=1 ONLY=base ... out 1`` trained the base and scored its runs, then
+    stopped at row_bootstrap.py ("give two --group (or more), or --pair")."""
+    root = _checkout(tmp_path, "dmt_projection_study.sh")
+    result, calls = _run(
+        tmp_path,
+        root / "scripts" / "dmt_projection_study.sh",
+        "out",
+        "1",
+        cwd=tmp_path / "caller",
+        env={"ONLY": "base", "ROWS": "1"},
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        "ROWS=1 compares configs over the rows (scripts/row_bootstrap.py); ONLY='base' names "
+        "one: name two or more\n"
+    )
+    assert calls == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="slurm_smoke.sh needs root (its first check)")
+def test_slurm_smoke_cancels_no_job_of_the_callers_cluster(tmp_path: Path) -> None:
+    """Reproduced: with the caller's SLURM_CONF (a real cluster's) in the environment, a failure
+    before the script's own cluster was configured (here: munged did not start) ran ``scancel
+    --quiet --user=root`` and squeue on the caller's cluster, cancelling every root job there.
+    SLURM's and MUNGE's commands are stand-ins that only record their calls."""
+    root = _checkout(tmp_path, "slurm_smoke.sh")
+    (root / ".venv" / "bin" / "python").unlink()
+    (root / ".venv" / "bin" / "python").symlink_to(sys.executable)  # the free ports, for real
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for tool in ("slurmctld", "slurmd", "munged", "scancel", "squeue", "sinfo"):
+        (bin_ / tool).write_text(
+            f'#!/bin/sh\necho "{tool} $*" >>"{tmp_path}/slurm_calls"\n'
+            f'[ "$1" = -V ] && echo "{tool} 22.05"\nexit 0\n'
+        )
+        (bin_ / tool).chmod(0o755)
+    conf = tmp_path / "their slurm.conf"
+    conf.write_text("ClusterName=theirs\n")
+    env = {"PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_CONF": str(conf)}
+    result, _ = _run(tmp_path, root / "scripts" / "slurm_smoke.sh", cwd=tmp_path, env=env)
+    assert result.returncode == 1
+    assert "[slurm_smoke] FAIL: munged did not start" in result.stderr
+    tools = [line.split()[0] for line in (tmp_path / "slurm_calls").read_text().splitlines()]
+    assert tools == ["slurmctld", "munged", "munged"]  # -V twice, then the daemon
+
+
+@pytest.mark.parametrize(("rows", "checkpoints"), [("0", False), ("", False), ("1", True)])
+def test_projection_study_rows_0_is_a_study_without_row_tables(
+    tmp_path: Path, rows: str, checkpoints: bool
+) -> None:
+    """Reproduced: ``ROWS=0`` ran the row study (any ROWS but an empty one did): its runs
+    trained with trainer.checkpoint=true (other settings than the study without it: its runs
+    refused as another config's), were scored and resampled."""
+    root = _checkout(tmp_path, "dmt_projection_study.sh")
+    result, calls = _run(
+        tmp_path,
+        root / "scripts" / "dmt_projection_study.sh",
+        "out",
+        "2",
+        cwd=tmp_path / "caller",
+        env={"ONLY": "base tp4_d16", "ROWS": rows},
+    )
+    assert result.returncode == 0, result.stderr
+    _, _, seeds = _study_calls(calls)
+    assert all(
+        ("trainer.checkpoint=true" in _value(c["argv"], "--common")) is checkpoints for c in seeds
+    )
+    assert any(c["tool"] == "dmt-eval" for c in calls) is checkpoints
+
+
+def test_projection_study_refuses_a_rows_other_than_0_or_1(tmp_path: Path) -> None:
+    root = _checkout(tmp_path, "dmt_projection_study.sh")
+    script = root / "scripts" / "dmt_projection_study.sh"
+    result, calls = _run(tmp_path, script, "out", "2", cwd=tmp_path / "c", env={"ROWS": "yes"})
+    assert result.returncode == 2
+    assert result.stderr == "ROWS='yes': expected 1 (the row tables) or 0 (none, as unset)\n"
+    assert calls == []
