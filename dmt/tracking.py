@@ -15,7 +15,9 @@ the one point per split and step it has (the summary takes the new values; an at
 them that logged offline, or whose logging stopped, leaves that point in its offline run or
 nowhere, and history.jsonl has it). Tracking does not stop training: an online run that cannot
 start (no API key, no server) logs offline instead, a run that cannot start at all is skipped,
-and a failing wandb service is reported once and logging stops.
+and a failing wandb service is reported once and logging stops. In a job of several ranks, rank 0
+waits for wandb's server at most half of ``trainer.collective_timeout_s`` (wandb's
+``init_timeout``, 90 s by default, bounded): the other ranks wait for rank 0 meanwhile.
 """
 
 from __future__ import annotations
@@ -74,7 +76,12 @@ class WandbLogger:
     points are in it). Build with :func:`open_logger`."""
 
     def __init__(
-        self, cfg: LoggerConfig, config: dict[str, Any], output_dir: Path, group: str | None = None
+        self,
+        cfg: LoggerConfig,
+        config: dict[str, Any],
+        output_dir: Path,
+        group: str | None = None,
+        wait_s: float | None = None,
     ) -> None:
         import wandb  # noqa: PLC0415 (slow import, only when logging)
 
@@ -93,7 +100,11 @@ class WandbLogger:
         if cfg.mode == "online":
             try:  # the run directory's run, continued (wandb resumes online runs only)
                 self.run = wandb.init(
-                    mode="online", id=_run_id(output_dir), resume="allow", **kwargs
+                    mode="online",
+                    id=_run_id(output_dir),
+                    resume="allow",
+                    settings=_online_settings(wandb, wait_s),
+                    **kwargs,
                 )
             except Exception as e:
                 _teardown(wandb)
@@ -154,6 +165,24 @@ def _teardown(wandb: Any) -> None:
         log.debug("wandb.teardown failed", exc_info=True)
 
 
+def _online_settings(wandb: Any, wait_s: float | None) -> Any:
+    """wandb's settings of an online run whose start may take at most ``wait_s`` seconds:
+    its ``init_timeout`` (``WANDB_INIT_TIMEOUT``, 90 s by default) bounded by ``wait_s``;
+    ``None`` (wandb's own) without a bound or within it."""
+    if wait_s is None:
+        return None
+    timeout = float(wandb.setup().settings.init_timeout)
+    if timeout <= wait_s:
+        return None
+    log.info(
+        "wandb's init_timeout %g s bounded to %g s (half of trainer.collective_timeout_s: the "
+        "other ranks wait for rank 0 while it reaches wandb's server)",
+        timeout,
+        wait_s,
+    )
+    return wandb.Settings(init_timeout=wait_s)
+
+
 def _run_id(output_dir: Path) -> str:
     """The online wandb run of ``output_dir``: its id, read from :data:`RUN_ID_FILE`, or a new
     one written there (rank 0 holds the run directory's lock)."""
@@ -176,9 +205,12 @@ def open_logger(
     *,
     is_main: bool,
     group: str | None = None,
+    wait_s: float | None = None,
 ) -> WandbLogger | None:
     """wandb on rank 0 (``None`` elsewhere or with ``logger.mode=disabled``); ``group`` (a
-    Hydra multirun's sweep directory) groups a sweep's points unless ``logger.group`` is set.
+    Hydra multirun's sweep directory) groups a sweep's points unless ``logger.group`` is set;
+    ``wait_s`` bounds the wait for wandb's server of an online run (the other ranks' wait for
+    rank 0: :func:`_online_settings`), after which it logs offline.
     A run that cannot start even offline (a full disk, no wandb service) is logged, and the
     training goes on without wandb (``None``); a ``WANDB_MODE`` that wandb does not know is a
     ``ValueError`` (:func:`dmt.config.wandb_mode_env`)."""
@@ -189,7 +221,7 @@ def open_logger(
         return None
     output_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return WandbLogger(cfg, config, output_dir, group)
+        return WandbLogger(cfg, config, output_dir, group, wait_s)
     except Exception:
         log.exception("wandb could not start a run; training goes on without wandb")
         if "wandb" in sys.modules:  # not when importing wandb itself failed

@@ -148,6 +148,8 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
                 out,
                 is_main=runtime.is_main,
                 group=hydra_info.get("hydra", {}).get("sweep_dir"),
+                # the other ranks wait for rank 0 in their first collective
+                wait_s=t.collective_timeout_s / 2 if runtime.world_size > 1 else None,
             )
             ok = False
             try:

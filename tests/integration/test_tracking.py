@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import wandb
 from omegaconf.errors import InterpolationResolutionError
 
 import dmt.run_dir
@@ -23,7 +24,7 @@ from dmt.config import LoggerConfig
 from dmt.run_dir import lock_run_dir
 from dmt.tracking import RUN_ID_FILE, STEP, WandbLogger, _run_id, open_logger
 from dmt.train import to_config, train
-from tests.conftest import compose_config
+from tests.conftest import compose_config, free_port, torchrun
 
 
 @pytest.fixture(autouse=True)
@@ -113,6 +114,73 @@ def test_an_online_run_without_credentials_logs_offline(
         for r in caplog.records
     ), caplog.text
     assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def _no_server(monkeypatch: pytest.MonkeyPatch) -> str:
+    """An API key for a wandb server nobody serves (a closed loopback port): no network."""
+    url = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", url)
+    return url
+
+
+def _online_timeout(run_dir: Path) -> str:
+    """The timeout the online attempt in ``run_dir`` gave wandb's server (wandb's own log)."""
+    (debug,) = (run_dir / "wandb").glob("run-*/logs/debug.log")
+    (line,) = [line for line in debug.read_text().splitlines() if "second timeout" in line]
+    return line.split("communicating run to backend with ")[1]
+
+
+def test_an_online_run_waits_for_an_unreachable_server_at_most_as_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reproduced bug: rank 0 waited for wandb's server wandb's ``init_timeout`` (90 s),
+    while the other ranks waited for it in their first collective, which failed after a
+    shorter ``trainer.collective_timeout_s`` (the job failed: see the next test). A bound
+    above the user's ``WANDB_INIT_TIMEOUT`` keeps the user's."""
+    _no_server(monkeypatch)
+    for env, wait_s, timeout in ((None, 2.0, "2.0"), ("1", 2.0, "1.0")):
+        if env is not None:
+            monkeypatch.setenv("WANDB_INIT_TIMEOUT", env)
+        wandb.teardown()  # wandb reads its environment when it starts in a process
+        run_dir = tmp_path / f"run{timeout}"
+        with caplog.at_level(logging.INFO, logger="dmt.tracking"):
+            logger = open_logger(
+                LoggerConfig(mode="online"), {}, run_dir, is_main=True, wait_s=wait_s
+            )
+        assert logger is not None
+        try:
+            assert logger.run.settings.mode == "offline"  # the fallback
+        finally:
+            logger.finish()
+        assert _online_timeout(run_dir) == f"{timeout} second timeout"
+    wandb.teardown()  # this environment's settings stay with this test
+    bounded = [r.getMessage() for r in caplog.records if "bounded" in r.getMessage()]
+    assert bounded == [
+        "wandb's init_timeout 90 s bounded to 2 s (half of trainer.collective_timeout_s: the "
+        "other ranks wait for rank 0 while it reaches wandb's server)"
+    ]
+
+
+@pytest.mark.slow  # a 2-rank run under torchrun (about 50 s on 2 shared cores)
+def test_two_ranks_train_on_while_rank_0_cannot_reach_wandbs_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reproduced bug: with ``trainer.collective_timeout_s=30`` the job failed (gloo's "Timed
+    out waiting 30000ms for recv operation" on rank 1) while rank 0 waited 90 s for wandb's
+    server before logging offline. One wandb run, rank 0's, offline."""
+    _no_server(monkeypatch)
+    tiny = ["logger.mode=online", "trainer.progress_bar=false", "data.synthetic.num_train=1024",
+            "data.synthetic.num_val=256", "data.synthetic.num_test=256", "data.batch_size=256",
+            "trainer.collective_timeout_s=30", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    cmd, env = torchrun("-m", "dmt.train", *tiny)
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    run = tmp_path / "run"
+    assert json.loads((run / "metrics.json").read_text())["num_steps"] == 4
+    assert _online_timeout(run) == "15.0 second timeout"
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 1
+    assert len(list((run / "wandb").glob("run-*"))) == 1  # the online attempt, rank 0's
 
 
 _KILL_SERVICE = """
