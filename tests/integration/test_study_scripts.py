@@ -473,6 +473,17 @@ def _scored_run(run: Path, split: str, **report: object) -> None:
     (run / f"eval_{split}.json").write_text(json.dumps({**written, **report}))
 
 
+def _rows_study(
+    tmp_path: Path, seeds: str, only: str, rows: str = "1"
+) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
+    """``ONLY=only ROWS=rows dmt_projection_study.sh out SEEDS`` of a checkout of its own, run
+    in ``tmp_path/caller``; its result and the tools' calls."""
+    root = _checkout(tmp_path, "dmt_projection_study.sh")
+    script = root / "scripts" / "dmt_projection_study.sh"
+    env = {"ONLY": only, "ROWS": rows}
+    return _run(tmp_path, script, "out", seeds, cwd=tmp_path / "caller", env=env)
+
+
 @pytest.mark.parametrize(
     ("report", "why"),
     [
@@ -491,18 +502,9 @@ def test_projection_study_refuses_predictions_of_other_rows_or_checkpoints(
     """Reproduced: with ROWS=1 a run's pred_{val,test}.npz was read back whenever it existed,
     whatever checkpoint and rows it scored. One that its eval_<split>.json does not record as
     the run's last step on the whole split is refused, naming it, before anything trains."""
-    root = _checkout(tmp_path, "dmt_projection_study.sh")
-    caller = tmp_path / "caller"
-    run = caller / "out" / "tp4_d16" / "seed_1"
+    run = tmp_path / "caller" / "out" / "tp4_d16" / "seed_1"
     _scored_run(run, "test", **report)
-    result, calls = _run(
-        tmp_path,
-        root / "scripts" / "dmt_projection_study.sh",
-        "out",
-        "2",
-        cwd=caller,
-        env={"ONLY": "base tp4_d16", "ROWS": "1"},
-    )
+    result, calls = _rows_study(tmp_path, "2", "base tp4_d16")
     assert result.returncode == 2, result.stderr
     pred, eval_ = run / "pred_test.npz", run / "eval_test.json"
     assert result.stderr == (
@@ -543,18 +545,9 @@ def test_projection_study_refuses_predictions_it_cannot_check(tmp_path: Path) ->
 def test_projection_study_reads_back_the_predictions_of_its_runs(tmp_path: Path) -> None:
     """A rerun scores only the runs and splits without predictions; those of a run as it ended,
     on its whole split, are read back (row_bootstrap.py gets every run's file)."""
-    root = _checkout(tmp_path, "dmt_projection_study.sh")
-    caller = tmp_path / "caller"
-    out = caller / "out"
+    out = tmp_path / "caller" / "out"
     _scored_run(out / "base" / "seed_0", "test")
-    result, calls = _run(
-        tmp_path,
-        root / "scripts" / "dmt_projection_study.sh",
-        "out",
-        "2",
-        cwd=caller,
-        env={"ONLY": "base tp4_d16", "ROWS": "1"},
-    )
+    result, calls = _rows_study(tmp_path, "2", "base tp4_d16")
     assert result.returncode == 0, result.stderr
     scored = [_value(c["argv"], "--predictions") for c in calls if c["tool"] == "dmt-eval"]
     runs = [f"{out}/{name}/seed_{seed}" for name in ("base", "tp4_d16") for seed in (0, 1)]
@@ -570,15 +563,7 @@ def test_projection_study_reads_back_the_predictions_of_its_runs(tmp_path: Path)
 def test_projection_study_refuses_rows_of_one_config_before_training(tmp_path: Path) -> None:
     """Reproduced: ``ROWS=1 ONLY=base ... out 1`` trained the base and scored its runs, then
     stopped at row_bootstrap.py ("give two --group (or more), or --pair")."""
-    root = _checkout(tmp_path, "dmt_projection_study.sh")
-    result, calls = _run(
-        tmp_path,
-        root / "scripts" / "dmt_projection_study.sh",
-        "out",
-        "1",
-        cwd=tmp_path / "caller",
-        env={"ONLY": "base", "ROWS": "1"},
-    )
+    result, calls = _rows_study(tmp_path, "1", "base")
     assert result.returncode == 2
     assert result.stderr == (
         "ROWS=1 compares configs over the rows (scripts/row_bootstrap.py); ONLY='base' names "
@@ -621,15 +606,7 @@ def test_projection_study_rows_0_is_a_study_without_row_tables(
     """Reproduced: ``ROWS=0`` ran the row study (any ROWS but an empty one did): its runs
     trained with trainer.checkpoint=true (other settings than the study without it: its runs
     refused as another config's), were scored and resampled."""
-    root = _checkout(tmp_path, "dmt_projection_study.sh")
-    result, calls = _run(
-        tmp_path,
-        root / "scripts" / "dmt_projection_study.sh",
-        "out",
-        "2",
-        cwd=tmp_path / "caller",
-        env={"ONLY": "base tp4_d16", "ROWS": rows},
-    )
+    result, calls = _rows_study(tmp_path, "2", "base tp4_d16", rows)
     assert result.returncode == 0, result.stderr
     _, _, seeds = _study_calls(calls)
     assert all(

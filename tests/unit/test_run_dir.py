@@ -256,61 +256,41 @@ def test_a_stopped_runs_history_is_an_output(tmp_path):
     check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")  # afresh, warned
 
 
-def test_a_users_own_curves_png_is_never_replaced(tmp_path):
-    """Reproduced bug: a fresh run (or resume_from=auto, starting afresh) in a directory holding
-    a curves.png of the user's own (no history.jsonl it was drawn from) drew its curves over it
-    at its first validation. It is refused now, naming the file, which stays as it was; a
-    curves.png beside the history it was drawn from is a run's, as before."""
+@pytest.mark.parametrize(
+    ("name", "made"),
+    [
+        ("curves.png", "drew there (no history.jsonl it was drawn from)"),
+        ("sharding_plan.txt", "wrote there (no history.jsonl, which a run writes before its plan)"),
+    ],
+)
+def test_a_users_own_curves_png_or_sharding_plan_is_never_replaced(tmp_path, name, made):
+    """Reproduced bugs: a fresh run (or resume_from=auto, starting afresh) in a directory holding
+    a curves.png or sharding_plan.txt of the user's own drew its curves (at its first
+    validation) or wrote its plan over it. It is refused now, naming the file, which stays as it
+    was; one beside a history.jsonl, which a run writes first (empty until its first record), is
+    a run's, rewritten by its restart or resume."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "curves.png").write_bytes(b"the user's own")
+    (run / name).write_text("the user's own\n")
     for resume_from in (None, "auto"):
         with pytest.raises(ValueError) as e:
             check_outputs(run, resume_from=resume_from, checkpoint_dir="checkpoints")
         assert str(e.value) == (
-            f"run directory {run} holds a curves.png that no dmt run drew there (no "
-            "history.jsonl it was drawn from): a run writes its own curves.png there, and dmt "
-            "does not replace a file it did not make; choose another hydra.run.dir (or leave it "
-            "unset for a new one), or move that curves.png away"
+            f"run directory {run} holds a {name} that no dmt run {made}: a run writes its own "
+            f"{name} there, and dmt does not replace a file it did not make; choose another "
+            f"hydra.run.dir (or leave it unset for a new one), or move that {name} away"
         )
-    with pytest.raises(ValueError, match="holds a curves.png that no dmt run drew"):
+    with pytest.raises(ValueError, match=f"holds a {re.escape(name)} that no dmt run"):
         claim_run_dir(run, resume_from=None, checkpoint_dir="checkpoints").__enter__()
-    assert (run / "curves.png").read_bytes() == b"the user's own" and not lock_held(run)
-    # a run's curves: beside the history they were drawn from, or an empty one (a run that
-    # started afresh over them, rewriting it, and stopped before its first record)
-    (run / "history.jsonl").write_text("")
+    assert sorted(p.name for p in run.iterdir()) == [name] and not lock_held(run)
+    assert (run / name).read_text() == "the user's own\n"
+    (run / "history.jsonl").write_text("")  # a run stopped before its first record
+    check_outputs(run, resume_from=None, checkpoint_dir="checkpoints")
     check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
     (run / "history.jsonl").write_text('{"step": 50, "train/loss": 0.5}\n')
     with pytest.raises(ValueError, match=re.escape("another run's outputs (history.jsonl)")):
         check_outputs(run, resume_from=None, checkpoint_dir="checkpoints")
     check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")  # afresh, warned
-
-
-def test_a_users_own_sharding_plan_is_never_replaced(tmp_path):
-    """Reproduced bug: a fresh run (or resume_from=auto, starting afresh) in a directory holding
-    a sharding_plan.txt of the user's own wrote its plan over it. It is refused now, naming the
-    file, which stays as it was; a plan beside a history.jsonl, which a run writes before its
-    plan (empty until its first record), is a run's, rewritten by its restart or resume."""
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "sharding_plan.txt").write_text("the user's own\n")
-    for resume_from in (None, "auto"):
-        with pytest.raises(ValueError) as e:
-            check_outputs(run, resume_from=resume_from, checkpoint_dir="checkpoints")
-        assert str(e.value) == (
-            f"run directory {run} holds a sharding_plan.txt that no dmt run wrote there (no "
-            "history.jsonl, which a run writes before its plan): a run writes its own "
-            "sharding_plan.txt there, and dmt does not replace a file it did not make; choose "
-            "another hydra.run.dir (or leave it unset for a new one), or move that "
-            "sharding_plan.txt away"
-        )
-    with pytest.raises(ValueError, match="holds a sharding_plan.txt that no dmt run wrote"):
-        claim_run_dir(run, resume_from=None, checkpoint_dir="checkpoints").__enter__()
-    assert sorted(p.name for p in run.iterdir()) == ["sharding_plan.txt"]
-    assert (run / "sharding_plan.txt").read_text() == "the user's own\n"
-    (run / "history.jsonl").write_text("")  # a run stopped before its first record
-    check_outputs(run, resume_from=None, checkpoint_dir="checkpoints")
-    check_outputs(run, resume_from="auto", checkpoint_dir="checkpoints")
 
 
 @pytest.mark.parametrize("name", ["curves.png", "sharding_plan.txt"])
