@@ -514,7 +514,8 @@ def check_outputs(run_dir: Path, *, resume_from: str | None, checkpoint_dir: str
     ``curves.png`` or ``sharding_plan.txt`` that no run wrote there (:data:`OWN_BESIDE_HISTORY`):
     a user's own, which a run would replace."""
     run_dir = run_dir.absolute()
-    for name, made in _users_own(run_dir):
+    if own := _users_own(run_dir):
+        name, made = own[0]
         raise ValueError(
             f"run directory {run_dir} holds a {name} that no dmt run {made}: a run writes its "
             f"own {name} there, and dmt does not replace a file it did not make; choose another "

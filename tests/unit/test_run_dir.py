@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -682,6 +683,13 @@ def _complete_checkpoint(step) -> None:
     (step / ".metadata").write_bytes(b"")  # DCP's index
 
 
+def _claims_to_read(run: Path, ckpt: Path) -> None:
+    """A run in ``run`` that writes no checkpoint into ``ckpt``, only reads them
+    (``resume_from=auto``), claims its run directory."""
+    with claim_run_dir(run, resume_from="auto", checkpoint_dir=str(ckpt), writes_checkpoints=False):
+        assert lock_held(run)
+
+
 def test_a_live_run_holds_its_checkpoint_dir_outside_its_run_dir(tmp_path):
     """Reproduced: two runs with their own run directories and one absolute
     trainer.checkpoint_dir, started together, both started (the directory was empty); one
@@ -713,11 +721,7 @@ def test_a_live_run_holds_its_checkpoint_dir_outside_its_run_dir(tmp_path):
         assert (ckpt / LOCK_FILE).read_text() == record and sorted(ckpt.iterdir()) == [
             ckpt / LOCK_FILE
         ]
-        # a run that writes no checkpoint there only reads them (resume_from=auto): not held
-        with claim_run_dir(
-            tmp_path / "c", resume_from="auto", checkpoint_dir=str(ckpt), writes_checkpoints=False
-        ):
-            assert lock_held(tmp_path / "c")
+        _claims_to_read(tmp_path / "c", ckpt)  # not held by a run that only reads them
     finally:
         holder.kill()
         holder.wait()
@@ -772,11 +776,7 @@ def test_a_live_runs_directory_under_another_name_is_not_a_checkpoint_dir(tmp_pa
             named = os.path.normpath(tmp_path / "b" / checkpoint_dir)
             assert str(e.value) == expected.replace(str(ckpt), named, 1)
         assert not (tmp_path / "b").exists() and not ckpt.exists()
-        # a run that writes no checkpoint there only reads them: not refused
-        with claim_run_dir(
-            tmp_path / "c", resume_from="auto", checkpoint_dir=str(ckpt), writes_checkpoints=False
-        ):
-            assert lock_held(tmp_path / "c")
+        _claims_to_read(tmp_path / "c", ckpt)  # not refused to a run that only reads them
     finally:
         holder.kill()
         holder.wait()
