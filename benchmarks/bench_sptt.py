@@ -28,7 +28,9 @@ interleaved; speed-ups and byte ratios compare with ``flat`` at the same pipelin
 
 Every mode plans its tables within the same per-rank memory budget (``sharding``'s defaults:
 the same kernels, in the rank's memory or UVM-cached on CUDA). Runs alternate the variants'
-order (run ``k`` starts ``k`` variants later), and a step's time is its slowest rank's.
+order (run ``k`` starts ``k`` variants later), and a step's time is its slowest rank's. Each
+timed step starts after a barrier of the default group; each run also times the same number of
+steps back to back (the window columns), which holds whatever a step leaves running past its end.
 
 Reported per (mode, pipeline, comm_precision): the median over ``--runs`` runs of the median step
 time of each run, and, per step and summed over all ranks, the bytes each process group carries
@@ -41,7 +43,11 @@ the same steps (the trace adds TorchRec's small split-size exchange of step a to
 ``--json FILE`` writes a list of records with ``mode``, ``peer_permute``, ``pipeline``,
 ``comm_precision``, ``world_size``, ``local_world_size``, ``batch_per_rank``, ``ms_per_step``
 (median of the run medians), ``ms_per_step_runs``/``_min``/``_max`` (each run's median step),
-``ms_steps`` (every timed step, the slowest rank's, per run), ``load_avg`` (the 1-minute load
+``ms_steps`` (every timed step, the slowest rank's, per run), ``ms_per_step_window`` (median
+over runs) and ``ms_per_step_window_runs`` (each run then times its ``--iters`` steps again back to
+back, with no barrier between them, as training runs them: the window's time per step, its
+slowest rank's; what a step leaves in flight, such as flat's next-batch input all-to-all under
+TorchRec's pipeline, is inside it), ``load_avg`` (the 1-minute load
 average before and after the timed runs), ``speedup_vs_best_flat`` (the fastest
 ``flat`` record at the same precision, pipelined or not, over this one: the strongest baseline
 measured), ``cross_host_mb`` and ``total_mb`` (traced, per step, summed over ranks) and details.
@@ -478,6 +484,27 @@ def _time_steps(
     return slowest.tolist()
 
 
+def _time_window(
+    step: Callable[[], None], args: argparse.Namespace, cuda: bool, device: torch.device
+) -> float:
+    """The seconds per step of ``--iters`` steps run back to back, as training runs them, between
+    two barriers of the default group (the slowest rank's). No barrier separates the steps, so
+    whatever a step leaves in flight (flat's next-batch input all-to-all, issued by TorchRec's
+    pipeline and waited for in the next step) is inside the window; the one left at its end is
+    waited for by the closing barrier, as the one left by the step before the window is by the
+    opening barrier: the window holds exactly ``--iters`` of each collective."""
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(args.iters):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    dist.barrier()
+    per_step = torch.tensor([(time.perf_counter() - start) / args.iters], device=device)
+    dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
+    return float(per_step.item())
+
+
 def _build(
     args: argparse.Namespace, runtime: Runtime, hosts: Topology, batches: list[Batch]
 ) -> list[Variant]:
@@ -538,11 +565,13 @@ def _main_on_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     variants = _build(args, runtime, hosts, _batches(args, rank, device))
 
     run_steps: dict[str, list[list[float]]] = {v.name: [] for v in variants}
+    run_windows: dict[str, list[float]] = {v.name: [] for v in variants}
     load_before = os.getloadavg()[0]
     for run in range(args.runs):
         shift = run % len(variants)  # each run starts with another variant
         for v in variants[shift:] + variants[:shift]:
             run_steps[v.name].append(_time_steps(v.step, args, cuda, device))
+            run_windows[v.name].append(_time_window(v.step, args, cuda, device))
     load_avg = [load_before, os.getloadavg()[0]]
     run_medians = {name: [statistics.median(r) for r in runs] for name, runs in run_steps.items()}
 
@@ -576,6 +605,8 @@ def _main_on_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
             "ms_per_step_min": min(run_medians[v.name]) * 1e3,
             "ms_per_step_max": max(run_medians[v.name]) * 1e3,
             "ms_steps": [[t * 1e3 for t in r] for r in run_steps[v.name]],
+            "ms_per_step_window": statistics.median(run_windows[v.name]) * 1e3,
+            "ms_per_step_window_runs": [t * 1e3 for t in run_windows[v.name]],
             "load_avg": load_avg,
             "reuse_host_memory": reuse,
             "cross_host_mb": traced["all/bytes_cross_host"] * per_step / 1e6,
@@ -657,6 +688,7 @@ def _report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
         f"measured on {args.trace_steps} steps; load average "
         f"{records[0]['load_avg'][0]:.1f} before, {records[0]['load_avg'][1]:.1f} after",
         f"{'mode pipeline precision':28s} {'ms/step':>9s} {'x flat':>7s} {'x best':>7s} "
+        f"{'win ms':>8s} {'x flat':>7s} "
         f"{'world MB':>9s} "
         f"{'tower MB':>9s} {'peer MB':>9s} {'total MB':>9s} {'cross MB':>9s} {'cross x':>8s} "
         f"{'c MB':>8s}",
@@ -667,13 +699,16 @@ def _report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
         traced = r["traced_bytes_per_step"]
         mb = {g: traced[f"{g}/bytes_sent"] / 1e6 for g in ("world", "tower", "peer")}
         speed = f"{base['ms_per_step'] / r['ms_per_step']:7.2f}" if base else "      -"
+        window = r["ms_per_step_window"]
+        window_speed = f"{base['ms_per_step_window'] / window:7.2f}" if base else "      -"
         best = r.get("speedup_vs_best_flat")
         best_speed = f"{best:7.2f}" if best is not None else "      -"
         cross = r["cross_host_mb"]
         ratio = f"{base['cross_host_mb'] / cross:8.2f}" if base and cross else "       -"
         shuffled = sum(v for k, v in r["bytes_per_step"].items() if k.endswith("/bytes_shuffled"))
         lines.append(
-            f"{_label(r):28s} {r['ms_per_step']:9.2f} {speed} {best_speed} {mb['world']:9.3f} "
+            f"{_label(r):28s} {r['ms_per_step']:9.2f} {speed} {best_speed} {window:8.2f} "
+            f"{window_speed} {mb['world']:9.3f} "
             f"{mb['tower']:9.3f} {mb['peer']:9.3f} {r['total_mb']:9.3f} {cross:9.3f} {ratio} "
             f"{shuffled / 1e6:8.3f}"
         )
@@ -685,7 +720,9 @@ def _report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
     lines.append(
         "x flat: flat ms / mode ms (speed-up), cross x: flat cross-host bytes / mode's, both "
         "against flat at the same pipeline and precision; x best: against the fastest flat at "
-        "the same precision, pipelined or not (the strongest baseline measured). Bytes: "
+        "the same precision, pipelined or not (the strongest baseline measured). win ms: per "
+        "step of the runs' --iters steps back to back (no barrier between them; median of the "
+        "runs), and its x flat. Bytes: "
         "CommTrace (every collective). c MB: bytes step c's peer permute shuffled in memory "
         "(not on a wire)."
     )
@@ -693,7 +730,10 @@ def _report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
     if ratios:
         lines.append(f"dmt compression ratio F N / sum O_t = {ratios[0]:.2f}")
     for r in records:
-        lines.append(f"  {_label(r)}: runs ms/step {[round(t, 2) for t in r['ms_per_step_runs']]}")
+        lines.append(
+            f"  {_label(r)}: runs ms/step {[round(t, 2) for t in r['ms_per_step_runs']]}, "
+            f"back to back {[round(t, 2) for t in r['ms_per_step_window_runs']]}"
+        )
         counted = r["bytes_per_step"]
         for key in sorted(counted):
             if key.startswith("c/") and key.endswith("/calls") and counted[key]:
