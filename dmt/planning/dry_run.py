@@ -277,7 +277,7 @@ class DryRunReport:
     on_meta: list[str] = field(default_factory=list)  # what ran on meta
     on_cpu: list[str] = field(default_factory=list)  # what ran on real CPU tensors
     seconds: float = 0.0  # wall time of both phases
-    max_rss_gb: float = 0.0  # the process's peak resident memory after the run
+    max_rss_gb: float = 0.0  # the process's peak resident memory after the run (GB: 1e9 bytes)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (tuples as lists)."""
@@ -496,7 +496,8 @@ def dry_run(
     else:
         report = _dry_run_sptt(conf, world, cut, batch_size, mode)
     report.seconds = time.perf_counter() - start
-    report.max_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    # ru_maxrss is in KiB (Linux); GB as local_table_gb's, 1e9 bytes
+    report.max_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
     return report
 
 

@@ -6,6 +6,8 @@ is left behind, so the global state cannot leak into other tests.
 
 from __future__ import annotations
 
+import resource
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -104,6 +106,14 @@ def test_dmt_full_size_tables_stay_on_meta():
     rows, cols = zip(*[(r, c) for _, r, c in report.local_shards])
     assert report.local_table_gb == pytest.approx(sum(r * c for r, c in zip(rows, cols)) * 4 / 1e9)
     assert report.local_table_gb > 10 > report.max_rss_gb
+
+
+def test_max_rss_gb_is_the_peak_resident_memory_in_gb():
+    """``max_rss_gb`` is in the GB of ``local_table_gb`` (1e9 bytes): ``getrusage`` gives KiB."""
+    conf = typed_config("experiment=paper_sptt_dlrm", "sptt=on")
+    report = dry_run(conf, world_size=26 * L, local_world_size=L, mode="sptt")
+    peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    assert report.max_rss_gb == pytest.approx(peak_bytes / 1e9, rel=1e-3)
 
 
 @pytest.mark.parametrize("G", [64, 512])
