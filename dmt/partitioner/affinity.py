@@ -163,9 +163,21 @@ class AffinityAccumulator:
                 self._sum[r0 : r0 + rows] += cos.sum(0, dtype=torch.float64)
 
     def result(self) -> np.ndarray:
-        """The affinity ``|mean cos|``: float64 ``(F, F)``, symmetric, values in [0, 1], diag 1."""
+        """The affinity ``|mean cos|``: float64 ``(F, F)``, symmetric, values in [0, 1], diag 1.
+
+        Raises:
+            ValueError: naming the features whose pooled embeddings held NaN or inf.
+        """
         if self._sum is None or self.num_samples == 0:
             raise ValueError("no samples accumulated; call update() with at least one batch")
+        # A NaN or inf in a pooled embedding makes its feature's cosines, its diagonal too, NaN.
+        not_finite = (~torch.isfinite(torch.diagonal(self._sum))).nonzero().flatten().tolist()
+        if not_finite:
+            raise ValueError(
+                f"pooled embeddings of {', '.join(self._name(i) for i in not_finite)} hold NaN or "
+                f"inf in some of the {self.num_samples} samples; the affinity needs finite "
+                "embeddings (a model whose training diverged?)"
+            )
         mean = self._sum / self.num_samples
         mean = ((mean + mean.T) / 2).abs_()
         mean.clamp_(0.0, 1.0).fill_diagonal_(1.0)

@@ -269,7 +269,8 @@ def _parser() -> argparse.ArgumentParser:
         "--max-size-ratio",
         type=float,
         default=1.0,
-        help="largest tower at most this many times the smallest (1: most balanced)",
+        help="largest tower at most this many times the smallest (1: most balanced); with "
+        "--pre-groups, within each pre-group",
     )
     parser.add_argument("--seed", type=int, default=0, help="between 0 and 2**32 - 1")
     parser.add_argument("--embed-dim", type=int, default=2, help="Euclidean embedding dim n >= 1")

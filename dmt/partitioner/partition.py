@@ -349,6 +349,29 @@ def check_partition_arguments(
     return groups, allotted
 
 
+def _warn_unbalanced_across_groups(
+    sizes: Sequence[int],
+    groups: Sequence[Sequence[int]],
+    allotted: Sequence[int],
+    max_size_ratio: float,
+) -> None:
+    """Warn when towers of different pre-groups break ``max_size_ratio`` (and are not the most
+    balanced split, ``floor/ceil(F / T)``, which a flat partition would fall back to)."""
+    smallest, largest = min(sizes), max(sizes)
+    num_features, num_towers = sum(sizes), len(sizes)
+    most_balanced = (
+        largest <= -(-num_features // num_towers) and smallest >= num_features // num_towers
+    )
+    if largest <= max_size_ratio * smallest or most_balanced:
+        return
+    warnings.warn(
+        f"max_size_ratio={max_size_ratio:g} holds within each pre-group only: pre-groups of "
+        f"{[len(group) for group in groups]} features get {list(allotted)} towers, so the towers "
+        f"hold {smallest} to {largest} features (no tower mixes pre-groups)",
+        stacklevel=3,
+    )
+
+
 def partition_hierarchical(
     affinity: np.ndarray,
     num_towers: int,
@@ -367,7 +390,8 @@ def partition_hierarchical(
 
     Towers are allotted to pre-groups in proportion to their size (:func:`allot_towers`); each
     pre-group is then partitioned on its own sub-affinity with :func:`tower_partition`'s
-    pipeline, so no tower mixes pre-groups. ``max_size_ratio`` applies within each pre-group.
+    pipeline, so no tower mixes pre-groups. ``max_size_ratio`` applies within each pre-group;
+    towers of different pre-groups may differ more (a warning says so).
 
     Args:
         affinity: ``(F, F)`` affinity.
@@ -415,8 +439,12 @@ def partition_hierarchical(
         squared_total += total
         first_label += group_towers
     pooled_stress = math.sqrt(squared_error / squared_total) if squared_total > 0 else 0.0
+    towers = canonical_towers(labels)
+    _warn_unbalanced_across_groups(
+        [len(tower) for tower in towers], groups, allotted, max_size_ratio
+    )
     return PartitionResult(
-        towers=canonical_towers(labels),
+        towers=towers,
         strategy=strategy,
         seed=seed,
         stress=pooled_stress,

@@ -6,17 +6,20 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 from sklearn.metrics import adjusted_rand_score
 
 from dmt.partitioner import (
     PartitionResult,
     allot_towers,
     check_partition_arguments,
+    compute_affinity,
     partition_features,
     partition_hierarchical,
     random_partition,
     tower_partition,
 )
+from dmt.partitioner.partition import canonical_towers
 from dmt.partitioner.synthetic import planted_affinity
 
 STEPS = 300  # enough for these sizes; keeps the file fast
@@ -56,6 +59,29 @@ def test_coherent_recovers_planted_blocks(block_sizes, max_size_ratio, seed):
     )
     assert adjusted_rand_score(blocks, result.labels) >= 0.9
     assert_canonical(result.towers, len(blocks))
+
+
+@pytest.mark.parametrize(
+    ("block_sizes", "max_size_ratio"),
+    [([6, 6], 1.0), ([5, 5, 5, 5], 1.0), ([4] * 8, 1.0), ([3, 6, 9, 12], 4.0), ([8, 4, 4, 8], 2.0)],
+)
+@pytest.mark.parametrize("noise", [0.5, 1.5])
+def test_coherent_recovers_blocks_from_pooled_embeddings_exactly(
+    block_sizes, max_size_ratio, noise
+):
+    # Pooled embeddings (B, F, N): in each sample, the features of a block share a random
+    # direction, plus independent noise (within-block affinity about 0.8 at noise 0.5, 0.4 at
+    # 1.5; across blocks about 0.01). affinity -> distance -> embedding -> K-Means must give back
+    # exactly the blocks, with their unequal sizes.
+    generator = torch.Generator().manual_seed(0)
+    blocks = np.repeat(np.arange(len(block_sizes)), block_sizes)
+    blocks = blocks[torch.randperm(len(blocks), generator=generator).numpy()]
+    shared = torch.randn(512, len(block_sizes), 16, generator=generator)
+    pooled = shared[:, blocks] + noise * torch.randn(512, len(blocks), 16, generator=generator)
+    affinity = compute_affinity([pooled])
+    result = tower_partition(affinity, len(block_sizes), max_size_ratio=max_size_ratio, steps=STEPS)
+    assert canonical_towers(blocks) == result.towers
+    assert adjusted_rand_score(blocks, result.labels) == 1.0
 
 
 @pytest.mark.parametrize(("num_blocks", "num_towers"), [(6, 4), (5, 3), (4, 6), (10, 2)])
@@ -182,6 +208,25 @@ def test_hierarchical_allotment_and_errors():
         partition_hierarchical(affinity, 1, groups_ok)
 
 
+def test_hierarchical_warns_when_towers_of_different_pre_groups_break_the_ratio():
+    # Each pre-group holds its ratio, but a pre-group of 10 features with 1 tower and one of 3
+    # with 1 tower make towers of 10 and 3, though max_size_ratio=1 asks for the most balanced.
+    affinity, _ = planted_affinity([13], seed=0)
+    with pytest.warns(UserWarning) as record:
+        result = partition_hierarchical(affinity, 2, [list(range(10)), [10, 11, 12]], steps=50)
+    assert result.sizes == [10, 3]
+    assert [str(w.message) for w in record] == [
+        "max_size_ratio=1 holds within each pre-group only: pre-groups of [10, 3] features get "
+        "[1, 1] towers, so the towers hold 3 to 10 features (no tower mixes pre-groups)"
+    ]
+    # Sizes within the ratio, or the most balanced split (floor/ceil(F / T)), are no news.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        groups = [list(range(7)), list(range(7, 13))]
+        assert partition_hierarchical(affinity, 2, groups, steps=50).sizes == [7, 6]
+        partition_hierarchical(affinity, 2, [list(range(9)), [9, 10, 11, 12]], max_size_ratio=3)
+
+
 @pytest.mark.parametrize(
     ("affinity", "num_towers", "kwargs", "message"),
     [
@@ -227,6 +272,7 @@ def test_seed_and_embed_dim_are_checked_before_any_work(kwargs, message):
         partition_hierarchical(affinity, 2, [list(range(4)), list(range(4, 8))], **kwargs)
 
 
+@pytest.mark.filterwarnings("ignore:max_size_ratio=1 holds within each pre-group only")
 def test_numpy_integer_seed_and_embed_dim_partition_as_python_ints():
     # The checks accept NumPy integers (a seed from np.arange or a Generator), but the embedding
     # handed the seed to torch's manual_seed, which raised "TypeError: an integer is required".

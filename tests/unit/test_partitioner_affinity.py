@@ -116,6 +116,24 @@ def test_accumulator_errors():
     )
 
 
+def test_non_finite_pooled_embeddings_name_the_features():
+    # result() returned NaN rows and columns (not an affinity in [0, 1]), and the error came
+    # only from the partition, naming a matrix entry instead of the features
+    batches = random_batches(seed=2)
+    batches[1][1, 2] = float("nan")
+    batches[2][0, 4, 1] = float("inf")
+    accumulator = AffinityAccumulator([f"cat_{i}" for i in range(6)])
+    for batch in batches:
+        accumulator.update(batch)
+    with pytest.raises(ValueError) as error:
+        accumulator.result()
+    assert str(error.value) == (
+        "pooled embeddings of feature 2 ('cat_2'), feature 4 ('cat_4') hold NaN or inf in some "
+        "of the 15 samples; the affinity needs finite embeddings (a model whose training "
+        "diverged?)"
+    )
+
+
 def test_model_affinity_uses_ebc_outputs():
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from torchrec.datasets.utils import Batch
