@@ -569,17 +569,18 @@ def check_not_in_live_run(run_dir: Path, checkpoint_dir: str) -> None:
     directory under another name: inside the run directory of a run (or sweep job) alive now,
     for one outside ``run_dir`` (``/x/a/checkpoints`` while a run of ``/x/a`` writes its
     default ``checkpoints`` there); inside ``run_dir``, one that a live run holds as its own
-    outside checkpoint directory (or a directory in it). Either lock alone, the run
-    directory's or the outside checkpoint directory's, kept neither run out. A sweep's lock is
-    none (its jobs' directories are in it), nor is this job's own earlier attempt's
-    (:func:`held_by_another`)."""
+    outside checkpoint directory (or a directory in it), or one inside a live run's directory
+    above ``run_dir`` (``/x/a/sub/ckpt`` while a run of ``/x/a`` may write its
+    ``trainer.checkpoint_dir=sub/ckpt`` there: its lock does not say where). Either lock
+    alone, the run directory's or the outside checkpoint directory's, kept neither run out. A
+    sweep's lock is none (its jobs' directories are in it), nor is this job's own earlier
+    attempt's (:func:`held_by_another`)."""
     run_dir = run_dir.resolve()
     ckpt = (run_dir / checkpoint_dir).resolve()
-    if ckpt.is_relative_to(run_dir):  # the directories between the run directory and it
-        between = [ckpt, *ckpt.parents]
-        around = between[: between.index(run_dir)]
-    else:
-        around = list(ckpt.parents)
+    # every directory it is in but the run directory, whose own lock is the run's
+    around = [directory for directory in (ckpt, *ckpt.parents) if directory != run_dir]
+    if not ckpt.is_relative_to(run_dir):  # an outside one is locked itself (:func:`_claim`)
+        around.remove(ckpt)
     held = {p.resolve() for p in _HELD}
     for directory in around:
         if directory in held or not held_by_another(directory):
@@ -591,10 +592,12 @@ def check_not_in_live_run(run_dir: Path, checkpoint_dir: str) -> None:
         if directory == ckpt:
             raise _in_use(ckpt, lock_path, kind=CHECKPOINT_KIND)
         what = "checkpoint" if holder_kind == CHECKPOINT_KIND else "run"
+        nested = run_dir.is_relative_to(directory)  # this run's directory is in it too
+        choose = "hydra.run.dir or trainer.checkpoint_dir" if nested else "trainer.checkpoint_dir"
         raise ValueError(
             f"trainer.checkpoint_dir={ckpt} is inside {what} directory {directory}, in use by "
-            f"another run ({_holder(lock_path)}); choose another trainer.checkpoint_dir, or wait "
-            "until that run has ended"
+            f"another run ({_holder(lock_path)}); choose another {choose}, or wait until that "
+            "run has ended"
         )
 
 

@@ -104,6 +104,13 @@ def job_store(timeout_s: float) -> dist.Store | None:
     )
 
 
+LOST_BEATS = 3
+"""After a collective fails (gloo: ``Connection closed by peer``), a peer whose counter stands
+still for this many heartbeats while the rank waits, beating, is named as its cause: a rank killed
+(SIGKILL, its host lost) beats no more, while the others do, in the same wait or still training,
+and one that failed with an error of its own marks itself done first (:func:`watch_ranks`)."""
+
+
 WATCHED_NEIGHBORS = 8
 """Each rank watches this many ranks on each side of it (in a ring): every rank is watched, and a
 poll reads at most ``2 * WATCHED_NEIGHBORS`` counters however large the job."""
@@ -223,12 +230,37 @@ class Watchdog:
             for r, age in silent
         )
 
-    def check_after_error(self) -> None:
-        """After a failed collective: if a peer has been silent for half the timeout, it is the
-        cause; name it and leave (does not return). Otherwise return and let the error propagate."""
+    def check_after_error(self, error: Exception) -> None:
+        """After a failed collective: if a peer has been silent for half the timeout, or, for an
+        ``error`` of the backend's (a ``RuntimeError``: a peer may be gone), stops beating now
+        (:meth:`lost_peers`), it is the cause; name it and leave (does not return). Otherwise
+        return and let the error propagate."""
         silent = self.silent_peers(self.timeout_s / 2)
+        if not silent and isinstance(error, RuntimeError):
+            silent = self.lost_peers()
         if silent:
             self.fail(self.describe(silent))
+
+    def lost_peers(self) -> list[tuple[int, float]]:
+        """``(rank, seconds without a heartbeat)`` of the running peers whose counters do not
+        move for :data:`LOST_BEATS` heartbeats while this rank beats (call with the thread
+        stopped); ``[]`` as soon as every peer has moved or is done, or when the store does not
+        answer."""
+        try:
+            within(self.store_timeout_s, self.poll)  # what the peers had beaten until now
+            since = time.monotonic()
+            deadline = since + LOST_BEATS * self.interval_s
+            while True:
+                time.sleep(self.interval_s)
+                within(self.store_timeout_s, self.poll)
+                now = time.monotonic()
+                still = [
+                    (r, now - t) for r, (v, t) in self._seen.items() if v < FINISHED and t <= since
+                ]
+                if not still or now >= deadline:
+                    return sorted(still, key=lambda rs: -rs[1])
+        except Exception:  # noqa: BLE001 - the store may be gone with its host: nothing to tell
+            return []
 
     def fail(self, message: str) -> NoReturn:
         """Log ``message``, kill stopped local siblings, end this process with :data:`EXIT_CODE`."""
@@ -347,9 +379,10 @@ def watch_ranks(runtime: Runtime, *, timeout_s: float) -> Iterator[Watchdog | No
     watchdog.start()
     try:
         yield watchdog
-    except Exception:
+    except Exception as e:
         watchdog.stop()
-        watchdog.check_after_error()  # exits if a silent peer explains the error
+        watchdog.check_after_error(e)  # exits if a silent peer explains the error
+        watchdog.finish()  # else the peers' check must not take this rank for a lost one
         raise
     except BaseException:
         watchdog.stop()

@@ -89,16 +89,32 @@ mkdir -p "$WORK/log"
 NAME="dmt-acceptance-$$"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" WANDB_MODE="${WANDB_MODE:-disabled}"
 
+# the SLURM jobs (ids) that submitit's folders (<sweep dir>/.submitit/<job id>/) in sweep
+# directories $@ name, but those of EARLIER: a reused DMT_SLURM_WORK keeps an earlier run's, whose
+# ids SLURM may since have given to other jobs, not this run's to cancel or signal
+our_jobs() {
+    local sweep dir job
+    for sweep in "$@"; do
+        for dir in "$sweep"/.submitit/*/; do
+            job="$(basename "$dir")"
+            [[ -d "$dir" && " $EARLIER " != *" $job "* ]] && echo "$job"
+        done
+    done
+    return 0
+}
+EARLIER=
+EARLIER="$(our_jobs "$WORK"/*/ | tr '\n' ' ')"
+
 BG=
 cleanup() {
-    local rc=$? dir
+    local rc=$? job
     set +e
     if [[ -n "$BG" ]] && kill -0 "$BG" 2>/dev/null; then
         kill "$BG" 2>/dev/null # timeout passes it on
         wait "$BG" 2>/dev/null
     fi
-    for dir in "$WORK"/*/.submitit/*/; do
-        [[ -d "$dir" ]] && scancel --quiet "$(basename "$dir")" 2>/dev/null
+    for job in $(our_jobs "$WORK"/*/); do
+        scancel --quiet "$job" 2>/dev/null
     done
     scancel --quiet --name="$NAME" 2>/dev/null
     log "runs and logs kept in $WORK"
@@ -230,8 +246,8 @@ until [[ -f "$marker" ]]; do
     sleep 0.05
 done
 [[ -f "$marker" ]] || finish "$WORK/log/preempted.log" "preemption: the job ended without $marker"
-job="$(basename "$(find "$PREEMPTED/.submitit" -mindepth 1 -maxdepth 1 -type d | head -n 1)")"
-[[ -n "$job" ]] || fail "preemption: no job under $PREEMPTED/.submitit"
+job="$(our_jobs "$PREEMPTED" | head -n 1)"
+[[ -n "$job" ]] || fail "preemption: no job of this run under $PREEMPTED/.submitit"
 [[ ! -f "$PREEMPTED/0/metrics.json" ]] || fail "preemption: job $job finished before the signal"
 scancel --signal=USR2 "$job" || fail "preemption: could not signal job $job (did it end first?)"
 log "sent SIGUSR2 to job $job"

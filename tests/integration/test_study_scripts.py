@@ -460,6 +460,31 @@ def test_slurm_acceptance_takes_a_relative_work_directory_from_the_caller(tmp_pa
     assert (caller / "work" / "log" / "sweep.log").exists()
 
 
+def test_slurm_acceptance_cancels_only_the_jobs_it_submitted(tmp_path: Path) -> None:
+    """Reproduced: in a reused DMT_SLURM_WORK the script's exit scancelled every job id that
+    submitit's folders there named, an earlier run's too (111_0, 222_0), ids that SLURM may since
+    have given to other jobs. Now only the job this run submitted (333_0), and its job name."""
+    root = _checkout(tmp_path, "slurm_acceptance.sh")
+    work = tmp_path / "work"
+    for earlier in ("multirun/.submitit/111_0", "preempted/.submitit/222_0"):
+        (work / earlier).mkdir(parents=True)
+    env = {**_slurm_stand_ins(tmp_path), "DMT_SLURM_WORK": str(work)}
+    bin_ = tmp_path / "bin"
+    (bin_ / "scancel").write_text(f'#!/bin/sh\necho "$*" >>"{tmp_path}/scancel"\n')
+    (bin_ / "timeout").write_text(  # the sweep submits job 333 (its point 0), then fails
+        "#!/bin/sh\nmkdir -p multirun/.submitit/333_0\necho 'stand-in step failed'\nexit 1\n"
+    )
+    result, _ = _run(tmp_path, root / "scripts" / "slurm_acceptance.sh", cwd=tmp_path, env=env)
+    assert result.returncode == 1
+    assert "FAIL: dmt-train -m hydra/launcher=slurm failed" in result.stderr
+    name = re.search(r"--name=(dmt-acceptance-\d+)", (tmp_path / "scancel").read_text())
+    assert name is not None
+    assert (tmp_path / "scancel").read_text().splitlines() == [
+        "--quiet 333_0",
+        f"--quiet --name={name[1]}",
+    ]
+
+
 def _scored_run(run: Path, split: str, **report: object) -> None:
     """A finished run of 343 steps (11,000 rows a split), scored on ``split`` by dmt-eval: its
     ``pred_<split>.npz`` and the ``eval_<split>.json`` written with it (``report`` changes it)."""

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from dmt.watchdog import EXIT_CODE
-from tests.conftest import REPO, torchrun
+from tests.conftest import REPO, free_port, torchrun
 
 TIMEOUT_S = 20
 MARGIN_S = 40
@@ -102,6 +102,52 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout(tmp_path) -> None:
                 os.kill(pid, signal.SIGCONT)
                 os.kill(pid, signal.SIGKILL)
         job.wait()
+
+
+@pytest.mark.slow
+def test_a_rank_killed_in_a_world_set_by_hand_is_named(tmp_path) -> None:
+    """Reproduced: two ranks started by hand (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), rank 1
+    SIGKILLed in training: rank 0 failed with gloo's "Connection closed by peer
+    [127.0.0.1]:<port>", naming no rank (torchrun and srun name the dead task; here nothing
+    did). Now rank 0 names rank 1 within a few heartbeats and exits with the watchdog's status."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), WORLD_SIZE="2")
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "SLURM_JOB_ID"):
+        env.pop(name, None)
+    cmd = [sys.executable, "-m", "dmt.train", "logger=disabled", "trainer.progress_bar=true"]
+    cmd += ["trainer.epochs=1000", "data.synthetic.num_train=20000", "data.batch_size=256"]
+    cmd += [f"trainer.collective_timeout_s={TIMEOUT_S}", f"hydra.run.dir={tmp_path / 'run'}"]
+    logs = [tmp_path / f"rank{r}.log" for r in range(2)]
+    ranks = []
+    try:
+        for r, path in enumerate(logs):
+            with path.open("w") as log:
+                ranks.append(
+                    subprocess.Popen(
+                        cmd,
+                        cwd=tmp_path,
+                        env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        deadline = time.monotonic() + 180
+        while "train:" not in logs[0].read_text():  # rank 0's progress bar: training is on
+            assert ranks[0].poll() is None and time.monotonic() < deadline, logs[0].read_text()
+            time.sleep(0.5)
+        time.sleep(2)
+        ranks[1].kill()
+        assert ranks[0].wait(timeout=MARGIN_S) == EXIT_CODE, logs[0].read_text()[-3000:]
+        out = logs[0].read_text()
+        assert re.search(
+            r"\[dmt watchdog\] rank 0: rank 1 stopped answering \(no heartbeat for \d+ s; "
+            rf"trainer.collective_timeout_s={TIMEOUT_S}\); ending the job",
+            out,
+        ), out[-3000:]
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
 
 
 STORE = """

@@ -816,6 +816,35 @@ def test_a_live_runs_directory_under_another_name_is_not_a_checkpoint_dir(tmp_pa
         holder.wait()
 
 
+def test_a_run_inside_a_live_runs_directory_is_refused_its_checkpoint_dir(tmp_path):
+    """Reproduced: run a (trainer.checkpoint_dir=sub/ckpt, under a's lock only) and run b in
+    <a>/sub (trainer.checkpoint_dir=ckpt) both started: the check looked only below b's run
+    directory, and both wrote one checkpoint directory. b is refused, naming a's lock, before it
+    makes anything; a's lock does not say where a checkpoints, so any checkpoint directory of b's
+    in a's directory is. One outside a's directory is not: b's own outputs (metrics.json, ...)
+    share no name with a checkpoint's step_N."""
+    a = tmp_path / "a"
+    holder = _hold_checkpoints(a, "sub/ckpt", {}, 300)
+    try:
+        for checkpoint_dir in ("ckpt", "checkpoints"):
+            with pytest.raises(ValueError) as e:
+                claim(a / "sub", resume_from=None, checkpoint_dir=checkpoint_dir)
+            assert str(e.value) == (
+                f"trainer.checkpoint_dir={a / 'sub' / checkpoint_dir} is inside run directory {a}, "
+                f"in use by another run (pid {holder.pid} on host {socket.gethostname()}, started "
+                f"{_started(a)}); choose another hydra.run.dir or trainer.checkpoint_dir, or wait "
+                "until that run has ended"
+            )
+        assert sorted(a.iterdir()) == [a / LOCK_FILE]
+        with claim_run_dir(a / "sub", resume_from=None, checkpoint_dir=str(tmp_path / "ckpt_b")):
+            assert lock_held(a / "sub") and lock_held(tmp_path / "ckpt_b")
+    finally:
+        holder.kill()
+        holder.wait()
+    with claim_run_dir(a / "sub", resume_from=None, checkpoint_dir="ckpt"):
+        assert lock_held(a / "sub")  # as before: a's run has ended
+
+
 def test_two_runs_started_together_never_both_hold_one_checkpoint_dir(tmp_path, monkeypatch):
     """Reproduced: the check for a checkpoint directory that is a live run's under another name
     ran before the run's locks were taken; run b (trainer.checkpoint_dir=<a>/checkpoints) that

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import torch.distributed as dist
 
-from dmt.watchdog import Watchdog, heartbeat_interval, process_state, watched_peers
+from dmt.watchdog import (
+    LOST_BEATS,
+    Watchdog,
+    heartbeat_interval,
+    process_state,
+    watched_peers,
+)
 
 
 def _ranks(server: dist.TCPStore, world_size: int, timeout_s: float) -> list[Watchdog]:
@@ -48,6 +55,38 @@ def test_a_rank_whose_heartbeat_stops_is_named_and_a_finished_one_is_not():
     ranks[0].poll()
     time.sleep(0.6)
     assert [r for r, _ in ranks[0].silent_peers(0.5)] == [2]  # rank 2 went quiet too; 1 is done
+
+
+def test_after_a_failed_collective_a_peer_that_beats_no_more_is_named():
+    """Reproduced: rank 1 of a world set by hand, SIGKILLed in training, was reported by rank 0
+    as gloo's "Connection closed by peer [127.0.0.1]:<port>", naming no rank (the watchdog named
+    only a peer silent for half the timeout). Now rank 0, beating, waits up to LOST_BEATS
+    heartbeats for its peers: rank 1's counter stands still, rank 2's (still training) moves, and
+    rank 1 is named; one that left with its own error marked itself done, and is not."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ranks = _ranks(server, 3, timeout_s=10)  # a heartbeat every 0.5 s
+    for w in ranks:
+        w.poll()
+    stop = threading.Event()
+
+    def rank_2_trains() -> None:
+        while not stop.wait(0.1):
+            ranks[2].poll()
+
+    beating = threading.Thread(target=rank_2_trains)
+    beating.start()
+    try:
+        ranks[0].check_after_error(ValueError("not the backend's"))  # returns: no peer silent
+        start = time.monotonic()
+        lost = ranks[0].lost_peers()  # rank 1 was killed: it beats no more
+        assert [r for r, _ in lost] == [1]
+        assert time.monotonic() - start >= LOST_BEATS * ranks[0].interval_s
+        assert ranks[0].describe(lost).startswith("rank 1 stopped answering (no heartbeat for ")
+        ranks[1].store.add("heartbeat/1", 1 << 40)  # what a rank that failed on its own adds
+        assert ranks[0].lost_peers() == []
+    finally:
+        stop.set()
+        beating.join()
 
 
 def test_heartbeat_interval_and_process_state():
