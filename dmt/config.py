@@ -449,8 +449,8 @@ class LoggerConfig:
     """Weights & Biases logging (rank 0 only)."""
 
     mode: str = "offline"  # online, offline or disabled (conf/logger/wandb.yaml: WANDB_MODE if set)
-    project: str = "dmt"  # wandb project
-    entity: str | None = None  # wandb entity (team)
+    project: str | None = None  # wandb project (None: the environment's WANDB_PROJECT, else dmt)
+    entity: str | None = None  # wandb entity (team; None: WANDB_ENTITY, else wandb's default)
     name: str | None = None  # run name (default: wandb's)
     group: str | None = None  # run group (default: the sweep directory in a Hydra multirun)
     tags: list[str] = field(default_factory=list)  # run tags

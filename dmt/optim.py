@@ -568,18 +568,41 @@ def check_optim(cfg: OptimConfig) -> None:
     except ValueError as e:  # the class's own range checks ("Invalid weight_decay value: -0.1")
         target = _component(cfg, "sparse")._target_
         raise ValueError(f"optim.sparse (_target_={target}): {e}") from None
-    # combined as the trainer combines them, the tables' group (here an SGD at their LR) first:
-    # a schedule is built over a CombinedOptimizer, whose defaults hold no hyperparameters
+    # combined as the trainer combines them: a schedule is built over a CombinedOptimizer
     tables_lr = float(kwargs.get("lr", cfg.sparse_lr))
-    tables = KeyedOptimizerWrapper(
-        {"table": nn.Parameter(torch.zeros(1, 1))},
-        lambda ps: torch.optim.SGD(list(ps), lr=tables_lr),
-    )
+    build_lr_scheduler(_combined_like_the_trainers(cfg, tables_lr, 1), cfg, total_steps=1)
+    # a sharded model's tables have one group per fused kernel, as many as its sharding makes
+    try:
+        build_lr_scheduler(_combined_like_the_trainers(cfg, tables_lr, 2), cfg, total_steps=1)
+    except ValueError as e:
+        raise ValueError(
+            f"optim.schedule (_target_={_component(cfg, 'schedule')._target_}) takes one value "
+            "per param group, but how many param groups the tables have is known only once they "
+            "are sharded (TorchRec makes one per fused embedding kernel: it depends on the "
+            "model, its sharding and the world size; over two table groups and the dense one: "
+            f"{e.__cause__ or e}); give one value for all groups (with optim.sparse_lr equal to "
+            "optim.lr) or use a schedule that multiplies each group's own LR, such as "
+            "dmt.optim.warmup_decay_schedule"
+        ) from None
+
+
+def _combined_like_the_trainers(
+    cfg: OptimConfig, tables_lr: float, table_groups: int
+) -> CombinedOptimizer:
+    """A ``CombinedOptimizer`` laid out as the trainer's: ``table_groups`` groups of the tables
+    (here SGDs at their LR) first, then the dense optimizer's. Its defaults hold no
+    hyperparameters, as the trainer's do not."""
+    tables = [
+        KeyedOptimizerWrapper(
+            {f"table_{i}": nn.Parameter(torch.zeros(1, 1))},
+            lambda ps: torch.optim.SGD(list(ps), lr=tables_lr),
+        )
+        for i in range(table_groups)
+    ]
     dense = KeyedOptimizerWrapper(
         {"dense": nn.Parameter(torch.zeros(1))}, lambda ps: dense_optimizer(list(ps), cfg)
     )
-    combined = CombinedOptimizer([tables, dense])
-    build_lr_scheduler(combined, cfg, total_steps=1)
+    return CombinedOptimizer([*tables, dense])
 
 
 def restore_lr_scheduler(scheduler: LRScheduler, state: dict[str, Any] | None, step: int) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import secrets
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 STEP = "train/step"  # the x-axis of every metric
 RUN_ID_FILE = "wandb_run_id"
+DEFAULT_PROJECT = "dmt"  # without logger.project and WANDB_PROJECT
 OTHER_NAMES = {"num_train_samples": "train/num_samples", "num_steps": "train/num_steps"}
 
 
@@ -70,6 +72,15 @@ def wandb_values(record: dict[str, Any]) -> dict[str, float]:
     return values
 
 
+def wandb_project(cfg: LoggerConfig) -> str:
+    """``logger.project``, else the environment variable ``WANDB_PROJECT``, else
+    :data:`DEFAULT_PROJECT`. wandb takes a project it is given over its variable, so dmt reads
+    the variable itself (a default of the config's beat the one a job script set)."""
+    if cfg.project is not None:
+        return cfg.project
+    return os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
+
+
 class WandbLogger:
     """Thin wrapper so the trainer only sees ``log(values, step)``, ``summarize(values)``,
     ``finish(exit_code)`` and ``continued`` (wandb's server had the run: an earlier attempt's
@@ -87,7 +98,7 @@ class WandbLogger:
 
         self._wandb = wandb
         kwargs: dict[str, Any] = dict(
-            project=cfg.project,
+            project=wandb_project(cfg),
             entity=cfg.entity,
             name=cfg.name,
             group=cfg.group or group,
@@ -99,6 +110,7 @@ class WandbLogger:
         self.run: Any = None
         if cfg.mode == "online":
             try:  # the run directory's run, continued (wandb resumes online runs only)
+                _check_credentials(wandb)
                 self.run = wandb.init(
                     mode="online",
                     id=_run_id(output_dir),
@@ -163,6 +175,20 @@ def _teardown(wandb: Any) -> None:
         wandb.teardown()
     except (Exception, SystemExit):  # a dead service (wandb exits with its code): nothing to free
         log.debug("wandb.teardown failed", exc_info=True)
+
+
+def _check_credentials(wandb: Any) -> None:
+    """wandb's ``UsageError`` where it has no credentials for its server (``WANDB_API_KEY``,
+    ``wandb login``'s netrc, its settings): on a terminal ``wandb.init`` would ask for them and
+    wait for an answer (rank 0 of a job for ever, the other ranks until their collective
+    timeout), where dmt logs offline. Reads no network and changes nothing."""
+    from wandb.sdk.lib import wbauth  # noqa: PLC0415 (with wandb)
+
+    host = wandb.setup().settings.base_url
+    if not wbauth.authenticate_session(host=host, source="dmt", prompt=False, update_session=False):
+        raise wandb.errors.UsageError(
+            f"No API key configured for {host}: log in with `wandb login` or set WANDB_API_KEY"
+        )
 
 
 def _online_settings(wandb: Any, wait_s: float | None) -> Any:

@@ -200,9 +200,28 @@ def _partition(conf: PlanConfig, names: list[str], topo: Topology) -> list[list[
             f"the model has {towers} towers (model.partition), but the cluster gives "
             f"T = G / (K * L) = {topo.world_size} / ({K} * {c.gpus_per_host}) = {T} towers "
             f"(cluster.hosts={c.hosts}, cluster.gpus_per_host={c.gpus_per_host}, "
-            f"sptt.hosts_per_tower={K}): {fix}, or change model.partition.num_towers"
+            f"sptt.hosts_per_tower={K}): {fix}, or {_towers_fix(conf.model.partition, T)}"
         )
     return partition
+
+
+def _towers_fix(p: PartitionConfig, T: int) -> str:
+    """How to give a partition of ``model.partition.kind`` ``T`` towers: only ``naive`` reads
+    ``num_towers`` to make them (``tp`` and ``per_feature`` check it against theirs)."""
+    if p.kind == "naive":
+        return f"set model.partition.num_towers={T}"
+    if p.kind == "tp":
+        count = f" and model.partition.num_towers={T}" if p.num_towers is not None else ""
+        return (
+            f"set model.partition.path to a partition file of {T} towers (dmt-partition "
+            f"--num-towers {T} writes one: <--out>/partition.yaml){count}"
+        )
+    if p.kind == "explicit":
+        return f"list {T} towers in model.partition.towers"
+    return (  # per_feature: one tower per sparse feature
+        f"split the features into {T} towers with another partition kind (e.g. "
+        f"model.partition.kind=naive model.partition.num_towers={T})"
+    )
 
 
 def _dense_states(conf: PlanConfig) -> int:

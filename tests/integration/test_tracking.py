@@ -9,6 +9,9 @@ import errno
 import json
 import logging
 import os
+import pty
+import re
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -114,6 +117,57 @@ def test_an_online_run_without_credentials_logs_offline(
         for r in caplog.records
     ), caplog.text
     assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+_ONLINE_ON_A_TERMINAL = """
+import logging, sys
+from pathlib import Path
+from dmt.config import LoggerConfig
+from dmt.tracking import open_logger
+
+logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+print("terminal", sys.stdin.isatty() and sys.stderr.isatty(), flush=True)
+logger = open_logger(LoggerConfig(mode="online"), {}, Path(sys.argv[1]), is_main=True)
+print("started", logger.run.settings.mode, flush=True)
+logger.finish()
+"""
+
+
+def test_an_online_run_without_credentials_on_a_terminal_logs_offline(tmp_path: Path) -> None:
+    """Reproduced: on a terminal (an interactive shell, a login node) without an API key,
+    wandb asked "(1) Create a W&B account (2) Use an existing W&B account (3) Don't visualize my
+    results / Enter your choice:" and waited for an answer, where dmt logs offline (a job's
+    other ranks waited for rank 0 until their collective timeout). On a pseudo-terminal with
+    wandb's messages on (no WANDB_SILENT), and a server on a closed loopback port."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_SILENT", "WANDB_SERVICE")}
+    env["WANDB_BASE_URL"] = f"http://127.0.0.1:{free_port()}"
+    main, terminal = pty.openpty()
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ONLINE_ON_A_TERMINAL, str(tmp_path / "run")],
+        stdin=terminal, stdout=terminal, stderr=terminal, env=env, start_new_session=True,
+    )  # fmt: skip
+    os.close(terminal)
+    shown = b""
+    try:
+        while not re.search(rb"started \w+\r\n|Enter your choice", shown):
+            if not select.select([main], [], [], 60)[0]:
+                break  # nothing more within a minute
+            try:
+                shown += os.read(main, 4096)
+            except OSError:  # the child closed the terminal
+                break
+    finally:
+        child.kill()
+        child.wait()
+        os.close(main)
+    text = shown.decode(errors="replace")
+    assert "terminal True" in text and "Enter your choice" not in text, text
+    assert "started offline" in text, text
+    assert (
+        "dmt.tracking: wandb could not start an online run (UsageError: No API key configured "
+        f"for {env['WANDB_BASE_URL']}: log in with `wandb login` or set WANDB_API_KEY); logging "
+        f"offline to {tmp_path / 'run' / 'wandb'} instead (upload it later with `wandb sync`)"
+    ) in text.replace("\r\n", "\n"), text
 
 
 def _no_server(monkeypatch: pytest.MonkeyPatch) -> str:
@@ -298,6 +352,54 @@ def test_wandb_mode_comes_from_the_environment_unless_set(monkeypatch: pytest.Mo
         with pytest.raises(InterpolationResolutionError) as e:
             to_config(compose_config())
         assert f"the environment variable WANDB_MODE={env!r} is not one of" in str(e.value)
+
+
+def _recorded_run(run_dir: Path) -> tuple[str, str, str]:
+    """The id, entity and project an offline run in ``run_dir`` recorded: its run record (the
+    protobuf ``RunRecord``'s fields 1-3 in wandb's run file), which ``wandb sync`` uploads."""
+    (run_file,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    run_id = run_file.stem.removeprefix("run-").encode()
+    data = run_file.read_bytes()
+    start = data.index(b"\n" + bytes([len(run_id)]) + run_id + b"\x12") + len(run_id) + 4
+    entity = data[start : start + data[start - 1]]
+    start += len(entity) + 2
+    assert data[start - 2] == 0x1A  # field 3: the project
+    return run_id.decode(), entity.decode(), data[start : start + data[start - 1]].decode()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ((), ("envteam", "envproject")),
+        (("logger.project=cliproject", "logger.entity=cliteam"), ("cliteam", "cliproject")),
+    ],
+)
+def test_the_wandb_project_comes_from_the_environment_unless_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: tuple[str, ...], expected: Any
+) -> None:
+    """Reproduced: a job script's WANDB_PROJECT was ignored, the run recorded in project "dmt":
+    wandb takes the project it is given over its variable, and dmt gave the config's default.
+    ``logger.project=`` wins, else WANDB_PROJECT, else dmt; the entity alike (WANDB_ENTITY)."""
+    monkeypatch.setenv("WANDB_PROJECT", "envproject")
+    monkeypatch.setenv("WANDB_ENTITY", "envteam")
+    wandb.teardown()  # wandb reads its environment when it starts in a process
+    try:
+        cfg = to_config(compose_config("logger.mode=offline", *overrides)).logger
+        logger = open_logger(cfg, {}, tmp_path / "env", is_main=True)
+        assert logger is not None
+        run_id = logger.run.id
+        logger.finish()
+        wandb.teardown()  # its service has written the run file
+        assert _recorded_run(tmp_path / "env") == (run_id, *expected)
+        monkeypatch.delenv("WANDB_PROJECT")
+        cfg = to_config(compose_config("logger.mode=offline", *overrides)).logger
+        logger = open_logger(cfg, {}, tmp_path / "unset", is_main=True)
+        assert logger is not None
+        logger.finish()
+        wandb.teardown()
+        assert _recorded_run(tmp_path / "unset")[2] == ("dmt" if not overrides else "cliproject")
+    finally:
+        wandb.teardown()  # this environment's settings stay with this test
 
 
 def test_a_wandb_mode_wandb_does_not_know_stops_the_run(

@@ -297,9 +297,43 @@ def test_a_schedule_that_sets_the_tables_lr_to_the_dense_one_is_refused():
         r"sharded\)$",
     ):
         check_optim(cfg)
-    check_optim(_one_cycle(*overrides, max_lr=[0.5, 0.05], cycle_momentum=False))
     check_optim(_one_cycle("optim.lr=0.1", "optim.sparse_lr=0.1", max_lr=0.5, cycle_momentum=False))
     check_optim(typed_config(*overrides, "optim.schedule.warmup_steps=4").optim)
+
+
+@pytest.mark.parametrize(
+    "model", [(), ("experiment=dmt_4t_dlrm",), ("experiment=dmt_4t_dlrm", "sptt=on")]
+)
+def test_a_schedule_of_one_value_per_param_group_is_refused_before_any_data_is_read(model):
+    """Reproduced: OneCycleLR's ``max_lr=[0.5, 0.05]`` (one per group of the check's tables and
+    dense optimizer) passed the config's check, and a DMT model's trainer refused it after the
+    data was read: "max_lr has 2 values, param_groups has 5". The tables' param groups are
+    TorchRec's, one per fused kernel (a flat or SPTT model's too: per sharding type, cached or
+    not, pooling), so no list of them can be given before they are sharded."""
+    from dmt.config import Config, validate
+
+    def one_cycle(sparse_lr: float, max_lr: object) -> Config:
+        conf = typed_config(*model, "optim.lr=0.01", f"optim.sparse_lr={sparse_lr}")
+        conf.optim.schedule = {
+            "_target_": "torch.optim.lr_scheduler.OneCycleLR",
+            "max_lr": max_lr,
+            "cycle_momentum": False,
+        }
+        return conf
+
+    with pytest.raises(
+        ValueError,
+        match=r"^optim.schedule \(_target_=torch.optim.lr_scheduler.OneCycleLR\) takes one value "
+        r"per param group, but how many param groups the tables have is known only once they "
+        r"are sharded \(TorchRec makes one per fused embedding kernel: it depends on the model, "
+        r"its sharding and the world size; over two table groups and the dense one: max_lr must "
+        r"have the same length as optimizer.param_groups. max_lr has 2 values, param_groups has "
+        r"3.\); give one value for all groups \(with optim.sparse_lr equal to optim.lr\) or use "
+        r"a schedule that multiplies each group's own LR, such as "
+        r"dmt.optim.warmup_decay_schedule$",
+    ):
+        validate(one_cycle(0.1, [0.5, 0.05]))
+    validate(one_cycle(0.01, 0.05))  # one for all, the tables' LR the dense one's: the remedy
 
 
 _GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -127,16 +127,75 @@ def test_towers_that_do_not_fit_the_cluster() -> None:
         "the model has 4 towers (model.partition), but the cluster gives T = G / (K * L) = "
         "4 / (1 * 2) = 2 towers (cluster.hosts=2, cluster.gpus_per_host=2, "
         "sptt.hosts_per_tower=1): set cluster.hosts to 4 towers times sptt.hosts_per_tower, "
-        "or change model.partition.num_towers"
+        "or set model.partition.num_towers=2"
     )
     with pytest.raises(ValueError) as e:
         plan(_conf("+partition=naive", "model.partition.num_towers=2", "cluster.hosts=4"))
     assert str(e.value) == (
         "the model has 2 towers (model.partition), but the cluster gives T = G / (K * L) = "
         "8 / (1 * 2) = 4 towers (cluster.hosts=4, cluster.gpus_per_host=2, "
-        "sptt.hosts_per_tower=1): set sptt.hosts_per_tower=2 (4 hosts / 2 towers), or change "
-        "model.partition.num_towers"
+        "sptt.hosts_per_tower=1): set sptt.hosts_per_tower=2 (4 hosts / 2 towers), or set "
+        "model.partition.num_towers=4"
     )
+
+
+@pytest.mark.parametrize("num_towers", [None, 2])
+def test_towers_of_a_partition_file_that_do_not_fit_the_cluster(tmp_path, num_towers) -> None:
+    """Reproduced: the advice "or change model.partition.num_towers" helps only a naive
+    partition; a tp partition's towers are its file's, and following it was refused with
+    "model.partition.num_towers=4 but the tp partition in '...' has 2 towers". The advice names
+    a file of the cluster's towers (and num_towers where it is set), which plans."""
+    two, four = tmp_path / "two.yaml", tmp_path / "four.yaml"
+    two.write_text(f"towers: {[[f'cat_{i}' for i in range(t, 8, 2)] for t in range(2)]}\n")
+    four.write_text(f"towers: {[[f'cat_{i}' for i in range(t, 8, 4)] for t in range(4)]}\n")
+    count = [] if num_towers is None else [f"model.partition.num_towers={num_towers}"]
+    with pytest.raises(ValueError) as e:
+        check_plan_config(
+            _conf("cluster.hosts=4", "+partition=tp", f"model.partition.path={two}", *count)
+        )
+    assert str(e.value).endswith(
+        "sptt.hosts_per_tower=1): set sptt.hosts_per_tower=2 (4 hosts / 2 towers), or set "
+        "model.partition.path to a partition file of 4 towers (dmt-partition --num-towers 4 "
+        "writes one: <--out>/partition.yaml)"
+        + ("" if num_towers is None else " and model.partition.num_towers=4")
+    )
+    followed = [f"model.partition.path={four}", *(["model.partition.num_towers=4"] * len(count))]
+    assert check_plan_config(_conf("cluster.hosts=4", "+partition=tp", *followed)).partition == [
+        [f"cat_{i}" for i in range(t, 8, 4)] for t in range(4)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("partition", "advice", "followed"),
+    [
+        (
+            ["+partition=per_feature"],
+            "set cluster.hosts to 8 towers times sptt.hosts_per_tower, or split the features "
+            "into 4 towers with another partition kind (e.g. model.partition.kind=naive "
+            "model.partition.num_towers=4)",
+            ["+partition=naive", "model.partition.num_towers=4"],
+        ),
+        (
+            [
+                "model.partition.kind=explicit",
+                "model.partition.towers=[[cat_0,cat_1],[cat_2,cat_3,cat_4,cat_5,cat_6,cat_7]]",
+            ],
+            "set sptt.hosts_per_tower=2 (4 hosts / 2 towers), or list 4 towers in "
+            "model.partition.towers",
+            [
+                "model.partition.kind=explicit",
+                "model.partition.towers=[[cat_0],[cat_1,cat_2],[cat_3,cat_4],[cat_5,cat_6,cat_7]]",
+            ],
+        ),
+    ],
+)
+def test_towers_of_another_kind_that_do_not_fit_the_cluster(partition, advice, followed) -> None:
+    """A per_feature partition has a tower per feature and an explicit one its listed towers:
+    neither reads num_towers, which the advice named for every kind."""
+    with pytest.raises(ValueError) as e:
+        check_plan_config(_conf("cluster.hosts=4", *partition))
+    assert str(e.value).endswith(f"sptt.hosts_per_tower=1): {advice}")
+    assert check_plan_config(_conf("cluster.hosts=4", *followed)).topo.num_towers == 4
 
 
 def test_batch_not_divisible_by_gpus() -> None:
