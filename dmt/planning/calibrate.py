@@ -241,6 +241,17 @@ def load_run(path: Path, statistic: str = "min", repeats: Sequence[Path] = ()) -
         raise ValueError(f"{path}: not a bench_sptt.py record ({_why(e)})") from None
 
 
+def _calibrated(record: dict[str, Any]) -> bool:
+    """A record the fit reads: pipelined, fp32 (the model's :func:`predict` steps), step c at
+    the output. Records from before ``bench_sptt.py`` wrote a setting had its value of then
+    (``pipeline`` on, ``fp32``, ``output``), as ``calibration_runs.sh`` still pins them."""
+    return (
+        record.get("peer_permute") in (None, "output")
+        and record.get("pipeline", True) is True
+        and record.get("comm_precision", "fp32") == "fp32"
+    )
+
+
 def _why(error: Exception) -> str:
     """What a record lacks (a key) or why it does not parse."""
     return f"no {error}" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
@@ -251,10 +262,23 @@ def _run_of(path: Path, data: dict[str, Any], statistic: str, repeats: Sequence[
     settings = data["settings"]
     # Figure 7's step c: "output", or no setting (files from before bench_sptt recorded it
     # every time, when "output" was the default and calibration_runs.sh did not pin it)
-    records = {r["mode"]: r for r in data["records"] if r.get("peer_permute") in (None, "output")}
+    records: dict[str, dict[str, Any]] = {}
+    for r in data["records"]:
+        if not _calibrated(r):
+            continue
+        if r["mode"] in records:  # two of one cell: which one the fit took would be arbitrary
+            raise ValueError(
+                f"{path}: two records of mode {r['mode']!r} pipelined at fp32 with "
+                "peer_permute 'output'; expected one per mode (calibration_runs.sh's)"
+            )
+        records[r["mode"]] = r
     missing = [m for m in MODES if m not in records]
     if missing:
-        raise ValueError(f"{path}: no records of modes {missing} (has {sorted(records)})")
+        raise ValueError(
+            f"{path}: no records of modes {missing} pipelined at fp32 (the fit models "
+            f"pipelined fp32 steps: bench_sptt.py --pipeline on --comm-precision fp32, as "
+            f"calibration_runs.sh runs it; has {sorted(records)})"
+        )
     try:
         g, local, batch = _shape(settings, records["sptt"])
         runs_ms = {m: _step_times(records[m]) for m in MODES}
@@ -270,7 +294,7 @@ def _run_of(path: Path, data: dict[str, Any], statistic: str, repeats: Sequence[
         if {k: again["settings"].get(k) for k in settings} != settings:
             raise ValueError(f"{repeat}: settings differ from {path}'s; not a repeat of that cell")
         for r in again["records"]:
-            if r["mode"] in runs_ms and r.get("peer_permute") in (None, "output"):
+            if r["mode"] in runs_ms and _calibrated(r):
                 try:
                     runs_ms[r["mode"]] += _step_times(r)
                 except ValueError as e:

@@ -19,6 +19,7 @@ from dmt.planning.calibrate import (
     _matches,
     _sptt_collectives,
     fit,
+    load_run,
     main,
     predict,
     write_preset,
@@ -547,3 +548,36 @@ def test_records_of_impossible_numbers_are_refused_naming_the_file(
         f"{repeat}: not a bench_sptt.py record (mode 'flat': ms_per_step_runs=[-1.0], expected "
         "a non-empty list of positive step times (ms))"
     )
+
+
+def test_the_fit_reads_the_pipelined_fp32_record_of_each_mode(tmp_path: Path) -> None:
+    """Reproduced: a run file of ``bench_sptt.py --pipeline on,off --comm-precision fp32,bf16``
+    holds four records per mode, and the fit silently took the last of each (unpipelined bf16
+    here), while it models pipelined fp32 steps."""
+    alone, mixed = tmp_path / "alone.json", tmp_path / "mixed.json"
+    ms = {"flat": 200.0, "sptt": 180.0, "dmt": 100.0}
+    _run_file(alone, "1gbit", 2048, ms)
+    data = json.loads(alone.read_text())
+    extra = []
+    for pipeline, precision in ((True, "bf16"), (False, "fp32"), (False, "bf16")):
+        for r in data["records"]:
+            other = {**r, "pipeline": pipeline, "comm_precision": precision}
+            extra.append({**other, "ms_per_step_runs": [3 * t for t in r["ms_per_step_runs"]]})
+    for r in data["records"]:
+        r.update(pipeline=True, comm_precision="fp32")
+    mixed.write_text(json.dumps({**data, "records": [*data["records"], *extra]}))
+    assert load_run(mixed).measured_ms == load_run(alone).measured_ms == ms
+
+    unpipelined = {**data, "records": [r for r in extra if not r["pipeline"]]}
+    mixed.write_text(json.dumps(unpipelined))
+    with pytest.raises(ValueError) as refused:
+        load_run(mixed)
+    assert str(refused.value) == (
+        f"{mixed}: no records of modes ['flat', 'sptt', 'dmt'] pipelined at fp32 (the fit "
+        "models pipelined fp32 steps: bench_sptt.py --pipeline on --comm-precision fp32, as "
+        "calibration_runs.sh runs it; has [])"
+    )
+    twice = {**data, "records": [*data["records"], data["records"][0]]}
+    mixed.write_text(json.dumps(twice))
+    with pytest.raises(ValueError, match=r"two records of mode 'flat' pipelined at fp32"):
+        load_run(mixed)
