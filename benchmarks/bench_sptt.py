@@ -490,9 +490,12 @@ def _time_window(
     """The seconds per step of ``--iters`` steps run back to back, as training runs them, between
     two barriers of the default group (the slowest rank's). No barrier separates the steps, so
     whatever a step leaves in flight (flat's next-batch input all-to-all, issued by TorchRec's
-    pipeline and waited for in the next step) is inside the window; the one left at its end is
-    waited for by the closing barrier, as the one left by the step before the window is by the
-    opening barrier: the window holds exactly ``--iters`` of each collective."""
+    pipeline and waited for in the next step) is inside the window. On gloo a barrier of the
+    default group waits for the collectives issued on that group before it (flat's): the one
+    left at the window's end is waited for by the closing barrier, as the one left by the step
+    before the window is by the opening barrier, so the window holds ``--iters`` of them. SPTT's
+    own groups are not waited for by either barrier: one of their collectives may straddle each
+    end of the window, which the average over ``--iters`` steps dilutes."""
     dist.barrier()
     start = time.perf_counter()
     for _ in range(args.iters):

@@ -109,6 +109,16 @@ LOST_BEATS = 3
 still for this many heartbeats while the rank waits, beating, is named as its cause: a rank killed
 (SIGKILL, its host lost) beats no more, while the others do, in the same wait or still training,
 and one that failed with an error of its own marks itself done first (:func:`watch_ranks`)."""
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+"""What gloo's collectives raise when a peer's sockets closed (its process ended): the errors
+after which :meth:`Watchdog.check_after_error` looks for a peer that beats no more. A rank's
+own error (a ``RuntimeError`` of torch's: out of memory, a shape) is not one: a peer alive but
+slow to beat (a long call that holds the GIL) was named in its place, the error unreported."""
+
+
+def peer_gone(error: BaseException) -> bool:
+    """Whether ``error`` is gloo's for a peer whose sockets closed (:data:`PEER_GONE`)."""
+    return isinstance(error, RuntimeError) and any(text in str(error) for text in PEER_GONE)
 
 
 WATCHED_NEIGHBORS = 8
@@ -232,11 +242,11 @@ class Watchdog:
 
     def check_after_error(self, error: Exception) -> None:
         """After a failed collective: if a peer has been silent for half the timeout, or, for an
-        ``error`` of the backend's (a ``RuntimeError``: a peer may be gone), stops beating now
-        (:meth:`lost_peers`), it is the cause; name it and leave (does not return). Otherwise
-        return and let the error propagate."""
+        ``error`` of the backend's for a peer whose sockets closed (:func:`peer_gone`), stops
+        beating now (:meth:`lost_peers`), it is the cause; name it and leave (does not return).
+        Otherwise return and let the error propagate."""
         silent = self.silent_peers(self.timeout_s / 2)
-        if not silent and isinstance(error, RuntimeError):
+        if not silent and peer_gone(error):
             silent = self.lost_peers()
         if silent:
             self.fail(self.describe(silent))

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 
+import pytest
 import torch.distributed as dist
 
 from dmt.watchdog import (
@@ -84,6 +85,44 @@ def test_after_a_failed_collective_a_peer_that_beats_no_more_is_named():
         assert ranks[0].describe(lost).startswith("rank 1 stopped answering (no heartbeat for ")
         ranks[1].store.add("heartbeat/1", 1 << 40)  # what a rank that failed on its own adds
         assert ranks[0].lost_peers() == []
+    finally:
+        stop.set()
+        beating.join()
+
+
+class _Named(Exception):
+    """What :meth:`Watchdog.fail` raises here instead of ending the process."""
+
+
+def test_a_ranks_own_runtime_error_does_not_name_a_slow_peer(monkeypatch):
+    """Reproduced: rank 0 of two ranks set by hand raised a RuntimeError of its own (here "CUDA
+    out of memory") while rank 1, alive, ran a long call that held the GIL (its heartbeat thread
+    starved for a few beats): rank 0 exited with "rank 1 stopped answering (no heartbeat for 4
+    s)", its own error never printed. Only gloo's error for a peer whose sockets closed makes
+    the watchdog wait for the peers' beats; after it, the peer that beats no more is named."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ranks = _ranks(server, 3, timeout_s=10)  # a heartbeat every 0.5 s
+    for w in ranks:
+        w.poll()
+
+    def named(message: str) -> None:
+        raise _Named(message)
+
+    monkeypatch.setattr(ranks[0], "fail", named)
+    stop = threading.Event()
+
+    def rank_2_trains() -> None:
+        while not stop.wait(0.1):
+            ranks[2].poll()
+
+    beating = threading.Thread(target=rank_2_trains)
+    beating.start()
+    try:  # rank 1 does not beat: alive but starved, or killed
+        for own in (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), ValueError()):
+            ranks[0].check_after_error(own)  # returns: the error propagates, no rank is named
+        gloo = "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:29500"
+        with pytest.raises(_Named, match=r"^rank 1 stopped answering \(no heartbeat for "):
+            ranks[0].check_after_error(RuntimeError(gloo))
     finally:
         stop.set()
         beating.join()
