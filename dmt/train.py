@@ -319,7 +319,7 @@ class DivergedTrial(RuntimeError):
 @hydra.main(version_base="1.3", config_path=CONF_PATH, config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Trains; in a multirun returns ``trainer.optimize_metric`` to the sweeper (an error if
-    that metric is missing or NaN)."""
+    that metric is missing or NaN, except NaN from a run that diverged: :func:`sweep_value`)."""
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     conf = to_config(cfg)
     if multirun:

@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Generator, Iterator
@@ -385,16 +386,32 @@ class Trainer:
         loss_values: collections.deque[float] = collections.deque(
             maxlen=None if keep_losses else LAST_STEPS
         )
+        diverged = False  # a training loss was not finite (said once, by rank 0)
 
         def read_back() -> None:
             """The pending steps' losses of the global batch: every rank's is the mean over its
             equal share (training batches are whole), so their mean is the batch's, whatever
             the world size (one all-gather per log step; every rank reads back at the same
-            steps)."""
+            steps). The run's first loss that is not finite is a warning (rank 0's) naming
+            its step."""
+            nonlocal diverged
             losses = torch.stack(pending).float()
             if self.rt.world_size > 1:
                 losses = mean_over_ranks(losses, self.rt.world_size)
-            loss_values.extend(losses.cpu().tolist())
+            values = losses.cpu().tolist()
+            loss_values.extend(values)
+            if not diverged and self.rt.is_main:
+                first = self.step - len(values) + 1  # the step of values[0]
+                bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+                if bad is not None:
+                    diverged = True
+                    log.warning(
+                        "training diverged: train/loss is %s at step %d (not finite; "
+                        "history.jsonl writes it as null); a lower learning rate "
+                        "(optim.lr, optim.sparse_lr) may help",
+                        values[bad],
+                        first + bad,
+                    )
             pending.clear()
 
         def training_figures() -> dict[str, float]:

@@ -233,6 +233,38 @@ def test_a_model_whose_logits_overflow_has_nan_metrics_with_a_warning(tmp_path):
         close_runtime()
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [["optim.lr=1e6"], ["optim.lr=1e6", "optim.sparse_lr=1e6"]],
+    ids=["inf-loss-finite-metrics", "nan-loss"],
+)
+def test_a_diverging_run_warns_at_the_step_its_loss_stops_being_finite(tmp_path, caplog, overrides):
+    """A reproduced bug: a run whose training loss became inf or NaN said nothing of it in
+    train.log or on the console; with ``optim.lr=1e6`` its saturated model's metrics stayed
+    finite (AUC 0.5, no warning at all), with both LRs only the final evaluation warned, without
+    a step. Now the first step whose loss is not finite is a warning, once, between log steps
+    too (``trainer.log_every=4``)."""
+    conf = to_config(
+        compose_config(
+            *TINY, "trainer=smoke", "trainer.max_steps=8", "trainer.log_every=4", *overrides
+        )
+    )
+    rt = init_runtime("cpu")
+    try:
+        with caplog.at_level(logging.WARNING, logger="dmt.trainer"):
+            result = Trainer(conf, rt, tmp_path).fit(keep_losses=True)
+    finally:
+        close_runtime()
+    first = next(i for i, v in enumerate(result.losses) if not math.isfinite(v)) + 1
+    assert 1 < first < 4 and not all(map(math.isfinite, result.losses[first:]))
+    warned = [r.getMessage() for r in caplog.records if "diverged" in r.getMessage()]
+    assert warned == [
+        f"training diverged: train/loss is {result.losses[first - 1]} at step {first} (not "
+        "finite; history.jsonl writes it as null); a lower learning rate (optim.lr, "
+        "optim.sparse_lr) may help"
+    ]
+
+
 def test_resume_from_a_periodic_checkpoint_reproduces_an_uninterrupted_run(tmp_path):
     """``trainer.checkpoint_every`` saves mid-run; resuming one continues at exactly its step and
     data position: mid-epoch (step 20 = epoch 1, batch 4) and at an epoch boundary (step 16 =
