@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dmt.memory import (
     FUSED_UVM_CACHING,
@@ -137,12 +137,46 @@ def dense_state_bytes(param_bytes: int, optimizer_states: int) -> int:
     return param_bytes * (2 + optimizer_states)
 
 
-def dense_activations_per_sample(module: nn.Module | None) -> int:
-    """Output widths of ``module``'s ``Linear`` layers summed: the dense activations of one
-    sample (works on meta modules)."""
-    if module is None:
+_LAYER_PRODUCTS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+"""The matrix products of dense layers (a ``Linear``'s, a CrossNet's, a tower module's own
+weights'); the dot interaction's batched products (``bmm``) are not layers."""
+
+
+class _LayerOutputs(TorchDispatchMode):
+    """Counts the output elements of the :data:`_LAYER_PRODUCTS` run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in _LAYER_PRODUCTS:
+            self.elements += out.numel()
+        return out
+
+
+def dense_activations_per_sample(
+    forward: Callable[..., object] | None, *inputs: torch.Tensor
+) -> int:
+    """Output widths of the dense layers ``forward(*inputs)`` runs, summed: the dense
+    activations of one sample (works on meta modules).
+
+    A layer is a matrix product with weights (``mm``/``addmm``: every ``Linear``'s output width,
+    a CrossNet's low-rank products, a tower module's products with weights of its own), counted
+    as it runs, so any module counts, however its layers are written. ``inputs[0]``'s first
+    dimension is the batch."""
+    if forward is None:
         return 0
-    return sum(m.out_features for m in module.modules() if isinstance(m, nn.Linear))
+    with _LayerOutputs() as layers:
+        forward(*inputs)
+    return layers.elements // inputs[0].shape[0]
 
 
 def _table_split(

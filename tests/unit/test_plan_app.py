@@ -7,9 +7,12 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
+from torch import nn
 
+from dmt.models import TowerModule
 from dmt.models.accounting import dense_flops
 from dmt.planning.app import PlanConfig, check_plan_config, format_report, plan
 from dmt.planning.network import collective_time_s
@@ -361,3 +364,63 @@ def test_the_lookup_time_is_the_busiest_ranks() -> None:
         assert six[mode]["breakdown"]["lookup_ms"] == pytest.approx(
             eight[mode]["breakdown"]["lookup_ms"]
         )
+
+
+class LinearTower(TowerModule):
+    """A user's tower module: ``Linear(F_t N -> hidden)``, ReLU, ``Linear(hidden -> D)``."""
+
+    def __init__(self, num_features: int, embedding_dim: int, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.num_features, self.embedding_dim, self.num_vectors, self.dim = (
+            num_features,
+            embedding_dim,
+            1,
+            dim,
+        )
+        self.mlp = nn.Sequential(
+            nn.Linear(num_features * embedding_dim, hidden, bias=False),
+            nn.ReLU(),
+            nn.Linear(hidden, dim, bias=False),
+        )
+
+    def forward(self, embs: torch.Tensor) -> torch.Tensor:
+        return self.mlp(embs.flatten(1)).unsqueeze(1)
+
+
+class WeightTower(LinearTower):
+    """:class:`LinearTower`'s computation with its weights as parameters of its own."""
+
+    def __init__(self, num_features: int, embedding_dim: int, dim: int, hidden: int) -> None:
+        super().__init__(num_features, embedding_dim, dim, hidden)
+        del self.mlp
+        self.w1 = nn.Parameter(torch.zeros(num_features * embedding_dim, hidden))
+        self.w2 = nn.Parameter(torch.zeros(hidden, dim))
+
+    def forward(self, embs: torch.Tensor) -> torch.Tensor:
+        return (torch.relu(embs.flatten(1) @ self.w1) @ self.w2).unsqueeze(1)
+
+
+def test_a_tower_modules_activations_count_however_its_layers_are_written() -> None:
+    """Reproduced: dmt-plan counted the activations of ``nn.Linear`` layers only, so a user's
+    tower module holding its weights itself (or a CrossNet) counted none: with hidden=4096 the
+    dmt mode's GPU memory was 0.20 GiB for :class:`WeightTower` and 2.21 GiB for
+    :class:`LinearTower`, the same computation. Both count ``hidden + D`` per sample of the
+    tower's batch (``T B``, ``T = 2``) now."""
+    reports = {
+        cls.__name__: plan(
+            _conf(
+                "+partition=naive",
+                "model.partition.num_towers=2",
+                f"model.tower._target_={__name__}.{cls.__name__}",
+                "+model.tower.dim=16",
+                "+model.tower.hidden=4096",
+            )
+        )["modes"]
+        for cls in (LinearTower, WeightTower)
+    }
+    linear, weights = reports["LinearTower"], reports["WeightTower"]
+    assert weights["dmt"]["memory"] == linear["dmt"]["memory"]
+    # B = 16 per GPU, T = 2: the tower module's (4096 + 16) per sample of 2 B, activation and
+    # gradient of 4 bytes, on top of the dense part's (bottom MLP, interaction, top MLP)
+    towers = 2 * 4 * 2 * 16 * (4096 + 16)
+    assert weights["dmt"]["memory"]["activation_bytes"] > towers

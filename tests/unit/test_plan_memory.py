@@ -118,7 +118,7 @@ def test_dense_state_and_activations() -> None:
     assert dense_state_bytes(100, 2) == 400
     assert dense_state_bytes(100, 0) == 200
     mlp = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 5))
-    assert dense_activations_per_sample(mlp) == 13
+    assert dense_activations_per_sample(mlp, torch.zeros(2, 3)) == 13
     plan = _plan()
     base = sptt_rank_memory(plan, 0, local_batch=4, dense_param_bytes=0)
     more = sptt_rank_memory(plan, 0, local_batch=4, dense_param_bytes=0, dense_activations=13)
