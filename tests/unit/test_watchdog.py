@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import torch.distributed as dist
@@ -64,8 +66,23 @@ def test_after_a_failed_collective_a_peer_that_beats_no_more_is_named():
     only a peer silent for half the timeout). Now rank 0, beating, waits up to LOST_BEATS
     heartbeats for its peers: rank 1's counter stands still, rank 2's (still training) moves, and
     rank 1 is named; one that left with its own error marked itself done, and is not."""
+    with _rank_2_beating() as ranks:
+        ranks[0].check_after_error(ValueError("not the backend's"))  # returns: no peer silent
+        start = time.monotonic()
+        lost = ranks[0].lost_peers()  # rank 1 was killed: it beats no more
+        assert [r for r, _ in lost] == [1]
+        assert time.monotonic() - start >= LOST_BEATS * ranks[0].interval_s
+        assert ranks[0].describe(lost).startswith("rank 1 stopped answering (no heartbeat for ")
+        ranks[1].store.add("heartbeat/1", 1 << 40)  # what a rank that failed on its own adds
+        assert ranks[0].lost_peers() == []
+
+
+@contextlib.contextmanager
+def _rank_2_beating() -> Iterator[list[Watchdog]]:
+    """Three ranks' watchdogs on one store (a heartbeat every 0.5 s), each polled once; rank 2
+    beats on (training) while the block runs, rank 1 does not."""
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    ranks = _ranks(server, 3, timeout_s=10)  # a heartbeat every 0.5 s
+    ranks = _ranks(server, 3, timeout_s=10)
     for w in ranks:
         w.poll()
     stop = threading.Event()
@@ -77,14 +94,7 @@ def test_after_a_failed_collective_a_peer_that_beats_no_more_is_named():
     beating = threading.Thread(target=rank_2_trains)
     beating.start()
     try:
-        ranks[0].check_after_error(ValueError("not the backend's"))  # returns: no peer silent
-        start = time.monotonic()
-        lost = ranks[0].lost_peers()  # rank 1 was killed: it beats no more
-        assert [r for r, _ in lost] == [1]
-        assert time.monotonic() - start >= LOST_BEATS * ranks[0].interval_s
-        assert ranks[0].describe(lost).startswith("rank 1 stopped answering (no heartbeat for ")
-        ranks[1].store.add("heartbeat/1", 1 << 40)  # what a rank that failed on its own adds
-        assert ranks[0].lost_peers() == []
+        yield ranks
     finally:
         stop.set()
         beating.join()
@@ -100,32 +110,17 @@ def test_a_ranks_own_runtime_error_does_not_name_a_slow_peer(monkeypatch):
     starved for a few beats): rank 0 exited with "rank 1 stopped answering (no heartbeat for 4
     s)", its own error never printed. Only gloo's error for a peer whose sockets closed makes
     the watchdog wait for the peers' beats; after it, the peer that beats no more is named."""
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    ranks = _ranks(server, 3, timeout_s=10)  # a heartbeat every 0.5 s
-    for w in ranks:
-        w.poll()
 
     def named(message: str) -> None:
         raise _Named(message)
 
-    monkeypatch.setattr(ranks[0], "fail", named)
-    stop = threading.Event()
-
-    def rank_2_trains() -> None:
-        while not stop.wait(0.1):
-            ranks[2].poll()
-
-    beating = threading.Thread(target=rank_2_trains)
-    beating.start()
-    try:  # rank 1 does not beat: alive but starved, or killed
+    with _rank_2_beating() as ranks:  # rank 1 does not beat: alive but starved, or killed
+        monkeypatch.setattr(ranks[0], "fail", named)
         for own in (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), ValueError()):
             ranks[0].check_after_error(own)  # returns: the error propagates, no rank is named
         gloo = "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:29500"
         with pytest.raises(_Named, match=r"^rank 1 stopped answering \(no heartbeat for "):
             ranks[0].check_after_error(RuntimeError(gloo))
-    finally:
-        stop.set()
-        beating.join()
 
 
 def test_heartbeat_interval_and_process_state():
