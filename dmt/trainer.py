@@ -392,8 +392,8 @@ class Trainer:
             """The pending steps' losses of the global batch: every rank's is the mean over its
             equal share (training batches are whole), so their mean is the batch's, whatever
             the world size (one all-gather per log step; every rank reads back at the same
-            steps). The run's first loss that is not finite is a warning (rank 0's) naming
-            its step."""
+            steps). This attempt's first loss that is not finite is a warning (rank 0's)
+            naming its step (a resumed run warns again, at its first such step)."""
             nonlocal diverged
             losses = torch.stack(pending).float()
             if self.rt.world_size > 1:

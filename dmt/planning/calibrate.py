@@ -275,8 +275,9 @@ def _run_of(path: Path, data: dict[str, Any], statistic: str, repeats: Sequence[
     missing = [m for m in MODES if m not in records]
     if missing:
         raise ValueError(
-            f"{path}: no records of modes {missing} pipelined at fp32 (the fit models "
-            f"pipelined fp32 steps: bench_sptt.py --pipeline on --comm-precision fp32, as "
+            f"{path}: no records of modes {missing} pipelined at fp32 with peer_permute "
+            f"'output' (the fit models pipelined fp32 steps with step c at the output: "
+            f"bench_sptt.py --pipeline on --comm-precision fp32 --peer-permute output, as "
             f"calibration_runs.sh runs it; has {sorted(records)})"
         )
     try:

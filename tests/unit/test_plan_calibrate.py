@@ -573,11 +573,35 @@ def test_the_fit_reads_the_pipelined_fp32_record_of_each_mode(tmp_path: Path) ->
     with pytest.raises(ValueError) as refused:
         load_run(mixed)
     assert str(refused.value) == (
-        f"{mixed}: no records of modes ['flat', 'sptt', 'dmt'] pipelined at fp32 (the fit "
-        "models pipelined fp32 steps: bench_sptt.py --pipeline on --comm-precision fp32, as "
+        f"{mixed}: no records of modes ['flat', 'sptt', 'dmt'] pipelined at fp32 with "
+        "peer_permute 'output' (the fit models pipelined fp32 steps with step c at the output: "
+        "bench_sptt.py --pipeline on --comm-precision fp32 --peer-permute output, as "
         "calibration_runs.sh runs it; has [])"
     )
     twice = {**data, "records": [*data["records"], data["records"][0]]}
     mixed.write_text(json.dumps(twice))
     with pytest.raises(ValueError, match=r"two records of mode 'flat' pipelined at fp32"):
         load_run(mixed)
+
+
+def test_records_of_another_peer_permute_are_refused_naming_that_setting(tmp_path: Path) -> None:
+    """Reproduced: a run file whose sptt and dmt records were pipelined at fp32 but measured
+    with ``--peer-permute skip`` (bench_sptt.py's default) was refused as having no records
+    "pipelined at fp32", asking for ``--pipeline on --comm-precision fp32``, which it had: the
+    setting that excluded them, step c's ``peer_permute``, was not named."""
+    path = tmp_path / "skip.json"
+    _run_file(path, "1gbit", 2048, {"flat": 200.0, "sptt": 180.0, "dmt": 100.0})
+    data = json.loads(path.read_text())
+    for r in data["records"]:
+        r.update(pipeline=True, comm_precision="fp32")
+        if r["mode"] != "flat":
+            r["peer_permute"] = "skip"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError) as refused:
+        load_run(path)
+    assert str(refused.value) == (
+        f"{path}: no records of modes ['sptt', 'dmt'] pipelined at fp32 with peer_permute "
+        "'output' (the fit models pipelined fp32 steps with step c at the output: "
+        "bench_sptt.py --pipeline on --comm-precision fp32 --peer-permute output, as "
+        "calibration_runs.sh runs it; has ['flat'])"
+    )
