@@ -172,6 +172,7 @@ def test_a_live_runs_directory_is_refused(tmp_path: Path) -> None:
     check_plan_dir(run_dir, overwrite=False)  # released: a stale lock file alone is no run
 
 
+@pytest.mark.slow  # three dmt-plan CLI runs (24-45 s on 2 shared cores; CI time)
 def test_a_file_where_the_run_directory_or_plan_json_goes_is_refused(tmp_path: Path) -> None:
     """Reproduced bugs: a ``hydra.run.dir`` (or ``hydra.sweep.dir``) where a file is, or under
     one, ended in a FileExistsError / NotADirectoryError traceback; a directory named
@@ -209,6 +210,7 @@ def test_a_file_where_the_run_directory_or_plan_json_goes_is_refused(tmp_path: P
     assert afile.read_text() == "a user's file\n"
 
 
+@pytest.mark.slow  # two dmt-plan sweeps (9-17 s on 2 shared cores; CI time)
 def test_a_sweep_over_an_earlier_sweeps_plans_is_refused(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     before = _earlier_run(sweep_dir / "0", "plan.json")

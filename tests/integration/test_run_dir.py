@@ -50,6 +50,7 @@ def _refused_leaving_the_run(run, *overrides) -> str:
     return refused.stderr.strip()
 
 
+@pytest.mark.slow  # five CLI runs (44 s on 2 shared cores; CI time); the lock and the check of outputs: tests/unit/test_run_dir.py
 def test_a_second_run_into_the_same_directory_stops_and_a_resume_goes_on(tmp_path):
     run = tmp_path / "run"
     first = _cli(*TINY, "trainer=smoke", "trainer.checkpoint=true", f"hydra.run.dir={run}")
@@ -214,6 +215,7 @@ def test_going_back_in_a_run_is_refused_before_hydra_rewrites_its_record(tmp_pat
     ), back
 
 
+@pytest.mark.slow  # two CLI runs (21-27 s on 2 shared cores; CI time)
 def test_a_resume_past_the_runs_end_is_refused_before_a_directory_is_made(tmp_path):
     """Reproduced bug: resuming a step-2 checkpoint with trainer.max_steps=1 "trained" nothing
     and reported num_steps 2, samples/s 0 and a NaN loss."""
@@ -361,6 +363,7 @@ def test_a_sweep_into_another_sweeps_directory_stops_before_rewriting_its_record
     assert all((study / f"seed_{s}" / "metrics.json").exists() for s in (0, 1))
 
 
+@pytest.mark.slow  # several CLI runs (18-22 s on 2 shared cores; CI time)
 def test_a_run_or_sweep_directory_where_a_file_is_stops_with_one_line(tmp_path):
     """A reproduced bug: a hydra.run.dir (hydra.sweep.dir) that is a file, or inside one, made
     the guard raise NotADirectoryError / FileExistsError, which Hydra turned into a warning, and
