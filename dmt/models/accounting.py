@@ -27,6 +27,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from dmt.models.dmt import DMTModel
 from dmt.models.interaction import DotInteraction
 from dmt.models.rec_model import RecModel
+from dmt.models.tower_modules import TowerModule
 
 
 @dataclass(frozen=True)
@@ -63,14 +64,34 @@ def dense_flops(model: RecModel | DMTModel, batch_size: int = 4) -> tuple[float,
     the forward, the dot interaction's too (:class:`~dmt.models.interaction.DotInteraction`
     computes its backward in one, so it trains with fewer FLOPs than counted).
     """
-    first = model.bottom[0]  # a dense layer: the tables may sit on meta while the rest is real
+    dense, pooled = dense_inputs(model, batch_size)
+    return _counted(lambda: model.dense_forward(dense, pooled), model, batch_size)
+
+
+def dense_inputs(
+    model: RecModel | DMTModel, batch_size: int = 4
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero inputs of ``model.dense_forward`` (dense features; pooled embeddings, which need a
+    gradient), made where its dense part lives: the tables may sit on meta while the rest is
+    real."""
+    first = model.bottom[0]  # a dense layer
     assert isinstance(first, nn.Linear)
-    device, num_dense = first.weight.device, first.in_features
-    dense = torch.zeros(batch_size, num_dense, device=device)
+    device = first.weight.device
+    dense = torch.zeros(batch_size, first.in_features, device=device)
     pooled = torch.zeros(
         batch_size, model.num_features, model.embedding_dim, device=device, requires_grad=True
     )
-    return _counted(lambda: model.dense_forward(dense, pooled), model, batch_size)
+    return dense, pooled
+
+
+def tower_inputs(module: TowerModule, batch_size: int = 4) -> torch.Tensor:
+    """A zero batch of tower embeddings for tower module ``module`` (needing a gradient), where
+    its parameters live (on the CPU for a pass-through module, which has none)."""
+    param = next(module.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    return torch.zeros(
+        batch_size, module.num_features, module.embedding_dim, device=device, requires_grad=True
+    )
 
 
 def bottom_flops(model: RecModel | DMTModel, batch_size: int = 4) -> tuple[float, float]:
@@ -124,13 +145,8 @@ def tower_flops(model: DMTModel, batch_size: int = 4) -> list[tuple[float, float
     tower's batch (:func:`tower_train_flops`, with the forward alone beside it)."""
     out = []
     for tower in model.towers:
-        module = tower.tower_module
-        param = next(module.parameters(), None)  # none: pass-through, no FLOPs anywhere
-        device = param.device if param is not None else torch.device("cpu")
-        embs = torch.zeros(
-            batch_size, module.num_features, module.embedding_dim, device=device, requires_grad=True
-        )
-        out.append(_counted(partial(module, embs), module, batch_size))
+        module = tower.tower_module  # a pass-through one has no FLOPs anywhere
+        out.append(_counted(partial(module, tower_inputs(module, batch_size)), module, batch_size))
     return out
 
 

@@ -60,11 +60,11 @@ from dmt.memory import GIB, MemoryBudget
 from dmt.models import (
     DMTModel,
     RecModel,
-    TowerModule,
     build_dmt_model,
     build_model,
     embedding_parameters,
 )
+from dmt.models.accounting import dense_inputs, tower_inputs
 from dmt.models.partition import naive_partition, resolve_partition
 from dmt.optim import apply_sparse_optimizer, sparse_optimizer_name, sparse_optimizer_spec
 from dmt.planning.collectives import (
@@ -155,23 +155,9 @@ def _param_bytes(module: nn.Module | None) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
 
 
-def _dense_activations(model: RecModel | DMTModel, batch_size: int = 4) -> int:
-    """Dense activations per sample of ``model.dense_forward`` (tower modules included), on the
-    device its dense part lives on (meta in planning)."""
-    first = model.bottom[0]
-    assert isinstance(first, nn.Linear)
-    device = first.weight.device
-    dense = torch.zeros(batch_size, first.in_features, device=device)
-    pooled = torch.zeros(batch_size, model.num_features, model.embedding_dim, device=device)
-    return dense_activations_per_sample(model.dense_forward, dense, pooled)
-
-
-def _tower_activations(module: TowerModule, batch_size: int = 4) -> int:
-    """Dense activations per sample of the tower's batch of tower module ``module``."""
-    param = next(module.parameters(), None)  # none: pass-through
-    device = param.device if param is not None else torch.device("meta")
-    embs = torch.zeros(batch_size, module.num_features, module.embedding_dim, device=device)
-    return dense_activations_per_sample(module, embs)
+def _dense_activations(model: RecModel | DMTModel) -> int:
+    """Dense activations per sample of ``model.dense_forward`` (tower modules included)."""
+    return dense_activations_per_sample(model.dense_forward, *dense_inputs(model))
 
 
 def _check_cluster(conf: PlanConfig) -> tuple[Topology, int]:
@@ -381,7 +367,10 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
     for mode, (model_cfg, model, sptt_plan) in inputs.sptt.items():
         dims = model.tower_output_dims
         tower_bytes = [_param_bytes(t.tower_module) for t in model.towers]
-        tower_acts = [_tower_activations(t.tower_module) for t in model.towers]
+        tower_acts = [
+            dense_activations_per_sample(t.tower_module, tower_inputs(t.tower_module))
+            for t in model.towers
+        ]
         dense = _param_bytes(model) - sum(_param_bytes(t) for t in model.towers)
         activations = _dense_activations(model) - sum(tower_acts)
         memory = [
