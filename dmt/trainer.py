@@ -485,16 +485,19 @@ class Trainer:
         metrics.update({f"val_{k}": v for k, v in val.items()})
         metrics.update({f"test_{k}": v for k, v in test.items()})
         figures = training_figures()  # this attempt's; the run's samples, earlier attempts too
+        if resume is not None and self.step == start_step and self.rt.is_main:
+            # nothing trained here: the run's training figures are its last attempt's
+            figures.update(self._earlier_training(resume))
+        if self.rt.world_size > 1:
+            # rank 0's on every rank, as metrics.json holds them: another rank's own training
+            # time also holds its waits for rank 0's work between segments (curves.png)
+            shared: list[Any] = [figures]
+            dist.broadcast_object_list(shared, src=0)
+            figures = shared[0]
         metrics["train_samples_per_s"] = figures["train_samples_per_s"]
         metrics["num_train_samples"] = float(self.step * self.cfg.data.batch_size)
         metrics["num_steps"] = float(self.step)
         metrics["train_loss_last"] = figures["train_loss_last"]
-        if resume is not None and self.step == start_step:
-            # nothing trained here: the run's training figures are its last attempt's
-            earlier: list[Any] = [self._earlier_training(resume) if self.rt.is_main else None]
-            if self.rt.world_size > 1:
-                dist.broadcast_object_list(earlier, src=0)
-            metrics.update(earlier[0])
         oracle = self.oracle_auc(self.data.test)
         if oracle is not None:
             metrics["oracle_test_auc"] = oracle
