@@ -767,9 +767,10 @@ def validate(cfg: Config) -> None:
     _positive("model.dcn_low_rank", m.dcn_low_rank)
     validate_towers(m)
     # The components' own checks (sizes, c/p, dims that must agree), before any data is read.
+    from dmt.data import config_feature_names  # noqa: PLC0415 (dmt.data imports this module)
     from dmt.models.factory import check_components  # noqa: PLC0415 (torch; dmt.models imports this module)
 
-    check_components(m)
+    check_components(m, config_feature_names(cfg.data))
     if m.num_embeddings_per_feature is not None:
         _positive("model.num_embeddings_per_feature", list(m.num_embeddings_per_feature))
 

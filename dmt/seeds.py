@@ -207,7 +207,8 @@ def check_scored_runs(argv: Sequence[str]) -> None:
 def scored_predictions_problem(run_dir: Path, split: str) -> str | None:
     """Why ``run_dir/pred_<split>.npz`` is not the run's scores on its whole ``split`` as it
     ended (``dmt-eval --predictions`` of its final checkpoint), by the ``eval_<split>.json``
-    dmt-eval wrote with it and the run's ``metrics.json``: the same file, split, step
+    dmt-eval wrote with it and the run's ``metrics.json``: the same file, split (``test`` of a
+    run with ``data.criteo.test_path`` is recorded as ``test (<that file>)``), step
     (``num_steps``) and rows (``<split>_num_samples``); None where it is, or where there is none."""
     pred = run_dir / f"pred_{split}.npz"
     if not pred.exists():
@@ -229,9 +230,10 @@ def scored_predictions_problem(run_dir: Path, split: str) -> str | None:
             f"{pred}: what it scored cannot be checked ({report_path}, written with it by "
             f"dmt-eval: {type(e).__name__}: {e}); {again}"
         )
+    data = report.get("data")
     found = {
         "predictions": Path(str(report.get("predictions"))).name,
-        "data": report.get("data"),
+        "data": split if _names_split(data, split) else data,
         "step": report.get("step"),
         "rows": report.get("rows"),
     }
@@ -251,6 +253,20 @@ def scored_predictions_problem(run_dir: Path, split: str) -> str | None:
     return (
         f"{pred} is not run {run_dir}'s scores on its whole {split} split as it ended: "
         f"{report_path} records {', '.join(differences)}; {again}"
+    )
+
+
+def _names_split(data: Any, split: str) -> bool:
+    """Whether ``data`` of a dmt-eval report is the run's own ``split`` (``--data split``): its
+    name, or, for ``test`` of a Criteo run with ``data.criteo.test_path``, ``test (<the file>)``
+    (:func:`dmt.evaluate.open_data`; data named by a path is recorded as that path)."""
+    if data == split:
+        return True
+    return (
+        split == "test"
+        and isinstance(data, str)
+        and data.startswith("test (")
+        and data.endswith(")")
     )
 
 

@@ -21,6 +21,20 @@ def sparse_feature_names(num_sparse: int) -> list[str]:
     return [f"cat_{i}" for i in range(num_sparse)]
 
 
+def config_feature_names(cfg: DataConfig) -> list[str] | None:
+    """The sparse features' names the model is built over, from the config alone (no data is
+    read): synthetic data's ``num_sparse``; Criteo's 26, every preprocessed directory's
+    (``None`` where the config gives no count: a bad ``data.kind`` or ``num_sparse``)."""
+    if cfg.kind == "criteo":
+        from dmt.data.criteo_parse import NUM_SPARSE  # noqa: PLC0415
+
+        return sparse_feature_names(NUM_SPARSE)
+    num_sparse = cfg.synthetic.num_sparse if cfg.kind == "synthetic" else None
+    if not isinstance(num_sparse, int) or num_sparse < 1:
+        return None
+    return sparse_feature_names(num_sparse)
+
+
 @dataclass
 class DataBundle:
     """The three splits and the schema the model is built from."""

@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from dmt.models.dmt import DMTModel
+from dmt.models.factory import embedding_parameters
 from dmt.models.interaction import DotInteraction
 from dmt.models.rec_model import RecModel
 from dmt.models.tower_modules import TowerModule
@@ -45,10 +46,16 @@ class ModelStats:
 
 
 def count_parameters(model: nn.Module) -> tuple[int, int]:
-    """``(embedding parameters, other parameters)``; works on meta tensors."""
+    """``(embedding parameters, other parameters)``; works on meta tensors.
+
+    Embedding parameters are those of the model's tables, by module type, whatever their names:
+    :func:`~dmt.models.factory.embedding_parameters`, what the sparse optimizer trains (a user
+    module's own ``nn.Embedding`` is trained and replicated as the dense part is, and counted
+    with it)."""
+    tables = {id(p) for p in embedding_parameters(model)}
     emb = dense = 0
-    for name, p in model.named_parameters():
-        if "embedding_bag_collection" in name or "embedding_bags" in name:
+    for p in model.parameters():
+        if id(p) in tables:
             emb += p.numel()
         else:
             dense += p.numel()

@@ -9,7 +9,7 @@ interaction (``model.interaction``) and the tower modules (``model.tower``) are 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
 from dmt.config import ModelConfig
 from dmt.models.dmt import DMTModel, Tower
 from dmt.models.interaction import Interaction
-from dmt.models.partition import check_partition, resolve_partition
+from dmt.models.partition import check_partition, resolve_partition, tower_sizes
 from dmt.models.rec_model import RecModel
 from dmt.models.tower_modules import TowerModule
 
@@ -122,15 +122,21 @@ def build_interaction(cfg: ModelConfig, *, num_vectors: int, dim: int) -> Intera
     return interaction
 
 
-def check_components(cfg: ModelConfig) -> None:
-    """Build ``cfg``'s interaction and, for a DMT model, a one-feature tower module on the meta
-    device, so that their own checks fail before any data is read (:func:`dmt.config.validate`),
-    and import the model builder ``cfg._target_``."""
+def check_components(cfg: ModelConfig, feature_names: Sequence[str] | None = None) -> None:
+    """Build ``cfg``'s interaction and, for a DMT model, its tower module for each tower size of
+    its partition over ``feature_names`` (:func:`~dmt.models.partition.tower_sizes`; one feature
+    where they are not known) on the meta device, so that their own checks fail before any data
+    is read (:func:`dmt.config.validate`), and import the model builder ``cfg._target_``."""
     model_builder(cfg)
     with torch.device("meta"):
         dim = cfg.embedding_dim
         if cfg.partition.kind != "none":
-            dim = build_tower_module(cfg.tower, num_features=1, embedding_dim=cfg.embedding_dim).dim
+            known = None if feature_names is None else tower_sizes(cfg.partition, feature_names)
+            modules = [
+                build_tower_module(cfg.tower, num_features=n, embedding_dim=cfg.embedding_dim)
+                for n in sorted(set(known or [1]))
+            ]
+            dim = modules[0].dim
         build_interaction(cfg, num_vectors=1, dim=dim)
 
 

@@ -166,6 +166,23 @@ def _warn_if_file_changed(path: str, recorded: list[list[str]]) -> None:
         )
 
 
+def tower_sizes(cfg: PartitionConfig, feature_names: Sequence[str]) -> list[int] | None:
+    """Features of each tower ``cfg`` describes over ``feature_names``, known without the data
+    (a ``tp`` partition's from its recorded towers or its file, without
+    :func:`resolve_partition`'s warning); ``None`` where they are not towers that fit (yet: a
+    ``tp`` file still to be written, a bad setting): building the model says what is wrong."""
+    try:
+        if cfg.kind != "tp":
+            return [len(t) for t in resolve_partition(cfg, feature_names)]
+        towers = cfg.recorded_towers
+        if towers is None:
+            towers = load_partition_file(cfg.path or "")
+        check_partition(towers, feature_names)
+    except ValueError:
+        return None
+    return [len(t) for t in towers]
+
+
 def resolve_partition(cfg: PartitionConfig, feature_names: Sequence[str]) -> list[list[str]]:
     """The checked partition ``cfg`` describes, over ``feature_names``.
 

@@ -39,6 +39,7 @@ from dmt.metrics import binary_entropy
 from dmt.models import build_model
 from dmt.partitioner.cli import checkpoint_affinity
 from dmt.runtime import Runtime, close_runtime, init_runtime
+from dmt.seeds import scored_predictions_problem
 from dmt.train import to_config
 from dmt.trainer import Trainer
 from tests.conftest import compose_config
@@ -574,6 +575,42 @@ def test_criteo_splits_and_preprocessed_directories(criteo_run, tmp_path) -> Non
         r"table rows come from .*other/manifest.json",
     ):
         evaluate(bare, "test", config=config)
+
+
+def test_scores_of_the_test_split_of_a_run_with_its_own_test_file_are_its_split(
+    criteo_run, tmp_path
+) -> None:
+    """Reproduced: with ``data.criteo.test_path``, ``dmt-eval --data test`` records data
+    ``test (<the file>)``, and :func:`dmt.seeds.scored_predictions_problem` refused those
+    predictions of the run's own test split ("records data 'test (...)' (the run's: 'test')").
+    They are accepted; the scores of other data with as many rows are still refused."""
+    root, _, _ = criteo_run
+    test_tsv = write(tmp_path / "test.tsv", EVAL_ROWS)
+    prep = root / "prep"
+    run = tmp_path / "run"
+    data = [f"data.criteo.raw_path={root / 'train.tsv'}", f"data.criteo.preprocessed_dir={prep}"]
+    try:
+        _fit([*CRITEO, *data, f"data.criteo.test_path={test_tsv}", "trainer.max_steps=3"], run)
+    finally:
+        close_runtime()
+
+    def score(data: str, split: str) -> None:
+        pred, out = run / f"pred_{split}.npz", run / f"eval_{split}.json"
+        argv = ["--checkpoint", str(run / "checkpoints"), "--data", data, "--no-progress"]
+        assert main([*argv, "--out", str(out), "--predictions", str(pred), "--overwrite"]) == 0
+
+    for split in ("val", "test"):
+        score(split, split)
+        assert scored_predictions_problem(run, split) is None
+    assert json.loads((run / "eval_test.json").read_text())["data"] == f"test ({test_tsv})"
+    other = write(tmp_path / "other.tsv", make_rows(len(EVAL_ROWS), seed=5))
+    score(str(other), "test")
+    pred, report = run / "pred_test.npz", run / "eval_test.json"
+    assert scored_predictions_problem(run, "test") == (
+        f"{pred} is not run {run}'s scores on its whole test split as it ended: {report} records "
+        f"data {str(other)!r} (the run's: 'test'); move {pred} and {report} away to score the run "
+        "again"
+    )
 
 
 def test_bad_tsv_row_names_file_and_line(criteo_run, tmp_path, capsys) -> None:

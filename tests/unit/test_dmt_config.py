@@ -7,6 +7,7 @@ import warnings
 from dataclasses import replace
 
 import pytest
+import torch
 import yaml
 from hydra.errors import ConfigCompositionException
 
@@ -20,7 +21,7 @@ from dmt.config import (
     validate_towers,
 )
 from dmt.inspect import inspect_config
-from dmt.models import DMTModel, build_model, check_partition, resolve_partition
+from dmt.models import DMTModel, TowerModule, build_model, check_partition, resolve_partition
 from dmt.models.partition import describe_towers_change
 from tests.conftest import REPO, typed_config
 
@@ -395,3 +396,60 @@ def test_a_tower_setting_without_a_partition_kind_is_refused(setting):
     with pytest.raises(ValueError, match=rf"^{name}=.* is set, but model.partition.kind='none'.*"
                        rf"choose the kind \(partition=.*or set {name}=null$"):  # fmt: skip
         validate(typed_config("experiment=criteo_sample_dlrm", setting))
+
+
+class PairTowerModule(TowerModule):
+    """A user's tower module (by ``_target_``) that mixes every pair of its tower's features: it
+    refuses a tower of one feature."""
+
+    def __init__(self, num_features: int, embedding_dim: int, dim: int) -> None:
+        super().__init__()
+        if num_features < 2:
+            raise ValueError(f"PairTowerModule: num_features={num_features}: it needs pairs")
+        self.num_features, self.embedding_dim, self.num_vectors, self.dim = (
+            num_features,
+            embedding_dim,
+            1,
+            dim,
+        )
+        self.proj = torch.nn.Linear(num_features * (num_features - 1) // 2, dim)
+
+    def forward(self, embs: torch.Tensor) -> torch.Tensor:
+        self._check_input(embs)
+        i, j = torch.triu_indices(self.num_features, self.num_features, 1)
+        return self.proj((embs[:, i] * embs[:, j]).sum(-1))[:, None]
+
+
+def test_validation_builds_the_tower_module_with_the_partitions_tower_sizes(tmp_path):
+    """Reproduced: validation built every tower module with one feature (F_t = 1), so a tower
+    module that refuses one feature was refused (``model.tower: PairTowerModule:
+    num_features=1``) where every tower of the run has more. It is built with the tower sizes
+    the config gives, before any data is read; a partition with a one-feature tower is still
+    refused."""
+    (tmp_path / "tower").mkdir()
+    target = f"{__name__}.PairTowerModule"
+    (tmp_path / "tower" / "pair.yaml").write_text(
+        f"# @package model.tower\n_target_: {target}\ndim: 8\n"
+    )
+    pair = [f"hydra.searchpath=[file://{tmp_path}]", "model=dlrm", "model.bottom_mlp=[64,8]"]
+    refused = r"^model.tower: PairTowerModule: num_features=1: it needs pairs$"
+
+    def towers(*overrides: str) -> list[int]:
+        conf = typed_config(*pair, *overrides, "+tower=pair")
+        model = build_model(conf.model, feature_names=NAMES, cardinalities=[5] * 26, num_dense=13)
+        return [t.tower_module.num_features for t in model.towers]
+
+    assert towers("+partition=naive", "model.partition.num_towers=4") == [7, 7, 6, 6]
+    path = write_partition(tmp_path / "p.yaml", [NAMES[:2], NAMES[2:]])
+    assert towers("+partition=tp", f"model.partition.path={path}") == [2, 24]
+    # Criteo's 26 features are known without the data
+    assert (
+        towers("data=criteo_sample", "+partition=naive", "model.partition.num_towers=13")
+        == [2] * 13
+    )
+    for partition in (
+        ["+partition=per_feature"],
+        ["+partition=naive", "model.partition.num_towers=16"],
+    ):
+        with pytest.raises(ValueError, match=refused):
+            typed_config(*pair, *partition, "+tower=pair")

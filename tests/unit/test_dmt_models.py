@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from torchrec import KeyedJaggedTensor
 
 from dmt.config import (
@@ -18,6 +19,7 @@ from dmt.models import (
     CrossInteraction,
     DMTModel,
     DotInteraction,
+    TowerModule,
     build_dmt_model,
     build_model,
     copy_base_weights,
@@ -25,7 +27,7 @@ from dmt.models import (
     naive_partition,
     resolve_partition,
 )
-from dmt.models.accounting import compression_ratio, model_stats
+from dmt.models.accounting import compression_ratio, count_parameters, model_stats
 
 NAMES = [f"cat_{i}" for i in range(6)]
 CARDS = [7, 11, 3, 20, 5, 9]
@@ -191,3 +193,49 @@ def test_meta_build_for_accounting_and_tables_on_meta():
     assert all(p.is_meta for p in embedding_parameters(model))
     assert not any(p.is_meta for p in model.bottom.parameters())
     assert model_stats(model).compression_ratio == pytest.approx(2.0)
+
+
+class GatedTowerModule(TowerModule):
+    """A user's tower module (by ``_target_``): a learned gate per embedding bag (feature) and an
+    embedding of each feature's position added to it, then ``Linear(F_t N -> D)``."""
+
+    def __init__(self, num_features: int, embedding_dim: int, dim: int) -> None:
+        super().__init__()
+        self.num_features, self.embedding_dim, self.num_vectors, self.dim = (
+            num_features,
+            embedding_dim,
+            1,
+            dim,
+        )
+        self.embedding_bags_gate = nn.Parameter(torch.ones(num_features))
+        self.position = nn.Embedding(num_features, embedding_dim)
+        self.proj = nn.Linear(num_features * embedding_dim, dim)
+
+    def forward(self, embs: torch.Tensor) -> torch.Tensor:
+        self._check_input(embs)
+        mixed = embs * self.embedding_bags_gate[:, None] + self.position.weight
+        return self.proj(mixed.flatten(1))[:, None]
+
+
+def test_embedding_parameters_are_the_tables_whatever_the_names():
+    """Reproduced: parameters were classed by name, so a user tower module's
+    ``embedding_bags_gate`` counted as an embedding parameter (dmt-inspect's
+    ``num_embedding_parameters``). The tables' parameters (rows x N of every feature) are the
+    embedding parameters, in dmt's own models as before and in a user's; the rest is dense."""
+    tables = sum(CARDS) * 8
+    user = {"_target_": f"{__name__}.GatedTowerModule", "dim": 8}
+    models = [build(model_cfg("dlrm")), build(model_cfg("dcn"))]
+    for name, tower in [("dlrm", DLRMTowerConfig(dim=8)), ("dcn", DCNTowerConfig(dim=4)),
+                        ("dlrm", user), ("dcn", user)]:  # fmt: skip
+        models.append(build(model_cfg(name, tower=tower), GROUPINGS["grouped"]))
+    for model in models:
+        total = sum(p.numel() for p in model.parameters())
+        assert count_parameters(model) == (tables, total - tables)
+        stats = model_stats(model)
+        assert (stats.num_embedding_parameters, stats.num_dense_parameters) == (
+            tables,
+            total - tables,
+        )
+    gated = models[-2].towers[0].tower_module
+    assert isinstance(gated, GatedTowerModule)
+    assert count_parameters(gated) == (0, sum(p.numel() for p in gated.parameters()))
