@@ -108,7 +108,9 @@ LOST_BEATS = 3
 """After a collective fails (gloo: ``Connection closed by peer``), a peer whose counter stands
 still for this many heartbeats while the rank waits, beating, is named as its cause: a rank killed
 (SIGKILL, its host lost) beats no more, while the others do, in the same wait or still training,
-and one that failed with an error of its own marks itself done first (:func:`watch_ranks`)."""
+and one that failed with an error of its own, or left on Ctrl-C or ``sys.exit``, marks itself done
+first (:func:`watch_ranks`). A store whose connection stays closed as long names the rank that
+served it (:meth:`Watchdog.lost_store_host`)."""
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 """What gloo's collectives raise when a peer's sockets closed (its process ended): the errors
 after which :meth:`Watchdog.check_after_error` looks for a peer that beats no more. A rank's
@@ -140,6 +142,8 @@ class Watchdog:
         rank, world_size: this rank and the number of ranks.
         timeout_s: a peer silent this long is declared stuck (``trainer.collective_timeout_s``).
         namespace: key prefix, distinct per attempt of an elastic job and per run of a process.
+        store_host: the rank whose process serves the store (0 under ``srun`` and in a world set
+            by hand), None where torchrun's agent serves it.
     """
 
     def __init__(
@@ -150,8 +154,10 @@ class Watchdog:
         world_size: int,
         timeout_s: float,
         namespace: str = "dmt/watchdog/0",
+        store_host: int | None = None,
     ) -> None:
         self.store = dist.PrefixStore(namespace, store)
+        self.store_host = store_host
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.interval_s = heartbeat_interval(timeout_s)
         self.store_timeout_s = store_timeout(timeout_s)
@@ -175,14 +181,25 @@ class Watchdog:
         self._thread.start()
         return self
 
-    def finish(self) -> None:
-        """Leave cleanly: stop the thread and tell the peers not to wait for this rank."""
+    def finish(self, *, failed: bool = False) -> None:
+        """Leave cleanly: stop the thread and tell the peers not to wait for this rank (``failed``:
+        leaving on an error, Ctrl-C or ``sys.exit``; see :meth:`mark_done`)."""
         self._stop.set()
         self._thread.join()
+        self.mark_done(failed=failed)
+
+    def mark_done(self, *, failed: bool) -> None:
+        """Tell the peers not to wait for this rank. ``failed`` (the peers' collectives fail when
+        this process ends): the rank that serves the store then keeps it two heartbeats longer,
+        so that its watchers read the mark before the store goes with this process (else they
+        would take the store's end for this rank's loss: :meth:`lost_store_host`)."""
         try:
             within(self.store_timeout_s, lambda: self.store.add(f"heartbeat/{self.rank}", FINISHED))
         except (RuntimeError, OSError) as e:  # the store's host may have ended first: harmless
             log.debug("rank %d: could not mark itself finished (%s)", self.rank, e)
+            return
+        if failed and self.rank == self.store_host:
+            time.sleep(2 * self.interval_s)
 
     def stop(self) -> None:
         self._stop.set()
@@ -235,7 +252,8 @@ class Watchdog:
 
     def describe(self, silent: list[tuple[int, float]]) -> str:
         return "; ".join(
-            f"rank {r} stopped answering (no heartbeat for {age:.0f} s; "
+            f"rank {r}{' (which hosts the rendezvous store)' if r == self.store_host else ''} "
+            f"stopped answering (no heartbeat for {age:.0f} s; "
             f"trainer.collective_timeout_s={self.timeout_s:g})"
             for r, age in silent
         )
@@ -255,9 +273,14 @@ class Watchdog:
         """``(rank, seconds without a heartbeat)`` of the running peers whose counters do not
         move for :data:`LOST_BEATS` heartbeats while this rank beats (call with the thread
         stopped); ``[]`` as soon as every peer has moved or is done, or when the store does not
-        answer."""
+        answer, except when it closed its connection at once: see :meth:`lost_store_host`."""
         try:
             within(self.store_timeout_s, self.poll)  # what the peers had beaten until now
+        except dist.DistNetworkError:  # "Failed to recv, got 0 bytes", "Broken pipe"
+            return self.lost_store_host()
+        except Exception:  # noqa: BLE001 - a stopped store: nothing to tell
+            return []
+        try:
             since = time.monotonic()
             deadline = since + LOST_BEATS * self.interval_s
             while True:
@@ -272,6 +295,27 @@ class Watchdog:
         except Exception:  # noqa: BLE001 - the store may be gone with its host: nothing to tell
             return []
 
+    def lost_store_host(self) -> list[tuple[int, float]]:
+        """``[(store_host, seconds without a heartbeat)]`` when the rank that serves the store
+        (:attr:`store_host`: rank 0 under ``srun`` and in a world set by hand) is a peer of this
+        rank, not seen done, and every poll for :data:`LOST_BEATS` heartbeats fails with the
+        store's connection error: its process ended, taking the store with it (a rank leaving
+        with an error of its own marks itself done first). Else ``[]``."""
+        host = self.store_host
+        if host is None or host not in self._seen or self._seen[host][0] >= FINISHED:
+            return []
+        deadline = time.monotonic() + LOST_BEATS * self.interval_s
+        while time.monotonic() < deadline:
+            time.sleep(self.interval_s)
+            try:
+                within(self.store_timeout_s, self.poll)
+            except dist.DistNetworkError:
+                continue
+            except Exception:  # noqa: BLE001 - a stopped store: nothing to tell
+                return []
+            return []  # it answers again
+        return [(host, time.monotonic() - self._seen[host][1])]
+
     def fail(self, message: str) -> NoReturn:
         """Log ``message``, kill stopped local siblings, end this process with :data:`EXIT_CODE`."""
         with self._failing:
@@ -284,6 +328,8 @@ class Watchdog:
             for handler in [*logging.getLogger().handlers, *logging.getLogger("dmt").handlers]:
                 handler.flush()
             sys.stdout.flush()
+            if self.rank == self.store_host:  # its peers must not name it when the store goes
+                self.mark_done(failed=True)
             os._exit(EXIT_CODE)
 
     def _kill_stopped_sibling(self, peer: int) -> None:
@@ -376,12 +422,14 @@ def watch_ranks(runtime: Runtime, *, timeout_s: float) -> Iterator[Watchdog | No
             )
         if store is not None:
             restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
             watchdog = Watchdog(
                 store,
                 rank=runtime.rank,
                 world_size=runtime.world_size,
                 timeout_s=timeout_s,
                 namespace=f"dmt/watchdog/{restart}/{_runs}",
+                store_host=None if agent else 0,  # else rank 0 serves it (dmt.runtime._own_store)
             )
     if watchdog is None:
         yield None
@@ -392,9 +440,9 @@ def watch_ranks(runtime: Runtime, *, timeout_s: float) -> Iterator[Watchdog | No
     except Exception as e:
         watchdog.stop()
         watchdog.check_after_error(e)  # exits if a silent peer explains the error
-        watchdog.finish()  # else the peers' check must not take this rank for a lost one
+        watchdog.finish(failed=True)  # else the peers' check must not take this rank for a lost one
         raise
-    except BaseException:
-        watchdog.stop()
+    except BaseException:  # Ctrl-C, sys.exit: this rank leaves of its own accord, as above
+        watchdog.finish(failed=True)
         raise
     watchdog.finish()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from dmt.watchdog import EXIT_CODE
+from dmt.watchdog import EXIT_CODE, PEER_GONE
 from tests.conftest import REPO, free_port, torchrun
 
 TIMEOUT_S = 20
@@ -204,3 +204,71 @@ def test_a_stopped_store_ends_the_job() -> None:
                 proc.send_signal(signal.SIGCONT)
                 proc.kill()
                 proc.wait()
+
+
+LEAVING = """
+import os, signal, sys
+import torch
+import torch.distributed as dist
+from dmt.runtime import init_runtime
+from dmt.watchdog import watch_ranks
+leaver, how = int(sys.argv[1]), sys.argv[2]
+runtime = init_runtime("cpu", timeout_s=10)
+try:
+    with watch_ranks(runtime, timeout_s=10):
+        for step in range(10**6):
+            if runtime.rank == leaver and step == 100:
+                if how == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if how == "interrupt":
+                    raise KeyboardInterrupt
+                sys.exit(0)
+            dist.all_reduce(torch.ones(4))
+except BaseException:
+    if runtime.rank == leaver:  # at once: its sockets and the store it may serve close together
+        os._exit(1)
+    raise
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("leaver", "how", "named"),
+    [(0, "kill", True), (0, "interrupt", False), (1, "exit", False), (1, "kill", True)],
+)
+def test_a_rank_that_leaves_on_its_own_is_not_named_and_a_killed_one_is(
+    tmp_path, leaver: int, how: str, named: bool
+) -> None:
+    """Reproduced in worlds set by hand: a rank that left on Ctrl-C or ``sys.exit`` was named by
+    its peer as one that "stopped answering"; a SIGKILLed rank 0 (which serves the store) was
+    named by none, its peer failing with gloo's "Connection closed by peer" alone. Now the peer
+    of a rank that left on its own fails with gloo's error, and a killed rank is named."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), WORLD_SIZE="2")
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "SLURM_JOB_ID"):
+        env.pop(name, None)
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", LEAVING, str(leaver), how],
+            cwd=tmp_path,
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        peer = ranks[1 - leaver]
+        out, _ = peer.communicate(timeout=120)
+        host = " (which hosts the rendezvous store)" if leaver == 0 else ""
+        message = f"rank {1 - leaver}: rank {leaver}{host} stopped answering"
+        if named:
+            assert peer.returncode == EXIT_CODE and message in out, out[-3000:]
+        else:
+            assert peer.returncode == 1 and "stopped answering" not in out, out[-3000:]
+            assert any(text in out for text in PEER_GONE), out[-3000:]  # gloo's error
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()

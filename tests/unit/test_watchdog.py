@@ -9,13 +9,18 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import torch
 import torch.distributed as dist
 
+from dmt import watchdog as watchdog_module
+from dmt.runtime import Runtime
 from dmt.watchdog import (
+    FINISHED,
     LOST_BEATS,
     Watchdog,
     heartbeat_interval,
     process_state,
+    watch_ranks,
     watched_peers,
 )
 
@@ -98,6 +103,68 @@ def _rank_2_beating() -> Iterator[list[Watchdog]]:
     finally:
         stop.set()
         beating.join()
+
+
+@pytest.mark.parametrize("leave", [KeyboardInterrupt(), SystemExit(0), SystemExit("stopped")])
+def test_a_rank_that_leaves_on_ctrl_c_or_sys_exit_marks_itself_done(monkeypatch, leave):
+    """Reproduced: of three ranks set by hand, rank 1 left on Ctrl-C (KeyboardInterrupt) or
+    ``sys.exit`` in training; rank 0, its collective failed with gloo's "Connection closed by
+    peer", logged "rank 1 stopped answering (no heartbeat for 2 s ...)" and exited with the
+    watchdog's status: only a rank's own Exception marked it done. Now every exit from the
+    watched body marks the rank done, and its peers do not name it."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    rank_1 = Runtime(1, 3, 1, 3, torch.device("cpu"), "gloo")
+    with pytest.raises(type(leave)), watch_ranks(rank_1, timeout_s=10) as watchdog:
+        assert watchdog is not None
+        raise leave
+    namespace = f"dmt/watchdog/0/{watchdog_module._runs}"
+    assert int(server.get(f"{namespace}/heartbeat/1")) > FINISHED
+    rank_0 = Watchdog(
+        dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False),
+        rank=0,
+        world_size=3,
+        timeout_s=10,
+        namespace=namespace,
+    )
+    assert [r for r, _ in rank_0.lost_peers()] == [2]  # rank 2 never beat; rank 1 is done
+
+
+def test_a_killed_store_host_is_named_and_one_that_left_on_its_own_is_not():
+    """Reproduced: of three ranks set by hand, rank 0 SIGKILLed in training took the store it
+    serves with it; ranks 1 and 2 failed with gloo's "Connection closed by peer" alone, naming
+    no rank (their watchdog's polls failed, and it gave up). Now a rank whose store closes its
+    connection on every poll for LOST_BEATS heartbeats names the store's host, unless it saw
+    that rank done (it left with an error of its own, Ctrl-C, sys.exit) or torchrun's agent
+    serves the store."""
+    for host, done, named in ((0, False, [0]), (0, True, []), (None, False, [])):
+        server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        ranks = [
+            Watchdog(
+                dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False),
+                rank=r,
+                world_size=3,
+                timeout_s=10,
+                store_host=host,
+            )
+            for r in range(3)
+        ]
+        for w in ranks:
+            w.poll()
+        if done:  # what rank 0 adds when it leaves on its own
+            ranks[0].store.add("heartbeat/0", FINISHED)
+        ranks[1].poll()
+        del server  # rank 0's process ended: its store is gone
+        start = time.monotonic()
+        lost = ranks[1].lost_peers()
+        assert [r for r, _ in lost] == named, (host, done)
+        if named:
+            assert time.monotonic() - start >= LOST_BEATS * ranks[1].interval_s
+            message = ranks[1].describe(lost)
+            host = "rank 0 (which hosts the rendezvous store) stopped answering (no heartbeat for "
+            assert message.startswith(host), message
 
 
 class _Named(Exception):
