@@ -59,6 +59,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.tensor import DTensor
 
 from dmt.config import NO_DEFAULT, OptimConfig, component_default, schema_default
 from dmt.ema import DenseEMA
@@ -994,6 +995,9 @@ def load(
 
     ``ema``: restored too when the checkpoint holds one; one saved without (``trainer.ema_decay``
     was off) leaves it to start from the resumed weights, with a warning.
+
+    A loaded value that is not finite, on any rank, is a ``ValueError`` on every rank
+    (:func:`_check_finite`).
     """
     path = resolve(path)
     meta = read_meta(path)
@@ -1069,6 +1073,8 @@ def load(
     # DCP gathers every rank's error into one CheckpointException, a BaseException
     except (Exception, CheckpointException) as e:
         raise ValueError(f"cannot load checkpoint {path} into this model: {e}") from e
+    # under DCP's keys: TorchRec's load_state_dict renames them in place (DDP's "module.")
+    _check_finite(path, int(meta["step"]), state, world)
     result = model.load_state_dict(state["model"], strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise ValueError(
@@ -1088,6 +1094,69 @@ def load(
         assert ema is not None
         ema.num_updates = int(meta["ema_updates"])
     return meta
+
+
+#: elements of a tensor :func:`_finite` checks at once (its temporary memory: as many bools)
+_FINITE_CHUNK = 1 << 24
+
+
+def _check_finite(path: Path, step: int, state: dict[str, Any], world: int) -> None:
+    """Raise ``ValueError`` on every rank if any rank loaded a value that is not finite (NaN or
+    inf) from checkpoint ``path`` into ``state``: a run that had diverged saved it, and training
+    on would start from it (with ``resume_from=auto`` after a restart, silently). The error
+    names the checkpoint, its step, the first such tensor (its key in the checkpoint: ``model.``,
+    ``optim.`` or ``ema.`` and the state-dict key; of the lowest rank that holds one) and the
+    newest complete checkpoint before it, which the user may resume from instead: it is not
+    taken in its place (nor checked: that happens when it loads). One small collective."""
+    bad = next(
+        (
+            key
+            for key, value in flatten_keys(state).items()
+            if not key.startswith("rng.") and not all(map(_finite, _local_tensors(value)))
+        ),
+        None,
+    )
+    if dist.is_initialized() and world > 1:
+        found: list[str | None] = [None] * world
+        dist.all_gather_object(found, bad)
+        bad = next((k for k in found if k is not None), None)
+    if bad is None:
+        return
+    root = path.parent
+    earlier = [p for n, p in step_dirs(root) if n < step and damage(p) is None]
+    instead = (
+        f"resume from an earlier checkpoint by its path (the newest before it: "
+        f"trainer.resume_from={str(earlier[0])!r})"
+        if earlier
+        else f"no complete checkpoint before it is in {str(root)!r}: start afresh"
+    )
+    raise ValueError(
+        f"checkpoint {path} (step {step}) holds values that are not finite (NaN or inf), "
+        f"first in {bad}: the run that saved it had diverged, and training on would start from "
+        f"them; {instead}, in a new run directory (another hydra.run.dir), perhaps with a lower "
+        "learning rate (optim.lr, optim.sparse_lr)"
+    )
+
+
+def _local_tensors(value: Any) -> list[torch.Tensor]:
+    """This rank's part of a state entry: a ``ShardedTensor``'s local shards, a ``DTensor``'s
+    local tensor, a tensor itself; nothing for other values."""
+    if isinstance(value, ShardedTensor):
+        return [shard.tensor for shard in value.local_shards()]
+    if isinstance(value, DTensor):
+        return [value.to_local()]
+    return [value] if isinstance(value, torch.Tensor) else []
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """Whether every value of ``t`` is finite (integers are), checked in slices along its first
+    dimension of about :data:`_FINITE_CHUNK` elements (views: no copy of a table)."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return True
+    if t.dim() == 0:
+        return bool(torch.isfinite(t))
+    rows = max(1, _FINITE_CHUNK // max(1, t[0].numel()))
+    return all(bool(torch.isfinite(part).all()) for part in t.split(rows))
 
 
 def _size(entry: Any) -> tuple[int, ...]:

@@ -32,6 +32,7 @@ from dmt.run_dir import agree_on_run_dir, claim_run_dir, stale_lock_wait
 from dmt.runtime import close_runtime, init_runtime
 from dmt.tracking import open_logger
 from dmt.trainer import Trainer
+from dmt.trials import divergence
 from dmt.watchdog import watch_ranks
 
 log = logging.getLogger(__name__)
@@ -263,10 +264,11 @@ def undefined_metric(conf: Config, name: str) -> str | None:
 
 def sweep_value(metrics: dict[str, float], name: str, *, fail_diverged: bool = False) -> float:
     """``metrics[name]``, the number a Hydra sweeper optimizes; a missing or NaN value is a
-    ``ValueError`` naming the metric (a sweeper would rank points by nothing), except NaN from a
-    run that diverged (its last training loss, or its predictions, not finite: :func:`_divergence`):
-    that trial failed, the sweep goes on.
-    A diverged trial returns its NaN (Hydra's basic sweeper: the trials table says "failed"), or
+    ``ValueError`` naming the metric (a sweeper would rank points by nothing), except a value
+    from a run that diverged (its last training loss, or its predictions, not finite:
+    :func:`dmt.trials.divergence`), NaN or not (a saturated model's AUC of 0.5 is finite while
+    its loss is inf): that trial failed, the sweep goes on.
+    A diverged trial returns NaN (Hydra's basic sweeper: the trials table says "failed"), or
     with ``fail_diverged`` raises :class:`DivergedTrial` (the Optuna sweeper records a job that
     raised as a failed trial and goes on; the NaN it refuses, and the refusal stopped the sweep)."""
     value = metrics.get(name)
@@ -275,16 +277,17 @@ def sweep_value(metrics: dict[str, float], name: str, *, fail_diverged: bool = F
             f"trainer.optimize_metric={name!r} is not a metric of this run; "
             f"choose one of {sorted(metrics)}"
         )
-    evidence = _divergence(metrics) if math.isnan(value) else None
+    evidence = divergence(metrics)
     if evidence is not None:
-        message = f"trainer.optimize_metric={name!r} is NaN: this run diverged ({evidence})"
+        what = "NaN" if math.isnan(value) else f"{value:.4g}, not a result"
+        message = f"trainer.optimize_metric={name!r} is {what}: this run diverged ({evidence})"
         if fail_diverged:
             raise DivergedTrial(
                 f"{message}; the sweeper records this trial as failed, and goes on while "
                 "hydra.sweeper.max_failure_rate allows (the hparams_search configs set 1.0)"
             )
         log.warning("%s", message)
-        return value
+        return math.nan
     if math.isnan(value):
         raise ValueError(
             f"trainer.optimize_metric={name!r} is NaN in this run (a split without rows, "
@@ -292,24 +295,6 @@ def sweep_value(metrics: dict[str, float], name: str, *, fail_diverged: bool = F
             f"this data defines, e.g. trainer.optimize_metric=test_auc"
         )
     return value
-
-
-def _divergence(metrics: dict[str, float]) -> str | None:
-    """What shows that a run diverged, or None: its last training loss is not finite, or a
-    split's logloss is NaN over rows (predictions that were not finite: a finite one's logloss
-    is finite, clamped; :func:`dmt.metrics.click_metrics`). The loss alone misses a run whose
-    last step made the weights NaN: that step's loss was computed before it."""
-    loss = metrics.get("train_loss_last", 0.0)
-    if not math.isfinite(loss):
-        return f"train_loss_last={loss}"
-    for split in ("val", "test"):
-        rows = metrics.get(f"{split}_num_samples", 0.0)
-        if rows > 0 and math.isnan(metrics.get(f"{split}_logloss", 0.0)):
-            return (
-                f"train_loss_last={loss}, but {split}_logloss=nan over {rows:.0f} rows: its "
-                "predictions are not finite"
-            )
-    return None
 
 
 class DivergedTrial(RuntimeError):

@@ -7,8 +7,9 @@ them after every job and when the multirun ends (a sweep the Optuna sweeper stop
 when every trial failed, keeps its table) and writes, into the sweep directory:
 
 - ``trials.csv``: one row per trial, in trial order: ``trial`` (``hydra.job.num``: Optuna's
-  trial number in a new study), ``status`` (``ok``, or ``failed``: no ``metrics.json`` or no
-  finite value of the metric), the metric the sweep optimizes (``trainer.optimize_metric``),
+  trial number in a new study), ``status`` (``ok``, or ``failed``: no ``metrics.json``, no
+  finite value of the metric, or a run that diverged, :func:`divergence`: its last training
+  loss or its predictions not finite), the metric the sweep optimizes (``trainer.optimize_metric``),
   ``best_so_far``, the sampled settings (the keys the sweep sweeps, and any other override that
   differs between trials; the sweep's fixed command line is the same in every trial and left
   out), then the trial's other validation metrics (logloss, NE, calibration) and its training
@@ -28,7 +29,7 @@ import csv
 import json
 import logging
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,9 +70,38 @@ class Trial:
     """Its ``metrics.json``; None when it wrote none (it failed before the end)."""
 
     def value(self, metric: str) -> float | None:
-        """The trial's ``metric``; None if it has none or it is not finite (a failed trial)."""
+        """The trial's ``metric``; None if it has none, it is not finite, or the run diverged
+        (:func:`divergence`: a saturated model's finite AUC is no result): a failed trial."""
         v = None if self.metrics is None else self.metrics.get(metric)
-        return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+        if not isinstance(v, int | float) or not math.isfinite(v):
+            return None
+        return None if divergence(self.metrics or {}) is not None else float(v)
+
+
+def divergence(metrics: Mapping[str, Any]) -> str | None:
+    """What shows that a run diverged, or None: its last training loss is not finite, or a
+    split's logloss is NaN over rows (predictions that were not finite: a finite one's logloss
+    is finite, clamped; :func:`dmt.metrics.click_metrics`). The loss alone misses a run whose
+    last step made the weights NaN: that step's loss was computed before it. A NaN loss beside
+    a NaN ``train_samples_per_s`` is none: an attempt that trained nothing, whose checkpoint
+    (an earlier dmt's) recorded neither figure. Values that are not numbers show nothing."""
+
+    def number(key: str) -> float:
+        value = metrics.get(key)
+        return float(value) if isinstance(value, int | float) else 0.0
+
+    loss = number("train_loss_last")
+    unknown = math.isnan(loss) and math.isnan(number("train_samples_per_s"))
+    if not math.isfinite(loss) and not unknown:
+        return f"train_loss_last={loss}"
+    for split in ("val", "test"):
+        rows = number(f"{split}_num_samples")
+        if rows > 0 and math.isnan(number(f"{split}_logloss")):
+            return (
+                f"train_loss_last={loss}, but {split}_logloss=nan over {rows:.0f} rows: its "
+                "predictions are not finite"
+            )
+    return None
 
 
 def read_trials(sweep_dir: str | Path) -> list[Trial]:

@@ -7,10 +7,14 @@ the uninterrupted ``G``-rank run, to fp32 round-off (the sharded kernels sum in 
 
 from __future__ import annotations
 
+import math
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from dmt import checkpoint
 from dmt.data import build_data
@@ -368,3 +372,47 @@ def test_a_bad_resume_path_fails_every_rank_with_rank_0s_message(tmp_path: Path)
         f"trainer.resume_from={str(tmp_path / 'nowhere')!r}: no complete checkpoint "
         "(step_N/meta.json) there"
     )
+
+
+def _resume_nan_on_rank_1(rank: int, world_size: int, out: str) -> tuple[str, str | None]:
+    """Train 8 steps, save step_8 again with a NaN in one of rank 1's table shards only, then
+    resume it: every rank's error (and the key rank 1 poisoned)."""
+    args = [*BASE, *FLAT, "trainer.checkpoint_every=4"]
+    rt = Runtime(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
+    trainer = Trainer(to_config(compose_config(*args)), rt, Path(out))
+    trainer.fit()
+    if rank == 0:
+        shutil.rmtree(Path(out) / "checkpoints" / "step_8")
+    dist.barrier()
+    poisoned = None
+    if rank == 1:
+        state = checkpoint.checkpoint_state(trainer.model, trainer.optimizer, rank=rank)
+        poisoned, table = next(
+            (k, v)
+            for k, v in checkpoint.flatten_keys(state).items()
+            if isinstance(v, ShardedTensor) and k.startswith("model.") and v.local_shards()
+        )
+        with torch.no_grad():
+            table.local_shards()[0].tensor.view(-1)[0] = math.inf
+    trainer.save(0, 8)
+    resume = to_config(compose_config(*args, "trainer.resume_from=auto"))
+    try:
+        Trainer(resume, rt, Path(out)).fit()
+    except ValueError as e:
+        return str(e), poisoned
+    return "no error", poisoned
+
+
+def test_a_value_that_is_not_finite_in_one_ranks_shard_fails_every_rank_alike(
+    tmp_path: Path,
+) -> None:
+    """Resuming a checkpoint that holds inf in a table shard only rank 1 loads: rank 0, whose
+    tensors are finite, raises rank 1's error too (a rank that trained on would wait for its
+    peer in its first collective)."""
+    (m0, _), (m1, key) = run_on_ranks(_resume_nan_on_rank_1, 2, str(tmp_path), timeout_s=180)
+    assert key is not None and m0 == m1
+    assert m0.startswith(
+        f"checkpoint {tmp_path / 'checkpoints' / 'step_8'} (step 8) holds values that are not "
+        f"finite (NaN or inf), first in {key}: the run that saved it had diverged"
+    )
+    assert f"trainer.resume_from={str(tmp_path / 'checkpoints' / 'step_4')!r}" in m0

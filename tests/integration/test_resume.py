@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from dmt import checkpoint
 from dmt.history import read_history
 from dmt.run_dir import check_resume_config
-from dmt.train import train
+from dmt.runtime import close_runtime, init_runtime
+from dmt.train import to_config, train
 from dmt.trainer import LAST_STEPS, Trainer
 from tests.conftest import compose_config, torchrun
 from tests.unit.test_criteo_preprocess import make_rows, write
@@ -617,6 +620,57 @@ def test_resume_auto_takes_the_newest_complete_checkpoint_and_skips_a_damaged_on
     redone = checkpoint.load_model_state(again / "checkpoints" / "step_6")
     for key, value in final.items():
         torch.testing.assert_close(redone[key], value, rtol=0, atol=1e-6, msg=key)
+
+
+@pytest.mark.parametrize(
+    "poisoned", ["model table", "table optimizer state", "dense optimizer state"]
+)
+def test_a_checkpoint_with_values_that_are_not_finite_is_not_resumed(
+    tmp_path: Path, poisoned: str
+) -> None:
+    """A reproduced bug: ``trainer.resume_from=auto`` resumed a checkpoint of a run that had
+    diverged (NaN weights) and trained on from it without a word about the checkpoint. Any value
+    that is not finite, in the weights (a table's shard too) or the optimizer state, is an error
+    naming the checkpoint, the tensor and the earlier checkpoint to resume from instead: the
+    newest before it, which ``auto`` does not take silently."""
+    run = tmp_path / "run"
+    overrides = (*TINY, "trainer.epochs=2", "trainer.max_steps=12", "trainer.checkpoint_every=4")
+    rt = init_runtime("cpu")
+    try:
+        trainer = Trainer(to_config(compose_config(*overrides)), rt, run)
+        trainer.fit()  # step_4, step_8, step_12: finite
+        step_12 = run / "checkpoints" / "step_12"
+        shutil.rmtree(step_12)  # saved again below, with a NaN in one tensor
+        state = checkpoint.flatten_keys(
+            checkpoint.checkpoint_state(trainer.model, trainer.optimizer, rank=0)
+        )
+        sharded = poisoned != "dense optimizer state"
+        key = next(
+            k
+            for k, v in state.items()
+            if k.startswith("model." if poisoned == "model table" else "optim.")
+            and isinstance(v, ShardedTensor) == sharded
+            and (sharded or (v.is_floating_point() and v.dim() > 0))
+        )
+        tensor = state[key].local_shards()[0].tensor if sharded else state[key]
+        with torch.no_grad():
+            tensor.view(-1)[-1] = math.nan  # the checkpoint's own tensor (views: the live one)
+        trainer.save(1, 4)
+    finally:
+        close_runtime()
+    message = (
+        f"checkpoint {step_12} (step 12) holds values that are not finite (NaN or inf), first in "
+        f"{key}: the run that saved it had diverged, and training on would start from them; "
+        "resume from an earlier checkpoint by its path (the newest before it: "
+        f"trainer.resume_from={str(run / 'checkpoints' / 'step_8')!r}), in a new run directory "
+        "(another hydra.run.dir), perhaps with a lower learning rate (optim.lr, optim.sparse_lr)"
+    )
+    with pytest.raises(ValueError) as auto:
+        _train(run, *overrides[len(TINY) :], "trainer.resume_from=auto")
+    assert str(auto.value) == message
+    with pytest.raises(ValueError) as by_path:
+        _train(tmp_path / "new", *overrides[len(TINY) :], f"trainer.resume_from={step_12}")
+    assert str(by_path.value) == message
 
 
 @pytest.mark.slow  # 2-rank runs under torchrun (about 60 s on 2 shared cores)

@@ -26,7 +26,7 @@ from dmt import checkpoint
 from dmt.config import Config, use_pipeline
 from dmt.metrics import click_probabilities
 from dmt.runtime import close_runtime, init_runtime
-from dmt.train import to_config, train
+from dmt.train import sweep_value, to_config, train
 from dmt.trainer import LAST_STEPS, Trainer, unwrap
 from tests.conftest import REPO, compose_config
 from tests.unit.test_criteo_preprocess import make_rows, write
@@ -243,7 +243,8 @@ def test_a_diverging_run_warns_at_the_step_its_loss_stops_being_finite(tmp_path,
     train.log or on the console; with ``optim.lr=1e6`` its saturated model's metrics stayed
     finite (AUC 0.5, no warning at all), with both LRs only the final evaluation warned, without
     a step. Now the first step whose loss is not finite is a warning, once, between log steps
-    too (``trainer.log_every=4``)."""
+    too (``trainer.log_every=4``). And the finite AUC was a sweep's result: it is a failed
+    trial."""
     conf = to_config(
         compose_config(
             *TINY, "trainer=smoke", "trainer.max_steps=8", "trainer.log_every=4", *overrides
@@ -263,6 +264,8 @@ def test_a_diverging_run_warns_at_the_step_its_loss_stops_being_finite(tmp_path,
         "finite; history.jsonl writes it as null); a lower learning rate (optim.lr, "
         "optim.sparse_lr) may help"
     ]
+    assert math.isfinite(result.metrics["val_auc"]) == (overrides == ["optim.lr=1e6"])
+    assert math.isnan(sweep_value(result.metrics, "val_auc"))
 
 
 def test_resume_from_a_periodic_checkpoint_reproduces_an_uninterrupted_run(tmp_path):

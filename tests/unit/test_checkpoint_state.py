@@ -5,6 +5,7 @@ the dummy step that materializes it for loading, it is reset to a new optimizer'
 from __future__ import annotations
 
 import json
+import math
 import resource
 import signal
 
@@ -15,6 +16,7 @@ from dmt.checkpoint import (
     FORMAT,
     META_FILE,
     Checkpointer,
+    _check_finite,
     _clear_dense_state,
     _drop,
     _make_way,
@@ -145,6 +147,32 @@ def test_a_damaged_tensor_index_is_named(tmp_path) -> None:
         with pytest.raises(ValueError, match=rf"^cannot read {step / '.metadata'}: ") as error:
             read(step)
         assert str(error.value).count("cannot read") == 1  # the resume's said it twice
+
+
+def test_the_finite_check_reads_every_slice_of_a_tensor_and_only_float_state(
+    tmp_path, monkeypatch
+) -> None:
+    """``_check_finite`` (a resume's, after DCP's load): floats checked in slices along the
+    first dimension, the last one included; integer tensors, numbers and the RNG state pass;
+    a checkpoint with no complete one before it says so."""
+    monkeypatch.setattr("dmt.checkpoint._FINITE_CHUNK", 6)  # 2 rows of 3 at a time
+    step = tmp_path / "step_4"
+    weight = torch.zeros(5, 3)
+    state = {
+        "model": {"w": weight, "count": torch.tensor([2**62]), "scale": 1.5},
+        "rng": {"rank_0": {"torch": torch.tensor([255], dtype=torch.uint8)}},
+    }
+    _check_finite(step, 4, state, 1)
+    weight[4, 2] = -math.inf  # in the last slice, one row
+    with pytest.raises(ValueError) as error:
+        _check_finite(step, 4, state, 1)
+    assert str(error.value) == (
+        f"checkpoint {step} (step 4) holds values that are not finite (NaN or inf), first in "
+        "model.w: the run that saved it had diverged, and training on would start from them; "
+        f"no complete checkpoint before it is in {str(tmp_path)!r}: start afresh, in a new run "
+        "directory (another hydra.run.dir), perhaps with a lower learning rate (optim.lr, "
+        "optim.sparse_lr)"
+    )
 
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])

@@ -207,6 +207,32 @@ def test_a_run_whose_last_step_diverged_is_a_failed_trial_not_a_split_without_cl
         sweep_value(no_clicks, "val_auc")
 
 
+def test_a_diverged_runs_finite_metric_is_a_failed_trial(caplog):
+    """A reproduced bug: a run whose training loss became inf while its saturated model's
+    predictions stayed finite (``optim.lr=1e6``: AUC 0.5) returned that AUC to the sweeper as a
+    result, Optuna's too; it is a failed trial, as a diverged run's NaN is."""
+    saturated = {
+        "val_auc": 0.5, "val_logloss": 3.9, "val_num_samples": 1024.0,
+        "train_loss_last": math.inf, "train_samples_per_s": 900.0,
+    }  # fmt: skip
+    with caplog.at_level("WARNING", logger="dmt.train"):
+        assert math.isnan(sweep_value(saturated, "val_auc"))
+    assert caplog.messages == [
+        "trainer.optimize_metric='val_auc' is 0.5, not a result: this run diverged "
+        "(train_loss_last=inf)"
+    ]
+    with pytest.raises(DivergedTrial) as failed:
+        sweep_value(saturated, "val_logloss", fail_diverged=True)
+    assert str(failed.value).startswith(
+        "trainer.optimize_metric='val_logloss' is 3.9, not a result: this run diverged "
+        "(train_loss_last=inf); the sweeper records this trial as failed"
+    )
+    # an attempt that trained nothing from an earlier dmt's checkpoint knows neither figure:
+    # NaN, with a warning of its own; that is no divergence
+    unknown = {**saturated, "train_loss_last": math.nan, "train_samples_per_s": math.nan}
+    assert sweep_value(unknown, "val_auc", fail_diverged=True) == 0.5
+
+
 def test_a_sweeps_metric_is_checked_before_its_jobs_train(tmp_path):
     """A reproduced bug: a misspelt trainer.optimize_metric, or val_auc on data without
     validation rows, failed only after every job of the sweep had trained."""

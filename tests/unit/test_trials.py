@@ -194,6 +194,27 @@ def test_top_trials_best_first_without_the_failed(tmp_path: Path) -> None:
     assert str(mistyped.value) == f"no trial's metrics.json has 'val_acu'; they have {keys}"
 
 
+def test_a_diverged_trial_with_a_finite_metric_is_failed_not_ranked(tmp_path: Path) -> None:
+    """A reproduced bug: a trial whose training loss became inf (``optim.lr=1e6``: saturated
+    logits, AUC 0.5, a finite logloss) was an ``ok`` trial with its AUC, best so far and among
+    the top trials that ``scripts/confirm_trials.py`` runs again; its ``metrics.json`` says it
+    diverged (``train_loss_last`` not finite), and it fails as a NaN AUC does."""
+    sweep = fake_sweep(tmp_path / "sweep", {0: ("0.001", 0.4), 1: ("1e6", 0.5)})
+    diverged = sweep / "1" / "metrics.json"
+    metrics = {**json.loads(diverged.read_text()), "train_loss_last": math.inf}
+    diverged.write_text(json.dumps(metrics))  # Python's json, as dmt-train's: Infinity
+    trials = read_trials(sweep)
+    _, rows = trials_table(trials, "val_auc")
+    assert [(r["status"], r["val_auc"], r["best_so_far"], r["val_logloss"]) for r in rows] == [
+        ("ok", 0.4, 0.4, 0.5),
+        ("failed", None, 0.4, None),
+    ]
+    assert [t.number for t in top_trials(trials, "val_auc", 2)] == [0]
+    write_trials(sweep, "val_auc")
+    summary = (sweep / TRIALS_MD).read_text().splitlines()[0]
+    assert summary == "Best of 2 trials (1 failed): trial 0, val_auc 0.4000: `optim.lr=0.001`"
+
+
 def _confirm_driver() -> Any:
     spec = importlib.util.spec_from_file_location(
         "confirm_trials", REPO / "scripts" / "confirm_trials.py"
