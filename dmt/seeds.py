@@ -39,6 +39,7 @@ from scipy.stats import mannwhitneyu
 
 from dmt.results import _one_line, existing_output, write_json
 from dmt.run_dir import outputs_of
+from dmt.trials import divergence
 
 ALTERNATIVES = ("two-sided", "greater", "less")
 #: beside each run's metrics.json: the overrides it trained with
@@ -160,7 +161,7 @@ def study(
             if metric not in metrics:
                 path = run.run_dir / "metrics.json"
                 raise ValueError(f"{path} has no {metric!r} (has {sorted(metrics)})")
-        values[run.name].append(metrics[metric])
+        values[run.name].append(_value(run, metrics, metric))
     results: dict[str, Any] = {
         name: {"overrides": [*common, *overrides], **summarize(values[name])}
         for name, overrides in configs.items()
@@ -171,6 +172,22 @@ def study(
         for a, b in chosen
     ]
     return {"metric": metric, "seeds": list(seeds), "configs": results, "comparisons": comparisons}
+
+
+def _value(run: _Run, metrics: dict[str, Any], metric: str) -> float:
+    """The run's ``metric``, NaN for a run that diverged (:func:`dmt.trials.divergence`: its last
+    training loss or its predictions not finite) even where the metric is finite (a saturated
+    model's AUC of 0.5 beside an infinite loss), as the sweepers and the trials table count it:
+    :func:`summarize` then counts it among the runs that are not finite."""
+    evidence = divergence(metrics)
+    if evidence is None:
+        return float(metrics[metric])
+    print(
+        f"[{run.name} seed {run.seed}] diverged ({evidence}): its {metric} "
+        f"{metrics[metric]} is no result, counted as not finite",
+        flush=True,
+    )
+    return math.nan
 
 
 def check_seeds_argument(argv: Sequence[str]) -> None:

@@ -185,6 +185,16 @@ def test_driver_trains_each_config_per_seed_and_resumes(tmp_path, capsys):
     assert "error: --pair names unknown config(s) ['tp']; the configs are" in (
         capsys.readouterr().err
     )
+    # a run that diverged is no result even where its metric is finite (a saturated model's AUC
+    # of 0.5 beside an infinite loss), as the sweepers count it: reproduced, its AUC was summarized
+    diverged = tmp_path / "base" / "seed_1" / "metrics.json"
+    kept_metrics = diverged.read_text()
+    diverged.write_text(json.dumps({**json.loads(kept_metrics), "train_loss_last": math.inf}))
+    read = seeds.main([*argv, "--no-train"])["configs"]["base"]
+    assert read["non_finite"] == 1 and math.isnan(read["values"][1]) and math.isnan(read["median"])
+    assert read["values"][0] == report["configs"]["base"]["values"][0]
+    assert "[base seed 1] diverged (train_loss_last=inf): its test_auc " in capsys.readouterr().out
+    diverged.write_text(kept_metrics)
     # a study that stopped in a run (its checkpoint saved, its metrics not) goes on from the
     # checkpoint when it runs again: the same figures as the run that was not stopped
     kept = tmp_path / "kept"
