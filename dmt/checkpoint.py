@@ -14,9 +14,10 @@ Layout of ``<root>/step_<N>/``:
   (``ema_updates``, with an ``ema``), the fused sparse optimizer's step count
   (``fused_optimizer_step``: FBGEMM keeps Adam's bias-correction step outside every state
   dict), what identifies the training rows (``train_data``: for Criteo, the preprocessed
-  directory's settings, rows and sampled input fingerprints, no paths) and the size of every
-  file. A
-  ``step_N`` without it is incomplete; one whose files do not match it is damaged. Both are
+  directory's settings, rows and sampled input fingerprints, no paths), the LR scheduler's
+  state (``lr_scheduler``), the saving attempt's training figures so
+  far (``training``: ``train_samples_per_s``, ``train_loss_last``) and the size of every
+  file. A ``step_N`` without it is incomplete; one whose files do not match it is damaged. Both are
   skipped, with a warning naming the file, when the newest checkpoint is looked for.
 
 Resuming at another world size works because DCP reshards every ``ShardedTensor`` by its global

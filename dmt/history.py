@@ -5,7 +5,8 @@
 - at every ``trainer.log_every`` step: ``{"step", "samples", "train/loss", "train/lr",
   "train/samples_per_s"}``; ``train/lr`` lists the LR of each optimizer param group for that
   step's update (TorchRec's fused embedding group first, then the dense one);
-  ``train/samples_per_s`` is the throughput since the previous record, training time only, and
+  ``train/samples_per_s`` is the throughput since the previous record (a resumed attempt's
+  first: since its checkpoint's step, which need not be a log step), training time only, and
   left out when no training time passed (not measured, which a ``null`` would not say);
 - at every evaluation: ``{"step", "samples", "val/auc", "val/logloss", "val/ne",
   "val/calibration", "val/num_samples"}``, and at the end ``test/...`` the same way.
