@@ -39,6 +39,7 @@ import re
 import shutil
 import socket
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -89,6 +90,10 @@ DATA_KEY = "train_data"
 #: (``null``: none), which an attempt that resumes the checkpoint and trains nothing reports
 TRAINING_KEY = "training"
 FORMAT = "dcp-1"
+#: torch's deprecation of ``ShardedTensor`` (TorchRec's sharded tables), warned by DCP's reads
+SHARDED_TENSOR_DEPRECATED = "Please use DTensor instead and we are deprecating ShardedTensor"
+#: what ``dcp.load`` warns of in a single process, whether or not the caller said ``no_dist``
+_NO_DIST_ASSUMED = "torch.distributed is disabled, unavailable or uninitialized"
 
 # Config keys a resume may change freely: how the job runs, not what it computes. ``optim.*``,
 # and the run's length when the LR schedule spans it, may change only with
@@ -576,6 +581,7 @@ class Checkpointer:
             meta = {**meta, "files": sizes}
             _write_atomic(path / META_FILE, json.dumps(meta, indent=1) + "\n")
             _fsync(path)
+            log.info("checkpoint of step %d written to %s", meta["step"], path)
         if dist.is_initialized() and self.world_size > 1:
             _barrier()  # no rank goes on before the checkpoint is complete
 
@@ -1070,7 +1076,14 @@ def load(
         # ("Missing key in checkpoint state_dict: optim", while the other ranks load theirs)
         del state["optim"]
     try:
-        dcp.load(state, checkpoint_id=path)
+        with warnings.catch_warnings():
+            # DCP reads TorchRec's sharded tables, ShardedTensors, through calls torch
+            # deprecates: every rank printed "Please use DTensor instead ..." at every resume,
+            # of TorchRec's state, which nothing a user sets changes
+            warnings.filterwarnings(
+                "ignore", message=SHARDED_TENSOR_DEPRECATED, category=FutureWarning
+            )
+            dcp.load(state, checkpoint_id=path)
     # DCP gathers every rank's error into one CheckpointException, a BaseException
     except (Exception, CheckpointException) as e:
         raise ValueError(f"cannot load checkpoint {path} into this model: {e}") from e
@@ -1163,6 +1176,8 @@ def _finite(t: torch.Tensor) -> bool:
 def _size(entry: Any) -> tuple[int, ...]:
     """The global size of a state entry (a ``ShardedTensor``'s whole tensor); ``()`` for a
     number."""
+    if isinstance(entry, ShardedTensor):  # its metadata: size() is a deprecated torch function
+        return tuple(entry.metadata().size)
     size = getattr(entry, "size", None)
     return tuple(size()) if callable(size) else ()
 
@@ -1331,7 +1346,11 @@ def load_model_state(path: Path, *, ema: bool = True) -> dict[str, torch.Tensor]
         if k.startswith(prefixes)
     }
     try:
-        dcp.load(state, checkpoint_id=path, no_dist=True)
+        with warnings.catch_warnings():
+            # torch warns that it is "assuming the intent is to load in a single process" even
+            # when, as here, that intent is stated (no_dist=True)
+            warnings.filterwarnings("ignore", message=_NO_DIST_ASSUMED, category=UserWarning)
+            dcp.load(state, checkpoint_id=path, no_dist=True)
     except (Exception, CheckpointException) as e:  # the latter is a BaseException
         raise ValueError(f"cannot read checkpoint {path}: {e}") from e
     weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}

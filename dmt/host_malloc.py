@@ -144,12 +144,13 @@ def _glibc_mallopt() -> Callable[[int, int], int] | None:
     return mallopt
 
 
-def reuse_host_memory(env: Mapping[str, str] | None = None) -> bool:
+def reuse_host_memory(env: Mapping[str, str] | None = None, *, announce: bool = True) -> bool:
     """Fix glibc's ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` at :data:`MMAP_THRESHOLD` and
     :data:`TRIM_THRESHOLD` for the rest of this process (see the module). Returns whether it
     did; ``False``, with nothing changed, where the environment (``env``, default: the one
     the process started with, :func:`startup_environ`) sets those thresholds itself, or the
-    process's ``malloc`` is not glibc's."""
+    process's ``malloc`` is not glibc's. ``announce``: say so at INFO (else DEBUG: every rank
+    of a job sets the same, which rank 0 says for all)."""
     global _applied
     own = user_settings(startup_environ() if env is None else env)
     if own:
@@ -171,7 +172,8 @@ def reuse_host_memory(env: Mapping[str, str] | None = None) -> bool:
     if mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:  # glibc takes any value
         log.warning("host memory: glibc refused M_TRIM_THRESHOLD %d", TRIM_THRESHOLD)
     _applied = True
-    log.info(
+    log.log(
+        logging.INFO if announce else logging.DEBUG,
         "host memory: freed memory is kept for reuse for the rest of the process (glibc "
         "M_MMAP_THRESHOLD %d MiB, M_TRIM_THRESHOLD %d MiB; glibc's defaults: "
         "trainer.reuse_host_memory=false in a process of its own)",

@@ -392,10 +392,25 @@ class WorldOfOneWrapper(DataParallelWrapper):
         dmp._dmp_wrapped_module = dmp._dmp_wrapped_module.to(device)
 
 
+class DenseDataParallelWrapper(DefaultDataParallelWrapper):
+    """TorchRec's DDP wrapper of the dense part, without the ``FutureWarning`` that every rank
+    printed as it wrapped (``broadcast_buffers`` is deprecated, use ``forward_sync_buffers``):
+    TorchRec passes DDP that argument itself, where no setting of dmt or its user reaches it
+    (SPTT's own DDP passes ``forward_sync_buffers=False``: :mod:`dmt.sptt.dmt_sharding`)."""
+
+    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning
+            )
+            super().wrap(dmp, env, device)
+
+
 def data_parallel_wrapper(world_size: int) -> DataParallelWrapper:
     """How ``DistributedModelParallel`` replicates the dense part over ``world_size`` ranks:
-    TorchRec's DDP wrapper, or none in a world of one (:class:`WorldOfOneWrapper`)."""
-    return WorldOfOneWrapper() if world_size == 1 else DefaultDataParallelWrapper()
+    TorchRec's DDP wrapper (:class:`DenseDataParallelWrapper`), or none in a world of one
+    (:class:`WorldOfOneWrapper`)."""
+    return WorldOfOneWrapper() if world_size == 1 else DenseDataParallelWrapper()
 
 
 def shard_model(

@@ -35,7 +35,9 @@ from dmt.trainer import Trainer
 from dmt.trials import divergence
 from dmt.watchdog import watch_ranks
 
-log = logging.getLogger(__name__)
+# by name: under `python -m dmt.train` (torchrun's -m) __name__ is "__main__", outside the "dmt"
+# loggers that hydra/job_logging=dmt logs at INFO
+log = logging.getLogger("dmt.train")
 register_configs()
 #: the config groups: package data (dmt/conf/), so an installed dmt finds them from any directory
 CONF_MODULE = "dmt.conf"
@@ -115,17 +117,17 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
     conf = to_config(cfg)
     t = conf.trainer
     out = Path(output_dir) if output_dir is not None else Path(HydraConfig.get().runtime.output_dir)
-    if t.reuse_host_memory:
-        host_malloc.reuse_host_memory()
-    elif host_malloc.applied():
-        log.warning(
-            "trainer.reuse_host_memory=false, but an earlier run in this process kept freed host "
-            "memory for reuse, which lasts as long as the process: this run does too"
-        )
     runtime = init_runtime(
         t.device, timeout_s=t.collective_timeout_s, job=hydra_job() if output_dir is None else "run"
     )
     try:
+        if t.reuse_host_memory:  # every rank's own; said once, by rank 0
+            host_malloc.reuse_host_memory(announce=runtime.is_main)
+        elif host_malloc.applied():
+            log.warning(
+                "trainer.reuse_host_memory=false, but an earlier run in this process kept freed "
+                "host memory for reuse, which lasts as long as the process: this run does too"
+            )
         out = agree_on_run_dir(
             out, rank=runtime.rank, world_size=runtime.world_size, from_hydra=output_dir is None
         )
@@ -141,6 +143,8 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
             ),
             watch_ranks(runtime, timeout_s=t.collective_timeout_s),
         ):
+            if runtime.is_main:  # where to look while it runs, or after it failed
+                log.info("run directory %s", out)
             config = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(conf)))
             hydra_info = _hydra_info()
             logger = open_logger(

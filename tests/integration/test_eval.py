@@ -168,6 +168,9 @@ def test_cli_prints_the_table_and_writes_json(synthetic_run: Path, tmp_path: Pat
     )
     assert re.search(r"^auc\s+0\.\d{6}$", res.stdout, re.M) and "rows           900" in res.stdout
     assert not [p for p in out.parent.iterdir() if p.name != "eval.json"]  # no temporary left
+    # torch's warning of the single-process load that dmt-eval asks for (no_dist=True) was
+    # printed at every run: "... assuming the intent is to load in a single process"
+    assert "torch.distributed is disabled" not in res.stderr, res.stderr
 
 
 def test_config_of_a_hydra_run_directory(synthetic_run: Path, tmp_path: Path) -> None:

@@ -202,7 +202,7 @@ def test_train_applies_trainer_reuse_host_memory(tmp_path, monkeypatch, caplog, 
     call is recorded); off, it warns when an earlier run of the process applied it, which
     lasts (a multirun's jobs share their process)."""
     calls: list[None] = []
-    monkeypatch.setattr(host_malloc, "reuse_host_memory", lambda: calls.append(None))
+    monkeypatch.setattr(host_malloc, "reuse_host_memory", lambda **_: calls.append(None))
     monkeypatch.setattr(host_malloc, "applied", lambda: earlier)
     with caplog.at_level(logging.WARNING, logger="dmt.train"):
         train(compose_config(*TINY, f"trainer.reuse_host_memory={reuse}"), tmp_path)

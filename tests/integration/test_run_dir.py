@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -536,3 +537,30 @@ def test_a_second_live_run_into_a_runs_absolute_checkpoint_dir_stops_at_start(tm
     )
     assert not second.exists()
     assert [p.name for p in ckpt.iterdir()] == ["run.lock"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_console(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A 2-rank torchrun run's directory and console (stdout: dmt's log lines, every rank's)."""
+    run = tmp_path_factory.mktemp("console") / "run"
+    cmd, env = torchrun("-m", "dmt.train", *TINY, "trainer=smoke", f"hydra.run.dir={run}")
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run, done.stdout.splitlines()
+
+
+def test_rank_0_names_the_run_directory_as_the_run_starts(two_rank_console):
+    """A job's console (every rank's output in one SLURM log) never named the run directory
+    until rank 0's last line, and a run that failed never did: where its logs, history.jsonl
+    and checkpoints were was the user's guess (``outputs/<date>/<time>-<pid>`` by default)."""
+    run, lines = two_rank_console
+    said = [i for i, line in enumerate(lines) if line.endswith(f"][INFO] - run directory {run}")]
+    assert len(said) == 1, lines  # rank 0's, once
+    assert said[0] < next(i for i, line in enumerate(lines) if line.startswith("val_auc="))
+
+
+def test_the_host_memory_setting_of_every_rank_is_said_once(two_rank_console):
+    """Every rank logged the same line that freed host memory is kept for reuse (64 alike in
+    the log of a job of 64 ranks): rank 0 says it for all."""
+    said = [line for line in two_rank_console[1] if "host memory: freed memory is kept" in line]
+    assert len(said) == 1, two_rank_console[1]
