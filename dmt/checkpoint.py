@@ -40,7 +40,7 @@ import shutil
 import socket
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
@@ -1088,7 +1088,7 @@ def load(
     except (Exception, CheckpointException) as e:
         raise ValueError(f"cannot load checkpoint {path} into this model: {e}") from e
     # under DCP's keys: TorchRec's load_state_dict renames them in place (DDP's "module.")
-    _check_finite(path, int(meta["step"]), state, world)
+    _check_finite(path, int(meta["step"]), state, world, skip=_buffer_keys(model, state["model"]))
     result = model.load_state_dict(state["model"], strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise ValueError(
@@ -1114,19 +1114,24 @@ def load(
 _FINITE_CHUNK = 1 << 24
 
 
-def _check_finite(path: Path, step: int, state: dict[str, Any], world: int) -> None:
+def _check_finite(
+    path: Path, step: int, state: dict[str, Any], world: int, *, skip: Collection[str] = ()
+) -> None:
     """Raise ``ValueError`` on every rank if any rank loaded a value that is not finite (NaN or
     inf) from checkpoint ``path`` into ``state``: a run that had diverged saved it, and training
     on would start from it (with ``resume_from=auto`` after a restart, silently). The error
     names the checkpoint, its step, the first such tensor (its key in the checkpoint: ``model.``,
     ``optim.`` or ``ema.`` and the state-dict key; of the lowest rank that holds one) and the
     newest complete checkpoint before it, which the user may resume from instead: it is not
-    taken in its place (nor checked: that happens when it loads). One small collective."""
+    taken in its place (nor checked: that happens when it loads). The keys of ``skip`` are not
+    checked (the model's buffers, :func:`_buffer_keys`). One small collective."""
     bad = next(
         (
             key
             for key, value in flatten_keys(state).items()
-            if not key.startswith("rng.") and not all(map(_finite, _local_tensors(value)))
+            if not key.startswith("rng.")
+            and key not in skip
+            and not all(map(_finite, _local_tensors(value)))
         ),
         None,
     )
@@ -1147,9 +1152,24 @@ def _check_finite(path: Path, step: int, state: dict[str, Any], world: int) -> N
     raise ValueError(
         f"checkpoint {path} (step {step}) holds values that are not finite (NaN or inf), "
         f"first in {bad}: the run that saved it had diverged, and training on would start from "
-        f"them; {instead}, in a new run directory (another hydra.run.dir), perhaps with a lower "
-        "learning rate (optim.lr, optim.sparse_lr)"
+        f"them; {instead}, in a new run directory (another hydra.run.dir, and another "
+        "trainer.checkpoint_dir if yours is absolute), perhaps with a lower learning rate "
+        "(optim.lr, optim.sparse_lr)"
     )
+
+
+def _buffer_keys(model: nn.Module, model_state: dict[str, Any]) -> set[str]:
+    """The checkpoint keys (``model.<state-dict key>``) of ``model``'s buffers: values a module
+    set, not learned ones, which may be infinite by design (a user tower module's attention
+    mask of ``-inf``). Found by storage, as a sharded model's state-dict keys need not be its
+    buffers' names (SPTT's towers); its tables (sharded tensors) are never among them."""
+
+    def storage(t: Any) -> int | None:  # plain tensors' (a sharded tensor is no buffer)
+        plain = type(t) is torch.Tensor and t.numel() > 0
+        return t.untyped_storage().data_ptr() if plain else None
+
+    buffers = {storage(b) for b in model.buffers()} - {None}
+    return {f"model.{k}" for k, v in model_state.items() if storage(v) in buffers}
 
 
 def _local_tensors(value: Any) -> list[torch.Tensor]:

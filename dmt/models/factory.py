@@ -124,20 +124,42 @@ def build_interaction(cfg: ModelConfig, *, num_vectors: int, dim: int) -> Intera
 
 def check_components(cfg: ModelConfig, feature_names: Sequence[str] | None = None) -> None:
     """Build ``cfg``'s interaction and, for a DMT model, its tower module for each tower size of
-    its partition over ``feature_names`` (:func:`~dmt.models.partition.tower_sizes`; one feature
-    where they are not known) on the meta device, so that their own checks fail before any data
-    is read (:func:`dmt.config.validate`), and import the model builder ``cfg._target_``."""
+    its partition over ``feature_names`` (:func:`~dmt.models.partition.tower_sizes`; where they
+    are not known, one size it builds for: :func:`_some_tower_module`) on the meta device, so
+    that their own checks fail before any data is read (:func:`dmt.config.validate`), and import
+    the model builder ``cfg._target_``."""
     model_builder(cfg)
     with torch.device("meta"):
         dim = cfg.embedding_dim
         if cfg.partition.kind != "none":
             known = None if feature_names is None else tower_sizes(cfg.partition, feature_names)
-            modules = [
-                build_tower_module(cfg.tower, num_features=n, embedding_dim=cfg.embedding_dim)
-                for n in sorted(set(known or [1]))
-            ]
-            dim = modules[0].dim
+            if known is None:
+                dim = _some_tower_module(cfg, len(feature_names) if feature_names else 1).dim
+            else:
+                modules = [
+                    build_tower_module(cfg.tower, num_features=n, embedding_dim=cfg.embedding_dim)
+                    for n in sorted(set(known))
+                ]
+                dim = modules[0].dim
         build_interaction(cfg, num_vectors=1, dim=dim)
+
+
+def _some_tower_module(cfg: ModelConfig, num_features: int) -> TowerModule:
+    """The tower module of the first tower size, from one feature to ``num_features``, that it
+    builds for; the error of one feature where it builds for none. For towers not known (yet: a
+    ``tp`` partition file still to be written, or missing, which building the model names): a
+    module that refuses some sizes (a tower of one feature) is not refused for a guess."""
+    try:
+        return build_tower_module(cfg.tower, num_features=1, embedding_dim=cfg.embedding_dim)
+    except ValueError as error:
+        for n in range(2, num_features + 1):
+            try:
+                return build_tower_module(
+                    cfg.tower, num_features=n, embedding_dim=cfg.embedding_dim
+                )
+            except ValueError:
+                continue
+        raise error
 
 
 def model_builder(cfg: ModelConfig) -> tuple[str, Callable[..., Any]]:

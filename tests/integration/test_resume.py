@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from dmt import checkpoint
 from dmt.history import read_history
+from dmt.models import TowerModule
 from dmt.run_dir import check_resume_config
 from dmt.runtime import close_runtime, init_runtime
 from dmt.train import to_config, train
@@ -663,7 +664,8 @@ def test_a_checkpoint_with_values_that_are_not_finite_is_not_resumed(
         f"{key}: the run that saved it had diverged, and training on would start from them; "
         "resume from an earlier checkpoint by its path (the newest before it: "
         f"trainer.resume_from={str(run / 'checkpoints' / 'step_8')!r}), in a new run directory "
-        "(another hydra.run.dir), perhaps with a lower learning rate (optim.lr, optim.sparse_lr)"
+        "(another hydra.run.dir, and another trainer.checkpoint_dir if yours is absolute), "
+        "perhaps with a lower learning rate (optim.lr, optim.sparse_lr)"
     )
     with pytest.raises(ValueError) as auto:
         _train(run, *overrides[len(TINY) :], "trainer.resume_from=auto")
@@ -671,6 +673,93 @@ def test_a_checkpoint_with_values_that_are_not_finite_is_not_resumed(
     with pytest.raises(ValueError) as by_path:
         _train(tmp_path / "new", *overrides[len(TINY) :], f"trainer.resume_from={step_12}")
     assert str(by_path.value) == message
+
+
+def test_a_refused_diverged_checkpoint_in_an_absolute_checkpoint_dir_says_how_to_resume(
+    tmp_path: Path,
+) -> None:
+    """A reproduced bug: with an absolute ``trainer.checkpoint_dir``, a checkpoint holding NaN
+    was refused with "resume from an earlier checkpoint by its path (...step_4), in a new run
+    directory (another hydra.run.dir)", and that resume was refused in turn ("goes back in this
+    run: its checkpoint directory holds the newer step_8"): a new run directory keeps the same
+    absolute checkpoint directory. The message says to change both, as that refusal does, and
+    the resume it describes trains on."""
+    ckpts = tmp_path / "ckpts"
+    overrides = ("trainer.max_steps=8", "trainer.checkpoint_every=4")
+    rt = init_runtime("cpu")
+    try:
+        conf = to_config(compose_config(*TINY, *overrides, f"trainer.checkpoint_dir={ckpts}"))
+        trainer = Trainer(conf, rt, tmp_path / "run")
+        trainer.fit()
+        shutil.rmtree(ckpts / "step_8")  # saved again below, with a NaN in a dense weight
+        with torch.no_grad():
+            next(p for p in trainer.model.parameters() if p.dim() == 2).view(-1)[0] = math.nan
+        trainer.save(0, 8)
+    finally:
+        close_runtime()
+    with pytest.raises(ValueError) as error:
+        _train(
+            tmp_path / "run",
+            *overrides,
+            f"trainer.checkpoint_dir={ckpts}",
+            "trainer.resume_from=auto",
+        )
+    assert (
+        f"trainer.resume_from={str(ckpts / 'step_4')!r}), in a new run directory (another "
+        "hydra.run.dir, and another trainer.checkpoint_dir if yours is absolute)"
+    ) in str(error.value)
+    resume = f"trainer.resume_from={ckpts / 'step_4'}"
+    with pytest.raises(ValueError, match="goes back in this run"):  # a new run directory alone
+        _train(tmp_path / "new", *overrides, f"trainer.checkpoint_dir={ckpts}", resume)
+    other = f"trainer.checkpoint_dir={tmp_path / 'ckpts_new'}"
+    assert _train(tmp_path / "newer", *overrides, other, resume)["num_steps"] == 8.0
+
+
+class MaskedTowerModule(TowerModule):
+    """A user's tower module: attention over the tower's features under a causal mask, a
+    buffer of ``-inf`` above the diagonal (a value the module set, not a diverged one)."""
+
+    def __init__(self, num_features: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.num_features, self.embedding_dim = num_features, embedding_dim
+        self.num_vectors, self.dim = num_features, embedding_dim
+        mask = torch.full((num_features, num_features), -math.inf).triu(1)
+        self.register_buffer("mask", mask)
+        self.proj = torch.nn.Linear(embedding_dim, embedding_dim)
+
+    def forward(self, embs: torch.Tensor) -> torch.Tensor:
+        self._check_input(embs)
+        scores = embs @ embs.transpose(1, 2) + self.mask
+        return self.proj(torch.softmax(scores, -1) @ embs)
+
+
+@pytest.mark.parametrize("sptt", [False, True], ids=["dmt", "sptt"])
+def test_a_modules_infinite_buffer_does_not_refuse_its_healthy_checkpoint(
+    tmp_path: Path, sptt: bool
+) -> None:
+    """A reproduced bug: a run whose tower module holds an attention mask of ``-inf`` (a
+    buffer) trained with a finite loss, and its resume was refused: "checkpoint .../step_4
+    (step 4) holds values that are not finite (NaN or inf), first in
+    model.model.towers.0.tower_module.mask: the run that saved it had diverged". The check
+    reads the learned values (weights, tables, optimizer state), not the modules' buffers."""
+    run = tmp_path / "run"
+    towers = (
+        ["model.partition.num_towers=1", "sptt=on", "sptt.local_world_size=1"]
+        if sptt
+        else ["model.partition.num_towers=2"]
+    )
+    overrides = (
+        "+partition=naive",
+        *towers,
+        f"model.tower._target_={__name__}.MaskedTowerModule",
+        "trainer.checkpoint=true",
+    )
+    first = _train(run, *overrides, "trainer.max_steps=4")
+    assert math.isfinite(first["train_loss_last"])
+    saved = checkpoint.tensor_keys(run / "checkpoints" / "step_4", prefix="")
+    assert any(k.endswith("tower_module.mask") for k in saved), sorted(saved)
+    resumed = _train(run, *overrides, "trainer.max_steps=8", "trainer.resume_from=auto")
+    assert resumed["num_steps"] == 8.0 and math.isfinite(resumed["train_loss_last"])
 
 
 @pytest.mark.slow  # 2-rank runs under torchrun (about 60 s on 2 shared cores)

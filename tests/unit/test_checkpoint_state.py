@@ -170,8 +170,8 @@ def test_the_finite_check_reads_every_slice_of_a_tensor_and_only_float_state(
         f"checkpoint {step} (step 4) holds values that are not finite (NaN or inf), first in "
         "model.w: the run that saved it had diverged, and training on would start from them; "
         f"no complete checkpoint before it is in {str(tmp_path)!r}: start afresh, in a new run "
-        "directory (another hydra.run.dir), perhaps with a lower learning rate (optim.lr, "
-        "optim.sparse_lr)"
+        "directory (another hydra.run.dir, and another trainer.checkpoint_dir if yours is "
+        "absolute), perhaps with a lower learning rate (optim.lr, optim.sparse_lr)"
     )
 
 

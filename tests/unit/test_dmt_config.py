@@ -453,3 +453,31 @@ def test_validation_builds_the_tower_module_with_the_partitions_tower_sizes(tmp_
     ):
         with pytest.raises(ValueError, match=refused):
             typed_config(*pair, *partition, "+tower=pair")
+
+
+def test_a_tp_partition_whose_file_does_not_read_does_not_refuse_the_tower_module(tmp_path):
+    """Reproduced: with ``model.partition.path`` a file that does not exist (yet), validation
+    built the tower module with one feature and refused a :class:`PairTowerModule` run with
+    ``model.tower: PairTowerModule: num_features=1: it needs pairs``, blaming the module for a
+    size no tower of the run has, not the file. The towers not known, the module is tried at
+    sizes from one feature up and refused only if it builds for none; training then names the
+    missing file."""
+    (tmp_path / "tower").mkdir()
+    (tmp_path / "tower" / "pair.yaml").write_text(
+        f"# @package model.tower\n_target_: {__name__}.PairTowerModule\ndim: 8\n"
+    )
+    missing = tmp_path / "partition.yaml"  # dmt-partition's to write
+    base = [f"hydra.searchpath=[file://{tmp_path}]", "model=dlrm", "model.bottom_mlp=[64,8]"]
+    tp = [*base, "+partition=tp", f"model.partition.path={missing}"]
+    conf = typed_config(*tp, "+tower=pair")  # validated
+    with pytest.raises(ValueError) as error:
+        build_model(conf.model, feature_names=NAMES, cardinalities=[5] * 26, num_dense=13)
+    assert str(error.value) == (
+        f"model.partition.path={missing}: partition file {str(missing)!r} does not exist"
+    )
+    # a module that builds for no size is refused, with its error for one feature
+    with pytest.raises(ValueError) as error:
+        typed_config(*tp, "+tower=pair", "+model.tower.width=3")
+    assert str(error.value) == (
+        "model.tower: PairTowerModule.__init__() got an unexpected keyword argument 'width'"
+    )
