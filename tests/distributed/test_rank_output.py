@@ -16,6 +16,9 @@ from dmt.trainer import Trainer
 from tests.conftest import compose_config
 from tests.distributed.distributed_harness import run_on_ranks
 
+# real 2-rank trainings, flat and SPTT, with a resume (25 s in all): the slow tier
+pytestmark = pytest.mark.slow
+
 TINY = [
     "logger=disabled",
     "trainer.progress_bar=false",

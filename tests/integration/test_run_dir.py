@@ -549,6 +549,7 @@ def two_rank_console(tmp_path_factory) -> tuple[Path, list[str]]:
     return run, done.stdout.splitlines()
 
 
+@pytest.mark.slow  # a 2-rank torchrun run (17-25 s): CI's suite stays under 15 minutes
 def test_rank_0_names_the_run_directory_as_the_run_starts(two_rank_console):
     """A job's console (every rank's output in one SLURM log) never named the run directory
     until rank 0's last line, and a run that failed never did: where its logs, history.jsonl
@@ -559,6 +560,7 @@ def test_rank_0_names_the_run_directory_as_the_run_starts(two_rank_console):
     assert said[0] < next(i for i, line in enumerate(lines) if line.startswith("val_auc="))
 
 
+@pytest.mark.slow  # a 2-rank torchrun run (17-25 s): CI's suite stays under 15 minutes
 def test_the_host_memory_setting_of_every_rank_is_said_once(two_rank_console):
     """Every rank logged the same line that freed host memory is kept for reuse (64 alike in
     the log of a job of 64 ranks): rank 0 says it for all."""
