@@ -624,7 +624,13 @@ def test_resume_auto_takes_the_newest_complete_checkpoint_and_skips_a_damaged_on
 
 
 @pytest.mark.parametrize(
-    "poisoned", ["model table", "table optimizer state", "dense optimizer state"]
+    "poisoned",
+    [
+        "model table",
+        # CI time (5 s each): the optimizer states' cases run with -m slow
+        pytest.param("table optimizer state", marks=pytest.mark.slow),
+        pytest.param("dense optimizer state", marks=pytest.mark.slow),
+    ],
 )
 def test_a_checkpoint_with_values_that_are_not_finite_is_not_resumed(
     tmp_path: Path, poisoned: str
