@@ -179,7 +179,7 @@ def _value(run: _Run, metrics: dict[str, Any], metric: str) -> float:
     training loss or its predictions not finite) even where the metric is finite (a saturated
     model's AUC of 0.5 beside an infinite loss), as the sweepers and the trials table count it:
     :func:`summarize` then counts it among the runs that are not finite."""
-    evidence = divergence(metrics)
+    evidence = divergence(metrics, metric)
     if evidence is None:
         return float(metrics[metric])
     print(

@@ -281,7 +281,7 @@ def sweep_value(metrics: dict[str, float], name: str, *, fail_diverged: bool = F
             f"trainer.optimize_metric={name!r} is not a metric of this run; "
             f"choose one of {sorted(metrics)}"
         )
-    evidence = divergence(metrics)
+    evidence = divergence(metrics, name)
     if evidence is not None:
         what = "NaN" if math.isnan(value) else f"{value:.4g}, not a result"
         message = f"trainer.optimize_metric={name!r} is {what}: this run diverged ({evidence})"

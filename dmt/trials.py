@@ -75,16 +75,26 @@ class Trial:
         v = None if self.metrics is None else self.metrics.get(metric)
         if not isinstance(v, int | float) or not math.isfinite(v):
             return None
-        return None if divergence(self.metrics or {}) is not None else float(v)
+        return None if divergence(self.metrics or {}, metric) is not None else float(v)
 
 
-def divergence(metrics: Mapping[str, Any]) -> str | None:
+def reads_the_model(metric: str) -> bool:
+    """Whether ``metric`` measures what the model learned (a split's metric, the training loss),
+    which a run that diverged leaves without meaning; its throughput or step count keep theirs."""
+    return metric.startswith(("val_", "test_")) or metric == "train_loss_last"
+
+
+def divergence(metrics: Mapping[str, Any], metric: str | None = None) -> str | None:
     """What shows that a run diverged, or None: its last training loss is not finite, or a
     split's logloss is NaN over rows (predictions that were not finite: a finite one's logloss
     is finite, clamped; :func:`dmt.metrics.click_metrics`). The loss alone misses a run whose
     last step made the weights NaN: that step's loss was computed before it. A NaN loss beside
     a NaN ``train_samples_per_s`` is none: an attempt that trained nothing, whose checkpoint
-    (an earlier dmt's) recorded neither figure. Values that are not numbers show nothing."""
+    (an earlier dmt's) recorded neither figure. Values that are not numbers show nothing.
+    With ``metric``: None where that metric does not read the model (:func:`reads_the_model`:
+    ``train_samples_per_s`` of a diverged run is still its throughput)."""
+    if metric is not None and not reads_the_model(metric):
+        return None
 
     def number(key: str) -> float:
         value = metrics.get(key)

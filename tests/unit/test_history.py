@@ -227,6 +227,8 @@ def test_a_diverged_runs_finite_metric_is_a_failed_trial(caplog):
         "trainer.optimize_metric='val_logloss' is 3.9, not a result: this run diverged "
         "(train_loss_last=inf); the sweeper records this trial as failed"
     )
+    # its throughput is still its throughput: a sweep on it keeps the trial
+    assert sweep_value(saturated, "train_samples_per_s", fail_diverged=True) == 900.0
     # an attempt that trained nothing from an earlier dmt's checkpoint knows neither figure:
     # NaN, with a warning of its own; that is no divergence
     unknown = {**saturated, "train_loss_last": math.nan, "train_samples_per_s": math.nan}

@@ -202,8 +202,10 @@ def test_a_diverged_trial_with_a_finite_metric_is_failed_not_ranked(tmp_path: Pa
     sweep = fake_sweep(tmp_path / "sweep", {0: ("0.001", 0.4), 1: ("1e6", 0.5)})
     diverged = sweep / "1" / "metrics.json"
     metrics = {**json.loads(diverged.read_text()), "train_loss_last": math.inf}
+    metrics["train_samples_per_s"] = 123.0
     diverged.write_text(json.dumps(metrics))  # Python's json, as dmt-train's: Infinity
     trials = read_trials(sweep)
+    assert trials[1].value("train_samples_per_s") == 123.0  # its throughput is still that
     _, rows = trials_table(trials, "val_auc")
     assert [(r["status"], r["val_auc"], r["best_so_far"], r["val_logloss"]) for r in rows] == [
         ("ok", 0.4, 0.4, 0.5),
