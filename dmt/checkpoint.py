@@ -61,12 +61,12 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.staging import AsyncStager
-from torch.distributed.tensor import DTensor
 
 from dmt.config import NO_DEFAULT, OptimConfig, component_default, schema_default
 from dmt.ema import DenseEMA
 from dmt.host_memory import (
     RankMemory,
+    local_tensors,
     machine_id,
     memory_bounds,
     staged_bytes,
@@ -1131,7 +1131,7 @@ def _check_finite(
             for key, value in flatten_keys(state).items()
             if not key.startswith("rng.")
             and key not in skip
-            and not all(map(_finite, _local_tensors(value)))
+            and not all(map(_finite, local_tensors(value)))
         ),
         None,
     )
@@ -1170,16 +1170,6 @@ def _buffer_keys(model: nn.Module, model_state: dict[str, Any]) -> set[str]:
 
     buffers = {storage(b) for b in model.buffers()} - {None}
     return {f"model.{k}" for k, v in model_state.items() if storage(v) in buffers}
-
-
-def _local_tensors(value: Any) -> list[torch.Tensor]:
-    """This rank's part of a state entry: a ``ShardedTensor``'s local shards, a ``DTensor``'s
-    local tensor, a tensor itself; nothing for other values."""
-    if isinstance(value, ShardedTensor):
-        return [shard.tensor for shard in value.local_shards()]
-    if isinstance(value, DTensor):
-        return [value.to_local()]
-    return [value] if isinstance(value, torch.Tensor) else []
 
 
 def _finite(t: torch.Tensor) -> bool:

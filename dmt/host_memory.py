@@ -37,17 +37,23 @@ from torch.distributed.tensor import DTensor
 _V1_UNLIMITED = 1 << 62
 
 
+def local_tensors(value: Any) -> list[torch.Tensor]:
+    """This rank's part of a state entry: a ``ShardedTensor``'s local shards, a ``DTensor``'s
+    local tensor, a tensor itself; nothing for other values."""
+    if isinstance(value, ShardedTensor):
+        return [shard.tensor for shard in value.local_shards()]
+    if isinstance(value, DTensor):
+        return [value.to_local()]
+    return [value] if isinstance(value, torch.Tensor) else []
+
+
 def staged_bytes(state: Any) -> int:
     """Bytes :class:`dmt.checkpoint.HostStager` copies into host memory for this rank's
     ``state`` (a nested dict/list of tensors, as :meth:`Checkpointer.save` hands to DCP): every
     tensor's own elements, the local shards of a ``ShardedTensor`` or ``DTensor``; other values
     count 0. Also the most it holds at once while it copies."""
-    if isinstance(state, ShardedTensor):
-        return sum(_nbytes(shard.tensor) for shard in state.local_shards())
-    if isinstance(state, DTensor):
-        return _nbytes(state.to_local())
-    if isinstance(state, torch.Tensor):
-        return _nbytes(state)
+    if isinstance(state, ShardedTensor | DTensor | torch.Tensor):
+        return sum(_nbytes(t) for t in local_tensors(state))
     if isinstance(state, Mapping):
         return sum(staged_bytes(v) for v in state.values())
     if isinstance(state, list | tuple):
