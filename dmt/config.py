@@ -406,7 +406,7 @@ class TrainerConfig:
     """Training loop settings."""
 
     epochs: int = 1  # passes over the training set
-    max_steps: int = -1  # stop after this many steps (<= 0: run all epochs)
+    max_steps: int = -1  # stop after this many steps, or at the end of trainer.epochs if that comes first (<= 0: run all epochs)
     eval_every: int = 0  # evaluate on validation every N steps (0: only at the end)
     log_every: int = 50  # log training loss every N steps
     checkpoint_every: int = (
@@ -875,6 +875,53 @@ def validate(cfg: Config) -> None:
                 "means do not add up to the mean; use sptt.sharding_type=table_wise or "
                 "column_wise for mean pooling"
             )
+        check_row_wise_rows(cfg)
+
+
+def _config_rows(cfg: Config) -> tuple[list[int], str] | None:
+    """Rows of each feature's table where the config gives them, and the setting that does:
+    ``model.num_embeddings_per_feature``, else synthetic data's cardinalities (None for Criteo,
+    whose rows come from its data)."""
+    m, d = cfg.model, cfg.data
+    if m.num_embeddings_per_feature is not None:
+        return list(m.num_embeddings_per_feature), "model.num_embeddings_per_feature"
+    if d.kind != "synthetic":
+        return None
+    if d.synthetic.cardinalities is not None:
+        return list(d.synthetic.cardinalities), "data.synthetic.cardinalities"
+    return [d.synthetic.cardinality] * d.synthetic.num_sparse, "data.synthetic.cardinality"
+
+
+def check_row_wise_rows(cfg: Config, local_world_size: int | None = None) -> None:
+    """With ``sptt=on`` and ``sptt.sharding_type=row_wise`` every rank of a tower holds a row
+    block of each of its tables: refuse a table with fewer rows than the tower's ``K*L`` ranks
+    (``sptt.hosts_per_tower`` times ``sptt.local_world_size``, or ``local_world_size``, the
+    launcher's ranks per host; one where neither is known, which refuses only what every
+    world refuses), where the config gives its rows (:func:`_config_rows`)."""
+    sp = cfg.sptt
+    found = _config_rows(cfg)
+    if not (sp.enabled and sp.sharding_type == "row_wise") or found is None:
+        return
+    if sp.local_world_size is not None:
+        L, per_host = sp.local_world_size, f"sptt.local_world_size={sp.local_world_size}"
+    elif local_world_size is not None:
+        L, per_host = local_world_size, f"L={local_world_size} ranks per host (LOCAL_WORLD_SIZE)"
+    else:
+        L, per_host = 1, "at least L=1 rank per host"
+    from dmt.data import sparse_feature_names  # noqa: PLC0415 (dmt.data imports this module)
+
+    ranks = sp.hosts_per_tower * L
+    rows, setting = found
+    for i, (name, n) in enumerate(zip(sparse_feature_names(len(rows)), rows)):
+        if n < ranks:
+            value = f"{setting}={n}" if setting.endswith("cardinality") else f"{setting}[{i}]={n}"
+            raise ValueError(
+                f"sptt.sharding_type=row_wise puts a row block of every table on each of the "
+                f"K*L={ranks} ranks of its tower (sptt.hosts_per_tower={sp.hosts_per_tower}, "
+                f"{per_host}), but the table of feature {name} has {n} row"
+                f"{'' if n == 1 else 's'} ({value}): a row-wise table needs at least {ranks} "
+                "rows; give it more, or use sptt.sharding_type=table_wise or column_wise"
+            )
 
 
 def _check_checkpoint_dir(path: str) -> None:
@@ -931,6 +978,13 @@ def _listed(settings: list[str]) -> str:
 def _beyond_run(t: TrainerConfig, total_steps: int) -> list[str]:
     run = f"longer than the run ({total_steps} steps: trainer.epochs, trainer.max_steps)"
     out = []
+    if t.max_steps > total_steps:  # trainer.epochs ended the run first, after equal epochs
+        per_epoch = max(total_steps // t.epochs, 1)
+        out.append(
+            f"trainer.max_steps={t.max_steps} is {run}: trainer.epochs={t.epochs} ends it first "
+            f"({per_epoch} steps per epoch); trainer.epochs={-(-t.max_steps // per_epoch)} "
+            f"trains {t.max_steps} steps"
+        )
     if t.log_every > total_steps:
         out.append(
             f"trainer.log_every={t.log_every} is {run}: no training loss is logged "

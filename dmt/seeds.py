@@ -226,7 +226,8 @@ def scored_predictions_problem(run_dir: Path, split: str) -> str | None:
     ended (``dmt-eval --predictions`` of its final checkpoint), by the ``eval_<split>.json``
     dmt-eval wrote with it and the run's ``metrics.json``: the same file, split (``test`` of a
     run with ``data.criteo.test_path`` is recorded as ``test (<that file>)``), step
-    (``num_steps``) and rows (``<split>_num_samples``); None where it is, or where there is none."""
+    (``num_steps``), rows (``<split>_num_samples``) and a checkpoint in the run's own checkpoint
+    directory (:func:`_run_checkpoint_dir`); None where it is, or where there is none."""
     pred = run_dir / f"pred_{split}.npz"
     if not pred.exists():
         return None
@@ -265,12 +266,55 @@ def scored_predictions_problem(run_dir: Path, split: str) -> str | None:
         for key, want in wanted.items()
         if want is not None and found[key] != want
     ]
+    scored = report.get("checkpoint")
+    own = (
+        None
+        if _in_checkpoint_dir(scored, run_dir / "checkpoints")
+        else _run_checkpoint_dir(run_dir)
+    )
+    if own is not None and not _in_checkpoint_dir(scored, own, run_dir):
+        differences.append(f"checkpoint {scored!r} (the run's: a step_N in {str(own)!r})")
     if not differences:
         return None
     return (
         f"{pred} is not run {run_dir}'s scores on its whole {split} split as it ended: "
         f"{report_path} records {', '.join(differences)}; {again}"
     )
+
+
+def _in_checkpoint_dir(scored: Any, own: Path, run_dir: Path | None = None) -> bool:
+    """Whether dmt-eval's recorded ``checkpoint`` ``scored`` is a step directory in ``own``, the
+    run's checkpoint directory; with ``run_dir``, also where the run directory was moved since
+    (``scored`` is gone) and ``own`` is inside it: ``scored`` ends in the run directory's name and
+    ``own``'s path in it (another run's directory has another name)."""
+    if not isinstance(scored, str):
+        return False
+    parent = Path(scored).parent
+    if parent.resolve() == own.resolve():
+        return True
+    if run_dir is None or Path(scored).exists() or not own.is_relative_to(run_dir):
+        return False
+    tail = (run_dir.name, *own.relative_to(run_dir).parts)
+    return parent.parts[-len(tail) :] == tail
+
+
+def _run_checkpoint_dir(run_dir: Path) -> Path | None:
+    """The directory the run in ``run_dir`` wrote its checkpoints to: its
+    ``trainer.checkpoint_dir`` (relative to ``run_dir``, or absolute) as its :data:`RUN_FILE`'s
+    overrides compose it, or as its Hydra record ``.hydra/config.yaml`` holds it (the default,
+    ``checkpoints``, where it has neither); None where its overrides no longer compose."""
+    from dmt.checkpoint import flatten_keys  # noqa: PLC0415
+
+    config: dict[str, Any] = {}
+    try:
+        if (run_dir / RUN_FILE).is_file():
+            overrides = json.loads((run_dir / RUN_FILE).read_text()).get("overrides")
+            config = _config_of(str(run_dir), list(overrides))
+        elif (run_dir / HYDRA_RECORD).is_file():
+            config = yaml.safe_load((run_dir / HYDRA_RECORD).read_text()) or {}
+    except (OSError, TypeError, ValueError, AttributeError, yaml.YAMLError):
+        return None  # unreadable or an older dmt's: what it ran cannot be read
+    return run_dir / str(flatten_keys(config).get("trainer.checkpoint_dir", "checkpoints"))
 
 
 def _names_split(data: Any, split: str) -> bool:

@@ -15,6 +15,7 @@ import gc
 import hashlib
 import logging
 import math
+import os
 import traceback
 from pathlib import Path
 from typing import Any, cast
@@ -26,10 +27,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dmt import host_malloc
-from dmt.config import Config, register_configs, validate
+from dmt.config import Config, check_row_wise_rows, register_configs, validate
 from dmt.metrics import CLICK_METRICS
 from dmt.run_dir import agree_on_run_dir, claim_run_dir, stale_lock_wait
-from dmt.runtime import close_runtime, init_runtime
+from dmt.runtime import close_runtime, init_runtime, launcher_env, world_from_env
 from dmt.tracking import open_logger
 from dmt.trainer import Trainer
 from dmt.trials import divergence
@@ -115,6 +116,8 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
     stops answering ends the job after ``trainer.collective_timeout_s`` (:mod:`dmt.watchdog`).
     """
     conf = to_config(cfg)
+    if conf.sptt.enabled:  # the launcher's ranks per host, before any process group
+        check_row_wise_rows(conf, world_from_env(launcher_env(os.environ)).local_world_size)
     t = conf.trainer
     out = Path(output_dir) if output_dir is not None else Path(HydraConfig.get().runtime.output_dir)
     runtime = init_runtime(

@@ -127,21 +127,28 @@ def check_components(cfg: ModelConfig, feature_names: Sequence[str] | None = Non
     its partition over ``feature_names`` (:func:`~dmt.models.partition.tower_sizes`; where they
     are not known, one size it builds for: :func:`_some_tower_module`) on the meta device, so
     that their own checks fail before any data is read (:func:`dmt.config.validate`), and import
-    the model builder ``cfg._target_``."""
+    the model builder ``cfg._target_``. The interaction is built over the vectors the model
+    gives it: one per feature, or the towers' modules' ``num_vectors`` summed (one vector where
+    the features or the towers are not known)."""
     model_builder(cfg)
     with torch.device("meta"):
         dim = cfg.embedding_dim
+        num_vectors = len(feature_names) if feature_names else 1
         if cfg.partition.kind != "none":
             known = None if feature_names is None else tower_sizes(cfg.partition, feature_names)
             if known is None:
                 dim = _some_tower_module(cfg, len(feature_names) if feature_names else 1).dim
+                num_vectors = 1
             else:
-                modules = [
-                    build_tower_module(cfg.tower, num_features=n, embedding_dim=cfg.embedding_dim)
+                modules = {
+                    n: build_tower_module(
+                        cfg.tower, num_features=n, embedding_dim=cfg.embedding_dim
+                    )
                     for n in sorted(set(known))
-                ]
-                dim = modules[0].dim
-        build_interaction(cfg, num_vectors=1, dim=dim)
+                }
+                dim = modules[min(known)].dim
+                num_vectors = sum(modules[n].num_vectors for n in known)
+        build_interaction(cfg, num_vectors=num_vectors, dim=dim)
 
 
 def _some_tower_module(cfg: ModelConfig, num_features: int) -> TowerModule:

@@ -616,6 +616,45 @@ def test_scores_of_the_test_split_of_a_run_with_its_own_test_file_are_its_split(
     )
 
 
+def test_scores_of_another_runs_checkpoint_are_not_the_runs_scores(synthetic_run, tmp_path):
+    """Reproduced: :func:`dmt.seeds.scored_predictions_problem` took ``dmt-eval`` of another
+    run's checkpoint (as many steps, the same rows), written into this run's directory, as this
+    run's scores. The checkpoint scored must be in the run's own ``trainer.checkpoint_dir``
+    (relative to the run directory or absolute, as the run's record composes it)."""
+    own, other = (_copy_run(synthetic_run, tmp_path / name) for name in ("own", "other"))
+    pred, report = own / "pred_test.npz", own / "eval_test.json"
+
+    def score(checkpoints: Path) -> str | None:
+        argv = ["--checkpoint", str(checkpoints), "--data", "test", "--no-progress"]
+        argv += ["--out", str(report), "--predictions", str(pred), "--overwrite"]
+        assert main(argv) == 0
+        return scored_predictions_problem(own, "test")
+
+    def refusal(checkpoints: Path, expected: Path) -> str:
+        return (
+            f"{pred} is not run {own}'s scores on its whole test split as it ended: {report} "
+            f"records checkpoint {str(checkpoints / 'step_3')!r} (the run's: a step_N in "
+            f"{str(expected)!r}); move {pred} and {report} away to score the run again"
+        )
+
+    assert score(own / "checkpoints") is None
+    assert score(other / "checkpoints") == refusal(other / "checkpoints", own / "checkpoints")
+    # a study moved since it was scored: the recorded checkpoint is gone, the run's name stays
+    assert score(own / "checkpoints") is None
+    moved = tmp_path / "moved" / "own"
+    shutil.copytree(own, moved)
+    shutil.rmtree(own / "checkpoints")
+    assert scored_predictions_problem(moved, "test") is None
+    shutil.copytree(moved / "checkpoints", own / "checkpoints")
+    # a run whose record puts its checkpoints elsewhere (an absolute trainer.checkpoint_dir)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(own / "checkpoints", elsewhere)
+    overrides = [*TINY, f"trainer.checkpoint_dir={elsewhere}"]
+    (own / "seed_run.json").write_text(json.dumps({"overrides": overrides}))
+    assert score(elsewhere) is None
+    assert score(other / "checkpoints") == refusal(other / "checkpoints", elsewhere)
+
+
 def test_bad_tsv_row_names_file_and_line(criteo_run, tmp_path, capsys) -> None:
     root, _, _ = criteo_run
     rows = make_rows(20, seed=3)

@@ -760,6 +760,18 @@ def test_a_world_of_one_trains_with_the_plain_loop_unless_told_to_pipeline_it(tm
             "trainer.log_every=20 is longer than the run (16 steps: trainer.epochs, "
             "trainer.max_steps): no training loss is logged (history.jsonl, wandb)",
         ),
+        (  # reproduced: TINY's run trained its one epoch's 16 steps, not 40, without a word
+            ["trainer.max_steps=40"],
+            "trainer.max_steps=40 is longer than the run (16 steps: trainer.epochs, "
+            "trainer.max_steps): trainer.epochs=1 ends it first (16 steps per epoch); "
+            "trainer.epochs=3 trains 40 steps",
+        ),
+        (  # two epochs of 16 steps, and a max_steps past them
+            ["trainer.max_steps=33", "trainer.epochs=2"],
+            "trainer.max_steps=33 is longer than the run (32 steps: trainer.epochs, "
+            "trainer.max_steps): trainer.epochs=2 ends it first (16 steps per epoch); "
+            "trainer.epochs=3 trains 33 steps",
+        ),
         (
             ["trainer.eval_every=20"],
             "trainer.eval_every=20 is longer than the run (16 steps: trainer.epochs, "

@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.distributed as dist
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
@@ -7,7 +8,8 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from dmt.config import ignored_settings, validate
 from dmt.data import build_data
 from dmt.inspect import inspect_config
-from tests.conftest import REPO, compose_config, typed_config
+from dmt.train import train
+from tests.conftest import REPO, compose_config, free_port, typed_config
 
 GROUPS = ["model", "data", "optim", "trainer", "logger", "sptt", "sharding", "tower", "partition"]
 #: what an option needs beside it: tower and partition options configure a DMT model (towers
@@ -474,3 +476,108 @@ def test_gpu_memory_settings_are_named_only_on_cpu(sptt):
         *sptt, "sharding.hbm_gb=null", "sharding.uvm_cache_load_factor=0.2", "sharding.ddr_gb=1"
     )
     assert ignored_settings(defaults, **LONG_RUN) == []
+
+
+ROW_WISE = ["experiment=dmt_4t_dlrm", "sptt=on", "sptt.sharding_type=row_wise"]
+
+
+def _too_few_rows(K: int, L: int, per_host: str, rows: int, value: str, feature: str) -> str:
+    return (
+        f"sptt.sharding_type=row_wise puts a row block of every table on each of the K*L={K * L} "
+        f"ranks of its tower (sptt.hosts_per_tower={K}, {per_host}), but the table of feature {feature} has {rows} row{'' if rows == 1 else 's'}"
+        f" ({value}): a row-wise table needs at least {K * L} rows; give it more, or use "
+        "sptt.sharding_type=table_wise or column_wise"
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["sptt.local_world_size=4", "data.synthetic.cardinality=3"],
+            _too_few_rows(
+                1, 4, "sptt.local_world_size=4", 3, "data.synthetic.cardinality=3", "cat_0"
+            ),
+        ),
+        (
+            [
+                "sptt.hosts_per_tower=2",
+                "sptt.local_world_size=1",
+                "data.synthetic.num_sparse=3",
+                "data.synthetic.num_groups=1",
+                "data.synthetic.cardinalities=[5,1,5]",
+            ],
+            _too_few_rows(
+                2, 1, "sptt.local_world_size=1", 1, "data.synthetic.cardinalities[1]=1", "cat_1"
+            ),
+        ),
+        (
+            [
+                "sptt.local_world_size=2",
+                "data.synthetic.cardinality=1",
+                "model.num_embeddings_per_feature=[4,4,4,4,4,4,4,1]",
+                "data.synthetic.num_sparse=8",
+                "data.synthetic.num_groups=2",
+            ],
+            _too_few_rows(
+                1,
+                2,
+                "sptt.local_world_size=2",
+                1,
+                "model.num_embeddings_per_feature[7]=1",
+                "cat_7",
+            ),
+        ),
+    ],
+    ids=["cardinality", "cardinalities", "num_embeddings_per_feature"],
+)
+def test_a_row_wise_table_with_fewer_rows_than_its_towers_ranks_is_refused(overrides, message):
+    """Reproduced: SPTT's plan refused such a table once the run had built its process groups,
+    read its data and built its model ("feature 'cat_0' (row_wise, tower 0) has 1 row, fewer
+    than the K*L=2 ranks of a tower"), naming no setting. Validation refuses it, naming the
+    settings, where the config gives the tower's ranks and the table's rows."""
+    with pytest.raises(ValueError) as refused:
+        typed_config(*ROW_WISE, *overrides)
+    assert str(refused.value) == message
+
+
+def test_row_wise_tables_with_enough_rows_or_rows_from_the_data_pass_validation():
+    """The rows needed are the tower's K*L: as many rows as ranks pass; Criteo's rows come from
+    its data (checked when the model is sharded); without sptt=on, or row-wise, no table is
+    split into rows."""
+    for overrides in (
+        [*ROW_WISE, "sptt.local_world_size=4", "data.synthetic.cardinality=4"],
+        [*ROW_WISE, "data.synthetic.cardinality=1"],  # L from the launcher (1 here)
+        [*ROW_WISE, "sptt.local_world_size=4", "data=criteo_sample"],
+        [
+            "experiment=dmt_4t_dlrm",
+            "sptt=on",
+            "sptt.local_world_size=4",
+            "data.synthetic.cardinality=1",
+        ],
+        ["sptt.sharding_type=row_wise", "sptt.local_world_size=4", "data.synthetic.cardinality=1"],
+    ):
+        validate(typed_config(*overrides))
+
+
+def test_dmt_train_refuses_a_row_wise_table_split_over_the_launchers_ranks(tmp_path, monkeypatch):
+    """Reproduced: under ``torchrun --nproc-per-node=2``, a row-wise table of one row failed in
+    SPTT's plan after the process group was built. ``train`` refuses it, with the launcher's
+    ranks per host (``LOCAL_WORLD_SIZE``), before it starts the runtime or writes anything."""
+    launch = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    launch |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    for name, value in launch.items():
+        monkeypatch.setenv(name, value)
+    # (a bounded wait for the rank that never comes, where the refusal is missed)
+    overrides = [
+        "logger=disabled",
+        "data.synthetic.cardinality=1",
+        "trainer.collective_timeout_s=10",
+    ]
+    conf = typed_config(*ROW_WISE, *overrides)
+    with pytest.raises(ValueError) as refused:
+        train(conf, tmp_path / "run")
+    assert str(refused.value) == _too_few_rows(
+        1, 2, "L=2 ranks per host (LOCAL_WORLD_SIZE)", 1, "data.synthetic.cardinality=1", "cat_0"
+    )
+    assert not dist.is_initialized() and not (tmp_path / "run").exists()

@@ -481,3 +481,44 @@ def test_a_tp_partition_whose_file_does_not_read_does_not_refuse_the_tower_modul
     assert str(error.value) == (
         "model.tower: PairTowerModule.__init__() got an unexpected keyword argument 'width'"
     )
+
+
+class PairsInteraction(torch.nn.Module):
+    """A user's interaction (by ``_target_``) of the dot products of every pair of sparse
+    vectors: it refuses a single vector."""
+
+    def __init__(self, num_vectors: int, dim: int, dense_dim: int) -> None:
+        super().__init__()
+        if num_vectors < 2:
+            raise ValueError(f"PairsInteraction: num_vectors={num_vectors}: it needs pairs")
+        self.num_vectors = num_vectors
+        self.output_dim = dense_dim + num_vectors * (num_vectors - 1) // 2
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        i, j = torch.triu_indices(self.num_vectors, self.num_vectors, 1)
+        return torch.cat([dense, (sparse[:, i] * sparse[:, j]).sum(-1)], dim=1)
+
+
+def test_validation_builds_the_interaction_with_the_models_number_of_vectors():
+    """Reproduced: validation built the interaction over one sparse vector, so an interaction
+    that refuses one was refused (``model.interaction: PairsInteraction: num_vectors=1``) where
+    the model gives it one per feature, or the towers' vectors. It is built with the number the
+    config gives, before any data is read; a model of one vector is still refused."""
+    pairs = ["model=dlrm", f"model.interaction._target_={__name__}.PairsInteraction"]
+
+    def vectors(*overrides: str) -> int:
+        conf = typed_config(*pairs, *overrides)
+        model = build_model(conf.model, feature_names=NAMES, cardinalities=[5] * 26, num_dense=13)
+        return model.interaction.num_vectors
+
+    # one vector per tower (c=0, p=1): the towers' vectors, not the features
+    towers = ["+partition=naive", "+tower=dlrm", "model.tower.c=0", "model.tower.p=1"]
+    assert vectors() == 26
+    assert vectors("data=criteo_sample") == 26
+    assert vectors(*towers, "model.partition.num_towers=2") == 2
+    for one in (["data.synthetic.num_sparse=1"], [*towers, "model.partition.num_towers=1"]):
+        with pytest.raises(ValueError) as error:
+            typed_config(*pairs, *one)
+        assert str(error.value) == (
+            "model.interaction: PairsInteraction: num_vectors=1: it needs pairs"
+        )
