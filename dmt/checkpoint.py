@@ -104,6 +104,7 @@ _FREE_KEYS = (
     "trainer.checkpoint_every",
     "trainer.checkpoint",
     "trainer.checkpoint_dir",
+    "trainer.checkpoint_keep",
     "trainer.checkpoint_async",
     "trainer.resume_from",
     "trainer.resume_allow_config_change",
@@ -394,6 +395,14 @@ class Checkpointer:
     :meth:`wait`, or at :meth:`close`). A save whose staging copies would not fit in some host's
     free memory (:mod:`dmt.host_memory`; ``host_memory`` reads this rank's) is written
     synchronously instead, with a warning.
+
+    ``keep`` (``trainer.checkpoint_keep``; 0: all): once a checkpoint is complete, rank 0
+    deletes the complete checkpoints of ``root`` older than the newest ``keep``
+    (:func:`prune`): ``root`` is the run's own checkpoint directory, which no other live run
+    writes (:mod:`dmt.run_dir`). ``run_dir`` (the run's output directory) is recorded in each
+    ``meta.json``; where ``root`` is outside it (an absolute ``trainer.checkpoint_dir``, which a
+    resume in another run directory may adopt), only the checkpoints that record ``run_dir`` are
+    deleted: an earlier run's stay.
     """
 
     def __init__(
@@ -405,8 +414,18 @@ class Checkpointer:
         async_save: bool = False,
         timeout: timedelta | None = None,
         host_memory: Callable[[], Mapping[str, int]] = memory_bounds,
+        keep: int = 0,
+        run_dir: Path | None = None,
     ) -> None:
         self.root = Path(root)
+        self.keep = keep
+        self.run_dir = None if run_dir is None else str(Path(run_dir).resolve())
+        # whose checkpoints prune may delete: all of a root inside the run directory
+        self._owner = (
+            None
+            if self.run_dir is None or self.root.resolve().is_relative_to(self.run_dir)
+            else self.run_dir
+        )
         self.rank = rank
         self.world_size = world_size
         self.async_save = async_save
@@ -470,6 +489,8 @@ class Checkpointer:
             "world_size": self.world_size,
             "cwd": os.getcwd(),
         }
+        if self.run_dir is not None:
+            meta["run_dir"] = self.run_dir
         fused_step = _fused_optimizer_step(model)
         if dist.is_initialized() and self.world_size > 1:  # a rank may hold no fused table
             steps: list[int | None] = [None] * self.world_size
@@ -582,8 +603,46 @@ class Checkpointer:
             _write_atomic(path / META_FILE, json.dumps(meta, indent=1) + "\n")
             _fsync(path)
             log.info("checkpoint of step %d written to %s", meta["step"], path)
+            if self.keep:  # every rank's files are written (the barrier above)
+                prune(self.root, self.keep, int(meta["step"]), owner=self._owner)
         if dist.is_initialized() and self.world_size > 1:
             _barrier()  # no rank goes on before the checkpoint is complete
+
+
+def prune(root: Path, keep: int, step: int, *, owner: str | None = None) -> list[Path]:
+    """Delete the complete checkpoints (``step_N`` with a ``meta.json`` that dmt wrote and whose
+    files match it: :func:`damage`; with ``owner``, only those whose ``meta.json`` records it as
+    their ``run_dir``) of ``root`` before ``step``, the one just completed, but
+    the newest ``keep - 1`` of them (``keep >= 1``: with it, ``keep`` are kept; it and any newer
+    one are never deleted); returns those deleted. Incomplete and damaged ones, those moved
+    aside (``step_N.damaged-*``, ``step_N.incomplete-*``) and any other file are left as they
+    are. Each is renamed
+    (``step_N.deleting``, where what a deletion cut short left goes first) before its files go,
+    so one whose deletion fails or is cut short is never taken for a checkpoint; a failure is a
+    warning naming it (training goes on)."""
+    older = [p for n, p in step_dirs(root) if n < step and damage(p) is None]
+    older = [
+        p
+        for p in older
+        if read_meta(p).get("format") == FORMAT
+        and (owner is None or read_meta(p).get("run_dir") == owner)
+    ]
+    deleted = []
+    for path in older[keep - 1 :]:
+        aside = path.with_name(f"{path.name}.deleting")
+        try:
+            if aside.is_dir() and not aside.is_symlink():
+                shutil.rmtree(aside)
+            os.replace(path, aside)
+            shutil.rmtree(aside)
+        except OSError as e:
+            log.warning(
+                "cannot delete checkpoint %s (trainer.checkpoint_keep=%d): %s", path, keep, e
+            )
+            continue
+        log.info("deleted checkpoint %s (trainer.checkpoint_keep=%d keeps the newer)", path, keep)
+        deleted.append(path)
+    return deleted
 
 
 @contextlib.contextmanager
@@ -1125,6 +1184,33 @@ def _check_finite(
     newest complete checkpoint before it, which the user may resume from instead: it is not
     taken in its place (nor checked: that happens when it loads). The keys of ``skip`` are not
     checked (the model's buffers, :func:`_buffer_keys`). One small collective."""
+    bad = _first_not_finite(state, world, skip=skip)
+    if bad is None:
+        return
+    root = path.parent
+    earlier = newest_before(root, step)
+    instead = (
+        f"resume from an earlier checkpoint by its path (the newest before it: "
+        f"trainer.resume_from={str(earlier)!r})"
+        if earlier is not None
+        else f"no complete checkpoint before it is in {str(root)!r}: start afresh"
+    )
+    raise ValueError(
+        f"checkpoint {path} (step {step}) holds values that are not finite (NaN or inf), "
+        f"first in {bad}: the run that saved it had diverged, and training on would start from "
+        f"them; {instead}, in a new run directory (another hydra.run.dir, and another "
+        "trainer.checkpoint_dir if yours is absolute), perhaps with a lower learning rate "
+        "(optim.lr, optim.sparse_lr)"
+    )
+
+
+def _first_not_finite(
+    state: dict[str, Any], world: int, *, skip: Collection[str] = ()
+) -> str | None:
+    """The key (``model.``, ``optim.`` or ``ema.`` and the state-dict key) of the first tensor
+    of ``state`` that holds a value that is not finite, of the lowest rank that holds one
+    (``None``: none on any rank); the keys of ``skip`` and each rank's RNG are not checked. Every
+    rank gets the same answer (one small collective: call it on every rank)."""
     bad = next(
         (
             key
@@ -1139,23 +1225,28 @@ def _check_finite(
         found: list[str | None] = [None] * world
         dist.all_gather_object(found, bad)
         bad = next((k for k in found if k is not None), None)
-    if bad is None:
-        return
-    root = path.parent
-    earlier = [p for n, p in step_dirs(root) if n < step and damage(p) is None]
-    instead = (
-        f"resume from an earlier checkpoint by its path (the newest before it: "
-        f"trainer.resume_from={str(earlier[0])!r})"
-        if earlier
-        else f"no complete checkpoint before it is in {str(root)!r}: start afresh"
-    )
-    raise ValueError(
-        f"checkpoint {path} (step {step}) holds values that are not finite (NaN or inf), "
-        f"first in {bad}: the run that saved it had diverged, and training on would start from "
-        f"them; {instead}, in a new run directory (another hydra.run.dir, and another "
-        "trainer.checkpoint_dir if yours is absolute), perhaps with a lower learning rate "
-        "(optim.lr, optim.sparse_lr)"
-    )
+    return bad
+
+
+def not_finite_key(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    rank: int,
+    world_size: int,
+    ema: DenseEMA | None = None,
+) -> str | None:
+    """The key of the first value that is not finite (NaN or inf: the run has diverged) in the
+    state a checkpoint of ``model``, ``optimizer`` and ``ema`` would hold, as a resume's
+    :func:`_check_finite` would name it (the model's buffers not checked); ``None``: every value
+    is finite on every rank. The same answer on every rank (one small collective)."""
+    state = checkpoint_state(model, optimizer, rank=rank, ema=ema)
+    return _first_not_finite(state, world_size, skip=_buffer_keys(model, state["model"]))
+
+
+def newest_before(root: Path, step: int) -> Path | None:
+    """The newest complete checkpoint (``step_N``, ``N < step``) in ``root``; ``None``: none."""
+    return next((p for n, p in step_dirs(root) if n < step and damage(p) is None), None)
 
 
 def _buffer_keys(model: nn.Module, model_state: dict[str, Any]) -> set[str]:

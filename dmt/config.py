@@ -414,6 +414,7 @@ class TrainerConfig:
     )
     checkpoint: bool = False  # save a checkpoint at the end of training
     checkpoint_dir: str = "checkpoints"  # relative to the run's output directory, or absolute
+    checkpoint_keep: int = 0  # keep the newest N complete checkpoints (step_N) of checkpoint_dir: once one is complete, rank 0 deletes the older ones beyond N (0: keep all)
     resume_from: str | None = (
         None  # "auto" (newest complete checkpoint of this run, else fresh), a step_N directory or its parent (newest)
     )
@@ -841,6 +842,11 @@ def validate(cfg: Config) -> None:
     for key in ("eval_every", "checkpoint_every"):
         if getattr(t, key) < 0:
             raise ValueError(f"trainer.{key}={getattr(t, key)} must be >= 0 (0: only at the end)")
+    if t.checkpoint_keep < 0:
+        raise ValueError(
+            f"trainer.checkpoint_keep={t.checkpoint_keep} must be >= 0 (the newest checkpoints "
+            "to keep; 0: keep all)"
+        )
     _positive("trainer.collective_timeout_s", t.collective_timeout_s)
     _check_checkpoint_dir(t.checkpoint_dir)
     if t.ema_decay is not None and not 0.0 <= t.ema_decay < 1.0:

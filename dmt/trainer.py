@@ -189,6 +189,7 @@ class Trainer:
         self.history: RunHistory | None = None  # rank 0's history.jsonl and curves.png (fit)
         t = cfg.trainer
         self.checkpointer: checkpoint.Checkpointer | None = None
+        self._skipped_a_save = False  # a checkpoint of a diverged state (save_unless_diverged)
         if t.checkpoint or t.checkpoint_every:
             self.checkpointer = checkpoint.Checkpointer(
                 self.checkpoint_root(),
@@ -196,13 +197,19 @@ class Trainer:
                 world_size=runtime.world_size,
                 async_save=t.checkpoint_async,
                 timeout=timedelta(seconds=t.collective_timeout_s),
+                keep=t.checkpoint_keep,
+                run_dir=self.output_dir,
             )
-        elif t.checkpoint_async and runtime.is_main:
-            log.warning(
-                "trainer.checkpoint_async=true has no effect: this run writes no checkpoints "
-                "(trainer.checkpoint=true writes one at the end, trainer.checkpoint_every=N every "
-                "N steps)"
-            )
+        elif runtime.is_main:
+            for unread in ("checkpoint_async", "checkpoint_keep"):
+                if getattr(t, unread):
+                    log.warning(
+                        "trainer.%s=%s has no effect: this run writes no checkpoints "
+                        "(trainer.checkpoint=true writes one at the end, "
+                        "trainer.checkpoint_every=N every N steps)",
+                        unread,
+                        str(getattr(t, unread)).lower(),
+                    )
 
     # -- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -468,12 +475,14 @@ class Trainer:
                     val, val_step = self.evaluate(self.data.val), self.step
                     self._log_eval(val, "val")
                 if t.checkpoint_every and self.step % t.checkpoint_every == 0:
-                    self.save(epoch, self.step - epoch * per_epoch, training_figures())
+                    self.save_unless_diverged(
+                        epoch, self.step - epoch * per_epoch, training_figures()
+                    )
         bar.close()
         last_epoch, last_batch = divmod(self.step, per_epoch)
         if t.checkpoint and not (t.checkpoint_every and self.step % t.checkpoint_every == 0):
             if self.step > start_step:  # nothing new to save after resuming a finished run
-                self.save(last_epoch, last_batch, training_figures())
+                self.save_unless_diverged(last_epoch, last_batch, training_figures())
         if self.checkpointer is not None:
             self.checkpointer.close()
 
@@ -646,6 +655,41 @@ class Trainer:
             data=self.data.train_fingerprint,
             training=training,
         )
+
+    def save_unless_diverged(
+        self, epoch: int, batch_in_epoch: int, training: dict[str, float] | None = None
+    ) -> Path | None:
+        """:meth:`save`, unless a value of the state is not finite on some rank
+        (:func:`dmt.checkpoint.not_finite_key`, every rank alike): the run has diverged, and a
+        resume would refuse that checkpoint (:func:`dmt.checkpoint.load`), so it is not written
+        (no directory), and rank 0 warns, the first time, naming the step, the value and this
+        run's newest checkpoint, which stays the one ``trainer.resume_from=auto`` takes; later
+        ones are logged. ``None``: not written."""
+        assert self.checkpointer is not None
+        bad = checkpoint.not_finite_key(
+            self.model,
+            self.optimizer,
+            rank=self.rt.rank,
+            world_size=self.rt.world_size,
+            ema=self.ema,
+        )
+        if bad is None:
+            return self.save(epoch, batch_in_epoch, training)
+        self.checkpointer.wait()  # an earlier step's pending save: complete, so it is named
+        if self.rt.is_main:
+            root = self.checkpoint_root()
+            kept = checkpoint.newest_before(root, self.step)
+            (log.warning if not self._skipped_a_save else log.info)(
+                "checkpoint of step %d not written: the run has diverged (its state holds values "
+                "that are not finite, NaN or inf, first in %s), and a resume would refuse it; %s",
+                self.step,
+                bad,
+                f"this run's newest checkpoint stays {kept}"
+                if kept is not None
+                else f"this run has no checkpoint in {root}",
+            )
+        self._skipped_a_save = True
+        return None
 
     def _log_train(self, loss: float, train_time_s: float) -> None:
         """A log step into ``history.jsonl`` and wandb (rank 0): the loss, and the LR of each

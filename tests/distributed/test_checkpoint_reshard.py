@@ -418,3 +418,39 @@ def test_a_value_that_is_not_finite_in_one_ranks_shard_fails_every_rank_alike(
         f"finite (NaN or inf), first in {key}: the run that saved it had diverged"
     )
     assert f"trainer.resume_from={str(tmp_path / 'checkpoints' / 'step_4')!r}" in m0
+
+
+def _save_with_nan_on_rank_1(rank: int, world_size: int, out: str) -> tuple[bool, str | None]:
+    """Train 8 steps, then ask for step_8 again with inf in one of rank 1's table shards only:
+    whether step_8 is there afterwards, and the key rank 1 poisoned."""
+    args = [*BASE, *FLAT, "trainer.checkpoint_every=4"]
+    rt = Runtime(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
+    trainer = Trainer(to_config(compose_config(*args)), rt, Path(out))
+    trainer.fit()
+    if rank == 0:
+        shutil.rmtree(Path(out) / "checkpoints" / "step_8")
+    dist.barrier()
+    poisoned = None
+    if rank == 1:
+        state = checkpoint.checkpoint_state(trainer.model, trainer.optimizer, rank=rank)
+        poisoned, table = next(
+            (k, v)
+            for k, v in checkpoint.flatten_keys(state).items()
+            if isinstance(v, ShardedTensor) and k.startswith("model.") and v.local_shards()
+        )
+        with torch.no_grad():
+            table.local_shards()[0].tensor.view(-1)[0] = math.inf
+    assert trainer.save_unless_diverged(0, 8) is None
+    dist.barrier()
+    return (Path(out) / "checkpoints" / "step_8").exists(), poisoned
+
+
+def test_a_diverged_state_in_one_ranks_shard_is_not_saved_by_any_rank(tmp_path: Path) -> None:
+    """A value that is not finite in a table shard only rank 1 holds: no rank writes the
+    checkpoint (rank 0, whose tensors are finite, would otherwise wait in DCP's save for its
+    peer), and no directory of it is left."""
+    (there0, _), (there1, key) = run_on_ranks(
+        _save_with_nan_on_rank_1, 2, str(tmp_path), timeout_s=180
+    )
+    assert key is not None and not there0 and not there1
+    assert [p.name for _, p in checkpoint.step_dirs(tmp_path / "checkpoints")] == ["step_4"]

@@ -721,6 +721,125 @@ def test_a_refused_diverged_checkpoint_in_an_absolute_checkpoint_dir_says_how_to
     assert _train(tmp_path / "newer", *overrides, other, resume)["num_steps"] == 8.0
 
 
+DIVERGES = ("optim.lr=1e6", "optim.sparse_lr=1e6")  # finite weights after step 1, NaN from 2
+
+
+def _not_finite_keys(trainer: Trainer) -> list[str]:
+    """The keys of ``trainer``'s checkpoint state (RNG left out) holding a NaN or inf, in order."""
+    state = checkpoint.checkpoint_state(trainer.model, trainer.optimizer, rank=0, ema=trainer.ema)
+    return [
+        k
+        for k, v in checkpoint.flatten_keys(state).items()
+        if not k.startswith("rng.")
+        and any(
+            t.is_floating_point() and not bool(torch.isfinite(t).all())
+            for t in ([s.tensor for s in v.local_shards()] if isinstance(v, ShardedTensor) else [v])
+        )
+    ]
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_a_diverged_run_writes_no_checkpoint_that_a_resume_would_refuse(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, async_save: bool
+) -> None:
+    """A reproduced bug: a run that diverged (``optim.lr=1e6``) went on writing a checkpoint
+    every ``trainer.checkpoint_every`` steps, each of them NaN and refused at resume, each of
+    them the newest that ``trainer.resume_from=auto`` took. Such a checkpoint is not written (no
+    directory), on every rank alike, with one warning naming the step, the first value that is
+    not finite and the newest checkpoint kept, which stays the one ``auto`` resumes; an
+    asynchronous save of an earlier step in flight is completed first."""
+    run = tmp_path / "run"
+    overrides = (*TINY, *DIVERGES, "trainer.max_steps=4", "trainer.checkpoint_every=1")
+    conf = to_config(compose_config(*overrides, f"trainer.checkpoint_async={async_save}"))
+    rt = init_runtime("cpu")
+    try:
+        with caplog.at_level(logging.INFO, logger="dmt.trainer"):
+            trainer = Trainer(conf, rt, run)
+            trainer.fit()
+        bad = _not_finite_keys(trainer)
+    finally:
+        close_runtime()
+    ckpts = run / "checkpoints"
+    assert [p.name for _, p in checkpoint.step_dirs(ckpts)] == ["step_1"]
+    assert checkpoint.latest(ckpts) == ckpts / "step_1"  # complete: what auto resumes
+    assert all(
+        bool(torch.isfinite(v).all())
+        for v in checkpoint.load_model_state(ckpts / "step_1").values()
+    )
+    skipped = [r for r in caplog.records if "not written" in r.getMessage()]
+    assert [(r.levelno, r.getMessage().split(":")[0]) for r in skipped] == [
+        (logging.WARNING, "checkpoint of step 2 not written"),
+        (logging.INFO, "checkpoint of step 3 not written"),
+        (logging.INFO, "checkpoint of step 4 not written"),
+    ]
+    assert bad, "the run diverged"
+    assert skipped[0].getMessage() == (
+        "checkpoint of step 2 not written: the run has diverged (its state holds values that "
+        f"are not finite, NaN or inf, first in {bad[0]}), and a resume would refuse it; this "
+        f"run's newest checkpoint stays {ckpts / 'step_1'}"
+    )
+
+
+def test_a_diverged_runs_checkpoint_at_the_end_is_not_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``trainer.checkpoint=true``'s checkpoint at the end of a diverged run is not written
+    either: the run ends with its metrics, and without a checkpoint, as it says. Its training
+    loss is still finite here: the state that is not is the optimizer's."""
+    run = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="dmt.trainer"):
+        metrics = _train(run, *DIVERGES, "trainer.max_steps=3", "trainer.checkpoint=true")
+    assert metrics["num_steps"] == 3.0  # a loss of 1e33, and the tables' Adagrad state inf
+    assert (run / "metrics.json").is_file()
+    assert checkpoint.step_dirs(run / "checkpoints") == []
+    warned = [r.getMessage() for r in caplog.records if "not written" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("checkpoint of step 3 not written: ")
+    assert warned[0].endswith(f"; this run has no checkpoint in {run / 'checkpoints'}")
+
+
+def test_checkpoint_keep_keeps_the_runs_newest_checkpoints_across_a_resume(tmp_path: Path) -> None:
+    """``trainer.checkpoint_keep=2``: a run keeps its 2 newest checkpoints, not every one of
+    ``trainer.checkpoint_every``, and resumes from the newest; a resume may change the setting
+    (how the job runs), and counts its run's earlier checkpoints in."""
+    run = tmp_path / "run"
+    every = ("trainer.epochs=2", "trainer.checkpoint_every=2", "trainer.checkpoint=true")
+    _train(run, *every, "trainer.max_steps=7", "trainer.checkpoint_keep=2")
+    ckpts = run / "checkpoints"
+    assert [p.name for _, p in checkpoint.step_dirs(ckpts)] == ["step_7", "step_6"]
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_6", "step_7"]
+    m = _train(
+        run, *every, "trainer.max_steps=10", "trainer.checkpoint_keep=1", "trainer.resume_from=auto"
+    )
+    assert m["num_steps"] == 10.0
+    assert [p.name for _, p in checkpoint.step_dirs(ckpts)] == ["step_10"]
+
+
+def test_checkpoint_keep_deletes_no_checkpoint_of_another_run_in_a_shared_directory(
+    tmp_path: Path,
+) -> None:
+    """A resume in another run directory that adopts an earlier run's absolute
+    ``trainer.checkpoint_dir`` prunes only its own checkpoints (``meta.json``'s ``run_dir``):
+    the earlier run's stay."""
+    shared = tmp_path / "ckpts"
+    every = ("trainer.epochs=2", "trainer.checkpoint_every=2", f"trainer.checkpoint_dir={shared}")
+    _train(tmp_path / "a", *every, "trainer.max_steps=4")
+    _train(
+        tmp_path / "b",
+        *every,
+        "trainer.max_steps=8",
+        "trainer.checkpoint_keep=1",
+        "trainer.resume_from=auto",
+    )
+    names = [p.name for _, p in checkpoint.step_dirs(shared)]
+    assert names == ["step_8", "step_4", "step_2"]
+    owners = {n: checkpoint.read_meta(shared / n)["run_dir"] for n in names}
+    assert owners == {
+        "step_8": str((tmp_path / "b").resolve()),
+        "step_4": str((tmp_path / "a").resolve()),
+        "step_2": str((tmp_path / "a").resolve()),
+    }
+
+
 class MaskedTowerModule(TowerModule):
     """A user's tower module: attention over the tower's features under a causal mask, a
     buffer of ``-inf`` above the diagonal (a value the module set, not a diverged one)."""

@@ -743,6 +743,12 @@ def test_a_world_of_one_trains_with_the_plain_loop_unless_told_to_pipeline_it(tm
             "(trainer.checkpoint=true writes one at the end, trainer.checkpoint_every=N every N "
             "steps)",
         ),
+        (
+            ["trainer.checkpoint_keep=2"],
+            "trainer.checkpoint_keep=2 has no effect: this run writes no checkpoints "
+            "(trainer.checkpoint=true writes one at the end, trainer.checkpoint_every=N every N "
+            "steps)",
+        ),
         (  # the LRs of a 4-step run: 1/8 .. 4/8 of the peaks
             ["trainer.max_steps=4", "optim.schedule.warmup_steps=8"],
             "optim.schedule.warmup_steps=8 is longer than the run (4 steps: trainer.epochs, "

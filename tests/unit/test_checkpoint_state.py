@@ -23,6 +23,8 @@ from dmt.checkpoint import (
     damage,
     latest,
     load_model_state,
+    prune,
+    read_meta,
     row_wise_state_blocks,
     tensor_keys,
 )
@@ -231,6 +233,68 @@ def test_a_checkpoint_that_cannot_be_written_is_an_error_naming_it(tmp_path, asy
     assert "File too large" in message
     assert damage(step) == f"{step / META_FILE} is missing (the save did not finish)"
     assert latest(tmp_path) is None
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_checkpoint_keep_deletes_only_older_complete_checkpoints_once_a_newer_one_is(
+    tmp_path, async_save
+) -> None:
+    """``trainer.checkpoint_keep``: every checkpoint used to be kept, a long run's filling the
+    disk. With ``keep=2``, once a checkpoint is complete (an asynchronous one at its wait, not
+    while it is written) the older complete ones beyond the newest 2 are deleted, and nothing
+    else: not an incomplete ``step_N`` (no ``meta.json``), not one moved aside, not a file of
+    the user's."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.Adam(model.parameters())
+    saver = Checkpointer(
+        tmp_path,
+        rank=0,
+        world_size=1,
+        async_save=async_save,
+        host_memory=lambda: {HOST: 1 << 40},
+        keep=2,
+    )
+    (tmp_path / "step_0").mkdir()  # a save cut short: not dmt's complete checkpoint
+    (tmp_path / "step_0" / "__0_0.distcp").write_bytes(b"x")
+    (tmp_path / "step_0.damaged-1").mkdir()
+    (tmp_path / "notes.txt").write_text("mine")
+    others = {"step_0", "step_0.damaged-1", "notes.txt"}
+    kept = []
+    for step in range(1, 6):
+        saver.save(model, optimizer, step=step, epoch=0, batch_in_epoch=step)
+        if async_save:  # the older ones stay until this one is complete
+            assert {p.name for p in tmp_path.iterdir()} == others | {f"step_{n}" for n in kept} | {
+                f"step_{step}"
+            }
+            saver.wait()
+        kept = [*kept, step][-2:]
+        assert {p.name for p in tmp_path.iterdir()} == others | {f"step_{n}" for n in kept}, step
+        assert all(damage(tmp_path / f"step_{n}") is None for n in kept)
+    assert latest(tmp_path) == tmp_path / "step_5"
+    assert prune(tmp_path, 1, 4) == []  # the step just completed, and newer ones, stay
+
+
+def test_prune_warns_of_a_checkpoint_that_it_cannot_delete(tmp_path, caplog) -> None:
+    """A failure to delete an old checkpoint (rank 0's alone) is a warning naming it, not an
+    error: the other ranks would wait for rank 0 in the next collective. What a deletion cut
+    short left (``step_N.deleting``) goes with the next one of that step."""
+    for n in (1, 2, 3):
+        step = tmp_path / f"step_{n}"
+        step.mkdir()
+        (step / ".metadata").write_bytes(b"m")
+        (step / META_FILE).write_text(json.dumps({"format": FORMAT, "files": {".metadata": 1}}))
+    (tmp_path / "step_1.deleting").write_text("a file in the way of the rename")
+    (tmp_path / "step_2.deleting").mkdir()  # an earlier deletion of step_2, cut short
+    (tmp_path / "step_2.deleting" / "__0_0.distcp").write_bytes(b"x")
+    with caplog.at_level("WARNING", logger="dmt.checkpoint"):
+        assert prune(tmp_path, 1, 3) == [tmp_path / "step_2"]
+    assert read_meta(tmp_path / "step_1")["format"] == FORMAT
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1", "step_1.deleting", "step_3"]
+    assert (
+        f"cannot delete checkpoint {tmp_path / 'step_1'} (trainer.checkpoint_keep=1): "
+        in caplog.text
+    )
 
 
 def test_a_resume_may_change_the_dense_optimizers_implementation():

@@ -197,6 +197,11 @@ def test_paper_configs_match_the_paper_accounting():
             r"^trainer.checkpoint_dir='./' is the run directory itself",
         ),
         (["trainer.checkpoint_dir=/"], r"^trainer.checkpoint_dir='/' is the file system's root; "),
+        (
+            ["trainer.checkpoint_keep=-1"],
+            r"^trainer.checkpoint_keep=-1 must be >= 0 \(the newest checkpoints to keep; 0: "
+            r"keep all\)$",
+        ),
         (["trainer.checkpoint_dir=//"], r"^trainer.checkpoint_dir='//' is the file system's root"),
         (  # a reproduced bug: with sptt=off these were not checked, and the run trained
             ["sptt.sharding_type=bogus"],
