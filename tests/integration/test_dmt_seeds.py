@@ -68,6 +68,23 @@ def test_summary_and_mann_whitney(tmp_path):
     assert seed_lib.parse_seeds("0,5") == [0, 5]
 
 
+def test_summary_of_an_even_number_of_runs_and_an_infinite_one():
+    """The median of an even number of runs is the mean of the middle two (not the lower one),
+    the mean is the mean, and the comparison's median difference is of medians; a run whose
+    metric is infinite is not finite either: no figures, no ranks."""
+    runs = [0.6, 0.1, 0.3, 0.2]
+    s = seed_lib.summarize(runs)
+    assert s["median"] == pytest.approx(0.25) and s["mean"] == pytest.approx(0.3)
+    assert (s["min"], s["max"]) == (0.1, 0.6) and "non_finite" not in s
+    c = seed_lib.compare(runs, [0.0, 0.05, 0.15])
+    assert c["u"] == 11 and c["median_difference"] == pytest.approx(0.25 - 0.05)  # 3 + 2 + 3 + 3
+    inf = float("inf")
+    s = seed_lib.summarize([0.1, inf, 0.3])
+    assert s["non_finite"] == 1 and all(math.isnan(s[k]) for k in ("median", "mean", "max"))
+    c = seed_lib.compare([0.1, 0.2, -inf], [0.3, 0.4])
+    assert math.isnan(c["u"]) and math.isnan(c["p_value"]) and math.isnan(c["median_difference"])
+
+
 def test_each_seed_once_and_enough_seeds_for_a_comparison(tmp_path, capsys):
     """Reproduced bugs: ``--seeds 3,3,3,0`` read seed 3's run three times (n = 4, the median and
     the test over copies); ``--seeds 1`` with two configs trained every run, then failed in the

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score
 
 from dmt.bootstrap import auc, format_report, load_predictions, row_bootstrap
@@ -112,6 +113,59 @@ def test_a_planted_better_model_is_found_and_the_rows_spread_is_the_blocks() -> 
     assert 0.35 < big["rows_std"] / r["rows_std"] < 0.7
 
 
+@pytest.mark.parametrize("block", [1, 7])
+def test_the_report_is_the_documented_computation_over_the_drawn_rows(block: int) -> None:
+    """Every figure of the report, computed by hand (each resample's AUCs by the rank-sum formula
+    on its rows, drawn as the bootstrap draws them: from the seeded generator, the starts of
+    enough blocks of ``block`` consecutive rows, circular, for ``len(labels)`` rows, cut to
+    those) on a small world (120 rows: 7 does not divide them) with three runs of a and two of b."""
+
+    def rank_auc(y: np.ndarray, p: np.ndarray) -> float:  # Mann-Whitney U / (P * N), ties 1/2
+        positives = int(y.sum())
+        u = rankdata(np.clip(p, 1e-7, 1 - 1e-7))[y == 1].sum() - positives * (positives + 1) / 2
+        return float(u / (positives * (len(y) - positives)))
+
+    rng = np.random.default_rng(11)
+    logit, labels = _world(rng, 120)
+    a, b = _runs(rng, logit, 1.0, 3), _runs(rng, logit, 0.8, 2)
+    resamples, level = 40, 0.8
+    r = row_bootstrap(a, b, labels, resamples=resamples, seed=5, level=level, block=block)
+    draws, n = np.random.default_rng(5), len(labels)
+    diffs, a_stds = [], []
+    for _ in range(resamples):
+        starts = draws.integers(0, n, math.ceil(n / block))
+        rows = np.concatenate([np.arange(s, s + block) % n for s in starts])[:n]
+        ra = [rank_auc(labels[rows], p[rows]) for p in a]
+        rb = [rank_auc(labels[rows], p[rows]) for p in b]
+        diffs.append(np.mean(rb) - np.mean(ra))
+        a_stds.append(np.std(ra, ddof=1))
+    auc_a = [roc_auc_score(labels, p) for p in a]
+    auc_b = [roc_auc_score(labels, p) for p in b]
+    assert r["a"]["values"] == pytest.approx(auc_a) and r["b"]["values"] == pytest.approx(auc_b)
+    assert r["rows"] == 120 and r["positives"] == labels.sum()
+    assert r["difference"] == pytest.approx(np.mean(auc_b) - np.mean(auc_a))
+    assert r["median_difference"] == pytest.approx(np.median(auc_b) - np.median(auc_a))
+    assert r["rows_std"] == pytest.approx(np.std(diffs, ddof=1))
+    assert r["interval"] == pytest.approx(list(np.quantile(diffs, [0.1, 0.9])))
+    side = min(sum(d <= 0 for d in diffs), sum(d >= 0 for d in diffs))
+    assert r["p_two_sided"] == pytest.approx(min(1.0, 2 * (side + 1) / (resamples + 1)))
+    assert r["a_std_resampled"] == pytest.approx(np.median(a_stds))
+    assert r["within_a_std"] == pytest.approx(np.mean(np.abs(diffs) <= np.array(a_stds)))
+
+
+def test_a_level_outside_0_and_1_and_a_run_of_fewer_rows_are_refused() -> None:
+    """A level of 0 (a zero-width interval at the median) or 1 is no central interval; a run
+    shorter than the labels is refused by name (it failed inside NumPy's bincount)."""
+    rng = np.random.default_rng(12)
+    logit, labels = _world(rng, 100)
+    a = _runs(rng, logit, 1.0, 2)
+    for level in (0.0, 1.0):
+        with pytest.raises(ValueError, match=rf"^row_bootstrap: level={level} must be between"):
+            row_bootstrap(a, a, labels, level=level)
+    with pytest.raises(ValueError, match=r"^row_bootstrap: a run has 99 scores for 100 labels$"):
+        row_bootstrap(a, [a[0][:99]], labels)
+
+
 def test_the_resampling_is_seeded() -> None:
     rng = np.random.default_rng(4)
     logit, labels = _world(rng, 1000)
@@ -205,6 +259,8 @@ def test_a_resample_of_one_class_is_refused_not_reported() -> None:
         r"block=1\); every resample needs both classes: use more rows or a smaller block",
         str(e.value),
     )
+    with pytest.raises(ValueError, match=r"\(60 rows, 58 positive, block=1\)"):
+        row_bootstrap(a, b, 1 - labels, resamples=200)  # resamples of positives only, as well
 
 
 @pytest.mark.slow  # five runs of the script (30-50 s on 2 shared cores); its parts are tested in-process

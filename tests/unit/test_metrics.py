@@ -6,7 +6,7 @@ import torch
 from sklearn.metrics import log_loss, roc_auc_score
 
 from dmt.config import OptimConfig, validate
-from dmt.metrics import StreamingClickMetrics, click_metrics
+from dmt.metrics import StreamingClickMetrics, click_metrics, click_probabilities
 from dmt.optim import LRSchedule
 from tests.conftest import typed_config
 
@@ -109,6 +109,11 @@ def test_streaming_metrics_undefined_cases() -> None:
         acc.update(torch.tensor([0.2, 0.7]), torch.ones(3))
     with pytest.raises(ValueError, match="num_bins must be >= 1, got 0"):
         StreamingClickMetrics(num_bins=0)
+    with pytest.raises(ValueError, match="logit_range must be > 0, got 0"):
+        StreamingClickMetrics(logit_range=0)
+    one_bin = StreamingClickMetrics(num_bins=1)  # the least a user may ask for: one bin, all ties
+    one_bin.update(torch.full((4,), 0.3), torch.tensor([0.0, 1.0, 0.0, 1.0]))
+    assert one_bin.compute()["auc"] == 0.5
 
 
 def test_lr_schedule_warmup_and_decays():
@@ -267,6 +272,16 @@ def test_a_diverged_model_gets_nan_metrics_and_a_warning() -> None:
         assert all(math.isnan(m[k]) for k in ("auc", "logloss", "ne", "calibration"))
 
 
+def test_an_infinite_logit_is_a_diverged_prediction_not_a_certain_one() -> None:
+    """``click_probabilities`` makes every logit that is not finite NaN, as documented: an
+    infinite one too (its sigmoid, exactly 0 or 1, would be clamped into finite metrics)."""
+    logits = torch.tensor([2.0, float("inf"), float("-inf"), float("nan"), 0.0])
+    p = click_probabilities(logits)
+    assert torch.isnan(p[1:4]).all() and p[0] == torch.sigmoid(torch.tensor(2.0)) and p[4] == 0.5
+    with pytest.warns(RuntimeWarning, match=r"^3 of 5 predictions are not finite"):
+        assert math.isnan(click_metrics(p, torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0]))["logloss"])
+
+
 def test_the_binned_auc_stays_within_what_one_bins_pairs_can_win() -> None:
     """A reproduced bug: positives at the top of a bin and negatives at its bottom gave AUC 1.4
     (the first-order in-bin estimate, 1/2 + the gap in position, exceeds 1 per pair)."""
@@ -275,3 +290,17 @@ def test_the_binned_auc_stays_within_what_one_bins_pairs_can_win() -> None:
     labels = torch.tensor([0.0, 0.0, 1.0, 1.0])
     acc.update(torch.sigmoid(logits), labels)
     assert acc.compute()["auc"] == 1.0  # the exact AUC: every positive above every negative
+    below = StreamingClickMetrics(num_bins=4, logit_range=1.0)  # the mirror image: not below 0
+    below.update(torch.sigmoid(logits), 1.0 - labels)
+    assert below.compute()["auc"] == 0.0  # the exact AUC: every positive below every negative
+
+
+def test_scores_beyond_the_logit_range_tie_in_the_edge_bins() -> None:
+    """Scores beyond ``[-logit_range, logit_range]`` fall into the first or last bin at its edge:
+    they tie there, as the exact AUC of the logits clipped to the range counts them."""
+    acc = StreamingClickMetrics(num_bins=4, logit_range=1.0)
+    logits = torch.tensor([-5.0, 3.0, 4.0, 6.0, -0.3, 0.2], dtype=torch.float64)
+    labels = torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0, 0.0])
+    acc.update(torch.sigmoid(logits), labels)
+    expected = roc_auc_score(labels.numpy(), logits.clamp(-1.0, 1.0).numpy())
+    assert expected == pytest.approx(6 / 9) and acc.compute()["auc"] == pytest.approx(expected)

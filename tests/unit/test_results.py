@@ -4,6 +4,7 @@ starts, unless --overwrite; files are written whole."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -52,6 +53,8 @@ def test_overwrite_replaces_only_what_dmt_could_have_written(tmp_path):
         )
     link = tmp_path / "link.json"
     link.symlink_to(tmp_path / "elsewhere.json")  # dangling: writing would go through it
+    assert "(not a regular file)" in existing_output(link, "--out", overwrite=True)
+    (tmp_path / "elsewhere.json").write_text("{}")  # a link to JSON is no file dmt wrote either
     assert "(not a regular file)" in existing_output(link, "--out", overwrite=True)
     archive, array = tmp_path / "p.npz", tmp_path / "a.npy"
     np.savez(archive, prob=np.zeros(2), label=np.zeros(2))
@@ -107,3 +110,8 @@ def test_write_json_writes_standard_json(tmp_path):
         "runs": [{"auc": 0.7, "ne": None}, [1.0, None]],
         "n": 1,
     }
+    # metrics.json keeps NaN as a float (standard=False): the sweeps' and seeds' readers tell a
+    # diverged run by its NaN logloss (dmt.trials.divergence), which a null would hide
+    write_json(path, {"val_logloss": nan, "train_loss_last": inf}, standard=False)
+    read = json.loads(path.read_text())
+    assert math.isnan(read["val_logloss"]) and read["train_loss_last"] == inf

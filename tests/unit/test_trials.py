@@ -22,9 +22,13 @@ from dmt.trials import (
     TRIALS_CSV,
     TRIALS_MD,
     TRIALS_PNG,
+    Trial,
     TrialsTable,
+    best_row,
+    divergence,
     override_list,
     read_trials,
+    reads_the_model,
     top_trials,
     trials_table,
     write_trials,
@@ -134,7 +138,14 @@ def test_no_trials_writes_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "direction,best", [(None, 10), ("maximize", 10), ("minimize", 11), (["minimize"], 11)]
+    "direction,best",
+    [
+        (None, 10),
+        ("maximize", 10),
+        ("minimize", 11),
+        (["minimize"], 11),
+        (["minimize", "maximize"], 11),
+    ],
 )
 def test_callback_follows_the_sweepers_direction(
     tmp_path: Path, direction: object, best: int
@@ -215,6 +226,43 @@ def test_a_diverged_trial_with_a_finite_metric_is_failed_not_ranked(tmp_path: Pa
     write_trials(sweep, "val_auc")
     summary = (sweep / TRIALS_MD).read_text().splitlines()[0]
     assert summary == "Best of 2 trials (1 failed): trial 0, val_auc 0.4000: `optim.lr=0.001`"
+
+
+def test_what_shows_that_a_run_diverged(tmp_path: Path) -> None:
+    """:func:`divergence` as documented: a training loss that is not finite (unless the
+    throughput is NaN too: an attempt that trained nothing), or a NaN logloss of either split
+    over rows (a split without rows has a NaN logloss and nothing diverged); a metric that is
+    not finite, infinite too, is a failed trial."""
+    nan = math.nan
+    fine = {"train_loss_last": 0.45, "train_samples_per_s": 900.0, "val_num_samples": 100.0}
+    fine |= {"val_logloss": 0.47, "test_num_samples": 50.0, "test_logloss": 0.48}
+    assert divergence(fine) is None
+    assert divergence({**fine, "train_loss_last": nan}) == "train_loss_last=nan"
+    assert divergence({**fine, "train_loss_last": nan, "train_samples_per_s": nan}) is None
+    assert divergence({**fine, "test_logloss": nan}) == (
+        "train_loss_last=0.45, but test_logloss=nan over 50 rows: its predictions are not finite"
+    )
+    assert divergence({**fine, "val_num_samples": 0.0, "val_logloss": nan}) is None
+    assert reads_the_model("train_loss_last") and reads_the_model("test_auc")
+    assert not reads_the_model("train_samples_per_s")
+    assert divergence({**fine, "test_logloss": nan}, "train_loss_last") is not None
+    assert Trial(0, tmp_path, {}, {**fine, "val_auc": math.inf}).value("val_auc") is None
+    assert Trial(0, tmp_path, {}, {**fine, "val_auc": 0.7}).value("val_auc") == 0.7
+
+
+def test_the_best_row_is_the_first_of_equal_ones_and_ties_rank_by_trial_number() -> None:
+    rows = [{"trial": t, "val_auc": v} for t, v in [(0, 0.70), (1, 0.72), (2, None), (3, 0.72)]]
+    assert best_row(rows, "val_auc")["trial"] == 1
+    rows[1]["val_auc"] = 0.68
+    assert best_row(rows, "val_auc", maximize=False)["trial"] == 1
+    rows[3]["val_auc"] = 0.68
+    assert best_row(rows, "val_auc", maximize=False)["trial"] == 1
+    # top_trials: ties by the lower trial number, whatever order the trials come in
+    trials = [
+        Trial(n, Path(str(n)), {}, {"val_auc": v}) for n, v in [(3, 0.72), (1, 0.72), (0, 0.7)]
+    ]
+    assert [t.number for t in top_trials(trials, "val_auc", 2)] == [1, 3]
+    assert [t.number for t in top_trials(trials, "val_auc", 3, maximize=False)] == [0, 1, 3]
 
 
 def _confirm_driver() -> Any:
