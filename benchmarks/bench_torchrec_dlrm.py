@@ -66,8 +66,9 @@ from torchrec.datasets.utils import Batch
 from torchrec.distributed import TrainPipelineSparseDist
 from torchrec.distributed.comm import get_local_size
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
-from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
@@ -165,10 +166,13 @@ def reference_pipeline(
         torch.optim.Adagrad, train_model.model.sparse_arch.parameters(), {"lr": cfg.optim.sparse_lr}
     )
     planner = EmbeddingShardingPlanner(
-        topology=Topology(
-            local_world_size=get_local_size(),
-            world_size=dist.get_world_size(),
-            compute_device=device.type,
+        # dlrm_main.py's Topology(local_world_size, world_size, compute_device), built as TorchRec
+        # 1.8 asks (the same topology; built directly, it warned "... the job will fail")
+        topology=TopologyFactory.create_topology(
+            trainer_config=TrainerConfig(
+                world_size=dist.get_world_size(), local_world_size=get_local_size()
+            ),
+            kernel_config=KernelConfig(compute_device=device.type),
         ),
         batch_size=cfg.data.batch_size,
         storage_reservation=HeuristicalStorageReservation(percentage=0.05),

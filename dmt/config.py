@@ -423,7 +423,7 @@ class TrainerConfig:
     pipeline: bool = True  # TorchRec's training pipeline (overlaps batch i+1's copy and input all-to-all with batch i) whenever there are 2+ ranks; a world of one (one process) runs the plain loop, faster there (one H100: 1.2-1.3x; nothing to overlap); false: the plain loop everywhere, for debugging
     pipeline_world_of_one: bool = False  # with trainer.pipeline, pipeline a world of one too (to compare or test the pipeline in one process; slower there)
     seed: int = 0  # seed of weights init, data order and dropout masks (with 2+ ranks each rank draws its own, from the seed and its rank)
-    progress_bar: bool = True  # tqdm progress bar on rank 0
+    progress_bar: bool = True  # tqdm progress bar on rank 0; false (a cluster job's log): rank 0 logs each log step's training loss and each evaluation's metrics instead
     device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"
     optimize_metric: str = "val_auc"  # metric returned to a Hydra sweeper
     eval_max_batches: int = -1  # cap evaluation batches (<= 0: all)

@@ -31,6 +31,7 @@ import copy
 import errno
 import fcntl
 import logging
+import math
 import os
 import re
 import socket
@@ -62,6 +63,7 @@ PLAN_FILE = "sharding_plan.txt"
 HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
 STAMP_RESOLVER = "dmt.run_stamp"
 RANK_LOG_RESOLVER = "dmt.rank_log_suffix"
+RANK_TAG_RESOLVER = "dmt.rank_tag"
 JOB_RECORD_RESOLVER = "dmt.job_record"
 JOB_LOG_RESOLVER = "dmt.job_log"
 #: where :func:`job_refused` keeps its answer, in the job config's resolver cache
@@ -150,14 +152,30 @@ def rank_log_suffix() -> str:
     return f".rank{rank}" if rank else ""
 
 
+def rank_tag() -> str:
+    """``""`` in a world of one, ``"[rank<r>]"`` on every rank ``r`` of a world of several, as
+    the launcher numbers this process (``conf/hydra/job_logging/dmt.yaml`` prefixes the console's
+    lines with it): a cluster job's log gathers every rank's lines, rank 17's warning among them."""
+    from dmt.runtime import world_from_env  # noqa: PLC0415
+
+    try:
+        world = world_from_env(os.environ)
+    except ValueError:  # the runtime reports it
+        return ""
+    return f"[rank{world.rank}]" if world.world_size > 1 else ""
+
+
 def register_resolvers() -> None:
     """Register ``${dmt.run_stamp:}`` (cached per config, like Hydra's ``${now:}``),
-    ``${dmt.rank_log_suffix:}`` (:func:`rank_log_suffix`), ``${dmt.job_record:}``
-    (:func:`job_record`) and ``${dmt.job_log:<path>}`` (:func:`job_log`)."""
+    ``${dmt.rank_log_suffix:}`` (:func:`rank_log_suffix`), ``${dmt.rank_tag:}``
+    (:func:`rank_tag`), ``${dmt.job_record:}`` (:func:`job_record`) and
+    ``${dmt.job_log:<path>}`` (:func:`job_log`)."""
     if not OmegaConf.has_resolver(STAMP_RESOLVER):
         OmegaConf.register_new_resolver(STAMP_RESOLVER, _resolve_run_stamp, use_cache=True)
     if not OmegaConf.has_resolver(RANK_LOG_RESOLVER):
         OmegaConf.register_new_resolver(RANK_LOG_RESOLVER, rank_log_suffix)
+    if not OmegaConf.has_resolver(RANK_TAG_RESOLVER):
+        OmegaConf.register_new_resolver(RANK_TAG_RESOLVER, rank_tag)
     if not OmegaConf.has_resolver(JOB_RECORD_RESOLVER):
         OmegaConf.register_new_resolver(JOB_RECORD_RESOLVER, job_record)
     if not OmegaConf.has_resolver(JOB_LOG_RESOLVER):
@@ -774,7 +792,8 @@ def share_verdict(world: World, error: str | None, *, timeout_s: float) -> str |
     launcher's store (:func:`dmt.runtime.launch_store`), before any process group: the other
     ranks wait for it before Hydra writes their ``.hydra/`` record and log into the directory,
     so a refused job writes nothing over the records of the run that holds it. Rank 0 passes
-    its ``error``."""
+    its ``error``. A rank that cannot learn the verdict (no store, no verdict in time) raises
+    ``ValueError`` saying so."""
     import torch.distributed as dist  # noqa: PLC0415 (torch)
 
     from dmt.runtime import launch_store  # noqa: PLC0415 (torch)
@@ -784,12 +803,12 @@ def share_verdict(world: World, error: str | None, *, timeout_s: float) -> str |
         launched = launch_store(world, timedelta(seconds=timeout_s))
     except dist.DistError as e:  # raised from the callback, Hydra warned and ran the job: the
         # rank waited as long again in the runtime's rendezvous, for an error naming nothing
-        return (
+        raise ValueError(
             f"rank {world.rank} cannot reach the job's store at {world.master_addr}:"
             f"{world.master_port} (MASTER_ADDR:MASTER_PORT; rank 0 serves it under srun and in "
             f"a world set by hand, torchrun's agent otherwise) within "
             f"trainer.collective_timeout_s={timeout_s:g} s ({e})"
-        )
+        ) from None
     store = dist.PrefixStore(f"dmt/run_dir/attempt_{attempt}", launched)
     if world.rank == 0:
         store.set("verdict", error or "")
@@ -802,12 +821,23 @@ def share_verdict(world: World, error: str | None, *, timeout_s: float) -> str |
     try:
         verdict = store.get("verdict").decode()
     except dist.DistError as e:
-        return (
+        raise ValueError(
             f"rank {world.rank} had no verdict on its directory from rank 0 within "
             f"trainer.collective_timeout_s={timeout_s:g} s ({e})"
-        )
+        ) from None
     store.set(f"read/{world.rank}", "")
     return verdict or None
+
+
+def _refusal_timeout_s(config: DictConfig) -> float:
+    """How long the ranks of a job whose settings are refused wait for rank 0's word:
+    ``trainer.collective_timeout_s``, or its default where that is not a positive number (the
+    refusal may be of that very setting)."""
+    try:
+        value = float(OmegaConf.select(config, "trainer.collective_timeout_s", default=600.0))
+    except (TypeError, ValueError, OmegaConfBaseException):
+        return 600.0
+    return value if 0 < value < math.inf else 600.0
 
 
 def launch_rank() -> int:
@@ -1018,7 +1048,15 @@ class RunDirGuard(Callback):
             if isinstance(conf, Config):  # the training root config (not a test's own)
                 validate(conf)
         except (ValueError, OmegaConfBaseException) as e:
-            sys.exit(f"Error: {e}")
+            # every rank refuses the same command line: said once, by rank 0 (a job of 64 ranks
+            # printed 64 copies), as its verdict, which the others wait for before they exit
+            # (torchrun ends the job at the first rank's exit, maybe before rank 0 said it)
+            refused = str(e)
+
+            def refuse() -> tuple[RunDirLock, bool]:
+                raise ValueError(refused)
+
+            self._hold(refuse, _refusal_timeout_s(config), own_error=refused)
         run_dir = Path(str(config.hydra.run.dir)).absolute()
         resume_from = OmegaConf.select(config, "trainer.resume_from", default=None)
         checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir", default="checkpoints")
@@ -1044,13 +1082,20 @@ class RunDirGuard(Callback):
         self._hold(take, timeout_s)
 
     def _hold(
-        self, take: Callable[[], tuple[RunDirLock, bool]], timeout_s: float, *, alone: bool = False
+        self,
+        take: Callable[[], tuple[RunDirLock, bool]],
+        timeout_s: float,
+        *,
+        alone: bool = False,
+        own_error: str | None = None,
     ) -> None:
         """Rank 0 of the launcher's world takes the directory (``take``: lock and checks, a
         ``ValueError`` if refused) and keeps its lock; every rank learns its verdict
-        (:func:`share_verdict`), and all of a refused job's ranks exit with its error.
-        ``alone``: this process is a world of one, whatever the launcher's variables say (it
-        submits the sweep's jobs: :func:`submits_jobs`)."""
+        (:func:`share_verdict`), and all of a refused job's ranks exit with status 1, rank 0
+        saying why (once: before the others learn of it). ``alone``: this process is a world of
+        one, whatever the launcher's variables say (it submits the sweep's jobs:
+        :func:`submits_jobs`). ``own_error``: this rank refuses to run, said by this rank unless
+        rank 0 refused."""
         from dmt.runtime import world_from_env  # noqa: PLC0415 (torch)
 
         try:
@@ -1059,24 +1104,32 @@ class RunDirGuard(Callback):
             world = world_from_env({} if alone else os.environ)
         except ValueError as e:
             sys.exit(f"Error: {e}")
-        error = None
+        error = said = None
+        own = world.rank == 0  # the error is this rank's to say (not rank 0's verdict)
         if world.rank == 0:
             try:
                 lock, taken = take()
                 self.lock = lock if taken else None
             except ValueError as e:
                 error = str(e)
+            if error is not None and world.world_size > 1:
+                # said before the others learn of it and exit: torchrun ends the job then
+                said = error
+                print(f"Error: {error}", file=sys.stderr, flush=True)
         if world.world_size > 1:
             try:
                 error = share_verdict(world, error, timeout_s=timeout_s)
-            except ValueError as e:  # rank 0 cannot serve the store
-                error = str(e)
+            except ValueError as e:  # rank 0 cannot serve the store, another cannot reach it
+                error, own = str(e), True
+        if error is None and own_error is not None:  # refused here, not by rank 0
+            error, own = own_error, True
         if error is not None:
             if self.lock is not None:
                 self.lock.release()
                 self.lock = None
-            # Hydra turns a callback's exception into a warning and runs the job anyway
-            sys.exit(f"Error: {error}")
+            # Hydra turns a callback's exception into a warning and runs the job anyway; rank
+            # 0's verdict is said once, by rank 0 (not once per rank), every rank exits with 1
+            sys.exit(f"Error: {error}" if own and error != said else 1)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Refuse a sweep directory that holds another sweep's outputs where this sweep's jobs

@@ -703,10 +703,23 @@ class Trainer:
         record = self.history.log_train(
             step=self.step, loss=loss, lrs=lrs, train_time_s=train_time_s
         )
+        if not self.cfg.trainer.progress_bar:  # the bar's figures, as a line of the log
+            rate = record.get("train/samples_per_s")
+            log.info(
+                "step %d/%d: train/loss %.4f%s",
+                self.step,
+                self.total_steps,
+                loss,
+                "" if rate is None else f", {rate:.0f} samples/s",
+            )
         self._log({**record, "train/lr_factor": factor})
 
     def _log_eval(self, metrics: dict[str, float], split: str) -> None:
+        """An evaluation into ``history.jsonl`` and wandb (rank 0), and without
+        ``trainer.progress_bar`` a line of the log (a cluster job's console has no bar)."""
         if self.rt.is_main:
+            if not self.cfg.trainer.progress_bar:
+                log.info("step %d/%d: %s", self.step, self.total_steps, eval_line(metrics, split))
             assert self.history is not None
             again = self.history.has_eval(self.step, split)
             record = self.history.log_eval(step=self.step, metrics=metrics, split=split)
@@ -720,6 +733,15 @@ class Trainer:
     def _log(self, record: dict[str, Any]) -> None:
         if self.logger is not None and self.rt.is_main:
             self.logger.log(wandb_values(record), step=self.step)
+
+
+def eval_line(metrics: dict[str, float], split: str) -> str:
+    """An evaluation's metrics as the log gives them: ``val/auc 0.7012, val/logloss 0.4533,
+    ..., val/num_samples 1024`` (NaN where a split cannot define a metric)."""
+    return ", ".join(
+        f"{split}/{k} {v:.0f}" if k == "num_samples" else f"{split}/{k} {v:.4f}"
+        for k, v in metrics.items()
+    )
 
 
 def seed_rank_stream(seed: int, *, rank: int, world_size: int) -> None:

@@ -93,6 +93,7 @@ from dmt.models import DMTModel, build_model, embedding_parameters
 from dmt.optim import apply_sparse_optimizer, build_optimizer, check_sparse_optimizer
 from dmt.runtime import Runtime
 from dmt.sharding import (
+    data_parallel_wrapper,
     flat_planner,
     flat_sharders,
     memory_budget,
@@ -585,6 +586,9 @@ def _dry_run_flat(
             device=torch.device("cpu"),
             plan=plan,
             sharders=flat_sharders(conf.sptt.comm_precision),
+            # the dense part as shard_model wraps it (TorchRec's default warned of the DDP
+            # argument it passes: "`broadcast_buffers` is deprecated")
+            data_parallel_wrapper=data_parallel_wrapper(G),
         )
         optimizer = build_optimizer(dmp, conf.optim)
         names, _, num_dense = schema(conf)

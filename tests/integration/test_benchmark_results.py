@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -16,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from tests.conftest import REPO
+from tests.conftest import REPO, typed_config
 
 
 def _run(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -766,3 +768,27 @@ def test_the_readmes_2026_12_05_figures_are_those_of_its_records():
         f"Throttled, flat's step is {flat[0]:.1f}x / {flat[1]:.1f}x its unthrottled time; DMT's "
         f"is {dmt_[0]:.2f}x / {dmt_[1]:.2f}x."
     ) in readme
+
+
+def test_bench_torchrec_dlrms_reference_plans_without_torchrecs_topology_warning(caplog):
+    """A reproduced bug: every run of bench_torchrec_dlrm printed TorchRec's warning "The
+    topology was constructed directly rather than via TopologyFactory.create_topology() ...
+    otherwise, the job will fail": the reference built its planner's ``Topology`` itself. It is
+    built by ``TopologyFactory`` now (the same topology), and the reference still plans."""
+    from dmt.data import build_data  # noqa: PLC0415
+    from dmt.runtime import close_runtime, init_runtime  # noqa: PLC0415
+
+    bench = _load(REPO / "benchmarks" / "bench_torchrec_dlrm.py")
+    cfg = typed_config(
+        "data.synthetic.num_train=1024", "data.synthetic.num_val=256",
+        "data.synthetic.num_test=256", "data.batch_size=256",
+    )  # fmt: skip
+    init_runtime("cpu")
+    try:
+        data = build_data(cfg.data)
+        with caplog.at_level(logging.WARNING):
+            pipeline, _ = bench.reference_pipeline(data, cfg, torch.device("cpu"))
+    finally:
+        close_runtime()
+    assert not [r for r in caplog.records if "constructed directly" in r.getMessage()], caplog.text
+    assert len(pipeline._model.plan.plan) == 1  # the reference's sharded tables

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dmt.train import train
-from tests.conftest import REPO, compose_config, torchrun
+from tests.conftest import REPO, compose_config, free_port, torchrun
 
 TINY = [
     "logger=disabled",
@@ -566,3 +567,122 @@ def test_the_host_memory_setting_of_every_rank_is_said_once(two_rank_console):
     the log of a job of 64 ranks): rank 0 says it for all."""
     said = [line for line in two_rank_console[1] if "host memory: freed memory is kept" in line]
     assert len(said) == 1, two_rank_console[1]
+
+
+@pytest.mark.slow  # a 2-rank torchrun run (17-25 s): CI's suite stays under 15 minutes
+def test_every_ranks_console_lines_name_the_rank(two_rank_console):
+    """A job's console gathers every rank's log lines, which said nothing of the rank: rank 17's
+    warning read as rank 0's. Now each line of a world of several starts with its rank, as
+    torch's own do; the log files (one per rank) keep their lines as they were."""
+    run, lines = two_rank_console
+    logged = [line for line in lines if re.search(r"\]\[(INFO|WARNING|ERROR)\] - ", line)]
+    assert logged and all(line.startswith(("[rank0][", "[rank1][")) for line in logged), lines
+    for rank in (0, 1):
+        said = [line for line in logged if f"][dmt.runtime][INFO] - rank {rank} of 2 " in line]
+        assert len(said) == 1 and said[0].startswith(f"[rank{rank}]["), logged
+    for name in ("train.log", "train.rank1.log"):
+        text = (run / name).read_text()
+        assert "[dmt.runtime][INFO] - rank " in text and "[rank" not in text, text
+
+
+@pytest.mark.slow  # a 2-rank torchrun run (17-25 s): CI's suite stays under 15 minutes
+def test_without_the_progress_bar_rank_0_logs_each_step_and_evaluation_once(two_rank_console):
+    """With ``trainer.progress_bar=false`` (trainer=smoke) a job's console said nothing of its
+    training loss or evaluations until the final line: now each is one line, rank 0's."""
+    lines = two_rank_console[1]
+    steps = [line for line in lines if "][dmt.trainer][INFO] - step " in line]
+    assert [line.split(" - ", 1)[1].split(":")[0] for line in steps] == [
+        "step 1/2", "step 2/2", "step 2/2", "step 2/2"
+    ], steps  # fmt: skip
+    assert all(line.startswith("[rank0][") for line in steps), steps
+    assert re.search(r" - step 2/2: val/auc \d\.\d{4}, val/logloss ", steps[2]), steps
+    assert re.search(r" - step 2/2: test/auc \d\.\d{4}, test/logloss ", steps[3]), steps
+
+
+def _two_ranks(tmp_path, launcher: str, *overrides: str) -> list[subprocess.CompletedProcess]:
+    """``dmt-train <overrides>`` as ranks 0 and 1 of a world set by environment variables: a
+    task of an ``srun`` step each (``launcher="srun"``), or given torchrun's variables by hand
+    (``"env"``)."""
+    port, procs = free_port(), []
+    for rank in (0, 1):
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "TORCHELASTIC_"))
+            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+        }
+        env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), MASTER_PORT=str(port))
+        if launcher == "srun":
+            env.update(
+                SLURM_JOB_ID="7", SLURM_STEP_ID="0", SLURM_PROCID=str(rank), SLURM_NTASKS="2",
+                SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_TASKS_PER_NODE="2",
+                SLURM_JOB_NODELIST="localhost", MASTER_ADDR="127.0.0.1",
+            )  # fmt: skip
+        else:
+            env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+            env.update(LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "dmt.train", *overrides],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+        )
+    try:  # a rank that waits for its peer's timeout fails the test here
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    return [
+        subprocess.CompletedProcess(p.args, p.returncode, o, e) for p, (o, e) in zip(procs, outs)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("launcher", "refused"),
+    [
+        ("srun", "setting"),  # two processes that stop at start (10-30 s on 2 shared cores)
+        pytest.param("env", "setting", marks=pytest.mark.slow),  # CI time: the same check
+        pytest.param("srun", "directory", marks=pytest.mark.slow),  # and the ranks meet
+    ],
+)
+def test_a_refusal_is_said_once_by_rank_0_and_every_rank_exits_1(tmp_path, launcher, refused):
+    """A setting that validation refuses, or a run directory with another run's outputs, was
+    printed by every rank (64 copies in a job of 64 ranks' log). Now rank 0 says it; every rank
+    still exits with status 1 (srun reports each task's), none leaves a run directory behind."""
+    run = tmp_path / "run"
+    if refused == "directory":
+        run.mkdir()
+        (run / "metrics.json").write_text("{}\n")
+        bad, error = (
+            [],
+            f"Error: run directory {run} already holds another run's outputs (metrics.json); "
+            "choose another hydra.run.dir (or leave it unset for a new one), or resume that run "
+            f"with trainer.resume_from=auto or trainer.resume_from=<a checkpoint in {run}>",
+        )
+    else:
+        bad, error = ["trainer.log_every=0"], "Error: trainer.log_every=0 must be positive"
+    done = _two_ranks(tmp_path, launcher, *TINY, "trainer=smoke", *bad, f"hydra.run.dir={run}")
+    assert [d.returncode for d in done] == [1, 1], [d.stderr[-3000:] for d in done]
+    assert [d.stderr.strip() for d in done] == [error, ""]
+    assert [d.stdout for d in done] == ["", ""]
+    if refused == "directory":  # the run's outputs as they were
+        assert (run / "metrics.json").read_text() == "{}\n" and not (run / ".hydra").exists()
+    else:
+        assert not run.exists()
+
+
+@pytest.mark.slow  # a 2-rank torchrun start (~10 s)
+def test_under_torchrun_a_refused_setting_is_said_once(tmp_path):
+    """As above, under torchrun: its agent ends the job at rank 0's exit status 1."""
+    run = tmp_path / "run"
+    cmd, env = torchrun("-m", "dmt.train", *TINY, "trainer=smoke", "trainer.log_every=0",
+                        f"hydra.run.dir={run}")  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith("Error: ")]
+    assert said == ["Error: trainer.log_every=0 must be positive"], done.stderr[-3000:]
+    assert not run.exists()

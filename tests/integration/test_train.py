@@ -698,6 +698,48 @@ def test_use_pipeline(pipeline, world_of_one, world_size, expected):
     assert use_pipeline(conf.trainer, world_size) is expected
 
 
+@pytest.mark.parametrize("bar", [False, True])
+def test_without_the_progress_bar_the_log_says_each_log_step_and_evaluation(tmp_path, caplog, bar):
+    """A reproduced gap: with ``trainer.progress_bar=false`` (a SLURM log) the console said
+    nothing between the run directory and the final line: no training loss, no validation
+    results (history.jsonl only). Now each log step and each evaluation is a line of the log,
+    with the values history.jsonl records; with the bar, the bar shows the progress instead."""
+    conf = to_config(
+        compose_config(
+            *TINY,
+            "trainer.max_steps=4",
+            "trainer.log_every=2",
+            "trainer.eval_every=2",
+            "trainer.eval_max_batches=1",
+            f"trainer.progress_bar={bar}",
+        )
+    )
+    rt = init_runtime("cpu")
+    try:
+        with caplog.at_level(logging.INFO, logger="dmt.trainer"):
+            Trainer(conf, rt, tmp_path).fit()
+    finally:
+        close_runtime()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    history = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    expected = []
+    for r in history:
+        if "train/loss" in r:
+            expected.append(
+                f"step {r['step']}/4: train/loss {r['train/loss']:.4f}, "
+                f"{r['train/samples_per_s']:.0f} samples/s"
+            )
+        else:
+            split = "val" if "val/auc" in r else "test"
+            values = ", ".join(
+                f"{split}/{k} {r[f'{split}/{k}']:{'.0f' if k == 'num_samples' else '.4f'}}"
+                for k in ("auc", "logloss", "ne", "calibration", "num_samples")
+            )
+            expected.append(f"step {r['step']}/4: {values}")
+    assert len(history) == 5  # loss and validation at steps 2 and 4, the test at the end
+    assert said == ([] if bar else expected)
+
+
 def test_a_world_of_one_trains_with_the_plain_loop_unless_told_to_pipeline_it(tmp_path, caplog):
     """Default ``trainer.pipeline=true`` in one process: the plain loop, said in the log;
     ``trainer.pipeline_world_of_one=true``: TorchRec's pipelines, computing the same losses."""

@@ -7,6 +7,7 @@ is left behind, so the global state cannot leak into other tests.
 from __future__ import annotations
 
 import resource
+import warnings
 
 import pytest
 import torch
@@ -159,6 +160,27 @@ def test_flat_builds_the_plans_sharding_types_and_names_those_the_cpu_cannot():
     assert report.num_towers == 2 and report.phase_2_skipped is not None
     assert "sptt.sharding_type=row_wise" in report.phase_2_skipped
     assert report.logits_shape == () and not any(c.startswith("phase 2") for c in report.on_cpu)
+
+
+@pytest.mark.parametrize(
+    ("mode", "overrides"),
+    [
+        ("flat", []),
+        ("dmt", ["experiment=dmt_4t_dlrm", "model.partition.num_towers=2", "sptt=on"]),
+    ],
+)
+def test_the_dry_run_wraps_the_dense_part_as_training_does_without_ddps_warning(mode, overrides):
+    """A reproduced bug: ``dmt-plan dry_run=true`` printed TorchRec's DDP ``FutureWarning``
+    (`broadcast_buffers` is deprecated): its flat phase 2 wrapped the dense part in TorchRec's
+    default DDP wrapper, not in :func:`dmt.sharding.data_parallel_wrapper`'s, as training does
+    (which passes no argument that no setting reaches)."""
+    conf = typed_config(*overrides)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = dry_run(conf, world_size=4, local_world_size=2, mode=mode)
+    assert not [w for w in caught if "broadcast_buffers" in str(w.message)], caught
+    assert report.phase_2_skipped is None and report.logits_shape == (B,)
+    assert report.dense_grads > 0  # the step reached the dense part
 
 
 def test_sptt_passthrough():

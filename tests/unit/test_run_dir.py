@@ -518,6 +518,11 @@ def test_the_callback_knows_its_rank_from_the_launcher(monkeypatch, env, rank):
     handler = OmegaConf.to_container(_hydra_config().job_logging.handlers.file)
     assert handler["filename"].endswith("/${hydra.job.name}${dmt.rank_log_suffix:}.log}")
     assert rank_log_suffix() == ("" if rank == 0 else f".rank{rank}")
+    # the console's lines of a world of several name the rank (rank 0's too); a world of one's
+    # are as they were
+    console = _hydra_config().job_logging.formatters.console.format
+    tag = f"[rank{rank}]" if env else ""
+    assert console == tag + "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
 
 HOLD_FOR = (  # holds the lock, then marks its end (<run>.held) just before it exits
