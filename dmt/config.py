@@ -898,12 +898,15 @@ def _config_rows(cfg: Config) -> tuple[list[int], str] | None:
     return [d.synthetic.cardinality] * d.synthetic.num_sparse, "data.synthetic.cardinality"
 
 
-def check_row_wise_rows(cfg: Config, local_world_size: int | None = None) -> None:
+def check_row_wise_rows(
+    cfg: Config, local_world_size: int | None = None, local_setting: str = "LOCAL_WORLD_SIZE"
+) -> None:
     """With ``sptt=on`` and ``sptt.sharding_type=row_wise`` every rank of a tower holds a row
     block of each of its tables: refuse a table with fewer rows than the tower's ``K*L`` ranks
     (``sptt.hosts_per_tower`` times ``sptt.local_world_size``, or ``local_world_size``, the
-    launcher's ranks per host; one where neither is known, which refuses only what every
-    world refuses), where the config gives its rows (:func:`_config_rows`)."""
+    launcher's ranks per host, which ``local_setting`` names; one where neither is known, which
+    refuses only what every world refuses), where the config gives its rows
+    (:func:`_config_rows`)."""
     sp = cfg.sptt
     found = _config_rows(cfg)
     if not (sp.enabled and sp.sharding_type == "row_wise") or found is None:
@@ -911,7 +914,7 @@ def check_row_wise_rows(cfg: Config, local_world_size: int | None = None) -> Non
     if sp.local_world_size is not None:
         L, per_host = sp.local_world_size, f"sptt.local_world_size={sp.local_world_size}"
     elif local_world_size is not None:
-        L, per_host = local_world_size, f"L={local_world_size} ranks per host (LOCAL_WORLD_SIZE)"
+        L, per_host = local_world_size, f"L={local_world_size} ranks per host ({local_setting})"
     else:
         L, per_host = 1, "at least L=1 rank per host"
     from dmt.data import sparse_feature_names  # noqa: PLC0415 (dmt.data imports this module)

@@ -52,8 +52,10 @@ from dmt.config import (
     ModelConfig,
     PartitionConfig,
     PassThroughTowerConfig,
+    check_row_wise_rows,
     register_configs,
     use_pipeline,
+    validate,
 )
 from dmt.inspect import schema
 from dmt.memory import GIB, MemoryBudget
@@ -66,7 +68,12 @@ from dmt.models import (
 )
 from dmt.models.accounting import dense_inputs, tower_inputs
 from dmt.models.partition import naive_partition, resolve_partition
-from dmt.optim import apply_sparse_optimizer, sparse_optimizer_name, sparse_optimizer_spec
+from dmt.optim import (
+    apply_sparse_optimizer,
+    check_sparse_optimizer,
+    sparse_optimizer_name,
+    sparse_optimizer_spec,
+)
 from dmt.planning.collectives import (
     CollectiveBytes,
     Workload,
@@ -236,6 +243,20 @@ def _towers_fix(p: PartitionConfig, T: int) -> str:
     )
 
 
+def _check_sptt_run(conf: PlanConfig, mode: str, model: ModelConfig) -> None:
+    """Refuse the ``mode`` (``sptt``, ``dmt``) that ``dmt-train`` would refuse: its run,
+    ``sptt=on`` with ``model``, on the cluster's ``cluster.gpus_per_host`` ranks per host
+    (:func:`dmt.config.validate`, :func:`dmt.config.check_row_wise_rows`); ``ValueError``
+    naming the mode and the setting, as a mode beyond the GPU's memory is refused."""
+    L = conf.cluster.gpus_per_host
+    run = replace(conf, model=model, sptt=replace(conf.sptt, enabled=True, local_world_size=None))
+    try:
+        validate(run)
+        check_row_wise_rows(run, L, f"cluster.gpus_per_host={L}")
+    except ValueError as e:
+        raise ValueError(f"{mode}: {e}") from None
+
+
 def _dense_states(conf: PlanConfig) -> int:
     """State tensors per dense parameter: ``optim.dense``'s (its class and kwargs) and, with
     ``trainer.ema_decay``, the average the evaluation reads (:class:`dmt.ema.DenseEMA`)."""
@@ -282,10 +303,12 @@ def check_plan_config(conf: PlanConfig) -> PlanInputs:
 
     Raises:
         ValueError: a cluster whose GPUs or hosts do not divide as the topology needs, a tower
-            count that does not match the cluster, a batch that does not split evenly, or a
-            ``sharding.hbm_gb`` larger than ``cluster.gpu_memory_gb`` (naming the numbers).
+            count that does not match the cluster, a batch that does not split evenly, a
+            ``sharding.hbm_gb`` larger than ``cluster.gpu_memory_gb`` (naming the numbers), or
+            a mode's run that ``dmt-train`` refuses on the cluster's GPUs (its message).
     """
     to_config(conf)  # validates the training part
+    check_sparse_optimizer(conf.optim, "cuda")  # as dmt-train on the cluster's GPUs, every mode
     topo, B = _check_cluster(conf)
     names, cards, num_dense = schema(conf)
     gpu_bytes = int(conf.cluster.gpu_memory_gb * GIB)
@@ -314,6 +337,7 @@ def check_plan_config(conf: PlanConfig) -> PlanInputs:
         model_cfg = replace(conf.model, partition=towers)
         if mode == "sptt" or conf.model.partition.kind == "none":
             model_cfg = _base_dense(replace(model_cfg, tower=PassThroughTowerConfig()))
+        _check_sptt_run(conf, mode, model_cfg)
         model = build_dmt_model(
             model_cfg,
             partition,
@@ -425,9 +449,12 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
                 world_size=G,
                 local_world_size=L,
                 batch_size=conf.data.batch_size,
+                comm_precision=conf.sptt.comm_precision,
             )
             if search == "full"
-            else _uniform_plan(flat_model, budget, G, L, conf.data.batch_size)
+            else _uniform_plan(
+                flat_model, budget, G, L, conf.data.batch_size, conf.sptt.comm_precision
+            )
         )
     except ValueError as e:
         raise ValueError(f"flat: {e}") from e
@@ -508,12 +535,18 @@ def _flat_search(setting: str, num_tables: int, world_size: int) -> str:
 
 
 def _uniform_plan(
-    model: nn.Module, budget: MemoryBudget, world_size: int, local_world_size: int, batch: int
+    model: nn.Module,
+    budget: MemoryBudget,
+    world_size: int,
+    local_world_size: int,
+    batch: int,
+    comm_precision: str,
 ) -> ShardingPlan:
     """TorchRec's planner, searching only plans of one sharding type for all tables
     (``UniformProposer``) among :data:`FAST_SHARDING_TYPES` (row-wise, whose shards on all
     ``G`` ranks make the enumeration grow with ``G``, left out). At hundreds of GPUs and
-    thousands of tables the full search takes tens of minutes; this one seconds."""
+    thousands of tables the full search takes tens of minutes; this one seconds. The sharders
+    are training's, of ``comm_precision`` (``sptt.comm_precision``), as in :func:`plan_tables`."""
     constraints = table_constraints(model, budget)
     for c in constraints.values():
         c.sharding_types = list(FAST_SHARDING_TYPES)
@@ -526,7 +559,7 @@ def _uniform_plan(
         proposer=[UniformProposer()],
     )
     try:
-        return planner.plan(model, flat_sharders())
+        return planner.plan(model, flat_sharders(comm_precision))
     except PlannerError as e:
         raise ValueError(
             f"TorchRec's planner found no sharding of the tables within the memory budget "

@@ -93,8 +93,12 @@ def test_dmt_plan_writes_plan_json_and_replaces_it_only_with_overwrite(tmp_path:
                  "data.synthetic.cardinality=1")  # fmt: skip
     assert rows.returncode == 1, rows.stderr[-3000:]
     assert rows.stderr == (
-        "Error: feature 'cat_0' (row_wise, tower 0) has 1 row, fewer than the K*L=2 ranks of a "
-        f"tower\n(nothing written: the earlier plan.json in {run_dir} and its .hydra/ record are "
+        "Error: sptt: sptt.sharding_type=row_wise puts a row block of every table on each of the "
+        "K*L=2 ranks of its tower (sptt.hosts_per_tower=1, L=2 ranks per host "
+        "(cluster.gpus_per_host=2)), but the table of feature cat_0 has 1 row "
+        "(data.synthetic.cardinality=1): a row-wise table needs at least 2 rows; give it more, "
+        "or use sptt.sharding_type=table_wise or column_wise"
+        f"\n(nothing written: the earlier plan.json in {run_dir} and its .hydra/ record are "
         "kept)\n"
     )
     assert _texts(run_dir) == before

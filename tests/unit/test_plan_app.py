@@ -5,6 +5,7 @@ message that names the numbers."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,10 +13,13 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 from torch import nn
 
-from dmt.models import TowerModule
+from dmt.config import PartitionConfig
+from dmt.models import TowerModule, build_model, embedding_parameters
 from dmt.models.accounting import dense_flops
+from dmt.optim import apply_sparse_optimizer
 from dmt.planning.app import PlanConfig, check_plan_config, format_report, plan
 from dmt.planning.network import collective_time_s
+from dmt.sharding import plan_tables, table_shardings
 from dmt.train import CONF_MODULE
 
 # 8 one-hot features of 100 rows, N = 16; 2 hosts x 2 GPUs; 64 samples a step (B = 16 per GPU)
@@ -75,6 +79,40 @@ def test_bf16_halves_the_embedding_collectives() -> None:
         assert a["intra_host_bytes"] + a["cross_host_bytes"] == 2 * (
             b["intra_host_bytes"] + b["cross_host_bytes"]
         )
+
+
+@pytest.mark.parametrize("search", ["full", "uniform"])
+def test_the_flat_plan_is_trainings_at_bf16(search) -> None:
+    """Reproduced: dmt-plan planned the flat mode's tables with fp32 sharders whatever
+    sptt.comm_precision, which dmt-train's flat run (and dmt-plan's own dry run) plans with: at
+    bf16 training's planner shards SMALL's tables table-row-wise, whose pooled outputs go
+    through a reduce-scatter inside the host and an all-to-all across hosts, while dmt-plan
+    reported table-wise tables' world all-to-all."""
+    conf = _conf("sptt.comm_precision=bf16", f"flat_search={search}")
+    inputs = check_plan_config(conf)
+    model = build_model(
+        replace(conf.model, partition=PartitionConfig(kind="none")),
+        feature_names=inputs.names,
+        cardinalities=inputs.cardinalities,
+        num_dense=inputs.num_dense,
+        table_device="meta",
+        dense_device="meta",
+    )
+    apply_sparse_optimizer(embedding_parameters(model), conf.optim)
+    training = plan_tables(
+        model, inputs.budget, world_size=4, local_world_size=2, batch_size=64,
+        comm_precision="bf16",
+    )  # fmt: skip
+    assert {ps.sharding_type for ps in table_shardings(training).values()} == {"table_row_wise"}
+    flat = plan(conf)["modes"]["flat"]["collectives"]
+    assert [(c["step"], c["op"], c["group"], c["direction"]) for c in flat] == [
+        ("flat_input_a2a", "all_to_all", "world", "forward"),
+        ("flat_output_a2a", "reduce_scatter", "host", "forward"),
+        ("flat_output_a2a", "all_to_all", "cross", "forward"),
+        ("flat_output_a2a", "all_gather", "host", "backward"),
+        ("flat_output_a2a", "all_to_all", "cross", "backward"),
+        ("dense_allreduce", "all_reduce", "world", "backward"),
+    ]
 
 
 def test_row_wise_towers_below_fp32_time_step_d_by_its_own_collectives() -> None:
@@ -208,6 +246,46 @@ def test_batch_not_divisible_by_gpus() -> None:
         "data.batch_size=66 (global) is not divisible by the G = 2 * 2 = 4 GPUs: every rank "
         "trains on the same local batch"
     )
+
+
+ROWS = "data.synthetic.cardinalities=[100,100,100,1,100,100,100,100]"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refusal"),
+    [
+        (
+            ["sptt.sharding_type=row_wise", "model.pooling=mean"],
+            "sptt: sptt.sharding_type=row_wise needs model.pooling=sum, got model.pooling=mean: "
+            "step d adds each row shard's partial sums, and partial means do not add up to the "
+            "mean; use sptt.sharding_type=table_wise or column_wise for mean pooling",
+        ),
+        (
+            ["sptt.sharding_type=row_wise", ROWS, "sptt.local_world_size=1"],
+            "sptt: sptt.sharding_type=row_wise puts a row block of every table on each of the "
+            "K*L=2 ranks of its tower (sptt.hosts_per_tower=1, L=2 ranks per host "
+            "(cluster.gpus_per_host=2)), but the table of feature cat_3 has 1 row "
+            "(data.synthetic.cardinalities[3]=1): a row-wise table needs at least 2 rows; give "
+            "it more, or use sptt.sharding_type=table_wise or column_wise",
+        ),
+        (
+            ["+optim.sparse.weight_decay=0.01"],
+            "optim.sparse.weight_decay=0.01 needs +optim.sparse.weight_decay_mode=l2 or decouple "
+            "(FBGEMM's kernels ignore the weight decay under mode none; the mode is a kwarg of "
+            "the torchrec.optim classes, e.g. torchrec.optim.RowWiseAdagrad)",
+        ),
+    ],
+)
+def test_a_layout_dmt_train_refuses_is_not_planned(overrides, refusal) -> None:
+    """Reproduced: dmt-plan wrote figures for runs dmt-train refuses (row-wise SPTT tables of
+    mean pooling; a sparse weight decay FBGEMM's CUDA kernels ignore), and refused a row-wise
+    table of fewer rows than a tower's ranks without naming the setting. It refuses them with
+    dmt-train's own message, the mode first where only SPTT's run refuses it (as a mode beyond
+    the GPU's memory is), its L the cluster's (sptt.local_world_size emulates hosts in
+    dmt-train only)."""
+    with pytest.raises(ValueError) as e:
+        check_plan_config(_conf(*overrides))
+    assert str(e.value) == refusal
 
 
 def test_a_model_that_does_not_fit_in_gpu_memory() -> None:
