@@ -615,12 +615,12 @@ def prune(root: Path, keep: int, step: int, *, owner: str | None = None) -> list
     their ``run_dir``) of ``root`` before ``step``, the one just completed, but
     the newest ``keep - 1`` of them (``keep >= 1``: with it, ``keep`` are kept; it and any newer
     one are never deleted); returns those deleted. Incomplete and damaged ones, those moved
-    aside (``step_N.damaged-*``, ``step_N.incomplete-*``) and any other file are left as they
-    are. Each is renamed
+    aside (``step_N.damaged-*``, ``step_N.incomplete-*``), a ``step_N`` that is a link (the
+    user's, to a checkpoint elsewhere) and any other file are left as they are. Each is renamed
     (``step_N.deleting``, where what a deletion cut short left goes first) before its files go,
     so one whose deletion fails or is cut short is never taken for a checkpoint; a failure is a
     warning naming it (training goes on)."""
-    older = [p for n, p in step_dirs(root) if n < step and damage(p) is None]
+    older = [p for n, p in step_dirs(root) if n < step and not p.is_symlink() and damage(p) is None]
     older = [
         p
         for p in older
@@ -786,8 +786,16 @@ def check_not_going_back(path: Path, root: Path) -> None:
 
 def resolve(path: Path, *, setting: str = "trainer.resume_from") -> Path:
     """``path`` itself if it is a checkpoint (``step_N``), else its newest usable ``step_N``
-    child. ``setting`` names where the path came from in the error message."""
+    child. ``setting`` names where the path came from in the error message. A ``step_N`` that
+    is not there (a typo, or deleted since: ``trainer.checkpoint_keep``) is named as such, with
+    the newest complete checkpoint beside it."""
     path = Path(path)
+    if _STEP_DIR.match(path.name) and not path.exists():
+        newest = latest(path.parent)
+        raise ValueError(
+            f"{setting}={str(path)!r}: no such directory"
+            + ("" if newest is None else f" (the newest complete checkpoint there: {newest.name})")
+        )
     if _STEP_DIR.match(path.name) or (path / META_FILE).exists():
         why = damage(path)
         if why is not None:

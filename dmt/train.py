@@ -52,6 +52,13 @@ SUMMARY_KEYS = (
     "oracle_test_auc",
     "train_samples_per_s",
 )
+#: where each launcher's ranks per host come from (:attr:`dmt.runtime.World.launcher`), as the
+#: row-wise check names them (:func:`dmt.config.check_row_wise_rows`)
+_LOCAL_RANKS_FROM = {
+    "torchrun": "LOCAL_WORLD_SIZE",
+    "slurm": "the SLURM step's tasks per node",
+    "none": "a single process, started without a launcher",
+}
 
 
 def compose_config(*overrides: str) -> DictConfig:
@@ -117,7 +124,8 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
     """
     conf = to_config(cfg)
     if conf.sptt.enabled:  # the launcher's ranks per host, before any process group
-        check_row_wise_rows(conf, world_from_env(launcher_env(os.environ)).local_world_size)
+        world = world_from_env(launcher_env(os.environ))
+        check_row_wise_rows(conf, world.local_world_size, _LOCAL_RANKS_FROM[world.launcher])
     t = conf.trainer
     out = Path(output_dir) if output_dir is not None else Path(HydraConfig.get().runtime.output_dir)
     runtime = init_runtime(

@@ -814,6 +814,28 @@ def test_checkpoint_keep_keeps_the_runs_newest_checkpoints_across_a_resume(tmp_p
     assert [p.name for _, p in checkpoint.step_dirs(ckpts)] == ["step_10"]
 
 
+def test_a_resume_from_a_checkpoint_that_checkpoint_keep_deleted_says_it_is_gone(
+    tmp_path: Path,
+) -> None:
+    """Reproduced: the same command run again (a ``torchrun --max-restarts`` restart) after
+    ``trainer.checkpoint_keep=1`` deleted the ``step_N`` its ``trainer.resume_from`` names was
+    refused as "``meta.json`` is missing (the save did not finish)": the save had finished, and
+    the directory is not there at all. It says so, naming the newest complete checkpoint there."""
+    run = tmp_path / "run"
+    every = ("trainer.epochs=2", "trainer.checkpoint_every=2")
+    _train(run, *every, "trainer.max_steps=2")
+    step_2 = run / "checkpoints" / "step_2"
+    again = (*every, "trainer.max_steps=6", "trainer.checkpoint_keep=1")
+    assert _train(run, *again, f"trainer.resume_from={step_2}")["num_steps"] == 6.0
+    assert [p.name for _, p in checkpoint.step_dirs(run / "checkpoints")] == ["step_6"]
+    with pytest.raises(ValueError) as gone:
+        _train(run, *again, f"trainer.resume_from={step_2}")
+    assert str(gone.value) == (
+        f"trainer.resume_from={str(step_2)!r}: no such directory (the newest complete "
+        "checkpoint there: step_6)"
+    )
+
+
 def test_checkpoint_keep_deletes_no_checkpoint_of_another_run_in_a_shared_directory(
     tmp_path: Path,
 ) -> None:

@@ -297,6 +297,27 @@ def test_prune_warns_of_a_checkpoint_that_it_cannot_delete(tmp_path, caplog) -> 
     )
 
 
+def test_checkpoint_keep_leaves_a_link_to_a_checkpoint_elsewhere_as_it_is(tmp_path) -> None:
+    """Reproduced: a ``step_N`` that is the user's link to a checkpoint elsewhere (to resume
+    it with ``trainer.resume_from=auto``) was renamed to ``step_N.deleting`` and then not
+    deleted ("Cannot call rmtree on a symbolic link"): the user's link was moved, and ``auto``
+    no longer saw it. dmt did not make it: it stays, named as it was, and so does its target."""
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.Adam(model.parameters())
+    archive, root = tmp_path / "archive", tmp_path / "run" / "checkpoints"
+    Checkpointer(archive, rank=0, world_size=1).save(
+        model, optimizer, step=1, epoch=0, batch_in_epoch=1
+    )
+    root.mkdir(parents=True)
+    (root / "step_1").symlink_to(archive / "step_1")
+    saver = Checkpointer(root, rank=0, world_size=1, keep=1, run_dir=tmp_path / "run")
+    saver.save(model, optimizer, step=2, epoch=0, batch_in_epoch=2)
+    saver.save(model, optimizer, step=3, epoch=0, batch_in_epoch=3)
+    assert sorted(p.name for p in root.iterdir()) == ["step_1", "step_3"]
+    assert (root / "step_1").is_symlink() and damage(root / "step_1") is None
+    assert damage(archive / "step_1") is None
+
+
 def test_a_resume_may_change_the_dense_optimizers_implementation():
     """``optim.dense_fused`` (fused or looping kernels, the same update) changes on a resume
     without ``trainer.resume_allow_config_change``, also from a checkpoint saved before the

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -584,5 +586,31 @@ def test_dmt_train_refuses_a_row_wise_table_split_over_the_launchers_ranks(tmp_p
         train(conf, tmp_path / "run")
     assert str(refused.value) == _too_few_rows(
         1, 2, "L=2 ranks per host (LOCAL_WORLD_SIZE)", 1, "data.synthetic.cardinality=1", "cat_0"
+    )
+    assert not dist.is_initialized() and not (tmp_path / "run").exists()
+
+
+def test_dmt_train_names_slurms_tasks_per_node_for_the_ranks_per_host(tmp_path, monkeypatch):
+    """Reproduced: under ``srun`` (no torchrun) the refusal said ``L=2 ranks per host
+    (LOCAL_WORLD_SIZE)``, a variable the job never set: SLURM's tasks per node gave them."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    for name in [n for n in os.environ if n.startswith("SLURM_")]:  # a job's own: this one's only
+        monkeypatch.delenv(name)
+    step = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}
+    step |= {"SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_TASKS_PER_NODE": "2"}
+    step |= {"SLURM_JOB_NODELIST": "n1"}
+    for name, value in step.items():
+        monkeypatch.setenv(name, value)
+    conf = typed_config(*ROW_WISE, "logger=disabled", "data.synthetic.cardinality=1")
+    with pytest.raises(ValueError) as refused:
+        train(conf, tmp_path / "run")
+    assert str(refused.value) == _too_few_rows(
+        1,
+        2,
+        "L=2 ranks per host (the SLURM step's tasks per node)",
+        1,
+        "data.synthetic.cardinality=1",
+        "cat_0",
     )
     assert not dist.is_initialized() and not (tmp_path / "run").exists()
