@@ -64,6 +64,15 @@ def test_uvm_cached_shards_take_their_cache_in_hbm() -> None:
     # half the table and its state, 4 + 16 / 2 bytes of FBGEMM's bookkeeping per row, and the
     # row-wise state
     assert m.uvm_cache_bytes == biggest // 2 + 12 * 2000 + 4 * 2000
+    # the cache counts against the GPU's memory, the host part does not
+    assert m.device_bytes == (
+        m.table_bytes
+        + m.optimizer_state_bytes
+        + m.uvm_cache_bytes
+        + m.dense_bytes
+        + m.activation_bytes
+    )
+    assert m.uvm_cache_bytes > 0 and m.uvm_host_bytes > 0
 
 
 def _allocated_states(cls: type, kwargs: dict[str, Any]) -> float:

@@ -141,6 +141,15 @@ def test_each_link_class_takes_the_larger_of_sender_and_receiver() -> None:
     assert t.collectives[0].time_ms > 5 * _wire_ms(received)
 
 
+def test_a_busiest_receiver_on_the_host_bounds_the_intra_host_link() -> None:
+    # the intra-host link alone: the receiver's 100 MB, not the sender's 1 kB, time it
+    a = Coll("a", "all_to_all", "world", "forward", 4, 1_000, 0, True, 100_000_000, 0)
+    t = predict_step_time("sptt", [a], ComputeLoad(0.0), 16, CLUSTER, pipelined=False)
+    received = Coll("a", "all_to_all", "world", "forward", 4, 100_000_000, 0, True)
+    assert t.collectives[0].time_ms == pytest.approx(_wire_ms(received))
+    assert t.collectives[0].time_ms > 100 * _wire_ms(a)
+
+
 # -- the lookups of the busiest rank (a reproduced bug: dmt-plan charged every rank the average,
 # F ids per sample, 26 where a rank holding one table of 64 GPUs' batches looks up 64) --------
 

@@ -162,6 +162,26 @@ def test_shared_cores_slow_compute_in_proportion() -> None:
     )
 
 
+def test_a_step_hides_no_more_communication_than_it_computes() -> None:
+    # step a (20 ms on the NIC) hides behind all of the step's 2.02 ms of compute and lookup;
+    # the gradient all-reduce's own budget (the backward) is then spent too: it is all exposed
+    a = Coll("a", "all_to_all", "world", "forward", 4, 0, 10_000_000, True)
+    ar = Coll("dense_allreduce", "all_reduce", "world", "backward", 4, 0, 1_000_000, True)
+    t = predict_step_time("sptt", [a, ar], LOAD, B, CLUSTER)
+    assert t.overlapped_ms == pytest.approx(t.compute_ms + t.lookup_ms)
+    assert t.collectives[1].exposed_ms == t.collectives[1].time_ms > 0
+
+
+def test_more_shared_cores_than_ranks_run_at_full_speed() -> None:
+    """A rank never gets more than its own core: ``min(1, shared_cores / G)``."""
+    plenty = replace(CLUSTER, shared_cores=4 * CLUSTER.world_size, step_overhead_ms=1.0)
+    alone = replace(CLUSTER, step_overhead_ms=1.0)
+    d = Coll("d", "all_to_all", "tower", "forward", 4, 100_000_000, 0, False)
+    assert predict_step_time("sptt", [d], LOAD, B, plenty) == predict_step_time(
+        "sptt", [d], LOAD, B, alone
+    )
+
+
 def test_overheads() -> None:
     c = Coll("d", "all_to_all", "tower", "forward", 4, 0, 1_000_000, False)
     empty = replace(c, cross_host_bytes=0)  # issues nothing

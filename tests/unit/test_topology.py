@@ -65,6 +65,15 @@ def test_two_hosts_per_tower() -> None:
 
 
 @pytest.mark.parametrize("topo", TOPOLOGIES, ids=_id)
+def test_local_rank_is_the_index_on_the_host(topo: Topology) -> None:
+    """``local_rank_of`` is the index in ``host_ranks`` (not in the tower, which spans ``K``
+    hosts)."""
+    for h in range(topo.num_hosts):
+        for i, g in enumerate(topo.host_ranks(h)):
+            assert (topo.host_of(g), topo.local_rank_of(g)) == (h, i)
+
+
+@pytest.mark.parametrize("topo", TOPOLOGIES, ids=_id)
 def test_invariants(topo: Topology) -> None:
     G, L, K, T = topo.world_size, topo.local_world_size, topo.hosts_per_tower, topo.num_towers
     assert T * K * L == G and topo.tower_size == K * L and topo.num_hosts == G // L

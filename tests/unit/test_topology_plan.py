@@ -7,7 +7,14 @@ import random
 import pytest
 
 from dmt.sptt.plan import SHARDING_KINDS, SPTTPlan, TableShard, build_plan
-from dmt.sptt.splits import ColumnBlock, step_e_blocks
+from dmt.sptt.splits import (
+    ColumnBlock,
+    ring_allreduce_bytes,
+    step_d_reduce_scatter_block,
+    step_d_split_sizes,
+    step_e_blocks,
+    step_f_split_sizes,
+)
 from dmt.sptt.topology import Topology
 
 
@@ -253,3 +260,53 @@ def test_column_multiple_aligns_column_blocks() -> None:
     assert widths == [(0, 4), (4, 8), (8, 12)]
     with pytest.raises(ValueError, match="divide embedding_dim"):
         build_plan(topo, _names(1), [[0]], embedding_dim=6, num_embeddings=[10], column_multiple=4)
+
+
+@pytest.mark.parametrize(
+    ("world_size", "local_world_size", "hosts_per_tower"),
+    [(4, 2, 1), (8, 2, 2), (16, 4, 1), (24, 2, 3)],
+)
+def test_step_d_and_f_splits_conserve_elements(
+    world_size: int, local_world_size: int, hosts_per_tower: int
+) -> None:
+    """What every rank sends in steps d and f is what its destination receives from it, and step
+    d delivers each rank the ``T B F_t N`` elements step e reads (all-to-all plus reduce-scatter
+    block); step f delivers ``B sum_u V_u D_u``."""
+    topo = Topology(world_size, local_world_size, hosts_per_tower)
+    rng = random.Random(world_size)
+    F, dim, B = 3 * topo.num_towers + 2, 8, 5
+    towers = _random_partition(F, topo.num_towers, rng)
+    names = _names(F)
+    kinds = {names[f]: rng.choice(SHARDING_KINDS) for f in range(F)}
+    plan = _plan(topo, towers, dim=dim, rows=[1000] * F, kinds=kinds)
+    T, KL, TB = topo.num_towers, topo.tower_size, topo.num_towers * B
+    for t in range(T):
+        mates = topo.tower_ranks(t)
+        splits = {r: step_d_split_sizes(plan, r, TB) for r in mates}
+        for i, r in enumerate(mates):
+            received, sent = splits[r]
+            assert len(received) == len(sent) == KL
+            assert sent == [TB * plan.all_to_all_width(r)] * KL
+            assert [splits[q][1][i] for q in mates] == received  # q sends r what r receives
+            block = step_d_reduce_scatter_block(plan, r, TB)
+            assert sum(received) + block == TB * len(towers[t]) * dim
+            assert block == TB * len(plan.row_wise_features(t)) * dim
+    dims = [(rng.randint(1, 4), rng.randint(5, 9)) for _ in range(T)]
+    for p in range(KL):
+        peers = topo.peer_group(p)
+        f_splits = [step_f_split_sizes(dims, t, B) for t in range(T)]
+        for t in range(T):
+            received, sent = f_splits[t]
+            assert sent == [B * dims[t][0] * dims[t][1]] * T
+            assert [f_splits[u][1][t] for u in range(T)] == received
+            assert sum(received) == B * sum(v * d for v, d in dims)
+        assert len(peers) == T
+
+
+@pytest.mark.parametrize(("nbytes", "group_size"), [(1000, 1), (1000, 2), (1200, 4), (64, 8)])
+def test_ring_allreduce_bytes_simulated(nbytes: int, group_size: int) -> None:
+    """A ring all-reduce (reduce-scatter then all-gather, ``n - 1`` steps each) of ``nbytes``
+    split in ``n`` equal chunks sends one chunk per step to the successor."""
+    chunk = nbytes // group_size
+    sent = sum(chunk for _ in range(2 * (group_size - 1)))
+    assert ring_allreduce_bytes(nbytes, group_size) == sent
