@@ -52,6 +52,7 @@ from dmt.history import CURVES_FILE, HISTORY_FILE
 from dmt.results import file_in_the_way
 
 if TYPE_CHECKING:
+    from dmt.config import Config
     from dmt.runtime import World
 
 log = logging.getLogger(__name__)
@@ -851,6 +852,30 @@ def launch_rank() -> int:
         return 0
 
 
+#: where each launcher's ranks per host come from (:attr:`dmt.runtime.World.launcher`), as the
+#: row-wise check names them (:func:`check_launch_row_wise_rows`)
+LOCAL_RANKS_FROM = {
+    "torchrun": "LOCAL_WORLD_SIZE",
+    "slurm": "the SLURM step's tasks per node",
+    "none": "a single process, started without a launcher",
+}
+
+
+def check_launch_row_wise_rows(conf: Config) -> None:
+    """:func:`dmt.config.check_row_wise_rows` on this process's launcher's ranks per host
+    (torchrun or a SLURM step), named by where they come from, before any process group exists;
+    without them where the launcher's world cannot be told (the runtime reports that case)."""
+    from dmt.config import check_row_wise_rows  # noqa: PLC0415 (dmt.config imports this module)
+    from dmt.runtime import launcher_env, world_from_env  # noqa: PLC0415 (torch)
+
+    try:
+        world = world_from_env(launcher_env(os.environ))
+    except ValueError:
+        check_row_wise_rows(conf)
+        return
+    check_row_wise_rows(conf, world.local_world_size, LOCAL_RANKS_FROM[world.launcher])
+
+
 def check_resume_config(
     config: DictConfig, run_dir: Path, resume_from: str, checkpoint_dir: str
 ) -> None:
@@ -1047,6 +1072,9 @@ class RunDirGuard(Callback):
             conf = job_config(config)
             if isinstance(conf, Config):  # the training root config (not a test's own)
                 validate(conf)
+                # row-wise tables on the launcher's ranks per host, as dmt.train.train checks
+                # them (there each rank raised it, after Hydra wrote the run's directory)
+                check_launch_row_wise_rows(conf)
         except (ValueError, OmegaConfBaseException) as e:
             # every rank refuses the same command line: said once, by rank 0 (a job of 64 ranks
             # printed 64 copies), as its verdict, which the others wait for before they exit

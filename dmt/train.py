@@ -15,7 +15,6 @@ import gc
 import hashlib
 import logging
 import math
-import os
 import traceback
 from pathlib import Path
 from typing import Any, cast
@@ -27,10 +26,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dmt import host_malloc
-from dmt.config import Config, check_row_wise_rows, register_configs, validate
+from dmt.config import Config, register_configs, validate
 from dmt.metrics import CLICK_METRICS
-from dmt.run_dir import agree_on_run_dir, claim_run_dir, stale_lock_wait
-from dmt.runtime import close_runtime, init_runtime, launcher_env, world_from_env
+from dmt.run_dir import agree_on_run_dir, check_launch_row_wise_rows, claim_run_dir, stale_lock_wait
+from dmt.runtime import close_runtime, init_runtime
 from dmt.tracking import open_logger
 from dmt.trainer import Trainer
 from dmt.trials import divergence
@@ -52,13 +51,6 @@ SUMMARY_KEYS = (
     "oracle_test_auc",
     "train_samples_per_s",
 )
-#: where each launcher's ranks per host come from (:attr:`dmt.runtime.World.launcher`), as the
-#: row-wise check names them (:func:`dmt.config.check_row_wise_rows`)
-_LOCAL_RANKS_FROM = {
-    "torchrun": "LOCAL_WORLD_SIZE",
-    "slurm": "the SLURM step's tasks per node",
-    "none": "a single process, started without a launcher",
-}
 
 
 def compose_config(*overrides: str) -> DictConfig:
@@ -124,8 +116,7 @@ def train(cfg: DictConfig | Config, output_dir: Path | None = None) -> dict[str,
     """
     conf = to_config(cfg)
     if conf.sptt.enabled:  # the launcher's ranks per host, before any process group
-        world = world_from_env(launcher_env(os.environ))
-        check_row_wise_rows(conf, world.local_world_size, _LOCAL_RANKS_FROM[world.launcher])
+        check_launch_row_wise_rows(conf)
     t = conf.trainer
     out = Path(output_dir) if output_dir is not None else Path(HydraConfig.get().runtime.output_dir)
     runtime = init_runtime(

@@ -445,6 +445,7 @@ def _save_with_nan_on_rank_1(rank: int, world_size: int, out: str) -> tuple[bool
     return (Path(out) / "checkpoints" / "step_8").exists(), poisoned
 
 
+@pytest.mark.slow  # 2 ranks; the load side's one-rank case stays in the suite (same check)
 def test_a_diverged_state_in_one_ranks_shard_is_not_saved_by_any_rank(tmp_path: Path) -> None:
     """A value that is not finite in a table shard only rank 1 holds: no rank writes the
     checkpoint (rank 0, whose tensors are finite, would otherwise wait in DCP's save for its

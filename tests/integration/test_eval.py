@@ -616,6 +616,7 @@ def test_scores_of_the_test_split_of_a_run_with_its_own_test_file_are_its_split(
     )
 
 
+@pytest.mark.slow  # CI time (dmt-eval 5 times, about 8 s)
 def test_scores_of_another_runs_checkpoint_are_not_the_runs_scores(synthetic_run, tmp_path):
     """Reproduced: :func:`dmt.seeds.scored_predictions_problem` took ``dmt-eval`` of another
     run's checkpoint (as many steps, the same rows), written into this run's directory, as this

@@ -738,7 +738,9 @@ def _not_finite_keys(trainer: Trainer) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(
+    "async_save", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["sync", "async"]
+)
 def test_a_diverged_run_writes_no_checkpoint_that_a_resume_would_refuse(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, async_save: bool
 ) -> None:
@@ -780,6 +782,7 @@ def test_a_diverged_run_writes_no_checkpoint_that_a_resume_would_refuse(
     )
 
 
+@pytest.mark.slow  # CI time: the suite keeps the every-N-steps case
 def test_a_diverged_runs_checkpoint_at_the_end_is_not_written(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -814,6 +817,7 @@ def test_checkpoint_keep_keeps_the_runs_newest_checkpoints_across_a_resume(tmp_p
     assert [p.name for _, p in checkpoint.step_dirs(ckpts)] == ["step_10"]
 
 
+@pytest.mark.slow  # CI time (about 5 s)
 def test_a_resume_from_a_checkpoint_that_checkpoint_keep_deleted_says_it_is_gone(
     tmp_path: Path,
 ) -> None:

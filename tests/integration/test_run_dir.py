@@ -647,6 +647,9 @@ def _two_ranks(tmp_path, launcher: str, *overrides: str) -> list[subprocess.Comp
         ("srun", "setting"),  # two processes that stop at start (10-30 s on 2 shared cores)
         pytest.param("env", "setting", marks=pytest.mark.slow),  # CI time: the same check
         pytest.param("srun", "directory", marks=pytest.mark.slow),  # and the ranks meet
+        # row-wise tables too few for the launcher's ranks per host (LOCAL_WORLD_SIZE): each
+        # rank raised it, with Hydra's traceback, after Hydra wrote the run directory
+        pytest.param("env", "rows", marks=pytest.mark.slow),
     ],
 )
 def test_a_refusal_is_said_once_by_rank_0_and_every_rank_exits_1(tmp_path, launcher, refused):
@@ -663,6 +666,16 @@ def test_a_refusal_is_said_once_by_rank_0_and_every_rank_exits_1(tmp_path, launc
             "choose another hydra.run.dir (or leave it unset for a new one), or resume that run "
             f"with trainer.resume_from=auto or trainer.resume_from=<a checkpoint in {run}>",
         )
+    elif refused == "rows":
+        bad, error = (
+            ["sptt=on", "+partition=naive", "model.partition.num_towers=2",
+             "sptt.sharding_type=row_wise", "data.synthetic.cardinality=1"],
+            "Error: sptt.sharding_type=row_wise puts a row block of every table on each of the "
+            "K*L=2 ranks of its tower (sptt.hosts_per_tower=1, L=2 ranks per host "
+            "(LOCAL_WORLD_SIZE)), but the table of feature cat_0 has 1 row "
+            "(data.synthetic.cardinality=1): a row-wise table needs at least 2 rows; give it "
+            "more, or use sptt.sharding_type=table_wise or column_wise",
+        )  # fmt: skip
     else:
         bad, error = ["trainer.log_every=0"], "Error: trainer.log_every=0 must be positive"
     done = _two_ranks(tmp_path, launcher, *TINY, "trainer=smoke", *bad, f"hydra.run.dir={run}")

@@ -698,7 +698,7 @@ def test_use_pipeline(pipeline, world_of_one, world_size, expected):
     assert use_pipeline(conf.trainer, world_size) is expected
 
 
-@pytest.mark.parametrize("bar", [False, True])
+@pytest.mark.parametrize("bar", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_without_the_progress_bar_the_log_says_each_log_step_and_evaluation(tmp_path, caplog, bar):
     """A reproduced gap: with ``trainer.progress_bar=false`` (a SLURM log) the console said
     nothing between the run directory and the final line: no training loss, no validation

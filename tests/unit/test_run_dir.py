@@ -925,6 +925,48 @@ def test_a_rank_that_cannot_reach_rank_0s_store_stops_naming_it(monkeypatch):
     ), stopped.value
 
 
+def test_row_wise_tables_too_few_for_the_launchers_ranks_are_refused_before_the_run(
+    tmp_path, monkeypatch, capsys
+):
+    """Reproduced: a row-wise SPTT table of fewer rows than the ``K*L`` ranks of a tower whose
+    ``L`` only the launcher gives (LOCAL_WORLD_SIZE) was refused by dmt.train.train on every
+    rank, each with Hydra's traceback, after Hydra had written the run's directory. The guard
+    refuses it with the other settings: once, by rank 0, exiting 1, no directory written."""
+    from hydra import compose, initialize_config_module  # noqa: PLC0415
+
+    for key in list(os.environ):
+        if key.startswith(("SLURM_", "TORCHELASTIC_")) or key in TORCHRUN_VARS:
+            monkeypatch.delenv(key)
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    run = tmp_path / "run"
+    rows = ["sptt=on", "+partition=naive", "model.partition.num_towers=2",
+            "sptt.sharding_type=row_wise", "data.synthetic.cardinality=1"]  # fmt: skip
+    with initialize_config_module(CONF_MODULE, version_base="1.3"):
+        config = compose(
+            "config",
+            overrides=[*rows, "trainer.collective_timeout_s=1", f"hydra.run.dir={run}"],
+            return_hydra_config=True,
+        )
+    guard = RunDirGuard()
+    try:
+        with pytest.raises(SystemExit) as refused:  # rank 1 never reads the verdict: 1 s
+            guard.on_run_start(config)
+    finally:
+        guard.on_run_end(config)
+    assert refused.value.code == 1
+    assert capsys.readouterr().err == (
+        "Error: sptt.sharding_type=row_wise puts a row block of every table on each of the K*L=2 "
+        "ranks of its tower (sptt.hosts_per_tower=1, L=2 ranks per host (LOCAL_WORLD_SIZE)), but "
+        "the table of feature cat_0 has 1 row (data.synthetic.cardinality=1): a row-wise table "
+        "needs at least 2 rows; give it more, or use sptt.sharding_type=table_wise or "
+        "column_wise\n"
+    )
+    assert not run.exists()
+
+
 def test_the_wait_leaves_the_other_ranks_time():
     """The other ranks wait for rank 0 up to trainer.collective_timeout_s at start."""
     assert stale_lock_wait(600.0) == STALE_LOCK_WAIT_S == 300.0
