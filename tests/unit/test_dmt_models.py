@@ -27,7 +27,12 @@ from dmt.models import (
     naive_partition,
     resolve_partition,
 )
-from dmt.models.accounting import compression_ratio, count_parameters, model_stats
+from dmt.models.accounting import (
+    compression_ratio,
+    count_parameters,
+    dense_flops,
+    model_stats,
+)
 
 NAMES = [f"cat_{i}" for i in range(6)]
 CARDS = [7, 11, 3, 20, 5, 9]
@@ -236,6 +241,13 @@ def test_embedding_parameters_are_the_tables_whatever_the_names():
             tables,
             total - tables,
         )
+        assert stats.num_parameters == total
+    for model in (models[0], models[-1]):  # a base and a DMT model: dmt-inspect's FLOPs
+        stats = model_stats(model)
+        forward, train = dense_flops(model)
+        assert stats.forward_mflops_per_sample == pytest.approx(forward / 1e6, rel=1e-12)
+        assert stats.train_mflops_per_sample == pytest.approx(train / 1e6, rel=1e-12)
+        assert 2 * forward < train  # the backward: about two products per forward one
     gated = models[-2].towers[0].tower_module
     assert isinstance(gated, GatedTowerModule)
     assert count_parameters(gated) == (0, sum(p.numel() for p in gated.parameters()))

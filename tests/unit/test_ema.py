@@ -74,3 +74,18 @@ def test_decay_must_be_in_0_1():
     with pytest.raises(ValueError, match=r"trainer.ema_decay=-0.5 must be in \[0, 1\)"):
         validate(typed_config("trainer.ema_decay=-0.5"))
     assert typed_config("trainer.ema_decay=0.999").trainer.ema_decay == 0.999
+
+
+def test_load_state_dict_matches_the_averages_by_name():
+    """A state is keyed by parameter name: its order does not matter, and one of as many
+    parameters under other names is refused, naming them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)).double()
+    ema = DenseEMA(model.named_parameters(), decay=0.9)
+    shifted = [p.detach().clone() + i for i, p in enumerate(model.parameters())]
+    state = {"num_updates": 3, "averages": dict(reversed(list(zip(ema.names, shifted))))}
+    ema.load_state_dict(state)
+    assert all(torch.equal(a, e) for a, e in zip(ema.averages, shifted))
+    renamed = {"num_updates": 3, "averages": {f"x{n}": a for n, a in zip(ema.names, ema.averages)}}
+    with pytest.raises(ValueError, match=r"EMA state of 4 parameters does not fit these 4 \(e.g. "):
+        ema.load_state_dict(renamed)

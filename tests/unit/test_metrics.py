@@ -174,6 +174,39 @@ def test_lr_scheduler_drives_every_group_and_restores_from_its_state():
         restore_lr_scheduler(sched2, state, step=9)
 
 
+def test_a_checkpoint_without_a_schedule_state_restores_at_its_step():
+    """A checkpoint saved without the scheduler's state (``None``) is put at its training step,
+    its LRs the schedule's there."""
+    from dmt.optim import build_lr_scheduler, restore_lr_scheduler
+
+    schedule = {"warmup_steps": 4, "decay": "linear", "min_lr_ratio": 1.0}
+    cfg = OptimConfig(schedule={"_target_": "dmt.optim.warmup_decay_schedule", **schedule})
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
+    sched = build_lr_scheduler(opt, cfg, total_steps=20)
+    restore_lr_scheduler(sched, None, step=3)
+    assert sched.last_epoch == 3 and opt.param_groups[0]["lr"] == pytest.approx(2.0)
+    factor = LRSchedule(20, **schedule)  # min_lr_ratio=1: no decay at all
+    assert [factor(i) for i in (0, 3, 4, 19)] == pytest.approx([0.25, 1.0, 1.0, 1.0])
+
+
+def test_schedule_beyond_run_names_what_the_last_step_never_reaches():
+    """The warmup's peak is reached at step warmup_steps - 1, the first decayed LR a step after
+    the decay starts: the bounds of dmt-train's warnings."""
+    from dmt.optim import schedule_beyond_run
+
+    def beyond(total_steps: int, **schedule: object) -> list[str]:
+        target = {"_target_": "dmt.optim.warmup_decay_schedule"}
+        return schedule_beyond_run(OptimConfig(schedule={**target, **schedule}), total_steps)
+
+    assert beyond(10, warmup_steps=10) == []  # step 9 is at the peak
+    (late,) = beyond(9, warmup_steps=10)
+    assert late.startswith("optim.schedule.warmup_steps=10 is longer than the run (9 steps")
+    assert "0.9 of it at the last step" in late
+    assert beyond(10, decay="linear", decay_start=8) == []  # step 9 is decayed
+    (never,) = beyond(10, decay="linear", decay_start=9)
+    assert never.startswith("optim.schedule.decay=linear starts at step 9 (")
+
+
 def test_decay_settings_without_a_decay_are_refused():
     # a reproduced bug: optim.schedule.decay_steps / min_lr_ratio / decay_start with the default
     # decay=none trained at a constant LR, without a word (a sweep over them: equal trials)

@@ -163,10 +163,19 @@ def test_result_fields():
         ([10, 5, 1], 4, [2, 1, 1]),  # the singleton takes a tower from the most over-served group
         ([20, 6, 2], 7, [5, 1, 1]),  # quotas 5, 1.5, 0.5: the 0.5 remainder loses to the group's 1
         ([3, 3, 3], 3, [1, 1, 1]),
+        ([6, 5, 4], 5, [2, 2, 1]),  # quotas 2, 1.67, 1.33: the largest remainder gets the 5th
+        ([3, 3], 3, [2, 1]),  # equal remainders: the first group gets the spare tower
+        ([19, 6, 5], 3, [1, 1, 1]),  # [2, 1, 0]: only a group of 2 towers can give one
+        ([8, 8, 1], 6, [2, 3, 1]),  # [3, 3, 0]: of equal donors the first gives
     ],
 )
 def test_allot_towers(sizes, num_towers, expected):
     assert allot_towers(sizes, num_towers) == expected
+
+
+def test_canonical_towers_are_sorted_and_ordered_by_their_first_feature():
+    # interleaved towers: {1, 2} ends before {0, 3} but starts after it
+    assert canonical_towers([1, 0, 0, 1, 2]) == [[0, 3], [1, 2], [4]]
 
 
 def test_allot_towers_errors():
@@ -190,6 +199,25 @@ def test_hierarchical_keeps_pre_groups_apart():
         assert len({0 if i < 12 else 1 for i in tower}) == 1
     assert adjusted_rand_score(blocks, result.labels) >= 0.9
     assert 0.0 <= result.stress < 1.0
+
+
+def test_hierarchical_stress_pools_the_pre_groups_pairs():
+    """The stress of a hierarchical partition is the normalized stress over the pairs inside
+    each pre-group (each embedded on its own): sqrt(sum (d - D)^2 / sum D^2) over all of them."""
+    rng = np.random.default_rng(0)
+    upper = np.triu(rng.uniform(size=(12, 12)), 1)
+    affinity = upper + upper.T + np.eye(12)
+    groups = [list(range(6)), list(range(6, 12))]
+    result = partition_hierarchical(affinity, 4, groups, restarts=1, steps=30)
+    squared_error = squared_total = 0.0
+    for group in groups:
+        distance = 1.0 - affinity[np.ix_(group, group)]  # coherent: D = 1 - I
+        coords = result.coords[group]
+        fitted = np.linalg.norm(coords[:, None] - coords[None], axis=-1)
+        pairs = np.triu_indices(len(group), 1)
+        squared_error += float(np.square(fitted - distance)[pairs].sum())
+        squared_total += float(np.square(distance)[pairs].sum())
+    assert 0 < result.stress == pytest.approx(np.sqrt(squared_error / squared_total), rel=1e-9)
 
 
 def test_hierarchical_allotment_and_errors():
@@ -290,6 +318,7 @@ def test_numpy_integer_seed_and_embed_dim_partition_as_python_ints():
 def test_check_partition_arguments():
     names = [f"cat_{i}" for i in range(6)]
     assert check_partition_arguments(6, 3) is None
+    assert check_partition_arguments(6, 3, seed=2**32 - 1) is None  # K-Means' largest seed
     assert check_partition_arguments(6, 3, pre_groups=[[5, 0, 1, 2], [3, 4]]) == (
         [[0, 1, 2, 5], [3, 4]],
         [2, 1],

@@ -42,7 +42,7 @@ def random_batches(seed: int, sizes=(5, 3, 7), num_features=6, dim=4):
     return batches
 
 
-@pytest.mark.parametrize("chunk_elements", [1, 7, 1 << 22])
+@pytest.mark.parametrize("chunk_elements", [1, 7, 72, 1 << 22])  # 72: blocks of 2 samples
 def test_accumulator_matches_brute_force(chunk_elements):
     batches = random_batches(seed=0)
     accumulator = AffinityAccumulator(chunk_elements=chunk_elements)
@@ -177,6 +177,7 @@ def test_model_affinity_uses_ebc_outputs():
         (np.array([[1.0, 1.5], [1.5, 1.0]]), r"must lie in \[0, 1\].*got 1.5 at \[0, 1\]"),
         (np.array([[1.0, -0.1], [-0.1, 1.0]]), r"must lie in \[0, 1\].*got -0.1 at \[0, 1\]"),
         (np.array([[1.0, 0.2], [0.3, 1.0]]), r"must be symmetric.*affinity\[0, 1\] = 0.2"),
+        (np.array([[1.0, 0.2], [0.20001, 1.0]]), r"must be symmetric.*1e-05 > 1e-06"),
     ],
 )
 def test_check_affinity_errors(matrix, message):

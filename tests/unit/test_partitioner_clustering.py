@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from dmt.partitioner.baselines import naive_partition, random_partition
-from dmt.partitioner.clustering import balanced_kmeans, tower_size_bounds
+from dmt.partitioner.clustering import (
+    balanced_kmeans,
+    default_kmeans_budget,
+    tower_size_bounds,
+)
 
 FT_PAIRS = [(1, 1), (5, 1), (5, 5), (7, 2), (10, 3), (26, 8), (26, 16), (33, 4), (50, 7)]
 
@@ -44,12 +49,27 @@ def test_kmeans_follows_clusters_and_seed():
         (100, 4, 2.0, (20, 40)),
         (10, 2, math.inf, (1, 9)),
         (10, 10, 3.0, (1, 1)),
+        (54, 2, 1.16, (25, 29)),  # 1.16 * 25 is 28.999... in floats: 29 is allowed
     ],
 )
 def test_size_bounds(num_features, num_towers, ratio, expected):
     size_min, size_max = tower_size_bounds(num_features, num_towers, ratio)
     assert (size_min, size_max) == expected
     assert num_towers * size_min <= num_features <= num_towers * size_max
+
+
+def test_a_ratio_met_only_by_the_most_balanced_sizes_is_met_without_a_warning():
+    # 10 features in 4 towers: sizes 2 and 3 (ratio 1.5) are the only split within ratio 1.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tower_size_bounds(10, 4, 1.5) == (2, 3)
+
+
+def test_kmeans_budget_steps_down_above_1e5_and_1e6_arcs():
+    assert default_kmeans_budget(1000, 100) == (10, 300)
+    assert default_kmeans_budget(1001, 100) == (2, 100)
+    assert default_kmeans_budget(10_000, 100) == (2, 100)
+    assert default_kmeans_budget(10_001, 100) == (1, 50)
 
 
 @pytest.mark.parametrize("ratio", [1.5, 2.0, 3.0])

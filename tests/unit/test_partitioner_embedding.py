@@ -111,3 +111,16 @@ def test_sampled_regime_recovers_blocks():
     coords, _ = fit_euclidean_embedding(distances, restarts=1, steps=400, partners=32)
     labels = balanced_kmeans(coords, 8, seed=0)
     assert adjusted_rand_score(blocks, labels) >= 0.9
+
+
+def test_the_diagonal_of_the_distances_is_ignored():
+    """normalized_stress is sqrt(sum (d - D)^2 / sum D^2) over the pairs i < j: a non-zero
+    diagonal changes nothing."""
+    points, distances = plane_points(6, seed=3)
+    coords = points + np.random.default_rng(4).normal(size=points.shape) * 0.1
+    expected = normalized_stress(coords, distances)
+    fitted = np.linalg.norm(coords[:, None] - coords[None], axis=-1)
+    pairs = np.triu_indices(6, 1)
+    error = np.square(fitted - distances)[pairs].sum()
+    assert expected == pytest.approx(np.sqrt(error / np.square(distances)[pairs].sum()), rel=1e-12)
+    assert normalized_stress(coords, distances + np.eye(6)) == expected
