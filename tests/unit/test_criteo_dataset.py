@@ -121,6 +121,26 @@ def test_shuffle_windows_stay_local(split: Path) -> None:
         assert len(windows) <= 2  # a batch reads from at most two windows of the file
 
 
+def test_windows_and_their_rows_are_reshuffled_every_epoch(split: Path) -> None:
+    """Each epoch visits every window once, whole, in an order of its own (by seed and epoch),
+    and each window's rows in a permutation of their own."""
+    size = 100
+
+    def order(seed: int, epoch: int) -> np.ndarray:
+        src = CriteoSource(split, batch_size=25, shuffle=True, seed=seed, shuffle_window_rows=size)
+        return np.concatenate([src.global_rows(epoch, b) for b in range(src.num_batches())])
+
+    def visits(rows: np.ndarray) -> list[int]:
+        windows = rows // size
+        return windows[np.r_[True, windows[1:] != windows[:-1]]].tolist()
+
+    a = order(0, 0)
+    assert sorted(visits(a)) == list(range(-(-NUM_ROWS // size)))  # each window once, whole
+    assert visits(a) != visits(order(0, 1)) and visits(a) != visits(order(1, 0))
+    full = [a[a // size == w] - w * size for w in range(NUM_ROWS // size)]
+    assert len({tuple(p) for p in full}) == len(full)
+
+
 def test_mmap_and_in_memory_agree(split: Path) -> None:
     kw = dict(batch_size=64, shuffle=True, seed=5, shuffle_window_rows=300)
     mapped = list(CriteoSource(split, **kw).batches(0))

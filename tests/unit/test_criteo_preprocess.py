@@ -164,6 +164,17 @@ def test_dense_values_of_thousands_of_digits() -> None:
     np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
+def test_dense_values_at_the_edges_of_the_log_table() -> None:
+    """``log(x + 1)`` rounded once to float32, exactly, on both sides of the 2**16-entry lookup
+    table the small values are read from (and of the 8-digit fast path)."""
+    values = [65534, 65535, 65536, 65537, 70000, 99999999, 100000000, -99999999, -100000000]
+    rows = [_replace(GOOD[0], 1, str(v)) for v in values]
+    block = np.frombuffer(PAD_BYTES + ("\n".join(rows) + "\n").encode(), np.uint8)
+    got = parse_block(block, path="x.tsv", first_line=0).dense[:, 0]
+    expected = [math.log(max(v, 0) + 1) for v in values]  # negative values clamp to 0
+    np.testing.assert_array_equal(got, np.array(expected, np.float32))
+
+
 @pytest.mark.parametrize("block_bytes", [64, 1000, 1 << 20])
 @pytest.mark.parametrize("suffix", [".tsv", ".gz"])
 @pytest.mark.parametrize("trailing_newline", [True, False])
@@ -518,6 +529,34 @@ def test_terabyte_without_val_day_keeps_the_halving_layout(tmp_path: Path) -> No
     )
     assert m["settings"]["layout"] == {"kind": "days", "train_days": [0], "eval_day": 1}
     assert [m["splits"][s]["rows"] for s in ("train", "val", "test")] == [12, 4, 3]
+    day_0, day_1 = str((days / "day_0").resolve()), str((days / "day_1").resolve())
+    assert [m["splits"][s]["source_lines"] for s in ("train", "val", "test")] == [
+        [{"path": day_0, "first_line": 1, "last_line": 12}],
+        [{"path": day_1, "first_line": 1, "last_line": 4}],
+        [{"path": day_1, "first_line": 5, "last_line": 7}],
+    ]
+
+
+def test_the_manifest_names_the_lines_of_each_split(tmp_path: Path) -> None:
+    """``source_lines``: 1-based, inclusive line ranges of the input, one block per split."""
+    raw = write(tmp_path / "train.txt", make_rows(10, seed=4))
+    m = read_manifest(
+        preprocess_criteo(config(tmp_path, raw, split_fractions=[0.6, 0.3, 0.1]), **SMALL)
+    )
+    path = str(raw.resolve())
+    assert [m["splits"][s]["source_lines"] for s in ("train", "val", "test")] == [
+        [{"path": path, "first_line": 1, "last_line": 6}],
+        [{"path": path, "first_line": 7, "last_line": 9}],
+        [{"path": path, "first_line": 10, "last_line": 10}],
+    ]
+    cfg = config(tmp_path, raw, split_fractions=[0.7, 0.0, 0.3])
+    cfg = dataclasses.replace(cfg, preprocessed_dir=str(tmp_path / "no_val"))
+    m = read_manifest(preprocess_criteo(cfg, **SMALL))
+    assert [m["splits"][s]["source_lines"] for s in ("train", "val", "test")] == [
+        [{"path": path, "first_line": 1, "last_line": 7}],
+        [],
+        [{"path": path, "first_line": 8, "last_line": 10}],
+    ]
 
 
 @pytest.mark.parametrize(
@@ -955,6 +994,8 @@ BAD_ROWS = {
     # a control character: its field and what that holds (reproduced: neither was named)
     "control char": (_replace(GOOD[0], 20, "00\x0000ff"), "C7 contains the control character b'\\x00'; expected up to 8 hexadecimal digits"),
     "control char in dense": (_replace(GOOD[0], 3, "1\x0b2"), "I3 contains the control character b'\\x0b'; expected a decimal integer"),
+    # a control character in place of a tab: still 40 fields if it were read as a delimiter
+    "control char for a tab": ("\t".join(GOOD[0].split("\t")[:20]) + "\x01" + "\t".join(GOOD[0].split("\t")[20:]), "C6 contains the control character b'\\x01'; expected up to 8 hexadecimal digits"),
     "carriage return": (GOOD[0] + "\r", "C26 ends with the control character b'\\r', a Windows (CRLF) line ending; expected lines that end in b'\\n' alone: convert the file first (dos2unix, or sed -i 's/\\r$//')"),
 }  # fmt: skip
 
@@ -1002,6 +1043,9 @@ def test_bad_rows_in_many_ranges_are_compacted(tmp_path: Path) -> None:
     check_split(out, "val", rows[255:278], vocab)
     check_split(out, "test", [r for i, r in enumerate(rows) if i >= 278 and i not in bad_at], vocab)
     assert sum(m["splits"][s]["rows"] for s in m["splits"]) == len(kept)
+    for split, (lo, hi) in {"train": (0, 255), "val": (255, 278), "test": (278, 300)}.items():
+        labels = [int(r[0]) for i, r in enumerate(rows[lo:hi], lo) if i not in bad_at]
+        assert m["splits"][split]["click_rate"] == pytest.approx(sum(labels) / len(labels))
 
 
 def test_an_all_empty_feature_costs_the_rows_the_readme_says(tmp_path: Path) -> None:
