@@ -61,6 +61,29 @@ def ephemeral_ports() -> range:
     return range(int(low), int(high) + 1)
 
 
+def two_rank_env(launcher: str, rank: int, port: int) -> dict[str, str]:
+    """This process's environment for ``rank`` of a world of 2 on one host at ``MASTER_PORT``
+    ``port``, set as a task of an ``srun`` step sets it (``launcher="srun"``) or with torchrun's
+    variables by hand (``"env"``): the launchers' own variables of this process left out."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "TORCHELASTIC_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+    }
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), MASTER_PORT=str(port))
+    if launcher == "srun":
+        env.update(
+            SLURM_JOB_ID="7", SLURM_STEP_ID="0", SLURM_PROCID=str(rank), SLURM_NTASKS="2",
+            SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_TASKS_PER_NODE="2",
+            SLURM_JOB_NODELIST="localhost", MASTER_ADDR="127.0.0.1",
+        )  # fmt: skip
+    else:
+        env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+        env.update(LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+    return env
+
+
 def free_port() -> int:
     """A free loopback port for a rendezvous (``MASTER_PORT``, ``--rdzv-endpoint``) that a test
     hands to processes it starts, taken outside the ephemeral range (below it, or above a range

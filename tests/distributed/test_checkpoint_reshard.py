@@ -376,9 +376,11 @@ def test_a_bad_resume_path_fails_every_rank_with_rank_0s_message(tmp_path: Path)
     )
 
 
-def _resume_nan_on_rank_1(rank: int, world_size: int, out: str) -> tuple[str, str | None]:
-    """Train 8 steps, save step_8 again with a NaN in one of rank 1's table shards only, then
-    resume it: every rank's error (and the key rank 1 poisoned)."""
+def _trained_with_inf_on_rank_1(
+    rank: int, world_size: int, out: str
+) -> tuple[Trainer, Runtime, list[str], str | None]:
+    """Train 8 steps (checkpoints at 4 and 8), remove step_8, then put inf in one of rank 1's
+    table shards only: the trainer, its runtime, its overrides and the key rank 1 poisoned."""
     args = [*BASE, *FLAT, "trainer.checkpoint_every=4"]
     rt = Runtime(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
     trainer = Trainer(to_config(compose_config(*args)), rt, Path(out))
@@ -396,6 +398,13 @@ def _resume_nan_on_rank_1(rank: int, world_size: int, out: str) -> tuple[str, st
         )
         with torch.no_grad():
             table.local_shards()[0].tensor.view(-1)[0] = math.inf
+    return trainer, rt, args, poisoned
+
+
+def _resume_nan_on_rank_1(rank: int, world_size: int, out: str) -> tuple[str, str | None]:
+    """Train 8 steps, save step_8 again with a NaN in one of rank 1's table shards only, then
+    resume it: every rank's error (and the key rank 1 poisoned)."""
+    trainer, rt, args, poisoned = _trained_with_inf_on_rank_1(rank, world_size, out)
     trainer.save(0, 8)
     resume = to_config(compose_config(*args, "trainer.resume_from=auto"))
     try:
@@ -423,23 +432,7 @@ def test_a_value_that_is_not_finite_in_one_ranks_shard_fails_every_rank_alike(
 def _save_with_nan_on_rank_1(rank: int, world_size: int, out: str) -> tuple[bool, str | None]:
     """Train 8 steps, then ask for step_8 again with inf in one of rank 1's table shards only:
     whether step_8 is there afterwards, and the key rank 1 poisoned."""
-    args = [*BASE, *FLAT, "trainer.checkpoint_every=4"]
-    rt = Runtime(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
-    trainer = Trainer(to_config(compose_config(*args)), rt, Path(out))
-    trainer.fit()
-    if rank == 0:
-        shutil.rmtree(Path(out) / "checkpoints" / "step_8")
-    dist.barrier()
-    poisoned = None
-    if rank == 1:
-        state = checkpoint.checkpoint_state(trainer.model, trainer.optimizer, rank=rank)
-        poisoned, table = next(
-            (k, v)
-            for k, v in checkpoint.flatten_keys(state).items()
-            if isinstance(v, ShardedTensor) and k.startswith("model.") and v.local_shards()
-        )
-        with torch.no_grad():
-            table.local_shards()[0].tensor.view(-1)[0] = math.inf
+    trainer, _, _, poisoned = _trained_with_inf_on_rank_1(rank, world_size, out)
     assert trainer.save_unless_diverged(0, 8) is None
     dist.barrier()
     return (Path(out) / "checkpoints" / "step_8").exists(), poisoned

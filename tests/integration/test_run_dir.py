@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dmt.train import train
-from tests.conftest import REPO, compose_config, free_port, torchrun
+from tests.conftest import REPO, compose_config, free_port, torchrun, two_rank_env
 
 TINY = [
     "logger=disabled",
@@ -605,22 +605,7 @@ def _two_ranks(tmp_path, launcher: str, *overrides: str) -> list[subprocess.Comp
     (``"env"``)."""
     port, procs = free_port(), []
     for rank in (0, 1):
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("SLURM_", "TORCHELASTIC_"))
-            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
-        }
-        env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), MASTER_PORT=str(port))
-        if launcher == "srun":
-            env.update(
-                SLURM_JOB_ID="7", SLURM_STEP_ID="0", SLURM_PROCID=str(rank), SLURM_NTASKS="2",
-                SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_TASKS_PER_NODE="2",
-                SLURM_JOB_NODELIST="localhost", MASTER_ADDR="127.0.0.1",
-            )  # fmt: skip
-        else:
-            env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
-            env.update(LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+        env = two_rank_env(launcher, rank, port)
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "dmt.train", *overrides],

@@ -6,7 +6,6 @@ torchrun's agent store or in a store of dmt's own (SLURM's ``srun``, or ``RANK``
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port, torchrun
+from tests.conftest import free_port, torchrun, two_rank_env
 
 WORKER = """
 import logging, sys, time
@@ -60,22 +59,7 @@ def _start_pair(tmp_path: Path, script: Path, launcher: str, *args: str) -> list
     port = free_port()
     procs = []
     for rank in (0, 1):
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("SLURM_", "TORCHELASTIC_"))
-            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
-        }
-        env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), MASTER_PORT=str(port))
-        if launcher == "srun":
-            env.update(
-                SLURM_JOB_ID="7", SLURM_STEP_ID="0", SLURM_PROCID=str(rank), SLURM_NTASKS="2",
-                SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_TASKS_PER_NODE="2",
-                SLURM_JOB_NODELIST="localhost", MASTER_ADDR="127.0.0.1",
-            )  # fmt: skip
-        else:
-            env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
-            env.update(LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+        env = two_rank_env(launcher, rank, port)
         cmd = [sys.executable, str(script), str(tmp_path), *args]
         procs.append(
             subprocess.Popen(
