@@ -620,12 +620,12 @@ def prune(root: Path, keep: int, step: int, *, owner: str | None = None) -> list
     (``step_N.deleting``, where what a deletion cut short left goes first) before its files go,
     so one whose deletion fails or is cut short is never taken for a checkpoint; a failure is a
     warning naming it (training goes on)."""
-    older = [p for n, p in step_dirs(root) if n < step and not p.is_symlink() and damage(p) is None]
     older = [
         p
-        for p in older
-        if read_meta(p).get("format") == FORMAT
-        and (owner is None or read_meta(p).get("run_dir") == owner)
+        for p, meta in ((p, read_meta(p)) for p in _complete_before(root, step))
+        if not p.is_symlink()
+        and meta.get("format") == FORMAT
+        and (owner is None or meta.get("run_dir") == owner)
     ]
     deleted = []
     for path in older[keep - 1 :]:
@@ -1252,9 +1252,15 @@ def not_finite_key(
     return _first_not_finite(state, world_size, skip=_buffer_keys(model, state["model"]))
 
 
+def _complete_before(root: Path, step: int) -> Iterator[Path]:
+    """The complete checkpoints (``step_N``, ``N < step``, :func:`damage` finds nothing) in
+    ``root``, newest first."""
+    return (p for n, p in step_dirs(root) if n < step and damage(p) is None)
+
+
 def newest_before(root: Path, step: int) -> Path | None:
     """The newest complete checkpoint (``step_N``, ``N < step``) in ``root``; ``None``: none."""
-    return next((p for n, p in step_dirs(root) if n < step and damage(p) is None), None)
+    return next(_complete_before(root, step), None)
 
 
 def _buffer_keys(model: nn.Module, model_state: dict[str, Any]) -> set[str]:

@@ -157,13 +157,8 @@ def rank_tag() -> str:
     """``""`` in a world of one, ``"[rank<r>]"`` on every rank ``r`` of a world of several, as
     the launcher numbers this process (``conf/hydra/job_logging/dmt.yaml`` prefixes the console's
     lines with it): a cluster job's log gathers every rank's lines, rank 17's warning among them."""
-    from dmt.runtime import world_from_env  # noqa: PLC0415
-
-    try:
-        world = world_from_env(os.environ)
-    except ValueError:  # the runtime reports it
-        return ""
-    return f"[rank{world.rank}]" if world.world_size > 1 else ""
+    world = launch_world(os.environ)
+    return f"[rank{world.rank}]" if world is not None and world.world_size > 1 else ""
 
 
 def register_resolvers() -> None:
@@ -834,22 +829,33 @@ def _refusal_timeout_s(config: DictConfig) -> float:
     """How long the ranks of a job whose settings are refused wait for rank 0's word:
     ``trainer.collective_timeout_s``, or its default where that is not a positive number (the
     refusal may be of that very setting)."""
+    from dmt.config import TrainerConfig  # noqa: PLC0415 (dmt.config imports this module)
+
+    default = TrainerConfig.collective_timeout_s
     try:
-        value = float(OmegaConf.select(config, "trainer.collective_timeout_s", default=600.0))
+        value = float(OmegaConf.select(config, "trainer.collective_timeout_s", default=default))
     except (TypeError, ValueError, OmegaConfBaseException):
-        return 600.0
-    return value if 0 < value < math.inf else 600.0
+        return default
+    return value if 0 < value < math.inf else default
+
+
+def launch_world(environ: Mapping[str, str]) -> World | None:
+    """This process's world as its launcher's variables in ``environ`` give it (torchrun or a
+    SLURM step), before any process group exists; None when it cannot be told (the runtime
+    reports that case)."""
+    from dmt.runtime import world_from_env  # noqa: PLC0415 (torch)
+
+    try:
+        return world_from_env(environ)
+    except ValueError:
+        return None
 
 
 def launch_rank() -> int:
     """This process's rank as its launcher gives it (torchrun or a SLURM step), before any
     process group exists; 0 when it cannot be told (the runtime reports that case)."""
-    from dmt.runtime import world_from_env  # noqa: PLC0415
-
-    try:
-        return world_from_env(os.environ).rank
-    except ValueError:
-        return 0
+    world = launch_world(os.environ)
+    return 0 if world is None else world.rank
 
 
 #: where each launcher's ranks per host come from (:attr:`dmt.runtime.World.launcher`), as the
@@ -866,14 +872,13 @@ def check_launch_row_wise_rows(conf: Config) -> None:
     (torchrun or a SLURM step), named by where they come from, before any process group exists;
     without them where the launcher's world cannot be told (the runtime reports that case)."""
     from dmt.config import check_row_wise_rows  # noqa: PLC0415 (dmt.config imports this module)
-    from dmt.runtime import launcher_env, world_from_env  # noqa: PLC0415 (torch)
+    from dmt.runtime import launcher_env  # noqa: PLC0415 (torch)
 
-    try:
-        world = world_from_env(launcher_env(os.environ))
-    except ValueError:
+    world = launch_world(launcher_env(os.environ))
+    if world is None:
         check_row_wise_rows(conf)
-        return
-    check_row_wise_rows(conf, world.local_world_size, LOCAL_RANKS_FROM[world.launcher])
+    else:
+        check_row_wise_rows(conf, world.local_world_size, LOCAL_RANKS_FROM[world.launcher])
 
 
 def check_resume_config(
