@@ -171,8 +171,9 @@ else
   skip "sptt_equivalence_nccl watchdog_agreement_nccl async_staging_nccl wire_values_nccl host_syncs_nccl step_f_overlap_nccl bf16_comms_sptt bf16_comms_flat bf16_auc_like_fp32 throughput_benchmark" "needs 2 GPUs"
 fi
 if [[ "$GPUS" -ge 4 ]]; then
-  # resharding resume on NCCL (flat and SPTT): the same tests as on gloo, with one GPU per rank
-  pytest_step reshard_nccl tests/distributed/test_checkpoint_reshard.py -k nccl
+  # resharding resume on NCCL (flat and SPTT): the same tests as on gloo, with one GPU per rank,
+  # the suite's and the slow tier's
+  pytest_step reshard_nccl tests/distributed/test_checkpoint_reshard.py -m "slow or not slow" -k nccl
   # evaluation whose last global batch leaves ranks without rows (padded, pytorch/FBGEMM#3750)
   pytest_step empty_eval_rank_nccl tests/distributed/test_streaming_eval.py -k "empty_batch and nccl"
 else

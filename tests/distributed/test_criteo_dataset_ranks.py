@@ -87,6 +87,8 @@ def _config(tmp_path: Path, raw: str = "train.txt", **kw: Any) -> DataConfig:
     return DataConfig(kind="criteo", batch_size=32, eval_batch_size=50, criteo=crit)
 
 
+# CI time (2 cores): a preprocessing longer than the group's timeout (11 s) runs with -m slow
+@pytest.mark.slow
 def test_rank_zero_preprocesses_longer_than_the_group_timeout_once(tmp_path: Path) -> None:
     (tmp_path / "train.txt").write_text(_raw_rows(200, seed=1))
     extra = tmp_path / "extra.tsv"
@@ -122,7 +124,8 @@ def test_rank_zero_preprocesses_longer_than_the_group_timeout_once(tmp_path: Pat
     assert not list(tmp_path.glob(".prep*"))  # no partial or old directory left
 
 
-@pytest.mark.parametrize("missing", ["raw_path", "test_path"])
+# CI time (2 cores): the missing test file (8 s; the same exchange as the raw file's) runs with -m slow
+@pytest.mark.parametrize("missing", ["raw_path", pytest.param("test_path", marks=pytest.mark.slow)])
 def test_a_rank_zero_failure_reaches_every_rank(tmp_path: Path, missing: str) -> None:
     (tmp_path / "train.txt").write_text(_raw_rows(200, seed=3))
     log_dir = tmp_path / "calls"

@@ -41,11 +41,11 @@ def _refusal(script: str, option: str, path: Path) -> str:
 
 @pytest.mark.parametrize(
     "bench",
-    # CI time (2 cores): bench_sptt's and bench_checkpoint's (11 s and 6 s, the same
+    # CI time (2 cores): bench_sptt's, bench_torchrec_dlrm's and bench_checkpoint's (11, 7 and 6 s, the same
     # existing_output check as the others) run with -m slow
     [
         pytest.param("bench_sptt", marks=pytest.mark.slow),
-        "bench_torchrec_dlrm",
+        pytest.param("bench_torchrec_dlrm", marks=pytest.mark.slow),
         pytest.param("bench_checkpoint", marks=pytest.mark.slow),
         "ns3_crosscheck",
         "bench_preprocess",

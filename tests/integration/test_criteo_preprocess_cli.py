@@ -179,6 +179,8 @@ def test_cli_day_layouts(
     assert capsys.readouterr().err == f"dmt-preprocess: error: {error}\n"
 
 
+# CI time (2 cores): a killed preprocessing and its rerun (10 s) run with -m slow
+@pytest.mark.slow
 def test_interrupted_run_then_rerun_equals_clean_run(tmp_path: Path) -> None:
     raw = tmp_path / "train.txt"
     raw.write_text(raw_rows(6000, seed=3))  # ~0.9 MB, cut into ~18 ranges below

@@ -168,6 +168,8 @@ time.sleep(600)
 """
 
 
+# CI time (2 cores): the store's 10 s of silence and the watchdog's answer (13 s) run with -m slow
+@pytest.mark.slow
 def test_a_stopped_store_ends_the_job() -> None:
     """A TCPStore client's ``add`` waits for the answer of a stopped store forever, whatever its
     timeout: the watchdog thread waited with it, so a SIGSTOP of rank 0 (which serves the store
