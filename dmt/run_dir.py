@@ -1228,3 +1228,32 @@ class RunDirGuard(Callback):
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+
+
+#: the job logging config (``conf/hydra/job_logging/dmt.yaml``) whose handlers take warnings
+JOB_LOGGING = "dmt"
+
+
+class WarningsToLog(Callback):
+    """Hydra callback: while a job runs under ``hydra/job_logging=dmt``, Python's warnings
+    (``warnings.warn``: dmt's, torch's, TorchRec's) are log records of logger ``py.warnings``
+    (:func:`logging.captureWarnings`), through the job's handlers: the console's lines of a
+    world of several name the rank (:func:`rank_tag`), and each rank's log file keeps them.
+    Python's filters still decide which warnings show (once per place by default), and
+    ``pytest.warns`` still records them. Hydra sets the job's logging up before
+    :meth:`on_job_start`; under another job logging config (``disabled``: no handlers, which
+    would swallow them), and between a sweep's jobs, warnings print to stderr as Python prints
+    them."""
+
+    def __init__(self) -> None:
+        self.captured = False
+
+    def on_job_start(self, config: DictConfig, *, task_function: Any, **kwargs: Any) -> None:
+        if OmegaConf.select(config, "hydra.runtime.choices.hydra/job_logging") == JOB_LOGGING:
+            logging.captureWarnings(True)
+            self.captured = True
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        if self.captured:  # only its own: not a capture that the caller of the app set up
+            logging.captureWarnings(False)
+            self.captured = False

@@ -599,6 +599,25 @@ def test_without_the_progress_bar_rank_0_logs_each_step_and_evaluation_once(two_
     assert re.search(r" - step 2/2: test/auc \d\.\d{4}, test/logloss ", steps[3]), steps
 
 
+@pytest.mark.slow  # a 2-rank torchrun run (25-35 s on 2 shared cores): CI's suite time
+def test_every_ranks_python_warning_is_a_log_line_naming_the_rank(tmp_path):
+    """Reproduced: a run that diverged on 2 ranks printed the metrics' RuntimeWarning to stderr
+    twice, alike, without a rank (whose?), and neither rank's log file had it. Now each rank's
+    is a line of its console log naming the rank, and of its log file, and stderr has none."""
+    run = tmp_path / "run"
+    cmd, env = torchrun("-m", "dmt.train", *TINY, "trainer=smoke", "optim.lr=1e30",
+                        f"hydra.run.dir={run}")  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = "RuntimeWarning: 1024 of 1024 predictions are not finite (NaN or inf): the model"
+    assert said not in done.stderr, done.stderr[-3000:]
+    warned = [line for line in done.stdout.splitlines() if said in line]
+    assert sorted(line.split("][", 1)[0] for line in warned) == ["[rank0", "[rank1"], warned
+    assert all("][py.warnings][WARNING] - " in line for line in warned), warned
+    for name in ("train.log", "train.rank1.log"):
+        assert (run / name).read_text().count(said) == 1, name
+
+
 def _two_ranks(tmp_path, launcher: str, *overrides: str) -> list[subprocess.CompletedProcess]:
     """``dmt-train <overrides>`` as ranks 0 and 1 of a world set by environment variables: a
     task of an ``srun`` step each (``launcher="srun"``), or given torchrun's variables by hand

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -9,11 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
+import warnings
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from dmt.planning.run_dir import PlanRunDirGuard
@@ -22,6 +25,7 @@ from dmt.run_dir import (
     LOCK_FILE,
     STALE_LOCK_WAIT_S,
     RunDirGuard,
+    WarningsToLog,
     _resolve_run_stamp,
     agreed_stamp,
     check_outputs,
@@ -74,11 +78,15 @@ def test_in_a_container_the_stamp_carries_the_host_name_and_a_random_tag(tmp_pat
 
 
 def _hydra_config():
+    return _app_config().hydra
+
+
+def _app_config(*overrides: str):
+    """dmt-train's config as its Hydra callbacks get it (with the ``hydra`` node)."""
     from hydra import compose, initialize_config_module  # noqa: PLC0415
 
     with initialize_config_module(CONF_MODULE, version_base="1.3"):
-        cfg = compose("config", return_hydra_config=True)
-        return cfg.hydra
+        return compose("config", overrides=list(overrides), return_hydra_config=True)
 
 
 def test_the_default_run_and_sweep_directories_use_the_stamp():
@@ -523,6 +531,62 @@ def test_the_callback_knows_its_rank_from_the_launcher(monkeypatch, env, rank):
     console = _hydra_config().job_logging.formatters.console.format
     tag = f"[rank{rank}]" if env else ""
     assert console == tag + "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+
+
+def test_a_warning_in_a_job_is_a_line_of_its_log_that_names_the_rank(monkeypatch, caplog):
+    """A Python warning (``warnings.warn``: dmt's, torch's, TorchRec's) went to stderr as
+    Python prints it, past the job's log: in the console of a job of 64 ranks nothing said
+    whose it was, and no rank's log file kept it. Now, while the job runs, it is a record of
+    ``py.warnings`` through the job's handlers (the console's line names the rank), once per
+    place as before; ``pytest.warns`` still records its own, and after the job warnings print
+    as Python prints them."""
+    for key in list(os.environ):
+        if key.startswith(("SLURM_", "TORCHELASTIC_")) or key in TORCHRUN_VARS:
+            monkeypatch.delenv(key)
+    rank_1_of_2 = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    for key, value in rank_1_of_2.items():
+        monkeypatch.setenv(key, value)
+    config = _app_config()
+    caplog.set_level(logging.WARNING, logger="py.warnings")  # whatever an earlier test set
+    console = logging.StreamHandler(io.StringIO())
+    console.setFormatter(logging.Formatter(config.hydra.job_logging.formatters.console.format))
+    root, job = logging.getLogger(), instantiate(config.hydra.callbacks.warnings)
+    assert isinstance(job, WarningsToLog)  # dmt-train's callback
+    root.addHandler(console)
+    try:
+        with warnings.catch_warnings(record=True) as printed:  # what Python prints (stderr)
+            warnings.simplefilter("default")
+            job.on_job_start(config, task_function=None)
+            with pytest.warns(UserWarning, match="^a test's$"):
+                warnings.warn("a test's", UserWarning, stacklevel=1)
+            for _ in range(2):
+                warnings.warn("the model diverged", RuntimeWarning, stacklevel=1)
+            job.on_job_end(config, job_return=None)
+            warnings.warn("after the job", UserWarning, stacklevel=1)
+    finally:
+        root.removeHandler(console)
+    assert [str(w.message) for w in printed] == ["after the job"]
+    logged = console.stream.getvalue()
+    assert re.fullmatch(
+        r"\[rank1\]\[[-\d :,]+\]\[py\.warnings\]\[WARNING\] - "
+        + re.escape(f"{__file__}:")
+        + r"\d+: RuntimeWarning: the model diverged\n"
+        + re.escape('  warnings.warn("the model diverged", RuntimeWarning, stacklevel=1)\n\n'),
+        logged,
+    ), logged
+
+
+def test_under_another_job_logging_config_a_warning_prints_as_python_prints_it():
+    """``hydra/job_logging=disabled`` has no handlers: a warning made a log record there
+    would be lost; it prints to stderr as Python prints it."""
+    config = _app_config("hydra/job_logging=disabled")
+    job = WarningsToLog()
+    with warnings.catch_warnings(record=True) as printed:
+        warnings.simplefilter("default")
+        job.on_job_start(config, task_function=None)
+        warnings.warn("the model diverged", RuntimeWarning, stacklevel=1)
+        job.on_job_end(config, job_return=None)
+    assert [str(w.message) for w in printed] == ["the model diverged"]
 
 
 HOLD_FOR = (  # holds the lock, then marks its end (<run>.held) just before it exits
