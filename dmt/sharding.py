@@ -43,9 +43,15 @@ from torchrec.distributed.model_parallel import (
     get_default_sharders,
 )
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.proposers import Proposer
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-from torchrec.distributed.planner.types import KernelConfig, PlannerError, TopologyFactory
+from torchrec.distributed.planner.types import (
+    KernelConfig,
+    PlannerError,
+    ShardingOption,
+    TopologyFactory,
+)
 from torchrec.distributed.planner.types import TrainerConfig as PlannerTrainerConfig
 from torchrec.distributed.types import (
     CacheParams,
@@ -249,6 +255,36 @@ def flat_sharders(comm_precision: str = "fp32") -> list[ModuleSharder[nn.Module]
     ]
 
 
+class OrderedEnumerator(EmbeddingEnumerator):
+    """TorchRec's ``EmbeddingEnumerator`` with each table's options in a fixed order: sharding
+    types as :data:`SHARDED_TYPES` lists them, kernels as ``EmbeddingComputeKernel`` does; the
+    tables in TorchRec's order.
+
+    TorchRec lists a table's sharding types (where constraints name them, as
+    :func:`table_constraints` does) and kernels from a ``set`` of strings, whose order follows
+    Python's per-process string hashing (``PYTHONHASHSEED``), and its planner keeps the first of
+    equally rated plans: tied sharding types (e.g. table-wise, column-wise and
+    table-column-wise tables of one shard each) were chosen differently from run to run."""
+
+    def enumerate(
+        self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]
+    ) -> list[ShardingOption]:
+        options = super().enumerate(module, sharders)
+        tables: dict[str, int] = {}
+        for o in options:
+            tables.setdefault(o.fqn, len(tables))
+        types = {t: i for i, t in enumerate(SHARDED_TYPES)}
+        kernels = {k.value: i for i, k in enumerate(EmbeddingComputeKernel)}
+        return sorted(  # stable: options equal in all three keep TorchRec's order
+            options,
+            key=lambda o: (
+                tables[o.fqn],
+                types.get(o.sharding_type, len(types)),
+                kernels.get(o.compute_kernel, len(kernels)),
+            ),
+        )
+
+
 def flat_planner(
     memory: MemoryBudget,
     *,
@@ -269,11 +305,16 @@ def flat_planner(
     paths; the rest of the GPU (dense model, activations, communication buffers) is what it
     leaves. The planner still counts each shard's input and output buffers (output: local batch x
     world size x columns x 4 bytes, about 4 MiB per table at 2048 per rank on 8 ranks and
-    N = 64), which the SPTT plan leaves to the rest of the GPU.
+    N = 64), which the SPTT plan leaves to the rest of the GPU. Its search sees every table's
+    options in one order (:class:`OrderedEnumerator`): the same plan from run to run.
     """
+    topology = planner_topology(memory, world_size=world_size, local_world_size=local_world_size)
     return EmbeddingShardingPlanner(
-        topology=planner_topology(memory, world_size=world_size, local_world_size=local_world_size),
+        topology=topology,
         batch_size=batch_size,
+        enumerator=OrderedEnumerator(
+            topology=topology, batch_size=batch_size, constraints=constraints
+        ),
         constraints=constraints,
         proposer=proposer,
         storage_reservation=FixedPercentageStorageReservation(percentage=0.0),

@@ -31,6 +31,7 @@ earlier plan too unless ``overwrite=true`` (:mod:`dmt.planning.run_dir`).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -109,6 +110,7 @@ from dmt.sptt.topology import Topology
 from dmt.train import CONF_PATH, to_config
 
 MB = 1e6
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -243,11 +245,58 @@ def _towers_fix(p: PartitionConfig, T: int) -> str:
     )
 
 
+def _check_sparse_optimizer(conf: PlanConfig) -> None:
+    """``optim.sparse`` as ``dmt-train`` checks it on the cluster's device, every mode
+    (:attr:`ClusterConfig.device_type`: CPU for an emulated cluster), and with ``dry_run=true``
+    on CPU too, where the dry run trains; a refusal on CPU says why CPU."""
+    device = conf.cluster.device_type
+    if device == "cuda":
+        check_sparse_optimizer(conf.optim, "cuda")
+        if not conf.dry_run:
+            return
+    try:
+        check_sparse_optimizer(conf.optim, "cpu")
+    except ValueError as e:
+        why = (
+            f"cluster.name={conf.cluster.name} is an emulated CPU cluster (cluster.shared_cores="
+            f"{conf.cluster.shared_cores}: dmt-train runs its ranks on CPU)"
+            if device == "cpu"
+            else "dry_run=true trains one step of every mode on CPU (dmt.planning.dry_run; plan "
+            "without it)"
+        )
+        raise ValueError(f"{why}: {e}") from None
+
+
+def ignored_plan_settings(conf: PlanConfig) -> list[str]:
+    """The settings of ``conf`` a ``dmt-train`` run reads that :func:`plan` does not act on, one
+    message each (:func:`plan` warns of them): ``sptt.local_world_size`` unlike
+    ``cluster.gpus_per_host``, the plan's ``L`` (the cluster's hosts; in ``dmt-train`` it
+    emulates hosts, in place of the launcher's ``LOCAL_WORLD_SIZE``, without a word)."""
+    c, emulated = conf.cluster, conf.sptt.local_world_size
+    if emulated is None or emulated == c.gpus_per_host:
+        return []
+    G, K = c.hosts * c.gpus_per_host, conf.sptt.hosts_per_tower
+    fix = (
+        f"cluster.hosts={G // emulated} cluster.gpus_per_host={emulated} plans those emulated hosts"
+        if G % emulated == 0
+        else f"G = {G} ranks are no multiple of {emulated}: dmt-train refuses that world"
+    )
+    return [
+        f"sptt.local_world_size={emulated} is not planned: dmt-plan takes L = "
+        f"cluster.gpus_per_host={c.gpus_per_host} ranks per host, towers of K*L = {K}*"
+        f"{c.gpus_per_host} ranks (sptt.hosts_per_tower={K}), while dmt-train on this cluster "
+        f"takes sptt.local_world_size over LOCAL_WORLD_SIZE (it emulates hosts) and trains "
+        f"towers of K*L = {K}*{emulated}; {fix}, sptt.local_world_size=null the cluster's"
+    ]
+
+
 def _check_sptt_run(conf: PlanConfig, mode: str, model: ModelConfig) -> None:
     """Refuse the ``mode`` (``sptt``, ``dmt``) that ``dmt-train`` would refuse: its run,
     ``sptt=on`` with ``model``, on the cluster's ``cluster.gpus_per_host`` ranks per host
-    (:func:`dmt.config.validate`, :func:`dmt.config.check_row_wise_rows`); ``ValueError``
-    naming the mode and the setting, as a mode beyond the GPU's memory is refused."""
+    (:func:`dmt.config.validate`, :func:`dmt.config.check_row_wise_rows`; not
+    ``sptt.local_world_size``, of which :func:`plan` warns: :func:`ignored_plan_settings`);
+    ``ValueError`` naming the mode and the setting, as a mode beyond the GPU's memory is
+    refused."""
     L = conf.cluster.gpus_per_host
     run = replace(conf, model=model, sptt=replace(conf.sptt, enabled=True, local_world_size=None))
     try:
@@ -305,10 +354,11 @@ def check_plan_config(conf: PlanConfig) -> PlanInputs:
         ValueError: a cluster whose GPUs or hosts do not divide as the topology needs, a tower
             count that does not match the cluster, a batch that does not split evenly, a
             ``sharding.hbm_gb`` larger than ``cluster.gpu_memory_gb`` (naming the numbers), or
-            a mode's run that ``dmt-train`` refuses on the cluster's GPUs (its message).
+            a mode's run or an ``optim.sparse`` that ``dmt-train`` refuses on the cluster's
+            devices (its message; CPU ranks for an emulated cluster: ``cluster.shared_cores``).
     """
     to_config(conf)  # validates the training part
-    check_sparse_optimizer(conf.optim, "cuda")  # as dmt-train on the cluster's GPUs, every mode
+    _check_sparse_optimizer(conf)
     topo, B = _check_cluster(conf)
     names, cards, num_dense = schema(conf)
     gpu_bytes = int(conf.cluster.gpu_memory_gb * GIB)
@@ -373,6 +423,8 @@ def plan(conf: PlanConfig) -> dict[str, Any]:
     """
     started = time.perf_counter()
     inputs = check_plan_config(conf)
+    for message in ignored_plan_settings(conf):
+        log.warning(message)
     topo, B, budget = inputs.topo, inputs.local_batch, inputs.budget
     G, L = topo.world_size, topo.local_world_size
     names, cards, num_dense = inputs.names, inputs.cardinalities, inputs.num_dense

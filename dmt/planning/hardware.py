@@ -73,6 +73,12 @@ class ClusterConfig:
         return self.hosts * self.gpus_per_host
 
     @property
+    def device_type(self) -> str:
+        """The device ``dmt-train`` runs a rank on: ``"cpu"`` for an emulated cluster
+        (``shared_cores > 0``: gloo over CPU cores), ``"cuda"`` for accelerators."""
+        return "cpu" if self.shared_cores > 0 else "cuda"
+
+    @property
     def intra(self) -> LinkSpec:
         """The intra-host link of one rank."""
         return LinkSpec(self.intra_bandwidth_gbps, self.intra_latency_us)

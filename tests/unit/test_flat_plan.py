@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -32,7 +35,7 @@ from dmt.sharding import (
 from dmt.sptt.plan import build_plan
 from dmt.sptt.topology import Topology
 from dmt.trainer import TrainTask
-from tests.conftest import typed_config
+from tests.conftest import REPO, typed_config
 
 ROWS = 100_000  # 8 tables of 100k x 16 fp32: 6.4 MB each, 6.8 MB with row-wise Adagrad
 
@@ -65,6 +68,55 @@ def four_tables() -> TrainTask:
 def _kernels(plan) -> dict[str, str]:
     (module_plan,) = plan.plan.values()
     return {name: p.compute_kernel for name, p in module_plan.items()}
+
+
+def tied_sharding_types() -> list[str]:
+    """The sharding types TorchRec's planner gives 2 tables of 100 rows on 2 CPU ranks, where
+    table-wise, column-wise and table-column-wise (one shard each) rate the same."""
+    model = build_model(
+        typed_config("logger=disabled").model,
+        feature_names=["cat_0", "cat_1"],
+        cardinalities=[100, 100],
+        num_dense=13,
+        table_device="meta",
+        dense_device=torch.device("cpu"),
+    )
+    plan = plan_tables(
+        TrainTask(model),
+        memory_budget(ShardingConfig(), "cpu"),
+        world_size=2,
+        local_world_size=1,
+        batch_size=32,
+    )
+    (module_plan,) = plan.plan.values()
+    return sorted({p.sharding_type for p in module_plan.values()})
+
+
+def test_tied_sharding_types_are_chosen_alike_every_run():
+    """Reproduced: TorchRec lists a constrained table's sharding types from a set of strings,
+    in the order of the process's string hashing, and keeps the first of equally rated plans:
+    with PYTHONHASHSEED=2 the tied tables were planned table-column-wise, with 1, 3 or 4
+    table-wise (and dmt-plan's dry run named other CPU substitutes from run to run). The
+    planner now sees a table's options in SHARDED_TYPES' order (OrderedEnumerator)."""
+    assert tied_sharding_types() == ["table_wise"]
+
+
+@pytest.mark.slow
+def test_the_flat_plan_is_the_same_under_any_string_hashing():
+    """The case above in processes of PYTHONHASHSEED 1 and 2, which planned it differently."""
+    script = "from tests.unit.test_flat_plan import tied_sharding_types as t; print(t())"
+    outs = [
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONHASHSEED": seed, "OMP_NUM_THREADS": "1"},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    ]
+    assert outs == ["['table_wise']\n"] * 2
 
 
 def test_topology_comes_from_the_factory_with_the_budget(caplog):

@@ -17,7 +17,13 @@ from dmt.config import PartitionConfig
 from dmt.models import TowerModule, build_model, embedding_parameters
 from dmt.models.accounting import dense_flops
 from dmt.optim import apply_sparse_optimizer
-from dmt.planning.app import PlanConfig, check_plan_config, format_report, plan
+from dmt.planning.app import (
+    PlanConfig,
+    check_plan_config,
+    format_report,
+    ignored_plan_settings,
+    plan,
+)
 from dmt.planning.network import collective_time_s
 from dmt.sharding import plan_tables, table_shardings
 from dmt.train import CONF_MODULE
@@ -286,6 +292,86 @@ def test_a_layout_dmt_train_refuses_is_not_planned(overrides, refusal) -> None:
     with pytest.raises(ValueError) as e:
         check_plan_config(_conf(*overrides))
     assert str(e.value) == refusal
+
+
+EMULATED = (
+    "sptt.local_world_size=1 is not planned: dmt-plan takes L = cluster.gpus_per_host=2 ranks "
+    "per host, towers of K*L = 1*2 ranks (sptt.hosts_per_tower=1), while dmt-train on this "
+    "cluster takes sptt.local_world_size over LOCAL_WORLD_SIZE (it emulates hosts) and trains "
+    "towers of K*L = 1*1; cluster.hosts=4 cluster.gpus_per_host=1 plans those emulated hosts, "
+    "sptt.local_world_size=null the cluster's"
+)
+
+
+def test_emulated_hosts_are_named_not_planned() -> None:
+    """Reproduced: sptt.local_world_size, which dmt-train takes over LOCAL_WORLD_SIZE to
+    emulate hosts, was dropped without a word: the plan's L is cluster.gpus_per_host (a cluster
+    preset's hosts are real), and a setting that disagrees is named with both (plan warns)."""
+    conf = _conf()
+
+    def ignored(emulated: int | None) -> list[str]:
+        return ignored_plan_settings(
+            replace(conf, sptt=replace(conf.sptt, local_world_size=emulated))
+        )
+
+    assert ignored(1) == [EMULATED]
+    assert ignored(None) == ignored(2) == []
+    (odd,) = ignored(3)
+    assert odd.endswith(
+        "towers of K*L = 1*3; G = 4 ranks are no multiple of 3: dmt-train refuses that world, "
+        "sptt.local_world_size=null the cluster's"
+    )
+
+
+@pytest.mark.slow
+def test_a_plan_of_emulated_hosts_warns(caplog) -> None:
+    with caplog.at_level("WARNING", logger="dmt.planning.app"):
+        report = plan(_conf("sptt.local_world_size=1"))
+    assert (report["local_world_size"], report["num_towers"]) == (2, 2)
+    assert [r.getMessage() for r in caplog.records if r.name == "dmt.planning.app"] == [EMULATED]
+
+
+@pytest.mark.parametrize(
+    ("setting", "refusal"),
+    [
+        (
+            "optim=adam",
+            "optim.sparse._target_=torch.optim.Adam (FBGEMM adam) needs a CUDA device: FBGEMM's "
+            "CPU embedding kernels support ['exact_sgd', 'exact_adagrad', "
+            "'exact_row_wise_adagrad'] (e.g. torchrec.optim.RowWiseAdagrad, torch.optim.Adagrad, "
+            "torch.optim.SGD)",
+        ),
+        (
+            "+optim.sparse.max_norm=1.0",
+            "optim.sparse.max_norm=1.0 would do nothing: FBGEMM clips the rows to max_norm in "
+            "its CUDA row-wise Adagrad kernel only, not in its exact_row_wise_adagrad kernel on "
+            "cpu; set it to 0, or train on CUDA with "
+            "optim.sparse._target_=torchrec.optim.RowWiseAdagrad",
+        ),
+    ],
+)
+def test_an_emulated_cluster_checks_the_sparse_optimizer_on_cpu(setting, refusal) -> None:
+    """Reproduced: cluster=cpu_emulated (dmt-train on CPU ranks) checked optim.sparse as on
+    CUDA and planned fused Adam and a max_norm that dmt-train refuses there (a GPU preset
+    still plans them: CUDA's own refusals are test_a_layout_dmt_train_refuses_is_not_planned's)."""
+    with pytest.raises(ValueError) as e:
+        check_plan_config(_conf("cluster=cpu_emulated", setting))
+    assert str(e.value) == (
+        "cluster.name=cpu_emulated is an emulated CPU cluster (cluster.shared_cores=2: "
+        f"dmt-train runs its ranks on CPU): {refusal}"
+    )
+
+
+def test_a_dry_run_refuses_a_sparse_optimizer_only_cuda_has_before_planning() -> None:
+    """Reproduced: on a GPU cluster, optim=adam dry_run=true planned every mode, then failed in
+    the dry run (on CPU) with "needs a CUDA device" alone, as if the GPU plan were wrong, and
+    wrote no plan.json. The check before planning refuses it, saying the dry run is on CPU."""
+    with pytest.raises(ValueError) as e:
+        check_plan_config(_conf("optim=adam", "dry_run=true"))
+    assert str(e.value).startswith(
+        "dry_run=true trains one step of every mode on CPU (dmt.planning.dry_run; plan without "
+        "it): optim.sparse._target_=torch.optim.Adam (FBGEMM adam) needs a CUDA device: "
+    )
 
 
 def test_a_model_that_does_not_fit_in_gpu_memory() -> None:
