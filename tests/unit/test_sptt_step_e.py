@@ -129,3 +129,31 @@ def test_place_columns_saturates_an_fp16_gradient(max_copies: int) -> None:
     assert got.dtype == torch.float16 and not torch.isinf(got).any()
     assert torch.equal(got, fp32_to_fp16_with_clamp(ref))
     assert torch.isinf((ref).half()).any()  # the plain cast would have overflowed
+
+
+@pytest.mark.parametrize("max_copies", [0, MAX_STEP_E_COPIES])
+def test_place_columns_of_a_tower_of_row_wise_tables_only(max_copies: int) -> None:
+    """Step d's all-to-all brings no columns (an empty first source): the rows are those of
+    the reduce-scatter's output, and step e places its columns in tower order."""
+    topo = Topology(world_size=2, local_world_size=2)
+    names = ["cat_0", "cat_1", "cat_2"]
+    plan = build_plan(
+        topo,
+        names,
+        [[2, 0, 1]],
+        embedding_dim=2,
+        num_embeddings=[5, 5, 5],
+        sharding_types=dict.fromkeys(names, "row_wise"),
+    )
+    layout = _StepE(step_e_blocks(plan, 0), torch.device("cpu"), max_copies)
+    rows = 3
+    nothing = torch.zeros(0, requires_grad=True)
+    summed = torch.randn(rows * 6, requires_grad=True)
+    out = _PlaceColumns.apply(layout, 2.0, torch.float32, nothing, summed)
+    index = torch.tensor(plan.tower_column_index(0))
+    expected = summed.view(rows, 6).index_select(1, index)
+    assert torch.equal(out, expected)
+    grad = torch.randn(rows, 6)
+    got = torch.autograd.grad(out, [nothing, summed], grad)
+    assert got[0].shape == (0,)
+    assert torch.equal(got[1], torch.autograd.grad(expected, [summed], grad * 2)[0])

@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +20,12 @@ from dmt.watchdog import (
     LOST_BEATS,
     Watchdog,
     heartbeat_interval,
+    peer_gone,
     process_state,
+    store_timeout,
     watch_ranks,
     watched_peers,
+    within,
 )
 
 
@@ -79,7 +83,10 @@ def test_after_a_failed_collective_a_peer_that_beats_no_more_is_named():
         assert time.monotonic() - start >= LOST_BEATS * ranks[0].interval_s
         assert ranks[0].describe(lost).startswith("rank 1 stopped answering (no heartbeat for ")
         ranks[1].store.add("heartbeat/1", 1 << 40)  # what a rank that failed on its own adds
+        start = time.monotonic()
         assert ranks[0].lost_peers() == []
+        # at the first beat that sees every peer moved or done, not after LOST_BEATS of them
+        assert time.monotonic() - start < LOST_BEATS * ranks[0].interval_s
 
 
 @contextlib.contextmanager
@@ -196,6 +203,8 @@ def test_heartbeat_interval_and_process_state():
         and heartbeat_interval(600) == 5.0
         and heartbeat_interval(2) == 0.5
     )
+    # two heartbeats are at most 10 s: a store's answer is awaited 10 s whatever the timeout
+    assert store_timeout(2) == store_timeout(60) == store_timeout(600) == 10.0
     assert process_state(os.getpid()) == "R"
 
 
@@ -209,3 +218,74 @@ def test_every_rank_is_watched_by_its_neighbors():
         for p in peers:
             watchers[p].add(rank)
     assert all(len(w) == 16 for w in watchers.values())
+
+
+def test_silent_peers_longest_silent_first_and_half_the_timeout_names_one() -> None:
+    """``silent_peers`` lists the longest silent first (the message names the likeliest cause
+    first); after any failed collective, a peer silent for half the timeout is named."""
+    store = dist.HashStore()
+    ranks = [Watchdog(store, rank=r, world_size=3, timeout_s=0.4) for r in range(3)]
+    for w in ranks:
+        w.poll()
+    ranks[0].poll()
+    time.sleep(0.25)  # rank 1 stands still; rank 2 beats once more
+    ranks[2].poll()
+    ranks[0].poll()
+    silent = ranks[0].silent_peers(0)
+    assert [r for r, _ in silent] == [1, 2] and silent[0][1] > silent[1][1]
+
+    def named(message: str) -> None:
+        raise _Named(message)
+
+    ranks[0].fail = named  # type: ignore[method-assign]
+    with pytest.raises(_Named, match=r"^rank 1 stopped answering \(no heartbeat for 0 s; "):
+        ranks[0].check_after_error(ValueError("not the backend's"))
+
+
+def test_within_returns_the_answer_raises_its_error_or_times_out() -> None:
+    assert within(10, lambda: (time.sleep(0.2), 7)[1]) == 7  # waits as long as it takes
+    with pytest.raises(KeyError):
+        within(10, lambda: {}["key"])
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"^no answer within 0.05 s$"):
+        within(0.05, lambda: time.sleep(1))
+    assert time.monotonic() - start < 0.5
+
+
+def test_only_gloos_errors_for_a_closed_socket_are_a_peer_gone() -> None:
+    gloo = "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:29500"
+    assert peer_gone(RuntimeError(gloo)) and peer_gone(dist.DistNetworkError("Broken pipe"))
+    assert not peer_gone(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not peer_gone(ValueError(gloo))  # a rank's own error that quotes one
+
+
+def test_every_job_of_a_process_is_watched_afresh(monkeypatch) -> None:
+    """Worlds of two ranks are watched, and a second job in the same process (a Hydra sweep)
+    beats under a key of its own: its peers do not read the first job's mark of this rank as
+    done. Rank 0 serves the store of a world set by hand (torchrun's agent serves it with
+    ``TORCHELASTIC_USE_AGENT_STORE``), and leaving cleanly, it does not wait for its watchers."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    rank_0 = Runtime(0, 2, 0, 2, torch.device("cpu"), "gloo")
+    for agent, store_host in ((None, 0), ("True", None)):
+        if agent is None:
+            monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+        else:
+            monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", agent)
+        start = time.monotonic()
+        with watch_ranks(rank_0, timeout_s=10) as watchdog:
+            assert watchdog is not None and watchdog.store_host == store_host
+            assert watchdog.store.add("heartbeat/0", 0) == 1  # started, not done
+        assert time.monotonic() - start < watchdog.interval_s
+
+
+def test_process_state_of_a_process_whose_name_has_a_parenthesis() -> None:
+    """``/proc/<pid>/stat`` puts the name in parentheses; a name may hold ``)`` itself."""
+    comm = Path("/proc/self/comm")  # the main thread's name is the process's
+    name = comm.read_text().strip()
+    comm.write_text("dmt) S (x")
+    try:
+        assert process_state(os.getpid()) == "R"
+    finally:
+        comm.write_text(name)
