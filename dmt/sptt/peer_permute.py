@@ -68,7 +68,10 @@ def received_source_order(world_size: int, stagger: int = 1) -> tuple[int, ...]:
     delivers, in order: ``x + (G / s) y`` for ``x`` in ``range(G / s)``, ``y`` in ``range(s)``
     (its ``_get_recat``). ``stagger = 1`` gives the source ranks in ascending order."""
     if world_size <= 0 or stagger <= 0 or world_size % stagger:
-        raise ValueError(f"stagger={stagger} must be positive and divide world_size={world_size}")
+        raise ValueError(
+            f"world_size={world_size} and stagger={stagger} must be positive, and stagger must "
+            "divide world_size"
+        )
     n = world_size // stagger
     return tuple(x + n * y for x in range(n) for y in range(stagger))
 

@@ -132,10 +132,7 @@ class SPTTPlan:
                 "every tower needs at least one feature, got "
                 f"{[list(t) for t in self.tower_features]}"
             )
-        if self.embedding_dim <= 0:
-            raise ValueError(f"embedding_dim must be positive, got {self.embedding_dim}")
-        if len(self.num_embeddings) != F or any(n <= 0 for n in self.num_embeddings):
-            raise ValueError(f"need {F} positive num_embeddings, got {list(self.num_embeddings)}")
+        _check_sizes(F, self.embedding_dim, self.num_embeddings)
         if len(self.sharding_types) != F or any(
             s not in SHARDING_KINDS for s in self.sharding_types
         ):
@@ -194,7 +191,7 @@ class SPTTPlan:
             if not (
                 full_cols
                 and ranks == list(topo.tower_ranks(tower))
-                and _tiles([(s.row_start, s.row_stop) for s in shards], rows)
+                and _tiles([(s.row_start, s.row_stop) for s in shards], rows, in_order=True)
             ):
                 raise ValueError(
                     f"{what} needs one row block on every rank of its tower, by position, "
@@ -339,10 +336,19 @@ def _by_rank(shard: TableShard) -> int:
     return shard.rank
 
 
-def _tiles(ranges: list[tuple[int, int]], size: int) -> bool:
-    """Whether non-empty ``[start, stop)`` ranges tile ``[0, size)``."""
+def _check_sizes(num_features: int, embedding_dim: int, num_embeddings: Sequence[int]) -> None:
+    """Raise ``ValueError`` unless ``N`` and the rows of each of the ``F`` tables are positive."""
+    if embedding_dim <= 0:
+        raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
+    if len(num_embeddings) != num_features or any(n <= 0 for n in num_embeddings):
+        raise ValueError(f"need {num_features} positive num_embeddings, got {list(num_embeddings)}")
+
+
+def _tiles(ranges: list[tuple[int, int]], size: int, *, in_order: bool = False) -> bool:
+    """Whether non-empty ``[start, stop)`` ranges tile ``[0, size)`` (``in_order``: one after
+    the other in the order given)."""
     position = 0
-    for start, stop in sorted(ranges):
+    for start, stop in ranges if in_order else sorted(ranges):
         if start != position or stop <= start:
             return False
         position = stop
@@ -392,9 +398,10 @@ def build_plan(
 
     Row-wise tables get one near-equal row block per tower rank. Column-wise tables get
     ``min(K L, N / column_multiple)`` near-equal column blocks, each a multiple of
-    ``column_multiple`` wide, on consecutive positions starting at the least loaded one. Table-wise tables then go, in decreasing cost, to the least loaded rank of the tower
-    (ties: lowest position). A shard's load is the table's cost times its share of the table.
-    Deterministic, so every rank computes the same plan.
+    ``column_multiple`` wide, on consecutive positions starting at the least loaded one.
+    Table-wise tables then go, in decreasing cost (equal costs: in tower order), to the least
+    loaded rank of the tower (ties: lowest position). A shard's load is the table's cost times
+    its share of the table. Deterministic, so every rank computes the same plan.
 
     Args:
         topology: hosts, towers and peers.
@@ -438,6 +445,7 @@ def build_plan(
         raise ValueError(
             f"tower_features has {len(towers)} towers, the topology has T={topology.num_towers}"
         )
+    _check_sizes(F, embedding_dim, num_embeddings)
     KL, N = topology.tower_size, embedding_dim
     if column_multiple <= 0 or N % column_multiple:
         raise ValueError(

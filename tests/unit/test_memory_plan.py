@@ -596,3 +596,29 @@ def test_more_tables_than_the_exact_search_takes_go_to_the_grid(monkeypatch):
     monkeypatch.setattr(dmt.memory, "least_host_memory", not_here)
     kernels = choose_kernels(tables, _cuda(26_000, 12_000), rank=0)
     assert kernels[0] == FUSED and kernels[1:].count(FUSED_UVM_CACHING) == 20  # 12,000 bytes
+
+
+def test_a_shard_that_does_not_fit_is_named_by_its_rows_and_columns():
+    topo = Topology(world_size=2, local_world_size=2)
+    kinds = {"a": "row_wise"}
+    unchecked = build_plan(
+        topo, ["a"], [[0]], embedding_dim=4, num_embeddings=[10], sharding_types=kinds
+    )
+    nbytes = unchecked.shard_bytes(unchecked.feature_shards(0)[0])
+    with pytest.raises(ValueError) as err:
+        build_plan(
+            topo, ["a"], [[0]], embedding_dim=4, num_embeddings=[10], sharding_types=kinds,
+            memory=MemoryBudget("cpu", hbm_bytes=1, ddr_bytes=nbytes - 1),
+        )  # fmt: skip
+    assert str(err.value).startswith(f"table 'a rows [0, 5) cols [0, 4)' ({nbytes} bytes with")
+
+
+def test_plan_counts_the_row_wise_state_of_a_cached_shard_in_hbm() -> None:
+    """The plan passes each shard's resident state to the kernel choice: the table of
+    test_row_wise_state_of_a_cached_table_is_counted_in_hbm fails the same tight budget."""
+    tight = _cuda(145_999, 260_000, load_factor=0.5)
+    with pytest.raises(ValueError, match=r"tables and caches take 143 KiB \(146000 bytes\) of HBM"):
+        build_plan(
+            Topology(world_size=1, local_world_size=1), ["big"], [[0]], embedding_dim=64,
+            num_embeddings=[1000], sparse_optimizer="rowwise_adagrad", memory=tight,
+        )  # fmt: skip

@@ -75,6 +75,21 @@ def test_sptt_step_a_carries_its_busiest_receiver() -> None:
     )
 
 
+def test_step_a_bytes_count_lengths_and_ids_at_their_own_sizes() -> None:
+    """Each destination gets, for every shard it holds, ``B`` lengths of 4 bytes and that
+    shard's ids of 8 bytes (``10 (f + 1)`` ids for feature ``f``, not ``B``, so that the two
+    sizes cannot be swapped unnoticed); counted here feature by feature."""
+    topo = Topology(4, 2)
+    names = [f"f{i}" for i in range(5)]
+    plan = build_plan(topo, names, [[0, 1, 2], [3, 4]], embedding_dim=4, num_embeddings=[100] * 5)
+    expected = [0] * topo.world_size
+    for f in range(5):
+        for shard in plan.feature_shards(f):
+            expected[shard.rank] += 16 * 4 + 10 * (f + 1) * 8
+    to = step_a_bytes_per_dst(plan, 16, lambda s: 10 * (s.feature + 1), length_size=4, id_size=8)
+    assert to == expected
+
+
 def test_flat_input_carries_its_busiest_receiver() -> None:
     # table-wise: rank 0 holds 3 of the 4 tables; 2 hosts of 2 ranks
     hosts = Topology(4, 2)

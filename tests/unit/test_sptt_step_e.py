@@ -157,3 +157,21 @@ def test_place_columns_of_a_tower_of_row_wise_tables_only(max_copies: int) -> No
     got = torch.autograd.grad(out, [nothing, summed], grad)
     assert got[0].shape == (0,)
     assert torch.equal(got[1], torch.autograd.grad(expected, [summed], grad * 2)[0])
+
+
+@pytest.mark.parametrize("max_copies", [0, MAX_STEP_E_COPIES])
+def test_place_columns_moves_uneven_column_blocks(max_copies: int) -> None:
+    """``N = 5`` split in column blocks of 3 and 2: the blocks' offsets (0 and 3) share a
+    divisor that the width 2 does not, so columns move one at a time."""
+    topo = Topology(world_size=2, local_world_size=2)
+    kinds = {"cat_0": "column_wise"}
+    plan = build_plan(
+        topo, ["cat_0"], [[0]], embedding_dim=5, num_embeddings=[7], sharding_types=kinds
+    )
+    layout = _StepE(step_e_blocks(plan, 0), torch.device("cpu"), max_copies)
+    assert layout.unit == 1
+    rows = 3
+    source = torch.randn(rows * 5, dtype=torch.float64)
+    blocks = [c.view(rows, w) for c, w in zip(source.split([rows * 3, rows * 2]), [3, 2])]
+    expected = torch.cat(blocks, dim=1).index_select(1, torch.tensor(plan.tower_column_index(0)))
+    assert torch.equal(_PlaceColumns.apply(layout, 1.0, torch.float64, source), expected)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dmt.sptt.peer_permute import (
+    DEFAULT_PEER_PERMUTE,
     PEER_PERMUTES,
     block_permutation,
     check_peer_permute,
@@ -51,6 +52,14 @@ def test_received_source_order_follows_torchrec_stagger():
         received_source_order(6, 4)
 
 
+@pytest.mark.parametrize(("G", "stagger"), [(0, 1), (4, 0), (4, -2), (-4, 2)])
+def test_received_source_order_needs_a_positive_world_and_stagger(G: int, stagger: int):
+    with pytest.raises(
+        ValueError, match=rf"world_size={G} and stagger={stagger} must be positive, and stagger"
+    ):
+        received_source_order(G, stagger)
+
+
 @pytest.mark.parametrize(("G", "L", "K"), LAYOUTS)
 def test_stagger_T_delivers_peer_order_for_every_layout(G: int, L: int, K: int):
     topo = Topology(G, L, K)
@@ -83,6 +92,8 @@ def test_byte_estimates():
     # k = 3 shards, G B = 8 samples, 20 ids, int64 lengths and ids
     assert input_permute_bytes(3 * 8, 20) == 24 * 8 + 20 * 8
     assert input_permute_bytes(24, 20, length_size=4, id_size=4) == 24 * 4 + 20 * 4
+    # int32 lengths, int64 ids: each count at its own size
+    assert input_permute_bytes(24, 20, length_size=4, id_size=8) == 24 * 4 + 20 * 8
     # (G B, W) = (8, 12) float32, forward and backward
     assert output_permute_bytes(8, 12) == 8 * 12 * 4 * 2
     assert output_permute_bytes(8, 12, backward=False) == 8 * 12 * 4
@@ -138,7 +149,8 @@ def test_setting_is_checked_with_the_allowed_values():
 def test_config_accepts_every_setting(value: str):
     cfg = typed_config("experiment=dmt_4t_dlrm", "sptt=on", f"sptt.peer_permute={value}")
     assert cfg.sptt.peer_permute == value
-    assert typed_config("experiment=dmt_4t_dlrm", "sptt=on").sptt.peer_permute == "skip"
+    default = typed_config("experiment=dmt_4t_dlrm", "sptt=on").sptt.peer_permute
+    assert default == DEFAULT_PEER_PERMUTE == "skip"  # the config's default is the library's
 
 
 def test_config_rejects_an_unknown_setting():

@@ -145,6 +145,36 @@ def test_table_wise_round_robin_and_empty_ranks() -> None:
         ColumnBlock(0, 8, (4, 5, 6, 7)),
     )
     assert step_e_blocks(plan, 1) == step_e_blocks(plan, 0)  # a tower's ranks see one layout
+    # rank 3 holds nothing: tower 1 has one block, rank 2's (no empty one for rank 3)
+    assert step_e_blocks(plan, 2) == (ColumnBlock(0, 0, (0, 1, 2, 3)),)
+
+
+def test_equal_costs_go_in_tower_order() -> None:
+    topo = Topology(world_size=2, local_world_size=2)
+    plan = _plan(topo, [[2, 0, 1]])
+    # cat_2 to position 0, cat_0 to 1, cat_1 to 0 (the model order would give 0, 1, 0)
+    assert [plan.feature_shards(f)[0].rank for f in range(3)] == [1, 0, 0]
+
+
+def test_a_rank_looks_up_its_tables_in_tower_order() -> None:
+    """Tower order, not model order: a tower on one rank then needs no reordering in step e (one
+    block whose columns are already the tower's: one copy)."""
+    plan = _plan(Topology(world_size=1, local_world_size=1), [[2, 0, 1]], dim=2)
+    assert [s.feature for s in plan.rank_shards(0)] == [2, 0, 1]
+    assert step_e_blocks(plan, 0) == (ColumnBlock(0, 0, (0, 1, 2, 3, 4, 5)),)
+
+
+def test_row_wise_columns_are_read_in_lookup_order() -> None:
+    """Tower [2, 0, 1]: cat_0 table-wise (on rank 0, the loads tie), cat_2 and cat_1 row-wise.
+    Both ranks look up, and the reduce-scatter sums, the row-wise features in tower order (2, 1)
+    after the table-wise one, so step d delivers [cat_0 | cat_2, cat_1] and the tower order
+    reads cat_2 from columns 2-3, cat_0 from 0-1, cat_1 from 4-5."""
+    topo = Topology(world_size=2, local_world_size=2)
+    plan = _plan(topo, [[2, 0, 1]], dim=2, kinds={"cat_2": "row_wise", "cat_1": "row_wise"})
+    assert [s.feature for s in plan.rank_shards(0)] == [0, 2, 1]
+    assert [s.feature for s in plan.rank_shards(1)] == [2, 1]
+    assert plan.row_wise_features(0) == (2, 1)
+    assert plan.tower_column_index(0) == (2, 3, 0, 1, 4, 5)
 
 
 def test_column_and_row_wise_shards() -> None:
@@ -170,6 +200,32 @@ def test_column_and_row_wise_shards() -> None:
     assert [s.feature for s in plan.rank_shards(3)] == [2, 3]
     assert [s.feature for s in plan.rank_shards(2)] == [3]
     assert plan.all_to_all_width(2) == 0 and plan.all_to_all_width(3) == 5
+
+
+def test_column_blocks_start_at_the_least_loaded_position() -> None:
+    # cat_0's 3 rows split 2 + 1: position 1 is less loaded, so cat_1's first block goes there
+    # and its second wraps around to position 0
+    topo = Topology(world_size=2, local_world_size=2)
+    kinds = {"cat_0": "row_wise", "cat_1": "column_wise"}
+    plan = _plan(topo, [[0, 1]], rows=[3, 10], kinds=kinds)
+    assert [(s.rank, s.col_start, s.col_stop) for s in plan.feature_shards(1)] == [
+        (0, 2, 4),
+        (1, 0, 2),
+    ]
+
+
+def test_column_blocks_load_their_share_of_the_cost() -> None:
+    # N = 4 on 3 ranks: blocks of 2, 1, 1 columns load 1/2, 1/4, 1/4 of cat_0's cost 1, so
+    # cat_1 (cost 1) goes to position 1, the least loaded (a block loading the whole cost, or
+    # nothing, would leave a tie that position 0 wins)
+    topo = Topology(world_size=3, local_world_size=3)
+    plan = _plan(topo, [[0, 1]], kinds={"cat_0": "column_wise"})
+    assert [(s.rank, s.col_start, s.col_stop) for s in plan.feature_shards(0)] == [
+        (0, 0, 2),
+        (1, 2, 3),
+        (2, 3, 4),
+    ]
+    assert plan.feature_shards(1)[0].rank == 1
 
 
 @pytest.mark.parametrize(
@@ -241,6 +297,20 @@ def test_build_plan_argument_errors() -> None:
         _plan(topo, [[0], [1]], kinds={"z": "row_wise"})
     with pytest.raises(ValueError, match="not one of"):
         _plan(topo, [[0], [1]], kinds={"cat_0": "data_parallel"})
+    with pytest.raises(ValueError, match=r"tower 1 has feature indices outside range\(2\)"):
+        _plan(topo, [[0], [2]])
+    # sizes are checked before the row and column blocks divide by them
+    one_tower = Topology(world_size=2, local_world_size=2)
+    with pytest.raises(ValueError, match=r"need 1 positive num_embeddings, got \[0\]"):
+        build_plan(
+            one_tower, ["a"], [[0]], embedding_dim=4, num_embeddings=[0],
+            sharding_types={"a": "row_wise"},
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="embedding_dim must be positive, got 0"):
+        build_plan(
+            one_tower, ["a"], [[0]], embedding_dim=0, num_embeddings=[5],
+            sharding_types={"a": "column_wise"},
+        )  # fmt: skip
 
 
 def test_column_multiple_aligns_column_blocks() -> None:
@@ -260,6 +330,8 @@ def test_column_multiple_aligns_column_blocks() -> None:
     assert widths == [(0, 4), (4, 8), (8, 12)]
     with pytest.raises(ValueError, match="divide embedding_dim"):
         build_plan(topo, _names(1), [[0]], embedding_dim=6, num_embeddings=[10], column_multiple=4)
+    with pytest.raises(ValueError, match="column_multiple=0 must be positive"):
+        build_plan(topo, _names(1), [[0]], embedding_dim=6, num_embeddings=[10], column_multiple=0)
 
 
 @pytest.mark.parametrize(
@@ -303,10 +375,147 @@ def test_step_d_and_f_splits_conserve_elements(
         assert len(peers) == T
 
 
-@pytest.mark.parametrize(("nbytes", "group_size"), [(1000, 1), (1000, 2), (1200, 4), (64, 8)])
+@pytest.mark.parametrize(
+    ("nbytes", "group_size"),
+    [(1000, 1), (1000, 2), (1200, 4), (64, 8), (1000, 3), (10, 4), (7, 8)],
+)
 def test_ring_allreduce_bytes_simulated(nbytes: int, group_size: int) -> None:
     """A ring all-reduce (reduce-scatter then all-gather, ``n - 1`` steps each) of ``nbytes``
-    split in ``n`` equal chunks sends one chunk per step to the successor."""
-    chunk = nbytes // group_size
-    sent = sum(chunk for _ in range(2 * (group_size - 1)))
-    assert ring_allreduce_bytes(nbytes, group_size) == sent
+    split in ``n`` near-equal chunks: at step ``s`` rank ``k`` sends its successor chunk
+    ``k - s`` (reduce-scatter), then chunk ``k + 1 - s`` (all-gather). Uneven chunks: ranks send
+    different bytes; the count is their mean, rounded down."""
+    n = group_size
+    q, r = divmod(nbytes, n)
+    chunk = [q + (1 if c < r else 0) for c in range(n)]
+    sent = [
+        sum(chunk[(k - s) % n] + chunk[(k + 1 - s) % n] for s in range(n - 1)) for k in range(n)
+    ]
+    assert ring_allreduce_bytes(nbytes, group_size) == sum(sent) // n
+
+
+def _one_tower_plan(**fields: object) -> SPTTPlan:
+    """Features ``a`` (on rank 0) and ``b`` (on rank 1) of one tower of two ranks, 10 x 4
+    tables, table-wise, with ``fields`` replaced."""
+    plan: dict[str, object] = {
+        "topology": Topology(world_size=2, local_world_size=2),
+        "feature_names": ("a", "b"),
+        "tower_features": ((0, 1),),
+        "embedding_dim": 4,
+        "num_embeddings": (10, 10),
+        "sharding_types": ("table_wise", "table_wise"),
+        "shards": (TableShard(0, 0, 0, 10, 0, 4), TableShard(1, 1, 0, 10, 0, 4)),
+    }
+    return SPTTPlan(**{**plan, **fields})  # type: ignore[arg-type]
+
+
+_B = TableShard(1, 1, 0, 10, 0, 4)  # feature b, table-wise on rank 1
+_COLUMN_WISE = ("column_wise", "table_wise")
+_ROW_WISE = ("row_wise", "table_wise")
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"embedding_dim": 0}, "embedding_dim must be positive, got 0"),
+        ({"num_embeddings": (10, 0)}, r"need 2 positive num_embeddings, got \[10, 0\]"),
+        ({"num_embeddings": (10, 10, 10)}, r"need 2 positive num_embeddings"),
+        ({"sharding_types": ("table_wise", "data_parallel")}, "need 2 sharding_types out of"),
+        ({"sharding_types": ("table_wise",) * 3}, "need 2 sharding_types out of"),
+        (
+            {"shards": (TableShard(0, 0, 0, 10, 0, 4), _B, TableShard(2, 1, 0, 10, 0, 4))},
+            r"outside range\(2\)",
+        ),
+        ({"sparse_optimizer": "lamb"}, "sparse_optimizer 'lamb' is not one of"),
+        # table-wise: one shard, all rows and columns
+        (
+            {"shards": (TableShard(0, 0, 0, 10, 0, 4), TableShard(0, 1, 0, 10, 0, 4), _B)},
+            "'a' .*needs one shard of the whole table",
+        ),
+        (
+            {"shards": (TableShard(0, 0, 0, 9, 0, 4), _B)},
+            "'a' .*needs one shard of the whole table",
+        ),
+        # column-wise: all rows, column blocks tiling [0, N), none empty, none overlapping
+        (
+            {
+                "sharding_types": _COLUMN_WISE,
+                "shards": (TableShard(0, 0, 0, 9, 0, 2), TableShard(0, 1, 0, 10, 2, 4), _B),
+            },
+            r"'a' \(column_wise, tower 0\) needs all rows and columns tiling \[0, 4\)",
+        ),
+        (
+            {
+                "sharding_types": _COLUMN_WISE,
+                "shards": (TableShard(0, 0, 0, 10, 0, 3), TableShard(0, 1, 0, 10, 2, 4), _B),
+            },
+            r"'a' \(column_wise, tower 0\) needs all rows and columns tiling",
+        ),
+        (
+            {
+                "sharding_types": _COLUMN_WISE,
+                "shards": (TableShard(0, 0, 0, 10, 0, 4), TableShard(0, 1, 0, 10, 4, 4), _B),
+            },
+            r"'a' \(column_wise, tower 0\) needs all rows and columns tiling",
+        ),
+        (
+            {
+                "sharding_types": _COLUMN_WISE,
+                "shards": (TableShard(0, 0, 0, 10, 0, 2), TableShard(0, 1, 0, 10, 2, 5), _B),
+            },
+            r"'a' \(column_wise, tower 0\) needs all rows and columns tiling",
+        ),
+        # row-wise: all columns, one row block per rank by position, tiling [0, rows)
+        (
+            {
+                "sharding_types": _ROW_WISE,
+                "shards": (TableShard(0, 0, 0, 5, 0, 4), TableShard(0, 1, 5, 10, 0, 3), _B),
+            },
+            r"'a' \(row_wise, tower 0\) needs one row block on every rank",
+        ),
+        (
+            {
+                "sharding_types": _ROW_WISE,
+                "shards": (TableShard(0, 0, 0, 5, 0, 4), TableShard(0, 1, 6, 10, 0, 4), _B),
+            },
+            r"'a' \(row_wise, tower 0\) needs one row block on every rank",
+        ),
+        (
+            {
+                "sharding_types": _ROW_WISE,
+                "shards": (TableShard(0, 0, 0, 5, 0, 4), TableShard(0, 1, 4, 10, 0, 4), _B),
+            },
+            r"'a' \(row_wise, tower 0\) needs one row block on every rank",
+        ),
+        (
+            {
+                "sharding_types": _ROW_WISE,
+                "shards": (TableShard(0, 0, 0, 10, 0, 4), TableShard(0, 1, 10, 10, 0, 4), _B),
+            },
+            r"'a' \(row_wise, tower 0\) needs one row block on every rank",
+        ),
+        # the dataflow sends id i to the rank whose row block holds it, blocks by position
+        (
+            {
+                "sharding_types": _ROW_WISE,
+                "shards": (TableShard(0, 0, 5, 10, 0, 4), TableShard(0, 1, 0, 5, 0, 4), _B),
+            },
+            r"'a' \(row_wise, tower 0\) needs one row block on every rank of its tower, by position",
+        ),
+    ],
+)
+def test_hand_made_plan_validation(fields: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        _one_tower_plan(**fields)
+
+
+def test_hand_made_plan_of_every_kind_is_accepted() -> None:
+    plan = _one_tower_plan(
+        sharding_types=("row_wise", "column_wise"),
+        shards=(
+            TableShard(0, 0, 0, 5, 0, 4),
+            TableShard(0, 1, 5, 10, 0, 4),
+            TableShard(1, 1, 0, 10, 0, 1),
+            TableShard(1, 0, 0, 10, 1, 4),
+        ),
+    )
+    assert [s.row_start for s in plan.feature_shards(0)] == [0, 5]
