@@ -483,7 +483,8 @@ def build_lr_scheduler(
     ``total_steps``. Step it after every optimizer step; the fused sparse optimizer reads its
     group's LR at the next ``zero_grad``. Its ``state_dict`` goes into checkpoints. A schedule
     that sets the groups' peak LRs itself (``base_lrs``) is refused unless they keep the
-    proportion of the groups' own (``optim.sparse_lr``, ``optim.lr``, ``optim.tower_lr_scale``)."""
+    proportion of the groups' own (``optim.sparse_lr``, ``optim.lr``, ``optim.tower_lr_scale``);
+    a group at LR 0 (tables frozen by ``optim.sparse.lr=0``) must stay at 0."""
     peaks = [group["lr"] for group in optimizer.param_groups]  # what the schedule should scale
     scheduler = _build(cfg, "schedule", optimizer=optimizer, total_steps=total_steps)
     if not isinstance(scheduler, LRScheduler):
@@ -501,18 +502,26 @@ def build_lr_scheduler(
                 "multiplies each group's own LR, such as dmt.optim.warmup_decay_schedule"
             )
     # OneCycleLR's one max_lr trained the tables at the dense LR: optim.sparse_lr went unread
+    # (and tables frozen at LR 0 at max_lr: a group at 0 stays there, the others keep the
+    # proportion of the first one above 0)
     scaled = [(peak, base) for peak, base in zip(peaks, scheduler.base_lrs) if peak]
     # (rel_tol: FBGEMM keeps the tables' LR in float32)
     close = [
-        math.isclose(base * scaled[0][0], scaled[0][1] * peak, rel_tol=1e-6)
-        for peak, base in scaled
+        math.isclose(base * scaled[0][0], scaled[0][1] * peak, rel_tol=1e-6) if peak else not base
+        for peak, base in zip(peaks, scheduler.base_lrs)
     ]
     if not all(close):
+        tables_lr = float(_component(cfg, "sparse").get("lr", cfg.sparse_lr))
+        tables = (
+            f"optim.sparse_lr={cfg.sparse_lr:g}"
+            if tables_lr == cfg.sparse_lr
+            else f"optim.sparse.lr={tables_lr:g}"
+        )
         raise ValueError(
             f"optim.schedule (_target_={_component(cfg, 'schedule')._target_}) sets the "
             f"param groups' peak LRs itself ({', '.join(f'{b:g}' for b in scheduler.base_lrs)}), "
             f"not in the proportion of theirs ({', '.join(f'{p:g}' for p in peaks)}: the "
-            f"tables' optim.sparse_lr={cfg.sparse_lr:g}, the dense optim.lr={cfg.lr:g}); use a "
+            f"tables' {tables}, the dense optim.lr={cfg.lr:g}); use a "
             "schedule that multiplies each group's own LR, such as "
             "dmt.optim.warmup_decay_schedule, or set optim.sparse_lr equal to optim.lr (how many "
             "param groups the tables have depends on the model and its sharding: one LR per "

@@ -15,6 +15,12 @@ import warnings
 
 import pytest
 import torch
+from torch import nn
+from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.optim import RowWiseAdagrad
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from dmt.config import ShardingConfig
 from dmt.memory import FUSED, FUSED_UVM_CACHING, MemoryBudget, table_bytes
@@ -24,6 +30,7 @@ from dmt.sharding import (
     SHARDED_TYPES,
     TorchRecNodeGroups,
     _table_row_wise,
+    _warn_row_wise_state_split,
     flat_planner,
     flat_sharders,
     memory_budget,
@@ -31,6 +38,7 @@ from dmt.sharding import (
     plan_tables,
     planner_topology,
     table_constraints,
+    table_shardings,
 )
 from dmt.sptt.plan import build_plan
 from dmt.sptt.topology import Topology
@@ -433,3 +441,95 @@ def test_table_row_wise_tables_are_found_in_a_plan(task):
     )
     plan = planner.plan(task, flat_sharders())
     assert _table_row_wise(plan) == ["t_cat_1", "t_cat_5"]
+
+
+def _tables(dims: dict[str, int]) -> EmbeddingBagCollection:
+    """An EBC on the meta device with a table ``t_<name>`` of ``dim`` columns per name."""
+    return EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(
+                name=f"t_{name}", embedding_dim=dim, num_embeddings=10, feature_names=[name]
+            )
+            for name, dim in dims.items()
+        ],
+        device=torch.device("meta"),
+    )
+
+
+def test_constraints_take_dimensions_and_column_blocks_of_multiples_of_4():
+    """Every table's dimension must be a multiple of 4 (12 is: 8 need not divide it), and a
+    resumed checkpoint's ``k`` column blocks must split it into whole blocks of a multiple of 4
+    columns: 24 columns make 3 blocks of 8 and 6 of 4, not 4 of 6 (nor 5 of 4.8)."""
+    memory = MemoryBudget("cpu", 1, 1)
+    got = table_constraints(_tables({"a": 12, "b": 24}), memory, column_blocks={"t_b": 3})
+    assert (got["t_a"].min_partition, got["t_b"].min_partition) == (None, 8)
+    six = table_constraints(_tables({"b": 24}), memory, column_blocks={"t_b": 6})
+    assert six["t_b"].min_partition == 4
+    for k in (4, 5):
+        with pytest.raises(ValueError) as e:
+            table_constraints(_tables({"b": 24}), memory, column_blocks={"t_b": k})
+        assert str(e.value) == (
+            f"table t_b: its row-wise optimizer state was saved for {k} column blocks, which do "
+            "not split its dimension 24 into blocks of a multiple of 4 columns (TorchRec's "
+            "column-wise blocks)"
+        )
+    with pytest.raises(ValueError) as e:
+        table_constraints(_tables({"a": 12, "c": 6}), memory)
+    assert str(e.value) == (
+        "table t_c: its dimension 6 (model.embedding_dim) must be a multiple of 4 for FBGEMM's "
+        "fused embedding kernels, which TorchRec's sharded tables run in"
+    )
+
+
+def test_only_row_wise_adagrad_tables_split_into_column_blocks_warn():
+    """The warning names the tables a plan splits column- or table-column-wise into more than
+    one block whose fused optimizer is row-wise Adagrad: not a column-wise table of one block
+    (TorchRec's whole table: dimension below its column-wise minimum), a row-wise one, or one
+    with another optimizer (SGD keeps no state per row)."""
+    model = nn.ModuleDict({"sparse": _tables({name: 16 for name in "abcde"})})
+    weights = dict(model.named_parameters())
+    row_wise_adagrad = [weights[f"sparse.embedding_bags.t_{n}.weight"] for n in "abcd"]
+    apply_optimizer_in_backward(RowWiseAdagrad, row_wise_adagrad, {"lr": 0.1})
+    sgd = [weights["sparse.embedding_bags.t_e.weight"]]
+    apply_optimizer_in_backward(torch.optim.SGD, sgd, {"lr": 0.1})
+    sharding = {
+        "t_a": ("column_wise", [0, 1]),
+        "t_b": ("table_column_wise", [0, 0]),  # two blocks, one rank
+        "t_c": ("column_wise", [1]),
+        "t_d": ("row_wise", [0, 1]),
+        "t_e": ("column_wise", [0, 1]),
+    }
+    plan = ShardingPlan(
+        plan={
+            "sparse": EmbeddingModuleShardingPlan(
+                {
+                    name: ParameterSharding(sharding_type=t, compute_kernel="fused", ranks=ranks)
+                    for name, (t, ranks) in sharding.items()
+                }
+            )
+        }
+    )
+    with pytest.warns(UserWarning) as caught:
+        _warn_row_wise_state_split(model, plan)
+    assert [str(w.message) for w in caught if "row-wise Adagrad" in str(w.message)] == [
+        "row-wise Adagrad on column-wise shards keeps one accumulator per row and shard, not per "
+        "row of the whole table: the plan splits t_a, t_b into column blocks, so training "
+        "differs slightly from the unsharded model"
+    ]
+
+
+def test_the_planner_counts_each_ranks_share_of_the_batch(four_tables):
+    """``batch_size`` is the global batch, TorchRec's planner's the per-rank one: 2**17 rows on
+    2 ranks are 65,536 on each, whose pooled outputs (65,536 x 2 ranks x 16 columns x 4 bytes:
+    8.4 MB per table, two tables per rank) and tables (12.8 MB) fit in 40 MB per rank; counted
+    at the global batch the outputs alone would take 33.6 MB, and the tables no longer fit."""
+    memory = MemoryBudget("cpu", hbm_bytes=1, ddr_bytes=40 * 10**6)
+    plan = plan_tables(four_tables, memory, world_size=2, local_world_size=2, batch_size=2**17)
+    per_rank = flat_planner(
+        memory,
+        world_size=2,
+        local_world_size=2,
+        batch_size=2**16,
+        constraints=table_constraints(four_tables, memory),
+    )
+    assert table_shardings(plan) == table_shardings(per_rank.plan(four_tables, flat_sharders()))

@@ -395,3 +395,107 @@ def test_the_dense_optimizer_keeps_torchs_default_without_a_fused_kernel_or_when
     assert unfused.defaults["fused"] is False
     assert dense_fused_kwargs(typed_config().optim, param) == {"fused": True}
     assert dense_fused_kwargs(typed_config().optim, [torch.zeros(2, device="meta")]) == {}
+
+
+def test_a_schedule_that_moves_a_frozen_groups_lr_is_refused():
+    """Reproduced: the check of a schedule's peak LRs left out every param group at LR 0, so
+    with the tables frozen (optim.sparse.lr=0) OneCycleLR's one ``max_lr`` trained them at
+    0.002 (max_lr / div_factor 25, then up to 0.05) without a word. A group at 0 must stay at
+    0 (dmt's schedule keeps it there), and the other groups keep the proportion of theirs even
+    when a frozen group comes first."""
+    from dmt.config import OptimConfig
+    from dmt.optim import build_lr_scheduler, check_optim
+
+    frozen = {"_target_": "torchrec.optim.RowWiseAdagrad", "_partial_": True, "lr": 0.0}
+    cfg = OptimConfig(lr=0.01, sparse=frozen)
+    check_optim(cfg)
+    one_cycle = {"_target_": "torch.optim.lr_scheduler.OneCycleLR", "cycle_momentum": False}
+    cfg.schedule = {**one_cycle, "max_lr": 0.05}
+    with pytest.raises(
+        ValueError,
+        match=r"^optim.schedule \(_target_=torch.optim.lr_scheduler.OneCycleLR\) sets the param "
+        r"groups' peak LRs itself \(0.002, 0.002\), not in the proportion of theirs \(0, 0.01: "
+        r"the tables' optim.sparse.lr=0, the dense optim.lr=0.01\); ",
+    ):
+        check_optim(cfg)
+    cfg.schedule = {**one_cycle, "max_lr": [0.0, 0.5, 0.5]}
+    params = [nn.Parameter(torch.zeros(1)) for _ in range(3)]
+    opt = torch.optim.SGD([{"params": [p], "lr": lr} for p, lr in zip(params, (0.0, 0.1, 0.01))])
+    with pytest.raises(
+        ValueError,
+        match=r"sets the param groups' peak LRs itself \(0, 0.02, 0.02\), not in the proportion "
+        r"of theirs \(0, 0.1, 0.01: ",
+    ):
+        build_lr_scheduler(opt, cfg, total_steps=10)
+
+
+def test_the_tables_get_the_sparse_optimizer_and_the_dense_one_the_rest():
+    """``apply_sparse_optimizer`` attaches ``optim.sparse`` (class and settings) to every table,
+    where TorchRec's sharders read it (``_optimizer_kwargs``, as TorchRec's own example prints);
+    ``build_optimizer``'s dense optimizer then takes every other parameter and no table (a table
+    in both would be updated twice)."""
+    from dmt.config import OptimConfig
+    from dmt.models import embedding_parameters
+    from dmt.optim import apply_sparse_optimizer, build_optimizer
+
+    sparse = {"_target_": "torch.optim.Adagrad", "_partial_": True, "lr": "${..sparse_lr}"}
+    cfg = OptimConfig(sparse_lr=0.05, sparse=sparse)
+    model = _tiny_dmt()
+    tables = embedding_parameters(model)
+    apply_sparse_optimizer(tables, cfg)
+    assert len(tables) == 3  # a, b in the first tower's collection, c in the second's
+    for p in tables:
+        assert p._optimizer_classes == [torch.optim.Adagrad]  # type: ignore[attr-defined]
+        assert p._optimizer_kwargs == [{"lr": 0.05}]  # type: ignore[attr-defined]
+    dense = {id(p) for group in build_optimizer(model, cfg).param_groups for p in group["params"]}
+    assert dense == {id(p) for p in model.parameters()} - {id(p) for p in tables}
+
+
+def test_a_schedule_keeps_the_proportion_of_a_float32_table_lr():
+    """FBGEMM keeps the tables' LR in float32: with optim.sparse_lr equal to optim.lr, the
+    tables' group holds 0.1 rounded to float32 (0.10000000149) beside the dense group's 0.1,
+    which one ``max_lr`` for both keeps in proportion (to 1.5e-8, not to float64's rounding)."""
+    from dmt.config import OptimConfig
+    from dmt.optim import build_lr_scheduler
+
+    tables_lr = torch.tensor(0.1, dtype=torch.float32).item()
+    assert tables_lr != 0.1
+    params = [nn.Parameter(torch.zeros(1)) for _ in range(2)]
+    opt = torch.optim.SGD([{"params": [p], "lr": lr} for p, lr in zip(params, (tables_lr, 0.1))])
+    cfg = OptimConfig(
+        schedule={
+            "_target_": "torch.optim.lr_scheduler.OneCycleLR",
+            "max_lr": 0.05,
+            "cycle_momentum": False,
+        }
+    )
+    build_lr_scheduler(opt, cfg, total_steps=10)
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.002, 0.002])
+
+
+def test_a_sparse_optimizer_the_memory_plan_cannot_count_is_refused_on_cuda():
+    """FBGEMM fuses LAMB on CUDA, but dmt's memory plan counts the state of four optimizers
+    only: refused where the device allows it, as on CPU."""
+    from dmt.config import OptimConfig
+
+    cfg = OptimConfig(sparse={"_target_": "torchrec.optim.LAMB", "_partial_": True, "lr": 0.01})
+    with pytest.raises(ValueError) as err:
+        check_sparse_optimizer(cfg, "cuda")
+    assert str(err.value) == (
+        "optim.sparse._target_=LAMB (FBGEMM lamb): dmt's memory plan accounts for the state of "
+        "['exact_sgd', 'exact_adagrad', 'exact_row_wise_adagrad', 'adam'] only"
+    )
+
+
+def test_a_schedule_that_builds_no_lr_scheduler_is_refused():
+    """A ``_target_`` that takes the optimizer and the step count but builds something else
+    (here a dict) is named, not met later as a missing attribute."""
+    from dmt.config import OptimConfig
+    from dmt.optim import build_lr_scheduler
+
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(TypeError) as err:
+        build_lr_scheduler(opt, OptimConfig(schedule={"_target_": "builtins.dict"}), 10)
+    assert str(err.value) == (
+        "optim.schedule built a dict, not a torch.optim.lr_scheduler.LRScheduler"
+    )
