@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import re
+from fractions import Fraction
 
 import pytest
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -622,3 +624,78 @@ def test_plan_counts_the_row_wise_state_of_a_cached_shard_in_hbm() -> None:
             Topology(world_size=1, local_world_size=1), ["big"], [[0]], embedding_dim=64,
             num_embeddings=[1000], sparse_optimizer="rowwise_adagrad", memory=tight,
         )  # fmt: skip
+
+
+def test_a_budget_of_the_whole_gpu_is_kept_and_warned_about(caplog):
+    """Boundaries of :meth:`MemoryBudget.check_device`: a budget of exactly the GPU's memory is
+    kept (with a warning), one byte more refused; exactly 90% is not warned about. On CPU no
+    GPU's memory limits the budget. A size of exactly one unit is written in that unit."""
+    with caplog.at_level(logging.WARNING, logger="dmt.memory"):
+        _cuda(90, 1).check_device("gpu", 100)
+    assert caplog.records == []
+    with caplog.at_level(logging.WARNING, logger="dmt.memory"):
+        _cuda(100, 1).check_device("gpu", 100)
+    assert [r.getMessage() for r in caplog.records] == [
+        "sharding.hbm_gb = 100 bytes is more than 90% of gpu (100 bytes): the tables may leave "
+        "too little for the dense model, activations and communication buffers"
+    ]
+    with pytest.raises(ValueError, match=r"^sharding.hbm_gb = 101 bytes is more than gpu has "):
+        _cuda(101, 1).check_device("gpu", 100)
+    MemoryBudget("cpu", hbm_bytes=101, ddr_bytes=1).check_device("gpu", 100)
+    assert _cuda(KIB, 1).hbm_setting == "sharding.hbm_gb = 1 KiB (1024 bytes)"
+
+
+def test_a_table_whose_cache_takes_all_it_saves_stays_in_hbm():
+    # "n"'s cache takes exactly its 320 bytes (80 + 8 bytes of bookkeeping for each of its 30
+    # rows): caching it saves nothing, so the smaller "s" is cached after "w"
+    tables = [("w", 1000, 10), ("n", 320, 30), ("s", 300, 3)]
+    assert _cuda(1, 1).cached_hbm_bytes(320, 30) == 320
+    # 1620 - (1000 - 330) = 950 > 800; - (300 - 99) = 749
+    assert choose_kernels(tables, _cuda(800, 10**6), rank=0) == (
+        FUSED_UVM_CACHING,
+        FUSED,
+        FUSED_UVM_CACHING,
+    )
+
+
+def test_the_state_that_stays_in_hbm_takes_no_host_memory():
+    """Table "a" keeps 40 bytes of row-wise state in HBM: cached, it takes 960 bytes of host memory
+    and saves 1000 - (250 + 80 + 40) = 630 bytes of HBM; "b" saves 900 - (225 + 72) = 603,
+    "c" 800 - (200 + 64) = 536."""
+    tables = [("a", 1000, 10), ("b", 900, 9), ("c", 800, 8)]
+    resident = [40, 0, 0]
+    # a alone, in all the host memory there is, saves the 600 bytes of HBM short
+    assert choose_kernels(tables[:2], _cuda(1300, 960), rank=0, resident=resident[:2]) == (
+        FUSED_UVM_CACHING,
+        FUSED,
+    )
+    # then b beside it (960 + 900 bytes of host memory, all there is) saves the 1,166 short
+    assert choose_kernels(tables, _cuda(1534, 1860), rank=0, resident=resident) == (
+        FUSED_UVM_CACHING,
+        FUSED_UVM_CACHING,
+        FUSED,
+    )
+
+
+def test_hbm_that_every_cacheable_table_just_saves_is_searched_for_host_memory():
+    """Caching both tables saves 670 + 603 bytes, exactly the HBM short (1900 - 627), but they
+    do not fit in host memory together: refused, naming the host memory they would take."""
+    tables = [("a", 1000, 10), ("b", 900, 9)]
+    with pytest.raises(ValueError, match=r"the UVM-cached tables would take 1.86 KiB \(1900 "):
+        choose_kernels(tables, _cuda(627, 1000), rank=0)
+
+
+def test_as_many_tables_as_the_exact_search_takes_are_searched_exactly(monkeypatch):
+    monkeypatch.setattr(dmt.memory, "EXACT_TABLES", 3)
+    tables = [("big", 1000, 10), ("mid1", 600, 6), ("mid2", 600, 6)]
+    with pytest.raises(
+        ValueError, match=r"tables would take 1.17 KiB \(1200 bytes\) of host memory:"
+    ):
+        choose_kernels(tables, _cuda(1400, 1199), rank=0)
+
+
+def test_a_cache_is_never_counted_smaller_than_it_takes():
+    """A cache of an odd number of bytes a quarter of which is cached: rounded up, never down."""
+    for nbytes, rows in ((10, 3), (7, 1), (1001, 7)):
+        exact = Fraction(nbytes, 4) + rows * (4 + 16 * Fraction(1, 4))
+        assert exact <= _cuda(1, 1).cached_hbm_bytes(nbytes, rows) < exact + 1

@@ -10,13 +10,15 @@ import pytest
 import torch
 from torch import nn
 
-from dmt.memory import GIB, MemoryBudget, table_bytes
+from dmt.memory import FUSED, FUSED_UVM_CACHING, GIB, MemoryBudget, table_bytes
+from dmt.planning.collectives import FlatShard, FlatTable
 from dmt.planning.memory import (
     RankMemory,
     check_fits,
     dense_activations_per_sample,
     dense_optimizer_states,
     dense_state_bytes,
+    flat_rank_memory,
     sptt_rank_memory,
 )
 from dmt.sptt.plan import build_plan
@@ -134,6 +136,32 @@ def test_dense_state_and_activations() -> None:
     assert more.activation_bytes - base.activation_bytes == 2 * 4 * 4 * 13
 
 
+class _Layers(nn.Module):
+    """A layer without a bias (``mm``), one with (``addmm``), and a product of activations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(3, 8, bias=False)
+        self.second = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.second(self.first(x))
+        return torch.bmm(y.unsqueeze(2), y.unsqueeze(1))
+
+
+def test_dense_activations_are_the_widths_of_layers_with_weights() -> None:
+    layers = _Layers()
+    widths = sum(m.out_features for m in layers.modules() if isinstance(m, nn.Linear))
+    assert dense_activations_per_sample(layers, torch.zeros(2, 3)) == widths == 13
+
+
+def test_the_first_of_equally_full_ranks_is_named() -> None:
+    ranks = [RankMemory(r, 100, 10, 0, 0, 5, 1) for r in range(3)]
+    assert check_fits(ranks, 116, what="flat") == ranks[0]
+    with pytest.raises(ValueError, match=r"^flat: rank 0 needs 116 bytes"):
+        check_fits(ranks, 115, what="flat")
+
+
 def test_a_rank_that_does_not_fit_is_named() -> None:
     ranks = [RankMemory(r, 100 * r, 10, 0, 0, 5, 1) for r in range(3)]
     assert check_fits(ranks, 216, what="sptt") == ranks[2]
@@ -143,3 +171,102 @@ def test_a_rank_that_does_not_fit_is_named() -> None:
         "sptt: rank 2 needs 216 bytes (0.00 GiB) of GPU memory, 215 bytes (0.00 GiB) are "
         "available (tables 200, optimizer state 10, UVM caches 0, dense 5, activations 1 bytes)"
     )
+
+
+def _fp32(*shape: int) -> int:
+    """Bytes of an fp32 tensor of ``shape``, as torch allocates it."""
+    return torch.empty(shape, dtype=torch.float32, device="meta").nbytes
+
+
+def test_flat_rank_memory_counts_each_part() -> None:
+    """Rank 1 of two hosts of two ranks under every flat sharding type, one table UVM-cached:
+    each part counted from the shards' shapes (``B = 3``, row-wise Adagrad)."""
+    budget = MemoryBudget("cuda", hbm_bytes=GIB, ddr_bytes=GIB, uvm_cache_load_factor=0.5)
+    tables = [
+        FlatTable("t0", 0, "f0", 100, 8, "table_wise", (FlatShard(1, 0, 100, 0, 8),)),
+        FlatTable(
+            "t1",
+            1,
+            "f1",
+            60,
+            4,
+            "row_wise",
+            tuple(FlatShard(r, 15 * r, 15 * r + 15, 0, 4) for r in range(4)),
+        ),
+        FlatTable(
+            "t2",
+            2,
+            "f2",
+            50,
+            16,
+            "column_wise",
+            (FlatShard(1, 0, 50, 0, 8), FlatShard(3, 0, 50, 8, 16)),
+        ),
+        FlatTable(
+            "t3",
+            3,
+            "f3",
+            40,
+            4,
+            "table_row_wise",
+            (FlatShard(0, 0, 20, 0, 4), FlatShard(1, 20, 40, 0, 4)),
+        ),
+        FlatTable(
+            "t4", 4, "f4", 1000, 8, "table_wise", (FlatShard(1, 0, 1000, 0, 8),), FUSED_UVM_CACHING
+        ),
+        FlatTable("t5", 5, "f5", 10, 4, "data_parallel", ()),
+        FlatTable("t6", 6, "f6", 30, 4, "table_wise", (FlatShard(0, 0, 30, 0, 4),), FUSED),
+    ]
+    m = flat_rank_memory(
+        tables,
+        Topology(4, 2),
+        1,
+        local_batch=3,
+        sparse_optimizer="rowwise_adagrad",
+        dense_param_bytes=40,
+        dense_optimizer_states=2,
+        dense_activations=5,
+        budget=budget,
+    )
+    held = [(100, 8), (15, 4), (50, 8), (20, 4)]  # rank 1's shards in HBM (t6 is on rank 0)
+    assert m.table_bytes == sum(_fp32(rows, cols) for rows, cols in held)
+    assert m.optimizer_state_bytes == sum(_fp32(rows) for rows, _ in held)  # one value a row
+    # t4 in host memory; its row-wise state, half of it and its state, 4 + 16 / 2 bytes a row
+    # of FBGEMM's bookkeeping in HBM
+    assert m.uvm_host_bytes == _fp32(1000, 8)
+    assert m.uvm_cache_bytes == (_fp32(1000, 8) + _fp32(1000)) // 2 + 12 * 1000 + _fp32(1000)
+    # the data-parallel table is replicated and trained as the dense part is
+    assert m.dense_bytes == (2 + 2) * (40 + _fp32(10, 4))
+    # lookup output (G B, columns of its shards, t4's too), the data-parallel lookup (B, 4),
+    # the output dist's (B, every table's dim), the dense layers' (B, 5)
+    lookup = _fp32(4 * 3, 8 + 4 + 8 + 4 + 8) + _fp32(3, 4)
+    delivered = _fp32(3, 8 + 4 + 16 + 4 + 8 + 4 + 4)
+    assert m.activation_bytes == 2 * (lookup + delivered + _fp32(3, 5))
+
+
+def test_sptt_rank_memory_counts_each_tensor_of_the_step() -> None:
+    """Dense state and activations of a rank of each tower, from the shapes of what the step
+    holds (``G = 8, T = 2, B = 4``): tower 0's module emits ``(3, 8)`` per sample (as many
+    vectors as features, but narrower), tower 1's is a pass-through."""
+    plan = _plan()
+    G, T, B = 8, 2, 4
+    dims = [(3, 8), (3, N)]
+    for rank, tower in ((1, 0), (6, 1)):
+        m = sptt_rank_memory(
+            plan,
+            rank,
+            local_batch=B,
+            dense_param_bytes=40,
+            dense_optimizer_states=1,
+            dense_activations=5,
+            tower_param_bytes=[100, 0],
+            tower_activations=[7, 0],
+            tower_output_dims=dims,
+        )
+        assert m.dense_bytes == (2 + 1) * (40 + [100, 0][tower])
+        lookup = _fp32(G * B, sum(s.num_cols for s in plan.rank_shards(rank)))
+        tower_input = _fp32(T * B, len(plan.tower_features[tower]) * N)  # step d delivers
+        tower_output = _fp32(T * B, 3 * 8) if tower == 0 else 0  # a pass-through's is its input
+        delivered = _fp32(B, 3 * 8 + 3 * N)  # step f, from every tower
+        layers = _fp32(B, 5) + _fp32(T * B, [7, 0][tower])
+        assert m.activation_bytes == 2 * (lookup + tower_input + tower_output + delivered + layers)
