@@ -21,6 +21,20 @@ for arg in "$@"; do
     -m|-m*|-n|-n*|--numprocesses*|--pdb|--trace|-s|--capture=no|no:xdist|-pno:xdist) workers=0 ;;
   esac
 done
+# the slow tier's packet-level tests (tests/unit/test_ns3_sim.py) need ns-3's Python package,
+# dmt's `sim` extra (about 300 MB, 2 minutes): installed here once, not by setup.sh for everyone
+prev=""
+for arg in "$@"; do
+  marks=""
+  [[ "$prev" == -m ]] && marks="$arg"
+  [[ "$arg" == -m?* ]] && marks="${arg#-m}"
+  if [[ "$marks" == *slow* && "$marks" != "not slow"* ]] && ! "$ROOT/.venv/bin/python" -c "import ns" 2>/dev/null; then
+    echo "installing ns-3's Python package for the slow tier (dmt's sim extra: pip install ns3)" >&2
+    "$ROOT/.venv/bin/python" -m pip install --disable-pip-version-check -q ns3 ||
+      echo "could not install ns3: the slow tier's two ns-3 cases skip" >&2
+  fi
+  prev="$arg"
+done
 workers="${DMT_TEST_WORKERS:-$workers}"
 if ! [[ "$workers" =~ ^[0-9]+$ ]]; then
   echo "DMT_TEST_WORKERS must be a number of workers (0: none), got '$workers'" >&2; exit 2
