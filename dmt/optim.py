@@ -523,9 +523,14 @@ def build_lr_scheduler(
             f"not in the proportion of theirs ({', '.join(f'{p:g}' for p in peaks)}: the "
             f"tables' {tables}, the dense optim.lr={cfg.lr:g}); use a "
             "schedule that multiplies each group's own LR, such as "
-            "dmt.optim.warmup_decay_schedule, or set optim.sparse_lr equal to optim.lr (how many "
-            "param groups the tables have depends on the model and its sharding: one LR per "
-            "group cannot be given before they are sharded)"
+            "dmt.optim.warmup_decay_schedule, "
+            + (
+                "which keeps a group at LR 0 (frozen) at 0"
+                if not all(peaks)
+                else "or set optim.sparse_lr equal to optim.lr"
+            )
+            + " (how many param groups the tables have depends on the model and its sharding: "
+            "one LR per group cannot be given before they are sharded)"
         )
     return scheduler
 

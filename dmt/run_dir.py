@@ -37,6 +37,7 @@ import re
 import socket
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -1239,8 +1240,10 @@ class WarningsToLog(Callback):
     (``warnings.warn``: dmt's, torch's, TorchRec's) are log records of logger ``py.warnings``
     (:func:`logging.captureWarnings`), through the job's handlers: the console's lines of a
     world of several name the rank (:func:`rank_tag`), and each rank's log file keeps them.
-    Python's filters still decide which warnings show (once per place by default), and
-    ``pytest.warns`` still records them. Hydra sets the job's logging up before
+    Python's filters still decide which warnings show (once per place by default); a recorder
+    (``pytest.warns``, ``warnings.catch_warnings(record=True)``) entered inside the job records
+    them, one entered around a whole in-process job does not (Python calls the logging hook
+    first). Hydra sets the job's logging up before
     :meth:`on_job_start`; under another job logging config (``disabled``: no handlers, which
     would swallow them), and between a sweep's jobs, warnings print to stderr as Python prints
     them."""
@@ -1250,8 +1253,10 @@ class WarningsToLog(Callback):
 
     def on_job_start(self, config: DictConfig, *, task_function: Any, **kwargs: Any) -> None:
         if OmegaConf.select(config, "hydra.runtime.choices.hydra/job_logging") == JOB_LOGGING:
+            before = warnings.showwarning
             logging.captureWarnings(True)
-            self.captured = True
+            # a capture its caller set up already is left to the caller (True again: no change)
+            self.captured = warnings.showwarning is not before
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         if self.captured:  # only its own: not a capture that the caller of the app set up

@@ -415,7 +415,9 @@ def test_a_schedule_that_moves_a_frozen_groups_lr_is_refused():
         ValueError,
         match=r"^optim.schedule \(_target_=torch.optim.lr_scheduler.OneCycleLR\) sets the param "
         r"groups' peak LRs itself \(0.002, 0.002\), not in the proportion of theirs \(0, 0.01: "
-        r"the tables' optim.sparse.lr=0, the dense optim.lr=0.01\); ",
+        r"the tables' optim.sparse.lr=0, the dense optim.lr=0.01\); use a schedule that "
+        r"multiplies each group's own LR, such as dmt.optim.warmup_decay_schedule, which keeps "
+        r"a group at LR 0 \(frozen\) at 0 \(how many ",
     ):
         check_optim(cfg)
     cfg.schedule = {**one_cycle, "max_lr": [0.0, 0.5, 0.5]}

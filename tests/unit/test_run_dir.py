@@ -589,6 +589,21 @@ def test_under_another_job_logging_config_a_warning_prints_as_python_prints_it()
     assert [str(w.message) for w in printed] == ["the model diverged"]
 
 
+def test_a_capture_that_the_caller_set_up_outlives_the_job():
+    """Reviewed: the job turned off at its end a capture of warnings that whoever called the
+    app had set up before it (``logging.captureWarnings(True)`` again changes nothing)."""
+    config = _app_config()
+    job = WarningsToLog()
+    logging.captureWarnings(True)
+    try:
+        captured = warnings.showwarning
+        job.on_job_start(config, task_function=None)
+        job.on_job_end(config, job_return=None)
+        assert warnings.showwarning is captured
+    finally:
+        logging.captureWarnings(False)
+
+
 HOLD_FOR = (  # holds the lock, then marks its end (<run>.held) just before it exits
     "import sys, time, pathlib; from dmt.run_dir import lock_run_dir; "
     "run = pathlib.Path(sys.argv[1]); lock_run_dir(run); print('locked', flush=True); "
