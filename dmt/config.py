@@ -810,8 +810,12 @@ def validate(cfg: Config) -> None:
             raise ValueError(f"data.synthetic.tie_prob={s.tie_prob} must be in [0, 1]")
         if not 0.0 < s.click_rate < 1.0:
             raise ValueError(f"data.synthetic.click_rate={s.click_rate} must be in (0, 1)")
-        if s.skew < 0:
+        if not s.skew >= 0:  # NaN too
             raise ValueError(f"data.synthetic.skew={s.skew} must be >= 0")
+        # a NaN skew drew ids of no Zipf law; a NaN or infinite scale labelled every row 0
+        for name in ("skew", "signal_scale", "dense_scale"):
+            if not math.isfinite(getattr(s, name)):
+                raise ValueError(f"data.synthetic.{name}={getattr(s, name)} must be finite")
         # numpy refuses a negative seed; a larger one is several seed words, whose generators
         # are other seeds' (2**32's first training rows come from seed 0's rows 65,536 on)
         if not 0 <= s.seed < 2**32:
