@@ -312,3 +312,23 @@ def test_an_evaluation_again_at_a_step_replaces_the_earlier_one(tmp_path):
     alone.close()
     records = read_history(tmp_path / "history.jsonl")
     assert [r.get("val/auc", r.get("test/auc")) for r in records[1:]] == [0.73, 0.72]
+
+
+def test_an_evaluation_again_replaces_every_earlier_one_of_a_history_with_two(tmp_path):
+    """A history written before one evaluation per split and step was kept has two at a step:
+    evaluating there again leaves one, the latest."""
+    old = [{"step": 8, "samples": 32, "val/auc": auc} for auc in (0.70, 0.71)]
+    (tmp_path / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    again = RunHistory(tmp_path, batch_size=4, start_step=8)
+    again.log_eval(step=8, metrics={"auc": 0.72}, split="val")
+    again.close()
+    assert read_history(tmp_path / "history.jsonl") == [{"step": 8, "samples": 32, "val/auc": 0.72}]
+
+
+def test_a_record_is_in_the_file_before_the_history_is_closed(tmp_path):
+    """Each record reaches ``history.jsonl`` as it is logged (a crash or a reader mid-run sees
+    it), not when the run closes the file."""
+    h = RunHistory(tmp_path, batch_size=4)
+    h.log_train(step=4, loss=0.5, lrs=[0.1], train_time_s=1.0)
+    assert [r["step"] for r in read_history(tmp_path / "history.jsonl")] == [4]
+    h.close()
