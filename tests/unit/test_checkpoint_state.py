@@ -335,3 +335,38 @@ def test_a_resume_may_change_the_dense_optimizers_implementation():
     assert config_differences(saved, other, allow_change=False) == [
         "optim.dense._target_: 'torch.optim.Adam' -> 'torch.optim.AdamW'"
     ]
+
+
+def test_prune_deletes_only_dmts_checkpoints_of_this_run_and_damage_names_each_fault(
+    tmp_path,
+) -> None:
+    """Mutation-tested: ``prune`` kept no ``format``/``owner`` filter under test, nor
+    :func:`damage` its size, listed-files and ``.metadata`` checks."""
+
+    def step(n: int, meta: dict, size: int = 1) -> None:
+        (tmp_path / f"step_{n}").mkdir()
+        (tmp_path / f"step_{n}" / ".metadata").write_bytes(b"m" * size)
+        (tmp_path / f"step_{n}" / META_FILE).write_text(json.dumps(meta))
+
+    mine = {"format": FORMAT, "files": {".metadata": 1}, "run_dir": "/runs/a"}
+    step(1, {**mine, "format": "dcp-0"})  # another format: never dmt's to delete
+    step(2, {**mine, "run_dir": "/runs/b"})  # another run's
+    step(3, mine)
+    step(4, mine)
+    assert prune(tmp_path, 1, 4, owner="/runs/a") == [tmp_path / "step_3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1", "step_2", "step_4"]
+    step(5, mine, size=2)
+    assert damage(tmp_path / "step_5") == (
+        f"{tmp_path / 'step_5' / '.metadata'} has 2 bytes, {META_FILE} says 1"
+    )
+    step(6, {"format": FORMAT})
+    assert damage(tmp_path / "step_6") == (
+        f"{tmp_path / 'step_6' / META_FILE} lists no files (written by an older dmt; "
+        "not a DCP checkpoint)"
+    )
+    step(7, {**mine, "files": {}})
+    (tmp_path / "step_7" / ".metadata").unlink()
+    assert damage(tmp_path / "step_7") == (
+        f"{tmp_path / 'step_7' / '.metadata'} (DCP's index of the tensors) is missing; a copy "
+        "that skips dotfiles (cp dir/*) leaves it behind"
+    )
