@@ -550,6 +550,8 @@ def test_a_failed_scale_study_keeps_its_points_and_removes_the_rest(tmp_path, mo
     assert not (tmp_path / "b").exists()
 
 
+# CI time (2 cores): bench_pipeline.py from another directory (5 s) runs with -m slow
+@pytest.mark.slow
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH needs Python 3.11")
 def test_bench_pipeline_imports_this_repositorys_dmt_in_any_directory(tmp_path, monkeypatch):
     """Reproduced bug: run from a directory holding a ``dmt/`` of its own, the script trained

@@ -119,6 +119,8 @@ def test_dmt_plan_writes_plan_json_and_replaces_it_only_with_overwrite(tmp_path:
     assert not (run_dir / "plan.json").exists()
 
 
+# CI time (2 cores): two dmt-plan processes (5 s; the refusal before writing is the case above's)
+@pytest.mark.slow
 def test_a_replacing_plan_whose_settings_fail_keeps_the_earlier_plan_and_record(
     tmp_path: Path,
 ) -> None:

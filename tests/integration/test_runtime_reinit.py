@@ -42,6 +42,9 @@ def _check(tmp_path: Path, out: str) -> None:
         assert lines == [f"rank {rank} job {j} sum 3 world {j + 1}" for j in range(3)], out
 
 
+# CI time (2 cores): torchrun's agent store (7 s) runs with -m slow, with the CLI multirun
+# under torchrun; one srun step's workers stay
+@pytest.mark.slow
 def test_torchrun_workers_run_three_groups_in_turn(tmp_path: Path) -> None:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
